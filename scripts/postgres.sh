@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install (if needed) and start a local PostgreSQL server for tests and benchmarks,
+# create the engrain role and test database, and print the URL to use.
+# Idempotent: safe to run when the server is already up.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+  apt-get update -qq
+  apt-get install -y -qq postgresql >/dev/null
+fi
+ver=$(ls /usr/lib/postgresql | sort -n | tail -1)
+if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -q "^$ver main$"; then
+  pg_createcluster "$ver" main >/dev/null
+fi
+pg_ctlcluster "$ver" main start 2>/dev/null || true
+for _ in $(seq 1 50); do
+  pg_isready -q -h 127.0.0.1 -p 5432 && break
+  sleep 0.2
+done
+pg_isready -h 127.0.0.1 -p 5432 >/dev/null
+run_psql() { su postgres -c "psql -qtA -v ON_ERROR_STOP=1 -c \"$1\"" ; }
+[ "$(run_psql "select 1 from pg_roles where rolname='engrain'")" = "1" ] || \
+  run_psql "create role engrain login superuser password 'engrain'"
+[ "$(run_psql "select 1 from pg_database where datname='engrain_test'")" = "1" ] || \
+  run_psql "create database engrain_test owner engrain"
+echo "postgresql://engrain:engrain@127.0.0.1:5432/engrain_test"

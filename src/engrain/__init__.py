@@ -1,0 +1,78 @@
+"""engrain: memory for AI agents.
+
+Durable runs, compiled routines, a behavior cache and skill memory on one event
+journal. The public API is what ``__all__`` lists; modules starting with ``_``
+are internal.
+
+    import engrain as eg
+
+    @eg.tool
+    def fetch(url: str) -> str: ...
+
+    result = eg.run(agent, "summarize the report", inputs={"url": "..."})
+"""
+
+from __future__ import annotations
+
+from ._durable import (
+    RunResult,
+    answer,
+    ask,
+    current,
+    default_journal,
+    idempotency_key,
+    new_run_id,
+    now,
+    run,
+    run_async,
+)
+from ._errors import (
+    ConfigError,
+    ConflictError,
+    EngrainError,
+    LeaseHeldError,
+    NondeterminismError,
+    NotJSONError,
+    RunFailedError,
+    RunNotFoundError,
+    StepFailedError,
+)
+from ._events import Event, NewEvent, RunInfo
+from ._journal import Journal, default_url
+from ._journal import open_journal as open
+from ._tools import ToolRegistry, llm, tool, tools
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "ConflictError",
+    "EngrainError",
+    "Event",
+    "Journal",
+    "LeaseHeldError",
+    "NewEvent",
+    "NondeterminismError",
+    "NotJSONError",
+    "RunFailedError",
+    "RunInfo",
+    "RunNotFoundError",
+    "RunResult",
+    "StepFailedError",
+    "ToolRegistry",
+    "__version__",
+    "answer",
+    "ask",
+    "current",
+    "default_journal",
+    "default_url",
+    "idempotency_key",
+    "llm",
+    "new_run_id",
+    "now",
+    "open",
+    "run",
+    "run_async",
+    "tool",
+    "tools",
+]

@@ -1,0 +1,54 @@
+"""Helpers shared by the CLI modules: store option, JSON output, typed-error exit."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+
+#: ``--url`` option shared by every command that opens the store.
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", envvar="ENGRAIN_URL", help="Store URL (sqlite:///path.db or postgresql://...)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def print_json(value: Any) -> None:
+    """Write ``value`` as indented JSON to stdout."""
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``error: message`` to stderr and return the Exit to raise."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def errors_as_exit() -> Iterator[None]:
+    """Turn engrain's typed errors into a one-line message and exit code 1 (2 for bad input)."""
+    from .._errors import EngrainError
+
+    try:
+        yield
+    except (EngrainError, FileNotFoundError, ValueError) as e:
+        raise fail(str(e), 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1) from None
+
+
+def open_store(url: str | None):
+    """Open the journal at ``url`` (or the default store)."""
+    from .._journal import open_journal
+
+    return open_journal(url)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register ``fn`` as a top-level command of the app."""
+    from . import app
+
+    return app.command()(fn)

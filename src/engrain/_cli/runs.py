@@ -1,0 +1,114 @@
+"""``engrain runs``, ``engrain show``, ``engrain export``: read the journal."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any
+
+import typer
+
+from .common import JsonOption, UrlOption, command, errors_as_exit, open_store, print_json
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _short(value: Any, width: int = 60) -> str:
+    import json
+
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@command
+def runs(
+    url: UrlOption = None,
+    status: Annotated[str | None, typer.Option(help="Only runs in this status (running, completed, failed, needs_input).")] = None,
+    tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many runs.")] = 50,
+    json_out: JsonOption = False,
+) -> None:
+    """List runs, most recently updated first."""
+    with errors_as_exit():
+        j = open_store(url)
+        rows = j.runs(status=status, tag=tag, limit=limit)
+    if json_out:
+        print_json([r.to_dict() for r in rows])
+        return
+    if not rows:
+        typer.echo("no runs yet")
+        return
+    typer.echo(f"{'RUN ID':<26} {'STATUS':<12} {'EVENTS':>6}  {'UPDATED':<19}  TASK")
+    for r in rows:
+        typer.echo(f"{r.run_id:<26} {r.status:<12} {r.next_seq:>6}  {_when(r.updated):<19}  {_short(r.task, 50)}")
+
+
+def timeline(events: list) -> list[str]:
+    """Readable lines for a run's events: one per step, with its duration and outcome."""
+    lines = []
+    t0 = events[0].ts if events else 0.0
+    started: dict[int, Any] = {}
+    for e in events:
+        d = e.data
+        at = f"+{(e.ts - t0) * 1000:9.1f}ms"
+        if e.kind == "run.started":
+            lines.append(f"{at}  run started: {_short(d.get('task', ''))}  inputs={_short(d.get('inputs', {}), 50)}")
+        elif e.kind == "step.started":
+            started[d["call_id"]] = e
+            if d.get("attempt", 1) > 1:
+                lines.append(f"{at}  step {d['call_id']:>3} {e.name}  retry (attempt {d['attempt']}) after a crash")
+        elif e.kind == "step.completed":
+            s = started.get(d["call_id"])
+            dur = f"{(e.ts - s.ts) * 1000:.1f}ms" if s else "?"
+            args = _short(s.data.get("args", {}), 40) if s else ""
+            lines.append(f"{at}  step {d['call_id']:>3} {e.name}({args}) -> {_short(d.get('result'), 40)}  [{dur}]")
+        elif e.kind == "step.failed":
+            lines.append(f"{at}  step {d['call_id']:>3} {e.name} FAILED {d.get('error_type')}: {_short(d.get('message', ''))}")
+        elif e.kind == "input.requested":
+            lines.append(f"{at}  waiting for input: {_short(d.get('prompt', ''))}")
+        elif e.kind == "input.received":
+            lines.append(f"{at}  input received: {_short(d.get('answers'))}")
+        elif e.kind == "run.completed":
+            lines.append(f"{at}  run completed -> {_short(d.get('output'))}")
+        elif e.kind == "run.failed":
+            lines.append(f"{at}  run FAILED: {_short(d.get('error', ''))}")
+        else:
+            lines.append(f"{at}  {e.kind} {e.name} {_short(d)}")
+    return lines
+
+
+@command
+def show(
+    run_id: Annotated[str, typer.Argument(help="The run to show.")],
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Show one run as a readable timeline of its events."""
+    from .._trace import export_run
+
+    with errors_as_exit():
+        j = open_store(url)
+        trace = export_run(j, run_id)
+    if json_out:
+        print_json(trace)
+        return
+    from .._events import Event
+
+    run = trace["run"]
+    typer.echo(f"run {run['run_id']}  status={run['status']}  events={run['events']}  task={_short(run['task'])}")
+    for line in timeline([Event.from_dict(e) for e in trace["events"]]):
+        typer.echo(line)
+
+
+@command
+def export(
+    run_id: Annotated[str, typer.Argument(help="The run to export.")],
+    url: UrlOption = None,
+) -> None:
+    """Print a run's trace as JSON (engrain export RUN_ID > trace.json)."""
+    from .._trace import export_run
+
+    with errors_as_exit():
+        trace = export_run(open_store(url), run_id)
+    print_json(trace)

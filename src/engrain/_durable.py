@@ -1,0 +1,427 @@
+"""Durable runs: journal every step so a killed run resumes without redoing work.
+
+Inside :func:`run`, the N-th journaled call (a tool, an LLM call, a UDF, a
+human answer or a clock read) is step N. Before the call, ``step.started`` is
+appended; after it, ``step.completed`` (or ``step.failed``). On a restart with
+the same ``run_id`` the agent runs again from the top, and each step whose
+completion is journaled returns the recorded result without being called. A
+step started but never completed (the process died mid-call) is called again
+with the same idempotency key (``run_id:N``) so external effects can dedupe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextvars
+import datetime as _dt
+import inspect
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _events as ev
+from ._errors import EngrainError, NondeterminismError, NotJSONError, RunFailedError, StepFailedError
+from ._events import NewEvent, check_json
+from ._journal import Journal, default_url, open_journal
+
+_current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("engrain_run", default=None)
+_step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
+
+_default_journals: dict[str, Journal] = {}
+_default_lock = threading.Lock()
+
+
+def default_journal() -> Journal:
+    """The process-wide journal at :func:`engrain.default_url`, opened on first use."""
+    url = default_url()
+    with _default_lock:
+        j = _default_journals.get(url)
+        if j is None:
+            j = _default_journals[url] = open_journal(url)
+        return j
+
+
+def new_run_id() -> str:
+    """A fresh run id that sorts by creation time."""
+    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What the journal says about one step (one ``call_id``)."""
+
+    call_id: int
+    name: str
+    type: str
+    args: dict[str, Any]
+    attempts: int = 1
+    state: str = "started"  # started | completed | failed | waiting (input requested) | answered
+    result: Any = None
+    error_type: str = ""
+    error_module: str = ""
+    message: str = ""
+
+
+def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
+    """Fold a run's events into one record per step."""
+    steps: dict[int, StepRecord] = {}
+    for e in events:
+        d = e.data
+        if e.kind == ev.STEP_STARTED:
+            rec = steps.get(d["call_id"])
+            if rec is None:
+                steps[d["call_id"]] = StepRecord(d["call_id"], e.name, d.get("type", "tool"), d.get("args") or {})
+            else:
+                rec.attempts += 1
+        elif e.kind == ev.STEP_COMPLETED:
+            rec = steps[d["call_id"]]
+            rec.state, rec.result = "completed", d.get("result")
+        elif e.kind == ev.STEP_FAILED:
+            rec = steps[d["call_id"]]
+            rec.state, rec.error_type, rec.message = "failed", d.get("error_type", ""), d.get("message", "")
+            rec.error_module = d.get("error_module", "")
+        elif e.kind == ev.INPUT_REQUESTED:
+            cid = d["call_id"]
+            steps[cid] = StepRecord(cid, e.name or "engrain.ask", "input", {"prompt": d.get("prompt"), "fields": d.get("fields")}, state="waiting")
+        elif e.kind == ev.INPUT_RECEIVED:
+            rec = steps[d["call_id"]]
+            rec.state, rec.result = "answered", d.get("answers")
+    return steps
+
+
+class _Suspend(BaseException):
+    """Unwinds the agent when it waits for human input.
+
+    A BaseException so an agent's ``except Exception`` cannot swallow it.
+    """
+
+    def __init__(self, prompt: dict[str, Any]):
+        self.prompt = prompt
+
+
+@dataclass(slots=True)
+class RunResult:
+    """The outcome of :func:`run`: truthy when the run completed.
+
+    ``status`` is ``"ok"``, ``"failed"`` or ``"needs_input"``; ``replayed`` counts
+    steps returned from the journal, ``executed`` steps actually called now.
+    """
+
+    run_id: str
+    status: str
+    output: Any = None
+    error: str | None = None
+    prompt: dict[str, Any] | None = None
+    replayed: int = 0
+    executed: int = 0
+
+    def __bool__(self) -> bool:
+        return self.status == "ok"
+
+    def unwrap(self) -> Any:
+        """The output, or :class:`~engrain.RunFailedError` if the run did not complete."""
+        if self.status != "ok":
+            raise RunFailedError(self.run_id, self.error or self.status)
+        return self.output
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as a JSON-ready dict."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "output": self.output,
+            "error": self.error,
+            "prompt": self.prompt,
+            "replayed": self.replayed,
+            "executed": self.executed,
+        }
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A step that must be executed now (not replayed)."""
+
+    call_id: int
+    name: str
+    key: str
+
+
+class RunContext:
+    """The journal cursor of one run while its agent executes.
+
+    Internal API shared by the durable runner, the routine runner and the cache:
+    :meth:`call` / :meth:`acall` journal one step around a thunk.
+    """
+
+    def __init__(self, journal: Journal, run_id: str, events: list[ev.Event]):
+        self.journal = journal
+        self.run_id = run_id
+        self.seq = len(events)
+        self.steps = steps_of(events)
+        self.cursor = 0
+        self.replayed = 0
+        self.executed = 0
+        self._lock = threading.Lock()
+
+    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None) -> None:
+        """Append one event to this run (serialized across the run's threads)."""
+        with self._lock:
+            self.journal.append(self.run_id, [NewEvent(kind, name, data or {})], self.seq)
+            self.seq += 1
+
+    def _begin(self, name: str, type_: str, args: dict[str, Any]) -> StepRecord | _Pending:
+        with self._lock:
+            call_id = self.cursor
+            self.cursor += 1
+        rec = self.steps.get(call_id)
+        if rec is not None:
+            if rec.name != name:
+                raise NondeterminismError(self.run_id, call_id, rec.name, name)
+            if rec.state in ("completed", "failed"):
+                self.replayed += 1
+                return rec
+            attempt = rec.attempts + 1
+        else:
+            for k, v in args.items():
+                check_json(v, f"{type_} {name!r}", f"argument {k!r}")
+            attempt = 1
+        self.append(ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": attempt})
+        self.executed += 1
+        return _Pending(call_id, name, f"{self.run_id}:{call_id}")
+
+    def _complete(self, p: _Pending, result: Any) -> Any:
+        try:
+            check_json(result, f"step {p.name!r}", "result")
+        except NotJSONError as e:
+            self._fail(p, e)
+            raise
+        self.append(ev.STEP_COMPLETED, p.name, {"call_id": p.call_id, "result": result})
+        return result
+
+    def _fail(self, p: _Pending, exc: BaseException) -> None:
+        t = type(exc)
+        self.append(
+            ev.STEP_FAILED,
+            p.name,
+            {"call_id": p.call_id, "error_type": t.__qualname__, "error_module": t.__module__, "message": str(exc)},
+        )
+
+    def call(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any]) -> Any:
+        """Journal one step: return its recorded result, or run ``thunk`` and record it."""
+        step = self._begin(name, type_, args)
+        if isinstance(step, StepRecord):
+            return _replay(step)
+        token = _step_key.set(step.key)
+        try:
+            result = thunk()
+        except Exception as e:
+            self._fail(step, e)
+            raise
+        finally:
+            _step_key.reset(token)
+        return self._complete(step, result)
+
+    async def acall(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Awaitable[Any]]) -> Any:
+        """Async :meth:`call`."""
+        step = self._begin(name, type_, args)
+        if isinstance(step, StepRecord):
+            return _replay(step)
+        token = _step_key.set(step.key)
+        try:
+            result = await thunk()
+        except Exception as e:
+            self._fail(step, e)
+            raise
+        finally:
+            _step_key.reset(token)
+        return self._complete(step, result)
+
+    def ask(self, prompt: str, fields: list[dict[str, Any]] | None, name: str = "engrain.ask") -> Any:
+        """Return the recorded answers to this request, or journal the request and suspend."""
+        with self._lock:
+            call_id = self.cursor
+            self.cursor += 1
+        rec = self.steps.get(call_id)
+        request = {"call_id": call_id, "prompt": prompt, "fields": fields or []}
+        if rec is None:
+            check_json(request, f"input request {name!r}", "prompt")
+            self.append(ev.INPUT_REQUESTED, name, request)
+            raise _Suspend(request)
+        if rec.name != name:
+            raise NondeterminismError(self.run_id, call_id, rec.name, name)
+        if rec.state == "answered":
+            self.replayed += 1
+            return rec.result
+        raise _Suspend(request)
+
+
+def _replay(rec: StepRecord) -> Any:
+    """The recorded outcome of a finished step: its result, or its error raised again."""
+    if rec.state == "completed":
+        return rec.result
+    # Re-raise the original type only when it is already loaded: importing a
+    # module named by journal data would run code chosen by whoever wrote it.
+    mod = sys.modules.get(rec.error_module) if rec.error_module else None
+    cls = getattr(mod, rec.error_type, None) if mod else getattr(builtins, rec.error_type, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            exc = cls(rec.message)
+        except Exception:
+            exc = None
+        if exc is not None:
+            raise exc
+    raise StepFailedError(rec.name, rec.error_type, rec.message)
+
+
+def current() -> RunContext | None:
+    """The run the calling code executes in, or ``None`` outside :func:`run`."""
+    return _current.get()
+
+
+def idempotency_key() -> str | None:
+    """``"run_id:N"`` while a journaled step executes (stable across retries), else ``None``."""
+    return _step_key.get()
+
+
+def now() -> _dt.datetime:
+    """The current UTC time; inside a run, journaled, so a replay sees the recorded time."""
+    ctx = _current.get()
+    if ctx is None:
+        return _dt.datetime.now(_dt.timezone.utc)
+    iso = ctx.call("engrain.now", "clock", {}, lambda: _dt.datetime.now(_dt.timezone.utc).isoformat())
+    return _dt.datetime.fromisoformat(iso)
+
+
+def ask(prompt: str, fields: list[dict[str, Any]] | None = None) -> Any:
+    """Ask a human; inside a run, the run pauses with status ``needs_input``.
+
+    After :func:`answer` the run is started again with the same ``run_id``, and
+    this call returns the recorded answers.
+    """
+    ctx = _current.get()
+    if ctx is None:
+        raise EngrainError("engrain.ask() needs a durable run: call it inside engrain.run()")
+    return ctx.ask(prompt, fields)
+
+
+def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = None) -> None:
+    """Record ``answers`` for the input a ``needs_input`` run waits for."""
+    from ._errors import RunNotFoundError
+
+    j = journal or default_journal()
+    events = j.read(run_id)
+    if not events:
+        raise RunNotFoundError(run_id)
+    waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
+    if not waiting:
+        raise EngrainError(f"run {run_id!r} is not waiting for input")
+    check_json(answers, f"answers to run {run_id!r}", "answers")
+    j.append(run_id, [NewEvent(ev.INPUT_RECEIVED, waiting[-1].name, {"call_id": waiting[-1].call_id, "answers": answers})], len(events))
+
+
+def _start(journal: Journal, run_id: str, task: str, inputs: dict[str, Any], tags: list[str]) -> tuple[list[ev.Event], RunResult | None]:
+    """Read the run's events (creating the run if new); a finished run's result short-circuits."""
+    events = journal.read(run_id)
+    if not events:
+        data = {"task": task, "inputs": inputs, "tags": tags}
+        check_json(data, f"run {run_id!r}", "inputs")
+        events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0)
+        return events, None
+    recorded = events[0].data.get("task")
+    if recorded != task:
+        raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
+    last = events[-1]
+    steps = sum(1 for e in events if e.kind == ev.STEP_STARTED and e.data.get("attempt", 1) == 1)
+    if last.kind == ev.RUN_COMPLETED:
+        return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
+    if last.kind == ev.RUN_FAILED:
+        return events, RunResult(run_id, "failed", error=last.data.get("error"), replayed=steps)
+    return events, None
+
+
+def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
+    check_json(output, f"run {ctx.run_id!r}", "output")
+    ctx.append(ev.RUN_COMPLETED, "", {"output": output})
+    return RunResult(ctx.run_id, "ok", output, replayed=ctx.replayed, executed=ctx.executed)
+
+
+def _finish_error(ctx: RunContext, exc: BaseException) -> RunResult:
+    if isinstance(exc, _Suspend):
+        return RunResult(ctx.run_id, "needs_input", prompt=exc.prompt, replayed=ctx.replayed, executed=ctx.executed)
+    if isinstance(exc, (NondeterminismError, EngrainError)) and not isinstance(exc, (NotJSONError, StepFailedError)):
+        # The journal or the code is at fault, not the run: leave it resumable.
+        raise exc
+    error = f"{type(exc).__name__}: {exc}"
+    ctx.append(ev.RUN_FAILED, "", {"error": error, "error_type": type(exc).__name__})
+    return RunResult(ctx.run_id, "failed", error=error, replayed=ctx.replayed, executed=ctx.executed)
+
+
+def run(
+    agent: Callable[..., Any],
+    task: str,
+    *,
+    run_id: str | None = None,
+    inputs: dict[str, Any] | None = None,
+    tags: list[str] | None = None,
+    journal: Journal | None = None,
+) -> RunResult:
+    """Run ``agent(task, **inputs)`` durably and return its :class:`RunResult`.
+
+    Start again with the same ``run_id`` after a crash to resume: journaled
+    steps return their recorded results. A finished run returns its recorded
+    outcome without calling the agent. Async agents are run with
+    :func:`asyncio.run`; inside an event loop use :func:`run_async`.
+    """
+    if inspect.iscoroutinefunction(agent):
+        return asyncio.run(run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal))
+    j = journal or default_journal()
+    rid = run_id or new_run_id()
+    inputs = dict(inputs or {})
+    events, done = _start(j, rid, task, inputs, list(tags or []))
+    if done is not None:
+        return done
+    ctx = RunContext(j, rid, events)
+    token = _current.set(ctx)
+    try:
+        output = agent(task, **inputs)
+    except BaseException as e:
+        if not isinstance(e, (Exception, _Suspend)):
+            raise  # KeyboardInterrupt, SystemExit: the process is going away, the run stays resumable
+        return _finish_error(ctx, e)
+    finally:
+        _current.reset(token)
+    return _finish_ok(ctx, output)
+
+
+async def run_async(
+    agent: Callable[..., Awaitable[Any]],
+    task: str,
+    *,
+    run_id: str | None = None,
+    inputs: dict[str, Any] | None = None,
+    tags: list[str] | None = None,
+    journal: Journal | None = None,
+) -> RunResult:
+    """Async :func:`run` for coroutine agents."""
+    j = journal or default_journal()
+    rid = run_id or new_run_id()
+    inputs = dict(inputs or {})
+    events, done = _start(j, rid, task, inputs, list(tags or []))
+    if done is not None:
+        return done
+    ctx = RunContext(j, rid, events)
+    token = _current.set(ctx)
+    try:
+        output = await agent(task, **inputs)
+    except BaseException as e:
+        if not isinstance(e, (Exception, _Suspend)):
+            raise
+        return _finish_error(ctx, e)
+    finally:
+        _current.reset(token)
+    return _finish_ok(ctx, output)

@@ -1,0 +1,101 @@
+"""Typed errors of engrain.
+
+Every error engrain raises on purpose derives from :class:`EngrainError`, so a
+caller can catch the family with one ``except``. Each message names the thing
+that was wrong (file, field, step, tool, argument) so it can be fixed without a
+debugger.
+"""
+
+from __future__ import annotations
+
+
+class EngrainError(Exception):
+    """Base class of every error raised by engrain on purpose."""
+
+
+class ConfigError(EngrainError):
+    """A store URL, option or setting is invalid."""
+
+
+class ConflictError(EngrainError):
+    """Another writer appended to the same run first (optimistic concurrency).
+
+    ``expected_seq`` is the sequence number this writer meant to write next;
+    ``actual_seq`` is the run's real next sequence number when known.
+    """
+
+    def __init__(self, run_id: str, expected_seq: int, actual_seq: int | None = None):
+        self.run_id = run_id
+        self.expected_seq = expected_seq
+        self.actual_seq = actual_seq
+        got = "unknown" if actual_seq is None else str(actual_seq)
+        super().__init__(
+            f"run {run_id!r}: expected to append at seq {expected_seq}, but the journal is at {got} "
+            "(another writer appended to this run)"
+        )
+
+
+class RunNotFoundError(EngrainError, KeyError):
+    """No run with that id is in the journal."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        super().__init__(run_id)
+
+    def __str__(self) -> str:
+        return f"no run with id {self.run_id!r} in the journal"
+
+
+class NondeterminismError(EngrainError):
+    """A replayed run called a different step than the journal recorded at that position."""
+
+    def __init__(self, run_id: str, call_id: int, recorded: str, called: str):
+        self.run_id = run_id
+        self.call_id = call_id
+        self.recorded = recorded
+        self.called = called
+        super().__init__(
+            f"run {run_id!r}, step {call_id}: the journal recorded {recorded!r} but the agent "
+            f"called {called!r}; the agent's code or its inputs changed since the run was recorded"
+        )
+
+
+class NotJSONError(EngrainError, TypeError):
+    """A step argument or result is not a JSON value (None, bool, int, float, str, list, dict)."""
+
+    def __init__(self, where: str, path: str, value: object):
+        self.where = where
+        self.path = path
+        self.value_type = type(value).__name__
+        super().__init__(
+            f"{where}: {path} is a {self.value_type}, which is not JSON; "
+            "use None, bool, int, float, str, list or dict with str keys"
+        )
+
+
+class StepFailedError(EngrainError):
+    """Replay of a step whose recorded failure cannot be re-raised as its original type."""
+
+    def __init__(self, name: str, error_type: str, message: str):
+        self.name = name
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"step {name!r} failed with {error_type}: {message}")
+
+
+class RunFailedError(EngrainError):
+    """The run was recorded as failed; it is not run again."""
+
+    def __init__(self, run_id: str, error: object):
+        self.run_id = run_id
+        self.error = error
+        super().__init__(f"run {run_id!r} failed: {error}")
+
+
+class LeaseHeldError(EngrainError):
+    """Another worker holds the lease of this run."""
+
+    def __init__(self, run_id: str, owner: str | None):
+        self.run_id = run_id
+        self.owner = owner
+        super().__init__(f"run {run_id!r} is leased by {owner!r}")

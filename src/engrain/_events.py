@@ -1,0 +1,176 @@
+"""The event: the one immutable record everything in engrain is built from.
+
+An event is ``{run_id, seq, ts, kind, name, data}``; ``seq`` is dense from 0 per
+run. ``data`` is always a JSON object. Kinds are few on purpose (see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+# Kinds. Keep this list short: every consumer (replay, compiler, cache, UI)
+# must understand every kind.
+RUN_STARTED: Final = "run.started"
+STEP_STARTED: Final = "step.started"
+STEP_COMPLETED: Final = "step.completed"
+STEP_FAILED: Final = "step.failed"
+CHECK_FAILED: Final = "check.failed"
+INPUT_REQUESTED: Final = "input.requested"
+INPUT_RECEIVED: Final = "input.received"
+REPLAY_STARTED: Final = "replay.started"
+REPLAY_DIVERGED: Final = "replay.diverged"
+RUN_COMPLETED: Final = "run.completed"
+RUN_FAILED: Final = "run.failed"
+
+KINDS: Final = frozenset(
+    {
+        RUN_STARTED,
+        STEP_STARTED,
+        STEP_COMPLETED,
+        STEP_FAILED,
+        CHECK_FAILED,
+        INPUT_REQUESTED,
+        INPUT_RECEIVED,
+        REPLAY_STARTED,
+        REPLAY_DIVERGED,
+        RUN_COMPLETED,
+        RUN_FAILED,
+    }
+)
+
+# Run statuses, derived from the kinds appended (see ``status_after``).
+RUNNING: Final = "running"
+COMPLETED: Final = "completed"
+FAILED: Final = "failed"
+NEEDS_INPUT: Final = "needs_input"
+STATUSES: Final = frozenset({RUNNING, COMPLETED, FAILED, NEEDS_INPUT})
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One journal entry. Immutable once appended."""
+
+    run_id: str
+    seq: int
+    ts: float
+    kind: str
+    name: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a plain JSON-ready dict."""
+        return {
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "ts": self.ts,
+            "kind": self.kind,
+            "name": self.name,
+            "data": self.data,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Event:
+        """Build an event from :meth:`to_dict` output."""
+        return cls(
+            run_id=str(d["run_id"]),
+            seq=int(d["seq"]),
+            ts=float(d["ts"]),
+            kind=str(d["kind"]),
+            name=str(d.get("name", "")),
+            data=dict(d.get("data") or {}),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event not yet appended: the journal assigns ``run_id``, ``seq`` and ``ts``."""
+
+    kind: str
+    name: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A run's summary row, kept by the journal in the same transaction as its events."""
+
+    run_id: str
+    status: str
+    task: str
+    tags: list[str]
+    created: float
+    updated: float
+    next_seq: int
+    lease_owner: str | None = None
+    lease_until: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary as a plain JSON-ready dict."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "task": self.task,
+            "tags": list(self.tags),
+            "created": self.created,
+            "updated": self.updated,
+            "events": self.next_seq,
+            "lease_owner": self.lease_owner,
+            "lease_until": self.lease_until,
+        }
+
+
+def status_after(kinds: list[str], current: str | None) -> str:
+    """The run status once events of ``kinds`` are appended to a run in ``current``."""
+    status = current or RUNNING
+    for kind in kinds:
+        if kind == RUN_COMPLETED:
+            status = COMPLETED
+        elif kind == RUN_FAILED:
+            status = FAILED
+        elif kind == INPUT_REQUESTED:
+            status = NEEDS_INPUT
+        elif kind in (INPUT_RECEIVED, RUN_STARTED, REPLAY_STARTED):
+            status = RUNNING
+    return status
+
+
+def check_json(value: Any, where: str, path: str = "value") -> None:
+    """Raise :class:`NotJSONError` naming ``where`` and ``path`` if ``value`` is not JSON.
+
+    Strict on purpose: a tuple or a set would come back from the journal as a
+    list, so the replayed run would see a different value than the live one.
+    """
+    from ._errors import NotJSONError
+
+    t = type(value)
+    if value is None or t is str or t is bool or t is int:
+        return
+    if t is float:
+        if not math.isfinite(value):
+            raise NotJSONError(where, path, value)
+        return
+    if t is list:
+        for i, item in enumerate(value):
+            check_json(item, where, f"{path}[{i}]")
+        return
+    if t is dict:
+        for k, item in value.items():
+            if type(k) is not str:
+                raise NotJSONError(where, f"{path} key {k!r}", k)
+            check_json(item, where, f"{path}[{k!r}]")
+        return
+    raise NotJSONError(where, path, value)
+
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text, the form stored in the journal."""
+    return _dumps(value)
+
+
+loads = json.loads

@@ -1,0 +1,61 @@
+"""Pieces shared by the journal backends: turning a batch of new events into rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .._events import (
+    INPUT_RECEIVED,
+    INPUT_REQUESTED,
+    KINDS,
+    REPLAY_STARTED,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_STARTED,
+    NewEvent,
+    check_json,
+    dumps,
+    status_after,
+)
+
+_STATUS_KINDS = frozenset({RUN_STARTED, RUN_COMPLETED, RUN_FAILED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED})
+
+
+@dataclass(slots=True)
+class Batch:
+    """A validated batch, ready for a backend's INSERT and its ``runs`` row update."""
+
+    rows: list[tuple[str, int, float, str, str, str]]
+    status: str | None  # None: the batch does not change the run's status
+    task: str | None
+    tags: str | None  # JSON text of the tag list
+    next_seq: int
+
+
+def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: float) -> Batch:
+    """Validate ``events`` and lay them out as rows starting at ``expected_seq``."""
+    if not isinstance(run_id, str) or not run_id:
+        raise ValueError("run_id must be a non-empty string")
+    if len(run_id) > 200:
+        raise ValueError(f"run_id is {len(run_id)} characters long; at most 200 are allowed")
+    if not isinstance(expected_seq, int) or expected_seq < 0:
+        raise ValueError(f"expected_seq must be an int >= 0, got {expected_seq!r}")
+    if not events:
+        raise ValueError("append needs at least one event")
+    rows = []
+    kinds = []
+    task = tags = None
+    for i, ev in enumerate(events):
+        if ev.kind not in KINDS:
+            raise ValueError(f"event {i}: unknown kind {ev.kind!r}; known kinds: {sorted(KINDS)}")
+        if not isinstance(ev.data, dict):
+            raise TypeError(f"event {i} ({ev.kind}): data must be a dict")
+        check_json(ev.data, f"event {i} ({ev.kind} {ev.name})", "data")
+        rows.append((run_id, expected_seq + i, ts, ev.kind, ev.name, dumps(ev.data)))
+        kinds.append(ev.kind)
+        if ev.kind == RUN_STARTED:
+            task = str(ev.data.get("task", ""))
+            tags = dumps([str(t) for t in ev.data.get("tags") or []])
+    status = status_after(kinds, None) if _STATUS_KINDS.intersection(kinds) else None
+    return Batch(rows, status, task, tags, expected_seq + len(events))

@@ -1,0 +1,110 @@
+"""The journal interface every backend implements.
+
+Small on purpose: append with optimistic concurrency, read, list runs, and
+leases for recovery across workers. Everything else (durable runs, compiler,
+cache, memory) is written against this interface, and one conformance suite
+(``tests/test_journal_conformance.py``) runs against every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._events import Event, NewEvent, RunInfo
+
+
+class Journal(abc.ABC):
+    """An append-only store of run events.
+
+    Implementations are thread-safe: one instance may be shared by the threads
+    of a process. Several processes (or machines, for PostgreSQL) may open the
+    same store; concurrent writers of one run are serialized by ``expected_seq``.
+    """
+
+    #: The URL this journal was opened with (``sqlite:///...`` or ``postgresql://...``).
+    url: str
+    #: Backend name: ``"sqlite"`` or ``"postgres"``.
+    backend: str
+
+    @abc.abstractmethod
+    def append(self, run_id: str, events: Sequence[NewEvent], expected_seq: int) -> list[Event]:
+        """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
+
+        All events are written or none. Raises :class:`~engrain.ConflictError`
+        when the run's next sequence number is not ``expected_seq`` (another
+        writer got there first, or the caller's view is stale). A run is
+        created by appending at ``expected_seq=0``. Returns the stored events.
+        """
+
+    @abc.abstractmethod
+    def read(self, run_id: str, after: int = -1) -> list[Event]:
+        """Events of ``run_id`` with ``seq > after``, in order. Empty if the run is unknown."""
+
+    @abc.abstractmethod
+    def get_run(self, run_id: str) -> RunInfo | None:
+        """The summary row of ``run_id``, or ``None`` if no such run exists."""
+
+    @abc.abstractmethod
+    def runs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        task: str | None = None,
+        tag: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunInfo]:
+        """Runs matching every given filter, most recently updated first."""
+
+    @abc.abstractmethod
+    def acquire_lease(self, run_id: str, owner: str, ttl: float) -> bool:
+        """Take or renew the lease of ``run_id`` for ``owner`` until ``now + ttl``.
+
+        Succeeds when the lease is free, expired, or already ``owner``'s.
+        Returns ``False`` when another owner holds a live lease. Raises
+        :class:`~engrain.RunNotFoundError` for an unknown run.
+        """
+
+    @abc.abstractmethod
+    def release_lease(self, run_id: str, owner: str) -> None:
+        """Drop ``owner``'s lease on ``run_id``; a no-op if ``owner`` does not hold it."""
+
+    @abc.abstractmethod
+    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+        """Lease up to ``limit`` unfinished (``running``) runs whose lease is free or expired.
+
+        Concurrent claimers never receive the same run: this is how a fleet of
+        workers splits the recovery of runs whose process died.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release connections. The journal cannot be used afterwards."""
+
+    # -- conveniences shared by every backend ---------------------------------
+
+    def next_seq(self, run_id: str) -> int:
+        """The sequence number the next append to ``run_id`` must use (0 for a new run)."""
+        info = self.get_run(run_id)
+        return 0 if info is None else info.next_seq
+
+    def delete_run(self, run_id: str) -> None:  # pragma: no cover - optional
+        """Remove a run and its events. Backends that support it override this."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete runs")
+
+    @staticmethod
+    def _now() -> float:
+        return time.time()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url}>"

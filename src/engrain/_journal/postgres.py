@@ -1,0 +1,207 @@
+"""PostgreSQL journal (psycopg 3): one store shared by many workers.
+
+Optimistic concurrency rides on the ``runs`` row: an append updates it only
+where ``next_seq`` still equals the writer's ``expected_seq``, and PostgreSQL's
+row lock makes a second concurrent writer re-check and fail. Recovery claims
+use ``FOR UPDATE SKIP LOCKED`` so workers never receive the same run. Lease
+times use the database clock so workers on machines with skewed clocks agree.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from .._errors import ConfigError, ConflictError, RunNotFoundError
+from .._events import Event, NewEvent, RunInfo, loads
+from ._common import prepare
+from .base import Journal
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS engrain_events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ts DOUBLE PRECISION NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS engrain_runs (
+    run_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    task TEXT NOT NULL DEFAULT '',
+    tags JSONB NOT NULL DEFAULT '[]',
+    created DOUBLE PRECISION NOT NULL,
+    updated DOUBLE PRECISION NOT NULL,
+    next_seq INTEGER NOT NULL,
+    lease_owner TEXT,
+    lease_until DOUBLE PRECISION
+);
+CREATE INDEX IF NOT EXISTS engrain_runs_updated ON engrain_runs (updated);
+CREATE INDEX IF NOT EXISTS engrain_runs_status ON engrain_runs (status, lease_until);
+"""
+
+_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until"
+_DB_NOW = "extract(epoch from clock_timestamp())"
+
+
+def _run_info(row: tuple) -> RunInfo:
+    return RunInfo(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7], row[8])
+
+
+class PostgresJournal(Journal):
+    """Journal in a PostgreSQL database (tables ``engrain_events`` and ``engrain_runs``)."""
+
+    backend = "postgres"
+
+    def __init__(self, url: str, durability: str = "full"):
+        try:
+            import psycopg
+        except ImportError as e:  # pragma: no cover - psycopg is a dependency
+            raise ConfigError("the postgres journal needs psycopg 3: pip install 'psycopg[binary]'") from e
+        if durability not in ("normal", "full"):
+            raise ConfigError(f"durability must be 'normal' or 'full', got {durability!r}")
+        self.url = url
+        self.durability = durability
+        self._psycopg = psycopg
+        try:
+            self._db = psycopg.connect(url, autocommit=True)
+        except psycopg.OperationalError as e:
+            raise ConfigError(f"cannot connect to PostgreSQL at {_redact(url)}: {e}") from e
+        self._lock = threading.RLock()
+        with self._lock:
+            # normal: commits return before the WAL is flushed (a server crash may
+            # lose the last few ms, never corrupt); full: the server default.
+            if durability == "normal":
+                self._db.execute("SET synchronous_commit = off")
+            # Concurrent CREATE ... IF NOT EXISTS can still race on the catalog;
+            # an advisory lock makes first-time schema creation safe across workers.
+            with self._db.transaction():
+                self._db.execute("SELECT pg_advisory_xact_lock(727401)")
+                self._db.execute(_SCHEMA)
+
+    def append(self, run_id: str, events: Sequence[NewEvent], expected_seq: int) -> list[Event]:
+        ts = self._now()
+        batch = prepare(run_id, events, expected_seq, ts)
+        db = self._db
+        with self._lock, db.transaction():
+            if expected_seq == 0:
+                cur = db.execute(
+                    "INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq)"
+                    " VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
+                    (run_id, batch.status or "running", batch.task or "", batch.tags or "[]", ts, ts, batch.next_seq),
+                )
+            else:
+                cur = db.execute(
+                    "UPDATE engrain_runs SET next_seq = %s, updated = %s, status = COALESCE(%s, status),"
+                    " task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags)"
+                    " WHERE run_id = %s AND next_seq = %s",
+                    (batch.next_seq, ts, batch.status, batch.task, batch.tags, run_id, expected_seq),
+                )
+            if cur.rowcount != 1:
+                raise self._conflict(run_id, expected_seq)
+            with db.cursor() as c:
+                c.executemany("INSERT INTO engrain_events VALUES (%s, %s, %s, %s, %s, %s)", batch.rows)
+        return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(batch.rows, events)]
+
+    def _conflict(self, run_id: str, expected_seq: int) -> ConflictError:
+        row = self._db.execute("SELECT next_seq FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
+        return ConflictError(run_id, expected_seq, 0 if row is None else row[0])
+
+    def acquire_lease(self, run_id: str, owner: str, ttl: float) -> bool:
+        with self._lock:
+            cur = self._db.execute(
+                f"UPDATE engrain_runs SET lease_owner = %s, lease_until = {_DB_NOW} + %s WHERE run_id = %s"
+                f" AND (lease_owner IS NULL OR lease_owner = %s OR lease_until < {_DB_NOW})",
+                (owner, ttl, run_id, owner),
+            )
+            if cur.rowcount == 1:
+                return True
+        if self.get_run(run_id) is None:
+            raise RunNotFoundError(run_id)
+        return False
+
+    def release_lease(self, run_id: str, owner: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE engrain_runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = %s AND lease_owner = %s",
+                (run_id, owner),
+            )
+
+    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+        with self._lock:
+            rows = self._db.execute(
+                f"UPDATE engrain_runs SET lease_owner = %s, lease_until = {_DB_NOW} + %s"
+                " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
+                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW})"
+                " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
+                f" RETURNING {_RUN_COLS}",
+                (owner, ttl, limit),
+            ).fetchall()
+        return sorted((_run_info(r) for r in rows), key=lambda r: r.updated)
+
+    def delete_run(self, run_id: str) -> None:
+        with self._lock, self._db.transaction():
+            self._db.execute("DELETE FROM engrain_events WHERE run_id = %s", (run_id,))
+            self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
+
+    def read(self, run_id: str, after: int = -1) -> list[Event]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run_id, seq, ts, kind, name, data FROM engrain_events"
+                " WHERE run_id = %s AND seq > %s ORDER BY seq",
+                (run_id, after),
+            ).fetchall()
+        return [Event(r[0], r[1], r[2], r[3], r[4], loads(r[5])) for r in rows]
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
+        return None if row is None else _run_info(row)
+
+    def runs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        task: str | None = None,
+        tag: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunInfo]:
+        where, args = [], []
+        if status is not None:
+            where.append("status = ANY(%s)")
+            args.append([status] if isinstance(status, str) else list(status))
+        if task is not None:
+            where.append("task = %s")
+            args.append(task)
+        if tag is not None:
+            where.append("tags ? %s")
+            args.append(tag)
+        if since is not None:
+            where.append("updated >= %s")
+            args.append(since)
+        sql = f"SELECT {_RUN_COLS} FROM engrain_runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
+        with self._lock:
+            rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+        return [_run_info(r) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for error messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url

@@ -1,0 +1,218 @@
+"""SQLite journal: the embedded default (``./.engrain/engrain.db``).
+
+WAL mode, one connection per journal guarded by a lock. ``durability="normal"``
+survives a process crash (SIGKILL) at any point; ``"full"`` fsyncs every commit
+and survives power loss too. Several processes may open the same file: writers
+serialize on SQLite's write lock, and ``expected_seq`` catches a second writer
+of the same run.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from .._errors import ConfigError, ConflictError, RunNotFoundError
+from .._events import Event, NewEvent, RunInfo, loads
+from ._common import prepare
+from .base import Journal
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    task TEXT NOT NULL DEFAULT '',
+    tags TEXT NOT NULL DEFAULT '[]',
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    next_seq INTEGER NOT NULL,
+    lease_owner TEXT,
+    lease_until REAL
+);
+CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated);
+CREATE INDEX IF NOT EXISTS runs_status ON runs (status, lease_until);
+"""
+
+_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until"
+
+
+def _run_info(row: tuple) -> RunInfo:
+    return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8])
+
+
+class SQLiteJournal(Journal):
+    """Journal in one SQLite file."""
+
+    backend = "sqlite"
+
+    def __init__(self, path: str | os.PathLike[str], durability: str = "normal", timeout: float = 30.0):
+        if durability not in ("normal", "full"):
+            raise ConfigError(f"durability must be 'normal' or 'full', got {durability!r}")
+        self.path = Path(path)
+        self.durability = durability
+        self.url = f"sqlite:///{self.path}"
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so one append is one transaction.
+        self._db = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+        with self._lock:
+            self._db.executescript(_SCHEMA)
+
+    # -- writes ------------------------------------------------------------------
+
+    def append(self, run_id: str, events: Sequence[NewEvent], expected_seq: int) -> list[Event]:
+        ts = self._now()
+        batch = prepare(run_id, events, expected_seq, ts)
+        db = self._db
+        with self._lock:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if expected_seq == 0:
+                    try:
+                        db.execute(
+                            "INSERT INTO runs (run_id, status, task, tags, created, updated, next_seq)"
+                            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (run_id, batch.status or "running", batch.task or "", batch.tags or "[]", ts, ts, batch.next_seq),
+                        )
+                    except sqlite3.IntegrityError:
+                        raise self._conflict(run_id, expected_seq) from None
+                else:
+                    cur = db.execute(
+                        "UPDATE runs SET next_seq = ?, updated = ?, status = COALESCE(?, status),"
+                        " task = COALESCE(?, task), tags = COALESCE(?, tags)"
+                        " WHERE run_id = ? AND next_seq = ?",
+                        (batch.next_seq, ts, batch.status, batch.task, batch.tags, run_id, expected_seq),
+                    )
+                    if cur.rowcount != 1:
+                        raise self._conflict(run_id, expected_seq)
+                db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)", batch.rows)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(batch.rows, events)]
+
+    def _conflict(self, run_id: str, expected_seq: int) -> ConflictError:
+        row = self._db.execute("SELECT next_seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return ConflictError(run_id, expected_seq, 0 if row is None else row[0])
+
+    def acquire_lease(self, run_id: str, owner: str, ttl: float) -> bool:
+        now = self._now()
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE runs SET lease_owner = ?, lease_until = ? WHERE run_id = ?"
+                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)",
+                (owner, now + ttl, run_id, owner, now),
+            )
+            if cur.rowcount == 1:
+                return True
+            if self.get_run(run_id) is None:
+                raise RunNotFoundError(run_id)
+            return False
+
+    def release_lease(self, run_id: str, owner: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "UPDATE runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = ? AND lease_owner = ?",
+                (run_id, owner),
+            )
+
+    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+        now = self._now()
+        db = self._db
+        with self._lock:
+            # BEGIN IMMEDIATE takes the database write lock, so two processes
+            # claiming at once are serialized and never get the same run.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                ids = [
+                    r[0]
+                    for r in db.execute(
+                        "SELECT run_id FROM runs WHERE status = 'running'"
+                        " AND (lease_until IS NULL OR lease_until < ?) ORDER BY updated LIMIT ?",
+                        (now, limit),
+                    )
+                ]
+                db.executemany(
+                    "UPDATE runs SET lease_owner = ?, lease_until = ? WHERE run_id = ?",
+                    [(owner, now + ttl, i) for i in ids],
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return [info for i in ids if (info := self.get_run(i)) is not None]
+
+    def delete_run(self, run_id: str) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+            self._db.execute("COMMIT")
+
+    # -- reads -------------------------------------------------------------------
+
+    def read(self, run_id: str, after: int = -1) -> list[Event]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT run_id, seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                (run_id, after),
+            ).fetchall()
+        return [Event(r[0], r[1], r[2], r[3], r[4], loads(r[5])) for r in rows]
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else _run_info(row)
+
+    def runs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        task: str | None = None,
+        tag: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RunInfo]:
+        where, args = [], []
+        if status is not None:
+            statuses = [status] if isinstance(status, str) else list(status)
+            where.append(f"status IN ({','.join('?' * len(statuses))})")
+            args += statuses
+        if task is not None:
+            where.append("task = ?")
+            args.append(task)
+        if tag is not None:
+            where.append("EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)")
+            args.append(tag)
+        if since is not None:
+            where.append("updated >= ?")
+            args.append(since)
+        sql = f"SELECT {_RUN_COLS} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
+        with self._lock:
+            rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+        return [_run_info(r) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,167 @@
+"""Tools: functions whose calls are journaled steps of a durable run.
+
+``@engrain.tool`` wraps a function or method, sync or async. Outside a run the
+wrapper calls straight through; inside :func:`engrain.run` each call is a step
+(see :mod:`engrain._durable`). Every decorated tool is also registered by name
+in a :class:`ToolRegistry` (``engrain.tools`` by default), which is how routines
+and the server find tools by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, overload
+
+from ._durable import _current
+from ._errors import EngrainError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STEP_TYPES = ("tool", "llm", "udf")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+
+
+class ToolRegistry:
+    """Tools by name. Thread-safe; a later registration of a name replaces the earlier one."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Add ``fn`` under ``name`` and return it."""
+        validate_tool_name(name)
+        with self._lock:
+            self._tools[name] = fn
+        return fn
+
+    def get(self, name: str) -> Callable[..., Any]:
+        """The tool called ``name``; :class:`KeyError` naming the known tools if absent."""
+        try:
+            return self._tools[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tools)) or "none"
+            raise KeyError(f"no tool named {name!r} (registered: {known})") from None
+
+    def names(self) -> list[str]:
+        """Registered names, sorted."""
+        return sorted(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        return self.get(name)
+
+    def __repr__(self) -> str:
+        return f"<ToolRegistry {self.names()}>"
+
+
+#: The default registry that ``@engrain.tool`` registers into.
+tools = ToolRegistry()
+
+
+def validate_tool_name(name: str) -> str:
+    """Return ``name`` if it is a valid tool name, else raise :class:`EngrainError`.
+
+    Names are identifiers with ``.`` and ``-`` allowed (``files.read``), at most
+    128 characters: never a path, so a name cannot point outside a tools folder.
+    """
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise EngrainError(
+            f"invalid tool name {name!r}: use letters, digits, '_', '.' or '-', starting with a letter or '_'"
+        )
+    return name
+
+
+def default_name(fn: Callable[..., Any]) -> str:
+    """``module-free qualified name``: ``fetch`` for a function, ``Browser.click`` for a method."""
+    return fn.__qualname__.replace("<locals>.", "")
+
+
+def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
+    """A function turning call arguments into the ``{name: value}`` dict the journal records."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters)
+    skip = params[0] if params and params[0] in ("self", "cls") else None
+
+    def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        out = dict(bound.arguments)
+        if skip is not None:
+            out.pop(skip, None)
+        return out
+
+    return bind
+
+
+@overload
+def tool(fn: F) -> F: ...
+@overload
+def tool(
+    fn: None = None, *, name: str | None = None, type: str = "tool", registry: ToolRegistry | None = None
+) -> Callable[[F], F]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    type: str = "tool",
+    registry: ToolRegistry | None = None,
+) -> Any:
+    """Make ``fn`` a journaled step. Use as ``@tool`` or ``@tool(name=..., type="llm")``.
+
+    ``type`` is ``"tool"``, ``"llm"`` or ``"udf"``; it is recorded with each call
+    so the compiler and the UI can tell LLM calls from tool calls. Arguments and
+    results must be JSON; a non-JSON value raises :class:`~engrain.NotJSONError`
+    naming the tool and the argument.
+    """
+    if type not in STEP_TYPES:
+        raise ValueError(f"type must be one of {STEP_TYPES}, got {type!r}")
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        step_name = validate_tool_name(name or default_name(f))
+        bind = _binder(f)
+
+        if inspect.iscoroutinefunction(f):
+
+            @functools.wraps(f)
+            async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                ctx = _current.get()
+                if ctx is None:
+                    return await f(*args, **kwargs)
+                return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs))
+
+            wrapper: Callable[..., Any] = awrapper
+        else:
+
+            @functools.wraps(f)
+            def swrapper(*args: Any, **kwargs: Any) -> Any:
+                ctx = _current.get()
+                if ctx is None:
+                    return f(*args, **kwargs)
+                return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs))
+
+            wrapper = swrapper
+        wrapper.__engrain_step__ = {"name": step_name, "type": type}  # type: ignore[attr-defined]
+        (registry if registry is not None else tools).register(step_name, wrapper)
+        return wrapper
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def llm(fn: Callable[..., Any] | None = None, *, name: str | None = None, registry: ToolRegistry | None = None) -> Any:
+    """``@tool(type="llm")``: journal an LLM call so a replay makes zero LLM calls."""
+    return tool(fn, name=name, type="llm", registry=registry)

@@ -1,0 +1,64 @@
+"""Shared fixtures: every backend-parametrized test runs on SQLite and on a real PostgreSQL server.
+
+PostgreSQL comes from ``$ENGRAIN_TEST_PG_URL`` (``scripts/postgres.sh`` starts one
+and prints it). Each test gets its own schema, so tests never see each other's rows.
+A missing server fails the tests rather than skipping them: a skipped backend
+would look like a passing one.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pytest
+
+PG_URL = os.environ.get("ENGRAIN_TEST_PG_URL", "postgresql://engrain:engrain@127.0.0.1:5432/engrain_test")
+BACKENDS = ["sqlite", "postgres"]
+
+
+def pg_schema_url(schema: str) -> str:
+    """A URL on the test server whose search_path is ``schema`` (created if missing)."""
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+def drop_pg_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    """A fresh, empty store URL on each backend."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'engrain.db'}"
+        return
+    schema = "t_" + uuid.uuid4().hex[:12]
+    yield pg_schema_url(schema)
+    drop_pg_schema(schema)
+
+
+@pytest.fixture
+def journal(store_url: str):
+    """An open journal on each backend."""
+    import engrain
+
+    j = engrain.open(store_url)
+    yield j
+    j.close()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_default_store(tmp_path, monkeypatch):
+    """Point the default store at a temp dir so no test writes ./.engrain."""
+    monkeypatch.setenv("ENGRAIN_URL", f"sqlite:///{tmp_path / 'default' / 'engrain.db'}")
+    monkeypatch.setenv("ENGRAIN_HOME", str(tmp_path / "default"))
