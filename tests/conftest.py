@@ -26,7 +26,7 @@ def pg_schema_url(schema: str) -> str:
     with psycopg.connect(PG_URL, autocommit=True) as c:
         c.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
     sep = "&" if "?" in PG_URL else "?"
-    return f"{PG_URL}{sep}options={quote(f'-csearch_path={schema}')}"
+    return f"{PG_URL}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
 
 
 def drop_pg_schema(schema: str) -> None:

@@ -44,6 +44,28 @@ from ._tools import ToolRegistry, llm, tool, tools
 
 __version__ = "0.1.0"
 
+# Heavy parts (numpy/onnxruntime, wasmtime, fastapi, ...) load on first use so
+# ``import engrain`` stays fast. To export a lazy name, ADD one line here:
+# public name -> (module, attribute); an attribute of None exports the module.
+_LAZY: dict[str, tuple[str, str | None]] = {
+}
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'engrain' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module(target[0], __name__)
+    value = module if target[1] is None else getattr(module, target[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 __all__ = [
     "ConfigError",
     "ConflictError",

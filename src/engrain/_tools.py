@@ -86,7 +86,7 @@ def validate_tool_name(name: str) -> str:
 
 def default_name(fn: Callable[..., Any]) -> str:
     """``module-free qualified name``: ``fetch`` for a function, ``Browser.click`` for a method."""
-    return fn.__qualname__.replace("<locals>.", "")
+    return fn.__qualname__.rsplit("<locals>.", 1)[-1]
 
 
 def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:

@@ -34,8 +34,8 @@ def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query))
     if parts.scheme in ("postgresql", "postgres"):
-        keep = [(k, v) for k, v in parse_qsl(parts.query) if k != "durability"]
-        query = "&".join(f"{k}={v}" for k, v in keep)
+        # Keep the other parameters exactly as written (still percent-encoded) for libpq.
+        query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("durability="))
         return "postgres", urlunsplit(parts._replace(query=query)), options
     if parts.scheme == "sqlite":
         # sqlite:///rel.db -> path "/rel.db" (relative); sqlite:////abs.db -> "//abs.db" (absolute)

@@ -1,0 +1,263 @@
+"""Durable runs: replay, retry with idempotency keys, nondeterminism, clock, JSON checks, input."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+
+import pytest
+
+import engrain as eg
+from engrain import NewEvent
+
+
+@pytest.fixture
+def calls():
+    return []
+
+
+def make_tools(calls, registry):
+    @eg.tool(registry=registry)
+    def add(a: int, b: int = 10) -> int:
+        calls.append(("add", a, b, eg.idempotency_key()))
+        return a + b
+
+    @eg.tool(registry=registry, name="boom")
+    def boom(x):
+        calls.append(("boom", x))
+        raise ValueError(f"bad {x}")
+
+    return add, boom
+
+
+def test_steps_replay_without_reexecution(journal, calls):
+    add, _ = make_tools(calls, eg.ToolRegistry())
+
+    def agent(task, x):
+        return add(add(x), 1)
+
+    first = eg.run(agent, "sum", run_id="r1", inputs={"x": 1}, journal=journal)
+    assert first and first.output == 12 and first.executed == 2 and first.replayed == 0
+    assert [c[:3] for c in calls] == [("add", 1, 10), ("add", 11, 1)]
+    assert [c[3] for c in calls] == ["r1:0", "r1:1"]
+    # The finished run returns its recorded output; the agent is not called at all.
+    again = eg.run(agent, "sum", run_id="r1", inputs={"x": 1}, journal=journal)
+    assert again.output == 12 and again.executed == 0 and len(calls) == 2
+    events = journal.read("r1")
+    assert [e.kind for e in events] == ["run.started"] + ["step.started", "step.completed"] * 2 + ["run.completed"]
+    assert events[1].data["args"] == {"a": 1, "b": 10}  # defaults recorded by name
+
+
+def test_resume_after_crash_mid_run(journal, calls):
+    """A run whose process died after step 0 completed and step 1 started: step 0 replays, step 1 retries."""
+    add, _ = make_tools(calls, eg.ToolRegistry())
+    journal.append(
+        "r2",
+        [
+            NewEvent("run.started", "", {"task": "sum", "inputs": {"x": 5}, "tags": []}),
+            NewEvent("step.started", "add", {"call_id": 0, "type": "tool", "args": {"a": 5, "b": 10}, "attempt": 1}),
+            NewEvent("step.completed", "add", {"call_id": 0, "result": 15}),
+            NewEvent("step.started", "add", {"call_id": 1, "type": "tool", "args": {"a": 15, "b": 1}, "attempt": 1}),
+        ],
+        0,
+    )
+    result = eg.run(lambda task, x: add(add(x), 1), "sum", run_id="r2", inputs={"x": 5}, journal=journal)
+    assert result.output == 16 and result.replayed == 1 and result.executed == 1
+    assert calls == [("add", 15, 1, "r2:1")]  # same idempotency key as the crashed attempt
+    retry = journal.read("r2")[4]
+    assert retry.kind == "step.started" and retry.data["attempt"] == 2
+
+
+def test_nondeterminism_names_both_steps(journal, calls):
+    add, boom = make_tools(calls, eg.ToolRegistry())
+    journal.append("r3", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
+    journal.append("r3", [NewEvent("step.started", "add", {"call_id": 0, "type": "tool", "args": {}, "attempt": 1})], 1)
+    journal.append("r3", [NewEvent("step.completed", "add", {"call_id": 0, "result": 1})], 2)
+    with pytest.raises(eg.NondeterminismError) as info:
+        eg.run(lambda task: boom(1), "t", run_id="r3", journal=journal)
+    assert "'add'" in str(info.value) and "'boom'" in str(info.value) and info.value.call_id == 0
+    assert journal.get_run("r3").status == "running"  # left resumable, not marked failed
+    assert calls == []
+
+
+def test_clock_is_replayed(journal):
+    seen = []
+    crash = {"on": True}
+
+    def agent(task):
+        t = eg.now()
+        seen.append(t)
+        if crash["on"]:
+            raise KeyboardInterrupt  # the process "dies" after the clock step was journaled
+        return t.isoformat()
+
+    with pytest.raises(KeyboardInterrupt):
+        eg.run(agent, "clock", run_id="c", journal=journal)
+    crash["on"] = False
+    result = eg.run(agent, "clock", run_id="c", journal=journal)
+    assert seen[0] == seen[1] and result.output == seen[0].isoformat()
+    assert seen[0].tzinfo is dt.timezone.utc and result.replayed == 1
+    assert isinstance(eg.now(), dt.datetime)  # outside a run: the real clock
+
+
+def test_non_json_argument_and_result_are_named(journal):
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg)
+    def takes(when):
+        return 1
+
+    @eg.tool(registry=reg)
+    def gives():
+        return {"ok": {1, 2}}
+
+    r = eg.run(lambda task: takes(dt.datetime.now()), "t", journal=journal)
+    assert r.status == "failed"
+    assert "tool 'takes'" in r.error and "argument 'when'" in r.error and "datetime" in r.error
+    r = eg.run(lambda task: gives(), "t2", journal=journal)
+    assert r.status == "failed" and "step 'gives'" in r.error and "result['ok']" in r.error and "set" in r.error
+    failed = [e for e in journal.read(r.run_id) if e.kind == "step.failed"]
+    assert failed and failed[0].data["error_type"] == "NotJSONError"
+
+
+def test_tool_failure_is_recorded_and_replayed(journal, calls):
+    _, boom = make_tools(calls, eg.ToolRegistry())
+    attempts = {"n": 0}
+
+    def agent(task):
+        attempts["n"] += 1
+        try:
+            boom(1)
+        except ValueError as e:
+            if attempts["n"] == 1:
+                raise KeyboardInterrupt from e  # crash after the failure was journaled
+            return f"handled: {e}"
+
+    with pytest.raises(KeyboardInterrupt):
+        eg.run(agent, "t", run_id="f", journal=journal)
+    result = eg.run(agent, "t", run_id="f", journal=journal)
+    assert result.output == "handled: bad 1"
+    assert calls == [("boom", 1)]  # the failing call ran once; its ValueError was re-raised from the journal
+
+
+def test_agent_exception_fails_the_run(journal):
+    def agent(task):
+        raise RuntimeError("nope")
+
+    r = eg.run(agent, "t", run_id="x", journal=journal)
+    assert not r and r.status == "failed" and r.error == "RuntimeError: nope"
+    assert journal.get_run("x").status == "failed"
+    with pytest.raises(eg.RunFailedError, match="nope"):
+        r.unwrap()
+    # a failed run is terminal: running it again returns the recorded failure
+    assert eg.run(agent, "t", run_id="x", journal=journal).error == "RuntimeError: nope"
+
+
+def test_task_mismatch_on_resume(journal):
+    eg.run(lambda task: 1, "first", run_id="m", journal=journal)
+    with pytest.raises(eg.EngrainError, match="started with task 'first'"):
+        eg.run(lambda task: 1, "second", run_id="m", journal=journal)
+
+
+def test_methods_and_transparency_outside_runs(journal):
+    reg = eg.ToolRegistry()
+
+    class Browser:
+        def __init__(self):
+            self.clicks = 0
+
+        @eg.tool(registry=reg)
+        def click(self, selector: str) -> str:
+            self.clicks += 1
+            return f"clicked {selector}"
+
+    b = Browser()
+    assert b.click("#a") == "clicked #a"  # outside a run: a plain call
+    assert "Browser.click" in reg
+    r = eg.run(lambda task: b.click("#go"), "t", run_id="meth", journal=journal)
+    assert r.output == "clicked #go" and b.clicks == 2
+    assert journal.read("meth")[1].data["args"] == {"selector": "#go"}  # self is not recorded
+
+
+def test_async_agent_and_tools(journal):
+    calls = []
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg)
+    async def fetch(url: str) -> str:
+        calls.append(url)
+        await asyncio.sleep(0)
+        return url.upper()
+
+    async def agent(task, urls):
+        return [await fetch(u) for u in urls]
+
+    r = eg.run(agent, "fetch", run_id="as", inputs={"urls": ["a", "b"]}, journal=journal)
+    assert r.output == ["A", "B"] and calls == ["a", "b"]
+    r2 = asyncio.run(eg.run_async(agent, "fetch", run_id="as", inputs={"urls": ["a", "b"]}, journal=journal))
+    assert r2.output == ["A", "B"] and calls == ["a", "b"]
+
+
+def test_ask_pauses_and_answer_resumes(journal, calls):
+    add, _ = make_tools(calls, eg.ToolRegistry())
+
+    def agent(task):
+        base = add(1)
+        reply = eg.ask("How much to add?", [{"name": "n", "type": "number"}])
+        return add(base, reply["n"])
+
+    r = eg.run(agent, "ask", run_id="q", journal=journal)
+    assert r.status == "needs_input" and r.prompt["prompt"] == "How much to add?"
+    assert journal.get_run("q").status == "needs_input"
+    again = eg.run(agent, "ask", run_id="q", journal=journal)  # still waiting, nothing re-executed
+    assert again.status == "needs_input" and len(calls) == 1
+    eg.answer("q", {"n": 5}, journal=journal)
+    done = eg.run(agent, "ask", run_id="q", journal=journal)
+    assert done.output == 16 and [c[:3] for c in calls] == [("add", 1, 10), ("add", 11, 5)]
+    with pytest.raises(eg.EngrainError, match="not waiting"):
+        eg.answer("q", {"n": 1}, journal=journal)
+    with pytest.raises(eg.RunNotFoundError):
+        eg.answer("nope", {}, journal=journal)
+
+
+def test_tools_from_threads_with_copied_context(journal):
+    """Steps may run on worker threads when the run's context is carried there."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    reg = eg.ToolRegistry()
+    lock = threading.Lock()
+    seen = []
+
+    @eg.tool(registry=reg)
+    def work(i: int) -> int:
+        with lock:
+            seen.append(i)
+        return i * i
+
+    def agent(task):
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, work, i) for i in range(8)]
+            return sorted(f.result() for f in futures)
+
+    r = eg.run(agent, "threads", run_id="th", journal=journal)
+    assert r.output == [i * i for i in range(8)] and sorted(seen) == list(range(8))
+    events = journal.read("th")
+    assert [e.seq for e in events] == list(range(len(events)))
+    assert sum(e.kind == "step.completed" for e in events) == 8
+
+
+def test_registry_names_and_validation():
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg, name="files.read")
+    def read(path):
+        return path
+
+    assert reg.names() == ["files.read"] and reg["files.read"] is read
+    with pytest.raises(KeyError, match="no tool named 'x'"):
+        reg.get("x")
+    for bad in ("../etc/passwd", "a/b", "", "1abc", "a..b"):
+        with pytest.raises(eg.EngrainError, match="invalid tool name"):
+            eg.tool(name=bad, registry=reg)(lambda: None)

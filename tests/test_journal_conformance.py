@@ -1,0 +1,186 @@
+"""One conformance suite for every journal backend (SQLite and a real PostgreSQL server)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import engrain
+from engrain import ConflictError, NewEvent, RunNotFoundError
+
+
+def started(task: str = "t", tags: list[str] | None = None) -> NewEvent:
+    return NewEvent("run.started", "", {"task": task, "inputs": {}, "tags": tags or []})
+
+
+def step(i: int) -> NewEvent:
+    return NewEvent("step.started", "tool", {"call_id": i, "type": "tool", "args": {"i": i}, "attempt": 1})
+
+
+def test_append_then_read_in_order(journal):
+    stored = journal.append("r", [started(), step(0)], 0)
+    assert [e.seq for e in stored] == [0, 1]
+    journal.append("r", [NewEvent("step.completed", "tool", {"call_id": 0, "result": {"a": [1, 2.5, None, "x"]}})], 2)
+    events = journal.read("r")
+    assert [e.seq for e in events] == [0, 1, 2]
+    assert [e.kind for e in events] == ["run.started", "step.started", "step.completed"]
+    assert events[2].data == {"call_id": 0, "result": {"a": [1, 2.5, None, "x"]}}
+    assert events[0].ts <= events[2].ts
+    assert [e.seq for e in journal.read("r", after=0)] == [1, 2]
+    assert journal.read("r", after=2) == []
+    assert journal.read("missing") == []
+
+
+def test_data_round_trips_unicode_and_key_order(journal):
+    data = {"z": "ünïcødé ✓", "a": {"nested": [True, False, None]}, "m": 10**15, "f": -0.125}
+    journal.append("u", [NewEvent("run.started", "", {"task": "t", "inputs": data, "tags": []})], 0)
+    got = journal.read("u")[0].data["inputs"]
+    assert got == data
+    assert list(got) == ["z", "a", "m", "f"]
+
+
+def test_conflict_on_stale_expected_seq(journal):
+    journal.append("r", [started()], 0)
+    with pytest.raises(ConflictError) as info:
+        journal.append("r", [step(0)], 0)
+    assert info.value.expected_seq == 0 and info.value.actual_seq == 1
+    with pytest.raises(ConflictError) as info:
+        journal.append("r", [step(0)], 5)  # a gap is a conflict too: seq stays dense
+    assert info.value.actual_seq == 1
+    with pytest.raises(ConflictError):
+        journal.append("new", [step(0)], 3)
+    # the failed appends wrote nothing
+    assert [e.seq for e in journal.read("r")] == [0]
+    assert journal.get_run("new") is None
+
+
+def test_append_is_atomic_on_bad_event(journal):
+    journal.append("r", [started()], 0)
+    with pytest.raises(engrain.NotJSONError):
+        journal.append("r", [step(0), NewEvent("step.completed", "x", {"call_id": 0, "result": object()})], 1)
+    with pytest.raises(ValueError, match="unknown kind"):
+        journal.append("r", [step(0), NewEvent("bogus", "", {})], 1)
+    assert len(journal.read("r")) == 1
+    assert journal.get_run("r").next_seq == 1
+
+
+def test_concurrent_writers_of_one_run_one_wins(store_url):
+    """Two journals (two connections) race to append at the same seq: exactly one wins."""
+    a, b = engrain.open(store_url), engrain.open(store_url)
+    try:
+        a.append("race", [started()], 0)
+        results: list[str] = []
+        barrier = threading.Barrier(2)
+
+        def writer(j, name):
+            barrier.wait()
+            try:
+                j.append("race", [NewEvent("step.started", name, {"call_id": 0})], 1)
+                results.append("ok")
+            except ConflictError:
+                results.append("conflict")
+
+        threads = [threading.Thread(target=writer, args=(j, n)) for j, n in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == ["conflict", "ok"]
+        assert [e.seq for e in a.read("race")] == [0, 1]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_many_threads_appending_distinct_runs(journal):
+    def work(k):
+        journal.append(f"run{k}", [started(f"task{k}")], 0)
+        for i in range(20):
+            journal.append(f"run{k}", [step(i)], 1 + i)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(8):
+        assert [e.seq for e in journal.read(f"run{k}")] == list(range(21))
+
+
+def test_run_summary_tracks_status_task_tags(journal):
+    journal.append("r", [started("fetch report", ["a", "b"])], 0)
+    info = journal.get_run("r")
+    assert (info.status, info.task, info.tags, info.next_seq) == ("running", "fetch report", ["a", "b"], 1)
+    journal.append("r", [NewEvent("input.requested", "ask", {"call_id": 0, "prompt": "ok?"})], 1)
+    assert journal.get_run("r").status == "needs_input"
+    journal.append("r", [NewEvent("input.received", "ask", {"call_id": 0, "answers": {}})], 2)
+    assert journal.get_run("r").status == "running"
+    journal.append("r", [NewEvent("run.completed", "", {"output": 1})], 3)
+    info = journal.get_run("r")
+    assert info.status == "completed" and info.next_seq == 4 and info.updated >= info.created
+    assert journal.get_run("missing") is None
+
+
+def test_runs_filters(journal):
+    journal.append("a", [started("alpha", ["x"])], 0)
+    journal.append("b", [started("beta", ["y"])], 0)
+    journal.append("c", [started("alpha", ["x", "y"]), NewEvent("run.failed", "", {"error": "boom"})], 0)
+    time.sleep(0.01)
+    journal.append("a", [NewEvent("run.completed", "", {"output": None})], 1)
+    assert [r.run_id for r in journal.runs()][0] == "a"  # most recently updated first
+    assert {r.run_id for r in journal.runs(status="failed")} == {"c"}
+    assert {r.run_id for r in journal.runs(status=["completed", "failed"])} == {"a", "c"}
+    assert {r.run_id for r in journal.runs(task="alpha")} == {"a", "c"}
+    assert {r.run_id for r in journal.runs(tag="y")} == {"b", "c"}
+    assert {r.run_id for r in journal.runs(tag="x", status="completed")} == {"a"}
+    assert len(journal.runs(limit=2)) == 2
+    assert len(journal.runs(limit=2, offset=2)) == 1
+    assert journal.runs(since=time.time() + 60) == []
+
+
+def test_leases(journal):
+    journal.append("r", [started()], 0)
+    assert journal.acquire_lease("r", "w1", ttl=30)
+    assert not journal.acquire_lease("r", "w2", ttl=30)
+    assert journal.acquire_lease("r", "w1", ttl=30)  # renewal by the holder
+    assert journal.get_run("r").lease_owner == "w1"
+    journal.release_lease("r", "w2")  # not the holder: no effect
+    assert journal.get_run("r").lease_owner == "w1"
+    journal.release_lease("r", "w1")
+    assert journal.acquire_lease("r", "w2", ttl=0.05)
+    time.sleep(0.15)
+    assert journal.acquire_lease("r", "w3", ttl=30)  # expired lease is taken over
+    with pytest.raises(RunNotFoundError):
+        journal.acquire_lease("missing", "w1", ttl=1)
+
+
+def test_claim_runs_splits_unfinished_runs_between_workers(journal):
+    for k in range(6):
+        journal.append(f"r{k}", [started()], 0)
+    journal.append("r5", [NewEvent("run.completed", "", {"output": 1})], 1)
+    journal.acquire_lease("r4", "someone", ttl=60)
+    first = journal.claim_runs("w1", ttl=60, limit=2)
+    second = journal.claim_runs("w2", ttl=60, limit=10)
+    a, b = {r.run_id for r in first}, {r.run_id for r in second}
+    assert len(a) == 2 and not a & b
+    assert a | b == {"r0", "r1", "r2", "r3"}  # never the completed run, never a live lease
+    assert all(r.lease_owner == "w2" for r in second)
+    assert journal.claim_runs("w3", ttl=60) == []
+
+
+def test_delete_run(journal):
+    journal.append("r", [started()], 0)
+    journal.delete_run("r")
+    assert journal.get_run("r") is None and journal.read("r") == []
+    journal.append("r", [started()], 0)  # the id can be reused
+
+
+def test_bad_arguments_are_clear(journal):
+    with pytest.raises(ValueError, match="run_id"):
+        journal.append("", [started()], 0)
+    with pytest.raises(ValueError, match="at least one event"):
+        journal.append("r", [], 0)
+    with pytest.raises(ValueError, match="expected_seq"):
+        journal.append("r", [started()], -1)
