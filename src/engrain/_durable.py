@@ -168,10 +168,10 @@ class RunContext:
         self.executed = 0
         self._lock = threading.Lock()
 
-    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None) -> None:
+    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
         """Append one event to this run (serialized across the run's threads)."""
         with self._lock:
-            self.journal.append(self.run_id, [NewEvent(kind, name, data or {})], self.seq)
+            self.journal.append(self.run_id, [NewEvent(kind, name, data or {})], self.seq, durable=durable)
             self.seq += 1
 
     def _begin(self, name: str, type_: str, args: dict[str, Any]) -> StepRecord | _Pending:
@@ -190,7 +190,10 @@ class RunContext:
             for k, v in args.items():
                 check_json(v, f"{type_} {name!r}", f"argument {k!r}")
             attempt = 1
-        self.append(ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": attempt})
+        # Not flushed on its own: the completion's flush covers it (one fsync per step).
+        self.append(
+            ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": attempt}, durable=False
+        )
         self.executed += 1
         return _Pending(call_id, name, f"{self.run_id}:{call_id}")
 

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ._errors import NotJSONError
+
 # Kinds. Keep this list short: every consumer (replay, compiler, cache, UI)
 # must understand every kind.
 RUN_STARTED: Final = "run.started"
@@ -95,7 +97,11 @@ class NewEvent:
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:
-    """A run's summary row, kept by the journal in the same transaction as its events."""
+    """A run's summary, kept by the journal in the same transaction as its events.
+
+    ``updated`` is the time of the run's last status change (start, input,
+    completion); ``next_seq`` is the number of events.
+    """
 
     run_id: str
     status: str
@@ -143,8 +149,6 @@ def check_json(value: Any, where: str, path: str = "value") -> None:
     Strict on purpose: a tuple or a set would come back from the journal as a
     list, so the replayed run would see a different value than the live one.
     """
-    from ._errors import NotJSONError
-
     t = type(value)
     if value is None or t is str or t is bool or t is int:
         return

@@ -92,13 +92,30 @@ def default_name(fn: Callable[..., Any]) -> str:
 def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     """A function turning call arguments into the ``{name: value}`` dict the journal records."""
     sig = inspect.signature(fn)
-    params = list(sig.parameters)
-    skip = params[0] if params and params[0] in ("self", "cls") else None
+    params = list(sig.parameters.values())
+    skip = params[0].name if params and params[0].name in ("self", "cls") else None
+    simple = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
 
     def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-        bound = sig.bind(*args, **kwargs)
-        bound.apply_defaults()
-        out = dict(bound.arguments)
+        # Fast path for plain signatures (no *args/**kwargs/positional-only): it
+        # is on every journaled call, and Signature.bind costs several µs.
+        if simple and len(args) <= len(names) and not (kwargs.keys() & set(names[: len(args)])):
+            out = dict(zip(names, args))
+            for name in names[len(args) :]:
+                if name in kwargs:
+                    out[name] = kwargs[name]
+                elif name in defaults:
+                    out[name] = defaults[name]
+                else:
+                    sig.bind(*args, **kwargs)  # raises the usual TypeError for the missing argument
+            if len(kwargs) > len(out) - len(args) or not kwargs.keys() <= out.keys():
+                sig.bind(*args, **kwargs)  # unexpected keyword: same TypeError as a plain call
+        else:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            out = dict(bound.arguments)
         if skip is not None:
             out.pop(skip, None)
         return out

@@ -51,8 +51,13 @@ def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: floa
             raise ValueError(f"event {i}: unknown kind {ev.kind!r}; known kinds: {sorted(KINDS)}")
         if not isinstance(ev.data, dict):
             raise TypeError(f"event {i} ({ev.kind}): data must be a dict")
-        check_json(ev.data, f"event {i} ({ev.kind} {ev.name})", "data")
-        rows.append((run_id, expected_seq + i, ts, ev.kind, ev.name, dumps(ev.data)))
+        try:
+            text = dumps(ev.data)
+        except (TypeError, ValueError):
+            # dumps failed: let the strict checker name the offending field.
+            check_json(ev.data, f"event {i} ({ev.kind} {ev.name})", "data")
+            raise
+        rows.append((run_id, expected_seq + i, ts, ev.kind, ev.name, text))
         kinds.append(ev.kind)
         if ev.kind == RUN_STARTED:
             task = str(ev.data.get("task", ""))

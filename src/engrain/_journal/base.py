@@ -30,13 +30,20 @@ class Journal(abc.ABC):
     backend: str
 
     @abc.abstractmethod
-    def append(self, run_id: str, events: Sequence[NewEvent], expected_seq: int) -> list[Event]:
+    def append(
+        self, run_id: str, events: Sequence[NewEvent], expected_seq: int, *, durable: bool = True
+    ) -> list[Event]:
         """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
 
         All events are written or none. Raises :class:`~engrain.ConflictError`
         when the run's next sequence number is not ``expected_seq`` (another
         writer got there first, or the caller's view is stale). A run is
         created by appending at ``expected_seq=0``. Returns the stored events.
+
+        ``durable=False`` lets a ``durability="full"`` backend skip the flush to
+        disk for this append: the events still survive a process crash, and the
+        next durable append flushes them too. Durable runs use it for
+        ``step.started``, so a step costs one flush, not two.
         """
 
     @abc.abstractmethod

@@ -81,11 +81,15 @@ class PostgresJournal(Journal):
                 self._db.execute("SELECT pg_advisory_xact_lock(727401)")
                 self._db.execute(_SCHEMA)
 
-    def append(self, run_id: str, events: Sequence[NewEvent], expected_seq: int) -> list[Event]:
+    def append(
+        self, run_id: str, events: Sequence[NewEvent], expected_seq: int, *, durable: bool = True
+    ) -> list[Event]:
         ts = self._now()
         batch = prepare(run_id, events, expected_seq, ts)
         db = self._db
         with self._lock, db.transaction():
+            if not durable and self.durability == "full":
+                db.execute("SET LOCAL synchronous_commit = off")
             if expected_seq == 0:
                 cur = db.execute(
                     "INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq)"
@@ -94,10 +98,10 @@ class PostgresJournal(Journal):
                 )
             else:
                 cur = db.execute(
-                    "UPDATE engrain_runs SET next_seq = %s, updated = %s, status = COALESCE(%s, status),"
+                    "UPDATE engrain_runs SET next_seq = %s, updated = COALESCE(%s, updated), status = COALESCE(%s, status),"
                     " task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags)"
                     " WHERE run_id = %s AND next_seq = %s",
-                    (batch.next_seq, ts, batch.status, batch.task, batch.tags, run_id, expected_seq),
+                    (batch.next_seq, ts if batch.status else None, batch.status, batch.task, batch.tags, run_id, expected_seq),
                 )
             if cur.rowcount != 1:
                 raise self._conflict(run_id, expected_seq)
