@@ -51,9 +51,13 @@ NEEDS_INPUT: Final = "needs_input"
 STATUSES: Final = frozenset({RUNNING, COMPLETED, FAILED, NEEDS_INPUT})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Event:
-    """One journal entry. Immutable once appended."""
+    """One journal entry. Treat as immutable: the journal never changes an appended event.
+
+    Not a frozen dataclass because frozen construction is several times slower,
+    and resuming a long run builds one Event per journaled event.
+    """
 
     run_id: str
     seq: int
@@ -178,3 +182,10 @@ def dumps(value: Any) -> str:
 
 
 loads = json.loads
+
+
+def loads_many(texts: list[str]) -> list[Any]:
+    """Decode many JSON texts with one parser call (much faster than one call each)."""
+    if not texts:
+        return []
+    return json.loads("[" + ",".join(texts) + "]")

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
-from .._events import Event, NewEvent, RunInfo, loads
+from .._events import Event, NewEvent, RunInfo, loads, loads_many
 from ._common import prepare
 from .base import Journal
 
@@ -157,7 +157,8 @@ class PostgresJournal(Journal):
                 " WHERE run_id = %s AND seq > %s ORDER BY seq",
                 (run_id, after),
             ).fetchall()
-        return [Event(r[0], r[1], r[2], r[3], r[4], loads(r[5])) for r in rows]
+        datas = loads_many([r[5] for r in rows])
+        return [Event(r[0], r[1], r[2], r[3], r[4], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
         with self._lock:
