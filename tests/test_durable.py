@@ -261,3 +261,57 @@ def test_registry_names_and_validation():
     for bad in ("../etc/passwd", "a/b", "", "1abc", "a..b"):
         with pytest.raises(eg.EngrainError, match="invalid tool name"):
             eg.tool(name=bad, registry=reg)(lambda: None)
+
+
+def test_live_lease_blocks_a_second_executor(journal):
+    journal.append("l", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
+    assert journal.acquire_lease("l", "otherhost:1:abcd", ttl=60)
+    with pytest.raises(eg.LeaseHeldError, match="otherhost"):
+        eg.run(lambda task: 1, "t", run_id="l", journal=journal)
+    assert journal.get_run("l").status == "running"
+
+
+def test_lease_of_a_dead_local_process_is_taken_over(journal):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    journal.append("d", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
+    assert journal.acquire_lease("d", f"{socket.gethostname()}:{pid}:dead", ttl=60)
+    r = eg.run(lambda task: "resumed", "t", run_id="d", journal=journal)
+    assert r.output == "resumed"
+    assert journal.get_run("d").lease_owner is None  # released when the run ended
+
+
+def test_lease_is_held_while_running_and_released_after(journal):
+    owners = []
+
+    def agent(task):
+        owners.append(journal.get_run(eg.current().run_id).lease_owner)
+        return 1
+
+    eg.run(agent, "t", run_id="h", journal=journal)
+    assert owners[0] and owners[0].split(":")[1].isdigit()
+    assert journal.get_run("h").lease_owner is None
+
+
+def test_recover_resumes_orphaned_runs(journal, calls):
+    add, _ = make_tools(calls, eg.ToolRegistry())
+    for k in range(3):
+        journal.append(
+            f"o{k}",
+            [
+                NewEvent("run.started", "", {"task": "sum", "inputs": {"x": k}, "tags": []}),
+                NewEvent("step.started", "add", {"call_id": 0, "type": "tool", "args": {"a": k, "b": 10}, "attempt": 1}),
+                NewEvent("step.completed", "add", {"call_id": 0, "result": k + 10}),
+            ],
+            0,
+        )
+    eg.run(lambda task, x: x, "other", run_id="finished", inputs={"x": 0}, journal=journal)
+    results = eg.recover(lambda task, x: add(add(x), 1), journal=journal)
+    assert sorted(r.output for r in results) == [11, 12, 13]
+    assert all(r.replayed == 1 and r.executed == 1 for r in results)
+    assert {r.run_id for r in results} == {"o0", "o1", "o2"}
+    assert eg.recover(lambda task, x: x, journal=journal) == []

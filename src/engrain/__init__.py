@@ -40,6 +40,7 @@ from ._errors import (
 from ._events import Event, NewEvent, RunInfo
 from ._journal import Journal, default_url
 from ._journal import open_journal as open
+from ._lease import recover
 from ._tools import ToolRegistry, llm, tool, tools
 
 __version__ = "0.1.0"
@@ -93,6 +94,7 @@ __all__ = [
     "new_run_id",
     "now",
     "open",
+    "recover",
     "run",
     "run_async",
     "tool",

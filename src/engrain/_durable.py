@@ -28,6 +28,7 @@ from . import _events as ev
 from ._errors import EngrainError, NondeterminismError, NotJSONError, RunFailedError, StepFailedError
 from ._events import NewEvent, check_json
 from ._journal import Journal, default_url, open_journal
+from ._lease import Lease
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("engrain_run", default=None)
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
@@ -377,7 +378,8 @@ def run(
 
     Start again with the same ``run_id`` after a crash to resume: journaled
     steps return their recorded results. A finished run returns its recorded
-    outcome without calling the agent. Async agents are run with
+    outcome without calling the agent. While it executes, the run holds a
+    lease (:class:`~engrain.LeaseHeldError` if another live process runs it). Async agents are run with
     :func:`asyncio.run`; inside an event loop use :func:`run_async`.
     """
     if inspect.iscoroutinefunction(agent):
@@ -388,17 +390,18 @@ def run(
     events, done = _start(j, rid, task, inputs, list(tags or []))
     if done is not None:
         return done
-    ctx = RunContext(j, rid, events)
-    token = _current.set(ctx)
-    try:
-        output = agent(task, **inputs)
-    except BaseException as e:
-        if not isinstance(e, (Exception, _Suspend)):
-            raise  # KeyboardInterrupt, SystemExit: the process is going away, the run stays resumable
-        return _finish_error(ctx, e)
-    finally:
-        _current.reset(token)
-    return _finish_ok(ctx, output)
+    with Lease(j, rid):
+        ctx = RunContext(j, rid, events)
+        token = _current.set(ctx)
+        try:
+            output = agent(task, **inputs)
+        except BaseException as e:
+            if not isinstance(e, (Exception, _Suspend)):
+                raise  # KeyboardInterrupt, SystemExit: the process is going away, the run stays resumable
+            return _finish_error(ctx, e)
+        finally:
+            _current.reset(token)
+        return _finish_ok(ctx, output)
 
 
 async def run_async(
@@ -417,14 +420,15 @@ async def run_async(
     events, done = _start(j, rid, task, inputs, list(tags or []))
     if done is not None:
         return done
-    ctx = RunContext(j, rid, events)
-    token = _current.set(ctx)
-    try:
-        output = await agent(task, **inputs)
-    except BaseException as e:
-        if not isinstance(e, (Exception, _Suspend)):
-            raise
-        return _finish_error(ctx, e)
-    finally:
-        _current.reset(token)
-    return _finish_ok(ctx, output)
+    with Lease(j, rid):
+        ctx = RunContext(j, rid, events)
+        token = _current.set(ctx)
+        try:
+            output = await agent(task, **inputs)
+        except BaseException as e:
+            if not isinstance(e, (Exception, _Suspend)):
+                raise
+            return _finish_error(ctx, e)
+        finally:
+            _current.reset(token)
+        return _finish_ok(ctx, output)
