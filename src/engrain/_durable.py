@@ -11,12 +11,10 @@ with the same idempotency key (``run_id:N``) so external effects can dedupe.
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import contextvars
 import datetime as _dt
-import inspect
-import secrets
+import os
 import sys
 import threading
 import time
@@ -49,7 +47,7 @@ def default_journal() -> Journal:
 
 def new_run_id() -> str:
     """A fresh run id that sorts by creation time."""
-    return f"{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(6).hex()}"
 
 
 @dataclass(slots=True)
@@ -382,7 +380,11 @@ def run(
     lease (:class:`~engrain.LeaseHeldError` if another live process runs it). Async agents are run with
     :func:`asyncio.run`; inside an event loop use :func:`run_async`.
     """
+    import inspect  # lazily, like asyncio below: both weigh on every CLI start
+
     if inspect.iscoroutinefunction(agent):
+        import asyncio  # lazily: importing asyncio costs ~40 ms of start-up for every CLI command
+
         return asyncio.run(run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal))
     j = journal or default_journal()
     rid = run_id or new_run_id()

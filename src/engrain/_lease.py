@@ -10,8 +10,6 @@ right away works without waiting for the lease to expire.
 from __future__ import annotations
 
 import os
-import secrets
-import socket
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,7 +23,7 @@ if TYPE_CHECKING:
 #: How long a lease lives without renewal (seconds). Renewed every third of it.
 DEFAULT_TTL = 30.0
 
-_HOST = socket.gethostname()
+_HOST = os.uname().nodename  # what socket.gethostname() returns, without importing socket
 _OWNER: str | None = None
 _OWNER_PID = -1
 
@@ -35,7 +33,7 @@ def owner_id() -> str:
     global _OWNER, _OWNER_PID
     if _OWNER is None or _OWNER_PID != os.getpid():
         _OWNER_PID = os.getpid()
-        _OWNER = f"{_HOST}:{_OWNER_PID}:{secrets.token_hex(4)}"
+        _OWNER = f"{_HOST}:{_OWNER_PID}:{os.urandom(4).hex()}"
     return _OWNER
 
 

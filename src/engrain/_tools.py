@@ -10,7 +10,6 @@ and the server find tools by name.
 from __future__ import annotations
 
 import functools
-import inspect
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -91,6 +90,8 @@ def default_name(fn: Callable[..., Any]) -> str:
 
 def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     """A function turning call arguments into the ``{name: value}`` dict the journal records."""
+    import inspect  # lazily: ~10 ms of start-up that CLI commands without tools never need
+
     sig = inspect.signature(fn)
     params = list(sig.parameters.values())
     skip = params[0].name if params and params[0].name in ("self", "cls") else None
@@ -149,6 +150,8 @@ def tool(
         raise ValueError(f"type must be one of {STEP_TYPES}, got {type!r}")
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        import inspect
+
         step_name = validate_tool_name(name or default_name(f))
         bind = _binder(f)
 
