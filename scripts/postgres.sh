@@ -3,6 +3,8 @@
 # create the engrain role and test database, and print the URL to use.
 # Idempotent: safe to run when the server is already up.
 set -euo pipefail
+# Only the URL goes to stdout (callers capture it); everything else to stderr.
+exec 3>&1 1>&2
 export DEBIAN_FRONTEND=noninteractive
 if ! command -v pg_ctlcluster >/dev/null 2>&1; then
   apt-get update -qq
@@ -23,4 +25,4 @@ run_psql() { su postgres -c "psql -qtA -v ON_ERROR_STOP=1 -c \"$1\"" ; }
   run_psql "create role engrain login superuser password 'engrain'"
 [ "$(run_psql "select 1 from pg_database where datname='engrain_test'")" = "1" ] || \
   run_psql "create database engrain_test owner engrain"
-echo "postgresql://engrain:engrain@127.0.0.1:5432/engrain_test"
+echo "postgresql://engrain:engrain@127.0.0.1:5432/engrain_test" >&3
