@@ -42,6 +42,25 @@ CREATE INDEX IF NOT EXISTS engrain_runs_updated ON engrain_runs (updated);
 CREATE INDEX IF NOT EXISTS engrain_runs_status ON engrain_runs (status, lease_until);
 """
 
+# One statement per append: the runs row is created (seq 0) or advanced only if
+# next_seq still equals expected_seq, and the events are inserted only if that
+# happened. A concurrent writer of the same run waits on the row lock, re-checks
+# next_seq, and inserts nothing: its rowcount of 0 is the ConflictError.
+_EVENTS_FROM_ARRAYS = (
+    "INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
+    " SELECT * FROM unnest(%s::text[], %s::int[], %s::float8[], %s::text[], %s::text[], %s::text[])"
+    " WHERE EXISTS (SELECT 1 FROM gate)"
+)
+_CREATE_AND_INSERT = (
+    "WITH gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq)"
+    " VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING RETURNING 1) " + _EVENTS_FROM_ARRAYS
+)
+_ADVANCE_AND_INSERT = (
+    "WITH gate AS (UPDATE engrain_runs SET next_seq = %s, updated = COALESCE(%s, updated),"
+    " status = COALESCE(%s, status), task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags)"
+    " WHERE run_id = %s AND next_seq = %s RETURNING 1) " + _EVENTS_FROM_ARRAYS
+)
+
 _RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until"
 _DB_NOW = "extract(epoch from clock_timestamp())"
 
@@ -86,27 +105,25 @@ class PostgresJournal(Journal):
     ) -> list[Event]:
         ts = self._now()
         batch = prepare(run_id, events, expected_seq, ts)
+        cols = list(zip(*batch.rows))
+        if expected_seq == 0:
+            sql, head = _CREATE_AND_INSERT, (run_id, batch.status or "running", batch.task or "", batch.tags or "[]", ts, ts, batch.next_seq)
+        else:
+            sql, head = _ADVANCE_AND_INSERT, (
+                batch.next_seq, ts if batch.status else None, batch.status, batch.task, batch.tags, run_id, expected_seq
+            )
+        params = (*head, *(list(c) for c in cols))
         db = self._db
-        with self._lock, db.transaction():
+        with self._lock:
             if not durable and self.durability == "full":
-                db.execute("SET LOCAL synchronous_commit = off")
-            if expected_seq == 0:
-                cur = db.execute(
-                    "INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq)"
-                    " VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
-                    (run_id, batch.status or "running", batch.task or "", batch.tags or "[]", ts, ts, batch.next_seq),
-                )
+                # Skip the WAL flush for this commit; the next durable commit flushes it.
+                with db.transaction(), db.pipeline():
+                    db.execute("SET LOCAL synchronous_commit = off")
+                    cur = db.execute(sql, params)
             else:
-                cur = db.execute(
-                    "UPDATE engrain_runs SET next_seq = %s, updated = COALESCE(%s, updated), status = COALESCE(%s, status),"
-                    " task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags)"
-                    " WHERE run_id = %s AND next_seq = %s",
-                    (batch.next_seq, ts if batch.status else None, batch.status, batch.task, batch.tags, run_id, expected_seq),
-                )
-            if cur.rowcount != 1:
+                cur = db.execute(sql, params)  # one statement in autocommit: one round trip
+            if cur.rowcount != len(batch.rows):
                 raise self._conflict(run_id, expected_seq)
-            with db.cursor() as c:
-                c.executemany("INSERT INTO engrain_events VALUES (%s, %s, %s, %s, %s, %s)", batch.rows)
         return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(batch.rows, events)]
 
     def _conflict(self, run_id: str, expected_seq: int) -> ConflictError:
