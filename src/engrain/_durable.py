@@ -363,6 +363,35 @@ def _finish_error(ctx: RunContext, exc: BaseException) -> RunResult:
     return RunResult(ctx.run_id, "failed", error=error, replayed=ctx.replayed, executed=ctx.executed)
 
 
+class _Execution:
+    """What :func:`run` and :func:`run_async` share: open the run, lease it, bind its context."""
+
+    def __init__(
+        self, task: str, run_id: str | None, inputs: dict[str, Any] | None, tags: list[str] | None, journal: Journal | None
+    ):
+        self.journal = journal or default_journal()
+        self.run_id = run_id or new_run_id()
+        self.inputs = dict(inputs or {})
+        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []))
+        self.ctx = RunContext(self.journal, self.run_id, events)
+        self._lease = Lease(self.journal, self.run_id)
+
+    def __enter__(self) -> _Execution:
+        self._lease.__enter__()
+        self._token = _current.set(self.ctx)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _current.reset(self._token)
+        self._lease.__exit__(*exc)
+
+    def failed(self, exc: BaseException) -> RunResult:
+        """The result of an agent that raised ``exc``; KeyboardInterrupt and SystemExit propagate."""
+        if not isinstance(exc, (Exception, _Suspend)):
+            raise exc  # the process is going away: the run stays resumable
+        return _finish_error(self.ctx, exc)
+
+
 def run(
     agent: Callable[..., Any],
     task: str,
@@ -377,8 +406,9 @@ def run(
     Start again with the same ``run_id`` after a crash to resume: journaled
     steps return their recorded results. A finished run returns its recorded
     outcome without calling the agent. While it executes, the run holds a
-    lease (:class:`~engrain.LeaseHeldError` if another live process runs it). Async agents are run with
-    :func:`asyncio.run`; inside an event loop use :func:`run_async`.
+    lease (:class:`~engrain.LeaseHeldError` if another live process runs it).
+    Async agents are run with :func:`asyncio.run`; inside an event loop use
+    :func:`run_async`.
     """
     import inspect  # lazily, like asyncio below: both weigh on every CLI start
 
@@ -386,24 +416,15 @@ def run(
         import asyncio  # lazily: importing asyncio costs ~40 ms of start-up for every CLI command
 
         return asyncio.run(run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal))
-    j = journal or default_journal()
-    rid = run_id or new_run_id()
-    inputs = dict(inputs or {})
-    events, done = _start(j, rid, task, inputs, list(tags or []))
-    if done is not None:
-        return done
-    with Lease(j, rid):
-        ctx = RunContext(j, rid, events)
-        token = _current.set(ctx)
+    ex = _Execution(task, run_id, inputs, tags, journal)
+    if ex.done is not None:
+        return ex.done
+    with ex:
         try:
-            output = agent(task, **inputs)
+            output = agent(task, **ex.inputs)
         except BaseException as e:
-            if not isinstance(e, (Exception, _Suspend)):
-                raise  # KeyboardInterrupt, SystemExit: the process is going away, the run stays resumable
-            return _finish_error(ctx, e)
-        finally:
-            _current.reset(token)
-        return _finish_ok(ctx, output)
+            return ex.failed(e)
+        return _finish_ok(ex.ctx, output)
 
 
 async def run_async(
@@ -416,21 +437,12 @@ async def run_async(
     journal: Journal | None = None,
 ) -> RunResult:
     """Async :func:`run` for coroutine agents."""
-    j = journal or default_journal()
-    rid = run_id or new_run_id()
-    inputs = dict(inputs or {})
-    events, done = _start(j, rid, task, inputs, list(tags or []))
-    if done is not None:
-        return done
-    with Lease(j, rid):
-        ctx = RunContext(j, rid, events)
-        token = _current.set(ctx)
+    ex = _Execution(task, run_id, inputs, tags, journal)
+    if ex.done is not None:
+        return ex.done
+    with ex:
         try:
-            output = await agent(task, **inputs)
+            output = await agent(task, **ex.inputs)
         except BaseException as e:
-            if not isinstance(e, (Exception, _Suspend)):
-                raise
-            return _finish_error(ctx, e)
-        finally:
-            _current.reset(token)
-        return _finish_ok(ctx, output)
+            return ex.failed(e)
+        return _finish_ok(ex.ctx, output)

@@ -64,3 +64,35 @@ def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: floa
             tags = dumps([str(t) for t in ev.data.get("tags") or []])
     status = status_after(kinds, None) if _STATUS_KINDS.intersection(kinds) else None
     return Batch(rows, status, task, tags, expected_seq + len(events))
+
+
+def run_filters(
+    status: str | Sequence[str] | None,
+    task: str | None,
+    tag: str | None,
+    since: float | None,
+    *,
+    placeholder: str,
+    tag_clause: str,
+) -> tuple[str, list]:
+    """The WHERE clause (or "") and its arguments for ``Journal.runs`` filters.
+
+    ``placeholder`` is the driver's parameter marker; ``tag_clause`` tests tag
+    membership in the backend's JSON dialect, with one placeholder for the tag.
+    """
+    where: list[str] = []
+    args: list = []
+    if status is not None:
+        statuses = [status] if isinstance(status, str) else list(status)
+        where.append(f"status IN ({', '.join([placeholder] * len(statuses))})")
+        args += statuses
+    if task is not None:
+        where.append(f"task = {placeholder}")
+        args.append(task)
+    if tag is not None:
+        where.append(tag_clause)
+        args.append(tag)
+    if since is not None:
+        where.append(f"updated >= {placeholder}")
+        args.append(since)
+    return (" WHERE " + " AND ".join(where)) if where else "", args

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import prepare
+from ._common import prepare, run_filters
 from .base import Journal
 
 _SCHEMA = """
@@ -192,23 +192,8 @@ class PostgresJournal(Journal):
         limit: int = 100,
         offset: int = 0,
     ) -> list[RunInfo]:
-        where, args = [], []
-        if status is not None:
-            where.append("status = ANY(%s)")
-            args.append([status] if isinstance(status, str) else list(status))
-        if task is not None:
-            where.append("task = %s")
-            args.append(task)
-        if tag is not None:
-            where.append("tags ? %s")
-            args.append(tag)
-        if since is not None:
-            where.append("updated >= %s")
-            args.append(since)
-        sql = f"SELECT {_RUN_COLS} FROM engrain_runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
+        where, args = run_filters(status, task, tag, since, placeholder="%s", tag_clause="tags ? %s")
+        sql = f"SELECT {_RUN_COLS} FROM engrain_runs{where} ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
         with self._lock:
             rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
         return [_run_info(r) for r in rows]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import prepare
+from ._common import prepare, run_filters
 from .base import Journal
 
 _SCHEMA = """
@@ -224,24 +224,10 @@ class SQLiteJournal(Journal):
         limit: int = 100,
         offset: int = 0,
     ) -> list[RunInfo]:
-        where, args = [], []
-        if status is not None:
-            statuses = [status] if isinstance(status, str) else list(status)
-            where.append(f"status IN ({','.join('?' * len(statuses))})")
-            args += statuses
-        if task is not None:
-            where.append("task = ?")
-            args.append(task)
-        if tag is not None:
-            where.append("EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)")
-            args.append(tag)
-        if since is not None:
-            where.append("updated >= ?")
-            args.append(since)
-        sql = f"SELECT {_RUN_COLS} FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
+        where, args = run_filters(
+            status, task, tag, since, placeholder="?", tag_clause="EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)"
+        )
+        sql = f"SELECT {_RUN_COLS} FROM runs{where} ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
         with self._lock:
             rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
         return [_run_info(r) for r in rows]
