@@ -14,12 +14,14 @@ ver=$(ls /usr/lib/postgresql | sort -n | tail -1)
 if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -q "^$ver main$"; then
   pg_createcluster "$ver" main >/dev/null
 fi
-pg_ctlcluster "$ver" main start 2>/dev/null || true
+# The server daemon inherits open descriptors; give it none of ours, or a caller
+# reading our stdout (a command substitution, a CI log pipe) never sees EOF.
+pg_ctlcluster "$ver" main start </dev/null >/dev/null 2>&1 3>&- || true
 for _ in $(seq 1 50); do
   pg_isready -q -h 127.0.0.1 -p 5432 && break
   sleep 0.2
 done
-pg_isready -h 127.0.0.1 -p 5432 >/dev/null
+pg_isready -h 127.0.0.1 -p 5432 >/dev/null || { tail -20 "/var/log/postgresql/postgresql-$ver-main.log"; exit 1; }
 run_psql() { su postgres -c "psql -qtA -v ON_ERROR_STOP=1 -c \"$1\"" ; }
 [ "$(run_psql "select 1 from pg_roles where rolname='engrain'")" = "1" ] || \
   run_psql "create role engrain login superuser password 'engrain'"
