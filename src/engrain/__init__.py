@@ -49,6 +49,9 @@ __version__ = "0.1.0"
 # ``import engrain`` stays fast. To export a lazy name, ADD one line here:
 # public name -> (module, attribute); an attribute of None exports the module.
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "sandbox": ("._sandbox", None),
+    "SandboxError": ("._errors", "SandboxError"),
+    "SandboxLimitError": ("._errors", "SandboxLimitError"),
 }
 
 
@@ -68,6 +71,9 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "SandboxError",
+    "SandboxLimitError",
+    "sandbox",
     "ConfigError",
     "ConflictError",
     "EngrainError",

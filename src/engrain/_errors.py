@@ -99,3 +99,21 @@ class LeaseHeldError(EngrainError):
         self.run_id = run_id
         self.owner = owner
         super().__init__(f"run {run_id!r} is leased by {owner!r}")
+
+
+class SandboxError(EngrainError):
+    """A sandboxed WASM tool failed: it trapped, exited non-zero or wrote no JSON."""
+
+    def __init__(self, tool: str, message: str):
+        self.tool = tool
+        super().__init__(f"sandboxed tool {tool!r}: {message}")
+
+
+class SandboxLimitError(SandboxError):
+    """A sandboxed tool hit a limit (``fuel``, ``memory``, ``wall_clock`` or ``output``)."""
+
+    def __init__(self, tool: str, limit: str, value: object):
+        self.limit = limit
+        self.value = value
+        Exception.__init__(self, f"sandboxed tool {tool!r} exceeded its {limit} limit ({value})")
+        self.tool = tool

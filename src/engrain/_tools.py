@@ -50,6 +50,32 @@ class ToolRegistry:
         """Registered names, sorted."""
         return sorted(self._tools)
 
+    def load_dir(self, path: str | Any, **limits: Any) -> list[str]:
+        """Register every ``*.wasm`` in ``path`` as a journaled tool named for its file stem.
+
+        Each tool takes one JSON value (sent on the guest's stdin) and returns the
+        JSON the guest prints; it runs in :mod:`engrain.sandbox` with ``limits``
+        (see :class:`engrain.sandbox.Limits`). Returns the registered names.
+        """
+        import pathlib
+
+        from . import _sandbox
+
+        root = pathlib.Path(path).resolve()
+        names: list[str] = []
+        for file in sorted(root.glob("*.wasm")):
+            name = validate_tool_name(file.stem)
+            real = file.resolve()
+            if real.parent != root:  # a symlink pointing out of the folder is refused
+                raise EngrainError(f"tool file {str(file)!r} resolves outside {str(root)!r}")
+            wasm = _sandbox.WasmTool(real, name=name, limits=_sandbox.Limits(**limits))
+
+            call = _wasm_caller(wasm)
+            call.__name__ = call.__qualname__ = name
+            tool(call, name=name, registry=self)
+            names.append(name)
+        return names
+
     def __contains__(self, name: object) -> bool:
         return name in self._tools
 
@@ -64,6 +90,13 @@ class ToolRegistry:
 
     def __repr__(self) -> str:
         return f"<ToolRegistry {self.names()}>"
+
+
+def _wasm_caller(wasm: Any) -> Callable[..., Any]:
+    def call(args: Any = None) -> Any:
+        return wasm.call(args)
+
+    return call
 
 
 #: The default registry that ``@engrain.tool`` registers into.

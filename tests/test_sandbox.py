@@ -1,0 +1,184 @@
+"""WASM sandbox: limits, isolation, and journaled replay of WASM tools."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import engrain
+from engrain import SandboxError, SandboxLimitError
+from engrain._tools import ToolRegistry
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def wasm_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    if shutil.which("clang") is None:
+        pytest.fail("clang is missing: scripts/test.sh installs clang, lld, wasi-libc, libclang-rt-dev-wasm32")
+    out = tmp_path_factory.mktemp("wasm")
+    subprocess.run(["bash", str(ROOT / "scripts/build_wasm_tools.sh"), str(out)], check=True, capture_output=True)
+    return out
+
+
+def run(wasm_dir: pathlib.Path, mode: str, **limits):
+    return engrain.sandbox.run_wasm(wasm_dir / "hostile.wasm", {"mode": mode}, **limits)
+
+
+def test_c_tool_json_in_json_out(wasm_dir):
+    assert engrain.sandbox.run_wasm(wasm_dir / "wordcount.wasm", {"text": "a b c"}) == {"bytes": 17, "words": 4}
+
+
+def test_infinite_loop_stopped_by_fuel(wasm_dir):
+    with pytest.raises(SandboxLimitError) as e:
+        run(wasm_dir, "loop", fuel=10_000_000)
+    assert e.value.limit == "fuel" and e.value.tool == "hostile"
+    assert "'hostile'" in str(e.value) and "fuel" in str(e.value)
+
+
+def test_wall_clock_limit(wasm_dir):
+    with pytest.raises(SandboxLimitError) as e:
+        run(wasm_dir, "loop", fuel=10**15, wall_clock_s=0.2)
+    assert e.value.limit == "wall_clock"
+
+
+def test_memory_bomb_stopped(wasm_dir):
+    with pytest.raises(SandboxLimitError) as e:
+        run(wasm_dir, "bomb", memory_bytes=8 << 20)
+    assert e.value.limit == "memory"
+
+
+def test_oversized_output_cut(wasm_dir):
+    with pytest.raises(SandboxLimitError) as e:
+        run(wasm_dir, "flood", output_bytes=4096)
+    assert e.value.limit == "output" and "4096" in str(e.value)
+
+
+def test_file_access_denied_unless_granted(wasm_dir, tmp_path):
+    assert run(wasm_dir, "file") == {"passwd_fd": -1, "data": ""}
+    (tmp_path / "hello.txt").write_text("hi there\n")
+    granted = run(wasm_dir, "file", readonly_dirs={"data": str(tmp_path)})
+    assert granted == {"passwd_fd": -1, "data": "hi there"}
+
+
+def test_no_socket_or_env_imports(wasm_dir):
+    # WASI preview 1 offers no call that opens a socket; the linker exposes only those calls.
+    mod = engrain.sandbox.load_module(wasm_dir / "hostile.wasm")
+    imported = {i.name for i in mod.imports}
+    assert not any("sock_open" in n or "sock_connect" in n for n in imported)
+
+
+def test_host_survives_traps_and_keeps_working(wasm_dir):
+    for _ in range(3):
+        with pytest.raises(SandboxLimitError):
+            run(wasm_dir, "loop", fuel=1_000_000)
+    assert run(wasm_dir, "echo") == {"mode": "echo"}
+
+
+def test_bad_output_is_typed_error(wasm_dir, tmp_path):
+    with pytest.raises(SandboxError, match="no valid JSON"):
+        run(wasm_dir, "garbage")
+    with pytest.raises(SandboxError, match="exited with code 2"):
+        run(wasm_dir, "fail")
+
+
+def test_load_dir_registers_and_validates(wasm_dir, tmp_path):
+    reg = ToolRegistry()
+    assert reg.load_dir(wasm_dir) == ["hostile", "wordcount"]
+    assert reg.get("wordcount")({"x": 1}) == {"bytes": 8, "words": 2}
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy(wasm_dir / "wordcount.wasm", bad / "no good.wasm")
+    with pytest.raises(engrain.EngrainError, match="invalid tool name"):
+        ToolRegistry().load_dir(bad)
+    esc = tmp_path / "esc"
+    esc.mkdir()
+    os.symlink(wasm_dir / "wordcount.wasm", esc / "wc.wasm")
+    with pytest.raises(engrain.EngrainError, match="outside"):
+        ToolRegistry().load_dir(esc)
+
+
+def test_wasm_tool_replayed_after_sigkill(wasm_dir, tmp_path):
+    """A child runs a WASM tool step, then is SIGKILLed; the rerun replays the step without re-running it."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    shutil.copy(wasm_dir / "wordcount.wasm", tools / "wordcount.wasm")
+    db = tmp_path / "j.db"
+    counter = tmp_path / "count"
+    script = textwrap.dedent(
+        f"""
+        import os, signal, sys, pathlib
+        import engrain
+        from engrain._tools import ToolRegistry
+        import engrain._sandbox as sb
+        counter = pathlib.Path({str(counter)!r})
+        real_call = sb.WasmTool.call
+        def counted(self, args=None):
+            # Ticks only when the WASM module really runs.
+            counter.write_text(str(int(counter.read_text()) + 1) if counter.exists() else "1")
+            return real_call(self, args)
+        sb.WasmTool.call = counted
+        reg = ToolRegistry()
+        reg.load_dir({str(tools)!r})
+        wc = reg.get("wordcount")
+        def agent(task):
+            out = wc(task)
+            if sys.argv[1] == "crash":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+        r = engrain.run(agent, {{"text": "one two"}}, run_id="r1", journal=engrain.open("sqlite:///{db}"))
+        print(r.status, r.output, r.replayed, r.executed)
+        """
+    )
+    first = subprocess.run([sys.executable, "-c", script, "crash"], capture_output=True, text=True)
+    assert first.returncode == -9, first.stderr
+    assert counter.read_text() == "1"
+    second = subprocess.run([sys.executable, "-c", script, "resume"], capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    status, rest = second.stdout.split(" ", 1)
+    assert status == "ok" and "'words': 3" in rest
+    assert counter.read_text() == "1"  # replayed from the journal, not run again
+
+
+@pytest.fixture(scope="session")
+def udf_cache(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    # Shared cache: CPython-on-WASI is compiled once per session (~5 s), then deserialized.
+    return pathlib.Path(os.environ.get("ENGRAIN_CACHE_DIR") or tmp_path_factory.mktemp("cache"))
+
+
+def test_udf_host_runs_function_and_refuses_files(udf_cache, tmp_path):
+    SandboxUdfHost = engrain.sandbox.SandboxUdfHost
+
+    udfs = tmp_path / "udfs.py"
+    udfs.write_text(
+        "import json\n"
+        "def score(items, weight=2):\n"
+        "    return {'total': sum(items) * weight, 'n': len(items)}\n"
+        "def snoop():\n"
+        "    return open('/etc/passwd').read()\n"
+        "def odd():\n"
+        "    return {1, 2}\n"
+        "def spin():\n"
+        "    while True: pass\n"
+    )
+    host = SandboxUdfHost(udfs, cache_dir=udf_cache, fuel=3_000_000_000)
+    try:
+        assert host.call("score", {"items": [1, 2, 3]}) == {"total": 12, "n": 3}
+        with pytest.raises(SandboxError, match="No such file"):
+            host.call("snoop", {})
+        with pytest.raises(SandboxLimitError) as e:
+            host.call("spin", {})
+        assert e.value.limit == "fuel" and e.value.tool == "udf:spin"
+        with pytest.raises(SandboxError, match="not JSON"):
+            host.call("odd", {})
+        with pytest.raises(SandboxError, match="no function"):
+            host.call("missing", {})
+    finally:
+        host.close()
+    assert list(udf_cache.glob("python-*.cwasm"))
