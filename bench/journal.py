@@ -1,0 +1,372 @@
+"""Per-step overhead of a durable run, and resume time of a 10k-event run: engrain vs DBOS Transact.
+
+A durable run whose agent calls a trivial tool N times is timed end to end and
+divided by N (median of several runs). engrain is measured on SQLite
+(``durability=normal``: WAL, survives a process crash; ``full``: fsync per
+step), on PostgreSQL (``full``: the server's synchronous commit; ``normal``:
+``synchronous_commit=off``) and DBOS Transact with its SQLite system database
+(its defaults: rollback journal, synchronous=FULL, i.e. fsync'd), a workflow of
+N ``@DBOS.step`` calls. DBOS runs in its own virtualenv (``bench/.peers/dbos``,
+created here on first use) in a child process that prints JSON.
+
+Resume: a run with 4,999 completed steps (9,999 events) and no end is resumed:
+open the journal, read it, replay every step through ``engrain.run`` and append
+``run.completed`` (the 10,000th event). DBOS: a workflow with 4,999 completed
+steps whose process died before it returned is run again under its workflow id.
+
+PostgreSQL comes from ``$ENGRAIN_TEST_PG_URL`` or ``scripts/postgres.sh``; it is
+skipped, saying so, if neither works. Usage: python bench/journal.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from urllib.parse import quote
+
+import engrain as eg
+from engrain import NewEvent
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+PEER = ROOT / "bench" / ".peers" / "dbos"
+QUICK = "--quick" in sys.argv
+REPS = 3 if QUICK else 5
+BUDGET = 0.25 if QUICK else 0.6  # seconds per repetition, which sets N per backend
+RESUME_STEPS = 4_999  # 1 run.started + 2 x 4,999 step events = 9,999; run.completed makes 10,000
+TARGETS = {"sqlite normal": 30.0, "fsync'd": 250.0, "resume": 50.0}
+
+PEER_SCRIPT = r"""
+import json, os, sqlite3, statistics, sys, time
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+
+db, mode, reps, budget, resume_steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+config: DBOSConfig = {"name": "engrain-bench", "system_database_url": f"sqlite:///{db}", "log_level": "WARNING"}
+t_open = time.perf_counter()
+DBOS(config=config)
+
+calls = 0
+
+@DBOS.step()
+def inc(x: int) -> int:
+    global calls
+    calls += 1
+    return x + 1
+
+@DBOS.workflow()
+def agent(n: int) -> int:
+    x = 0
+    for _ in range(n):
+        x = inc(x)
+    if mode == "record":  # not an argument: a recovered workflow gets its recorded arguments
+        os._exit(0)  # dies with every step recorded and the workflow unfinished
+    return x
+
+DBOS.launch()
+t_launched = time.perf_counter()
+out = {}
+if mode == "steps":
+    def timed(n, wid):
+        t0 = time.perf_counter()
+        with SetWorkflowID(wid):
+            assert agent(n) == n
+        return time.perf_counter() - t0
+    timed(20, "warm")
+    n = 20
+    while True:  # grow n until one run fills the time budget
+        took = timed(n, f"cal-{n}")
+        if took > budget / 4 or n >= 20000:
+            break
+        n *= 4
+    n = max(20, min(20000, int(n * budget / max(took, 1e-9))))
+    out["n"] = n
+    out["us_per_step"] = [timed(n, f"rep-{i}") / n * 1e6 for i in range(reps)]
+    con = sqlite3.connect(db)
+    out["journal_mode"] = con.execute("PRAGMA journal_mode").fetchone()[0]
+    out["synchronous"] = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[con.execute("PRAGMA synchronous").fetchone()[0]]
+elif mode == "record":
+    with SetWorkflowID("resume-" + sys.argv[6]):
+        agent(resume_steps)
+elif mode == "resume":
+    # Timed from DBOS(config), like engrain's from open(): launch may already start
+    # recovering the unfinished workflow in the background; either way the figure
+    # is the time until its result is back.
+    t0 = t_open
+    with SetWorkflowID("resume-" + sys.argv[6]):
+        assert agent(resume_steps) == resume_steps
+    out["resume_ms"] = (time.perf_counter() - t0) * 1e3
+    out["launch_ms"] = (t_launched - t0) * 1e3
+    out["executed"] = calls
+print(json.dumps(out), flush=True)
+DBOS.destroy()
+"""
+
+
+# -- engrain -----------------------------------------------------------------------------
+
+
+def _tool_and_agent():
+    registry = eg.ToolRegistry()
+
+    @eg.tool(registry=registry, name="inc")
+    def inc(x: int) -> int:
+        return x + 1
+
+    def agent(task: str, n: int) -> int:
+        x = 0
+        for _ in range(n):
+            x = inc(x)
+        return x
+
+    return agent
+
+
+def per_step(url: str) -> tuple[int, list[float]]:
+    """(N, µs/step of each repetition) for a durable run of N trivial steps on ``url``."""
+    journal = eg.open(url)
+    agent = _tool_and_agent()
+
+    def timed(n: int) -> float:
+        t0 = time.perf_counter()
+        result = eg.run(agent, "bench", run_id=uuid.uuid4().hex, inputs={"n": n}, journal=journal)
+        took = time.perf_counter() - t0
+        assert result.output == n, result
+        return took
+
+    try:
+        timed(20)
+        n = 20
+        while True:
+            took = timed(n)
+            if took > BUDGET / 4 or n >= 20000:
+                break
+            n *= 4
+        n = max(20, min(20000, int(n * BUDGET / max(took, 1e-9))))
+        return n, [timed(n) / n * 1e6 for _ in range(REPS)]
+    finally:
+        journal.close()
+
+
+def _record_unfinished(url: str, run_id: str, steps: int) -> None:
+    """Write the events a run of ``steps`` completed steps leaves when its process dies before returning."""
+    journal = eg.open(url)
+    try:
+        events = [NewEvent("run.started", "", {"task": "bench", "inputs": {"n": steps}, "tags": []})]
+        for i in range(steps):
+            events.append(
+                NewEvent("step.started", "inc", {"call_id": i, "type": "tool", "args": {"x": i}, "attempt": 1})
+            )
+            events.append(NewEvent("step.completed", "inc", {"call_id": i, "result": i + 1}))
+        for start in range(0, len(events), 1000):
+            journal.append(run_id, events[start : start + 1000], start)
+    finally:
+        journal.close()
+
+
+def resume(url: str) -> list[float]:
+    """ms to open the journal and resume a 9,999-event run to completion, per repetition."""
+    agent = _tool_and_agent()
+    ids = [uuid.uuid4().hex for _ in range(REPS)]
+    for run_id in ids:
+        _record_unfinished(url, run_id, RESUME_STEPS)
+    out = []
+    for run_id in ids:
+        t0 = time.perf_counter()
+        journal = eg.open(url)
+        result = eg.run(agent, "bench", run_id=run_id, inputs={"n": RESUME_STEPS}, journal=journal)
+        took = time.perf_counter() - t0
+        assert result.output == RESUME_STEPS and result.replayed == RESUME_STEPS and result.executed == 0, result
+        assert len(journal.read(run_id)) == 2 * RESUME_STEPS + 2
+        journal.close()
+        out.append(took * 1e3)
+    return out
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+
+
+def postgres_url() -> str | None:
+    url = os.environ.get("ENGRAIN_TEST_PG_URL")
+    if not url:
+        try:
+            proc = subprocess.run(
+                ["bash", str(ROOT / "scripts" / "postgres.sh")],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            url = proc.stdout.strip() if proc.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            url = None
+    if not url:
+        return None
+    try:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True, connect_timeout=5) as c:
+            c.execute("SELECT 1")
+    except Exception as e:  # noqa: BLE001 - any failure means: no server to measure
+        print(f"PostgreSQL at {url.split('@')[-1]} unavailable ({type(e).__name__}); skipping it", file=sys.stderr)
+        return None
+    return url
+
+
+class PgSchema:
+    """A throwaway schema on the server, so the bench never touches other tables."""
+
+    def __init__(self, url: str):
+        self.base = url
+        self.name = "bench_" + uuid.uuid4().hex[:10]
+
+    def __enter__(self) -> str:
+        import psycopg
+
+        with psycopg.connect(self.base, autocommit=True) as c:
+            c.execute(f'CREATE SCHEMA "{self.name}"')
+        sep = "&" if "?" in self.base else "?"
+        return f"{self.base}{sep}options={quote(f'-csearch_path={self.name}', safe='')}"
+
+    def __exit__(self, *exc: object) -> None:
+        import psycopg
+
+        with psycopg.connect(self.base, autocommit=True) as c:
+            c.execute(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
+
+
+# -- DBOS ------------------------------------------------------------------------------------
+
+
+def _peer_python() -> pathlib.Path:
+    py = PEER / "bin" / "python"
+    if not py.exists():
+        print("creating bench/.peers/dbos (python -m venv; pip install dbos) ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(PEER)], check=True, timeout=300)
+    probe = subprocess.run([str(py), "-c", "import dbos"], check=False, capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "dbos"], check=True, timeout=600
+        )
+    return py
+
+
+def _peer(py: pathlib.Path, db: pathlib.Path, mode: str, tag: str = "", timeout: float = 300) -> dict:
+    args = [str(py), "-c", PEER_SCRIPT, str(db), mode, str(REPS), str(BUDGET), str(RESUME_STEPS), tag]
+    proc = subprocess.run(
+        args, check=False, capture_output=True, text=True, timeout=timeout, cwd=db.parent, stdin=subprocess.DEVNULL
+    )
+    if mode == "record":
+        return {}  # the child died on purpose (os._exit) after its last step
+    if proc.returncode != 0:
+        raise RuntimeError(f"DBOS {mode} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def dbos_figures(tmp: pathlib.Path) -> dict:
+    py = _peer_python()
+    version = subprocess.run(
+        [str(py), "-c", "import importlib.metadata as m; print(m.version('dbos'))"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    out = {"version": version}
+    out.update(_peer(py, tmp / "dbos-steps.sqlite", "steps"))
+    # Recording 4,999 fsync'd DBOS steps takes seconds: record once, resume copies.
+    recorded = tmp / "dbos-recorded.sqlite"
+    _peer(py, recorded, "record", "0")
+    resumes, launches = [], []
+    for i in range(REPS):
+        db = tmp / f"dbos-resume-{i}.sqlite"
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            if pathlib.Path(f"{recorded}{suffix}").exists():
+                shutil.copyfile(f"{recorded}{suffix}", f"{db}{suffix}")
+        got = _peer(py, db, "resume", "0")
+        assert got["executed"] == 0, f"DBOS re-executed {got['executed']} recorded steps"
+        resumes.append(got["resume_ms"])
+        launches.append(got["launch_ms"])
+    out["resume_ms"], out["launch_ms"] = resumes, launches
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    t_start = time.perf_counter()
+    rows: list[tuple[str, str, float | None, str, str]] = []  # name, detail, median, target, verdict
+
+    def add(name: str, detail: str, values: list[float], target: float | None, unit: str) -> None:
+        med = statistics.median(values)
+        goal = f"<= {target:g} {unit}" if target else ""
+        verdict = "" if target is None else ("ok" if med <= target else "MISSED")
+        rows.append((name, detail, med, goal, verdict))
+
+    with tempfile.TemporaryDirectory(prefix="engrain-bench-") as d:
+        tmp = pathlib.Path(d)
+        for dur, target in (("normal", TARGETS["sqlite normal"]), ("full", TARGETS["fsync'd"])):
+            n, us = per_step(f"sqlite:///{tmp / f'steps-{dur}.db'}?durability={dur}")
+            add(f"engrain sqlite {dur}", f"N={n}, {REPS} runs", us, target, "µs/step")
+        pg = postgres_url()
+        if pg:
+            for dur, target in (("full", TARGETS["fsync'd"]), ("normal", None)):
+                with PgSchema(pg) as url:
+                    n, us = per_step(f"{url}&durability={dur}")
+                add(f"engrain postgres {dur}", f"N={n}, {REPS} runs", us, target, "µs/step")
+        try:
+            peer = dbos_figures(tmp)
+        except Exception as e:  # noqa: BLE001 - report the peer's failure, keep our figures
+            print(f"DBOS part failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            peer = None
+        if peer:
+            mode = f"{peer['journal_mode']}, synchronous={peer['synchronous']}"
+            add(
+                f"DBOS {peer['version']} sqlite",
+                f"N={peer['n']}, {REPS} runs, {mode}",
+                peer["us_per_step"],
+                None,
+                "µs/step",
+            )
+
+        add(
+            "engrain resume sqlite normal",
+            f"{2 * RESUME_STEPS + 2} events",
+            resume(f"sqlite:///{tmp / 'resume.db'}"),
+            TARGETS["resume"],
+            "ms",
+        )
+        if pg:
+            with PgSchema(pg) as url:
+                add("engrain resume postgres", f"{2 * RESUME_STEPS + 2} events", resume(url), TARGETS["resume"], "ms")
+        if peer:
+            launch = statistics.median(peer["launch_ms"])
+            add(
+                f"DBOS {peer['version']} resume sqlite",
+                f"{RESUME_STEPS} steps; launch {launch:.0f} ms of it",
+                peer["resume_ms"],
+                None,
+                "ms",
+            )
+
+    print(f"\njournal bench: per-step overhead (trivial tool) and resume; median of {REPS}")
+    width = max(len(r[0]) for r in rows)
+    dwidth = max(len(r[1]) for r in rows)
+    for name, detail, med, goal, verdict in rows:
+        unit = "ms" if "resume" in name else "µs/step"
+        print(f"  {name:<{width}}  {med:>9.1f} {unit:<8} {goal:<16} {verdict:<7} {detail:<{dwidth}}")
+    if not pg:
+        print("  (PostgreSQL skipped: no server; set ENGRAIN_TEST_PG_URL or run scripts/postgres.sh)")
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Crash test: a durable agent in a child process SIGKILLed at random points, then resumed.
+
+For every run (on each backend): the child (``tests/crash_agent.py``) starts
+the run and is killed after a random delay, one to three times, then a
+finisher child resumes it to the end. The test then checks, from the journal
+and from the side-effect file the tool appends to:
+
+- every run completed with the right output, and every step has its result;
+- no event was lost: seqs are dense, each step has exactly one completion and
+  no start after it, the run ends with ``run.completed``;
+- no completed step ran again: a step's side effect happens at most once per
+  journaled start (a kill between the side effect and the completion may
+  legitimately cause one retry, with the same idempotency key), at most once
+  per process, and exactly once for a step started only once.
+
+``ENGRAIN_CRASH_ITERATIONS`` (default 30) sets the number of runs per backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import engrain as eg
+from engrain._durable import steps_of
+
+AGENT = Path(__file__).with_name("crash_agent.py")
+STEPS = 20
+ITERATIONS = int(os.environ.get("ENGRAIN_CRASH_ITERATIONS", "30"))
+LINE_TIMEOUT = 30.0  # seconds to wait for one line from a child: generous for a loaded CI machine
+
+
+class Child:
+    """One crash_agent.py process, spoken to line by line with deadlines."""
+
+    def __init__(self, url: str, side: Path, log: Path):
+        # stderr to a file (a pipe nobody reads could block the child); closed in close().
+        self._log = open(log, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, str(AGENT), url, str(side), str(STEPS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+        )
+        self._buf = b""
+        self.log = log
+
+    def send(self, run_id: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{run_id}\n".encode())
+        self.proc.stdin.flush()
+
+    def readline(self, timeout: float = LINE_TIMEOUT) -> str:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"crash agent silent for {timeout}s; stderr: {self.stderr()}")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise AssertionError(f"crash agent exited ({self.proc.poll()}); stderr: {self.stderr()}")
+                self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode()
+
+    def stderr(self) -> str:
+        self._log.flush()
+        return self.log.read_text(errors="replace")[-2000:]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.close()
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+class _Tail:
+    """New lines of the side-effect file, read incrementally."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def pids(self) -> list[int]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        return [int(line.split()[2]) for line in lines]
+
+
+def _wait_effects(child: Child, tail: _Tail, k: int, timeout: float = LINE_TIMEOUT) -> bool:
+    """Wait until ``child`` performed ``k`` side effects, finished its run, or died; True if it is done."""
+    assert child.proc.stdout is not None
+    fd = child.proc.stdout.fileno()
+    pid, done = child.proc.pid, 0
+    deadline = time.monotonic() + timeout
+    while done < k and time.monotonic() < deadline:
+        done += sum(1 for p in tail.pids() if p == pid)
+        if done >= k:
+            return False
+        if select.select([fd], [], [], 0.0003)[0]:
+            return True
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _expected(steps: int) -> dict:
+    results = [n * n + 1 for n in range(steps)]
+    return {"results": results, "sum": sum(results)}
+
+
+def _run_to_end(child: Child, run_id: str) -> dict:
+    child.send(run_id)
+    assert child.readline() == f"go {run_id}"
+    return json.loads(child.readline())
+
+
+def _side_effects(path: Path) -> dict[str, list[int]]:
+    """Idempotency key -> pids of the processes that performed that step's effect."""
+    out: dict[str, list[int]] = collections.defaultdict(list)
+    if path.exists():
+        for line in path.read_text().splitlines():
+            key, n, pid = line.split()
+            assert key.endswith(f":{n}"), line
+            out[key].append(int(pid))
+    return out
+
+
+def _check_run(journal, run_id: str, effects: dict[str, list[int]]) -> tuple[int, int]:
+    """Assert the invariants for one run; return (retried starts, repeated effects)."""
+    events = journal.read(run_id)
+    assert [e.seq for e in events] == list(range(len(events))), f"{run_id}: seq not dense"
+    kinds = [e.kind for e in events]
+    assert kinds[0] == "run.started" and kinds[-1] == "run.completed", f"{run_id}: {kinds[0]} .. {kinds[-1]}"
+    assert kinds.count("run.completed") == 1 and "run.failed" not in kinds
+    assert events[-1].data["output"] == _expected(STEPS)
+
+    starts: dict[int, list[int]] = collections.defaultdict(list)  # call_id -> seqs of step.started
+    completions: dict[int, list[int]] = collections.defaultdict(list)
+    for e in events:
+        if e.kind == "step.started":
+            starts[e.data["call_id"]].append(e.seq)
+        elif e.kind == "step.completed":
+            completions[e.data["call_id"]].append(e.seq)
+    assert sorted(starts) == list(range(STEPS)) and sorted(completions) == list(range(STEPS))
+    steps = steps_of(events)
+    retried = repeated = 0
+    for n in range(STEPS):
+        assert steps[n].state == "completed" and steps[n].result == n * n + 1
+        assert len(completions[n]) == 1, f"{run_id} step {n} completed {len(completions[n])} times"
+        assert max(starts[n]) < completions[n][0], f"{run_id} step {n} started again after it completed"
+        # Steps run in order: step n+1 starts only after step n completed.
+        if n + 1 < STEPS:
+            assert completions[n][0] < min(starts[n + 1])
+        pids = effects.get(f"{run_id}:{n}", [])
+        assert pids, f"{run_id} step {n}: no side effect although it completed"
+        # An effect needs a journaled start before it: more effects than starts means a
+        # completed (replayed) step was executed again.
+        assert len(pids) <= len(starts[n]), f"{run_id} step {n}: {len(pids)} effects, {len(starts[n])} starts"
+        assert len(set(pids)) == len(pids), f"{run_id} step {n} executed twice in one process: {pids}"
+        if len(starts[n]) == 1:
+            assert len(pids) == 1
+        retried += len(starts[n]) - 1
+        repeated += len(pids) - 1
+    return retried, repeated
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume(store_url: str, tmp_path: Path) -> None:
+    side = tmp_path / "side-effects.log"
+    log = tmp_path / "agent-stderr.log"
+    rng = random.Random()
+    seed = rng.randrange(2**32)
+    rng.seed(seed)
+    journal = eg.open(store_url)
+    finisher = Child(store_url, side, log)
+    kills = in_flight = mid_run = 0
+    try:
+        t0 = time.monotonic()
+        warm = _run_to_end(finisher, "warmup")
+        span = time.monotonic() - t0
+        assert warm["status"] == "ok" and warm["output"] == _expected(STEPS)
+        run_ids = [f"crash-{i:03d}" for i in range(ITERATIONS)]
+        tail = _Tail(side)
+        for run_id in run_ids:
+            for _ in range(rng.randint(1, 3)):
+                child = Child(store_url, side, log)
+                try:
+                    child.send(run_id)
+                    assert child.readline() == f"go {run_id}"
+                    # Kill after the child performed a random number of effects (0: during
+                    # start-up; STEPS: after the end), then a random fraction of a step more:
+                    # timing by progress, not by the clock, keeps kills mid-run under load.
+                    ended = _wait_effects(child, tail, rng.randint(0, STEPS))
+                    time.sleep(rng.uniform(0, 0.003))
+                    ended = ended or bool(select.select([child.proc.stdout], [], [], 0)[0])
+                finally:
+                    child.kill()
+                kills += 1
+                in_flight += not ended
+            result = _run_to_end(finisher, run_id)
+            assert result["status"] == "ok", result
+            assert result["output"] == _expected(STEPS)
+            if 0 < result["replayed"] < STEPS:  # killed after some steps completed, before the last
+                mid_run += 1
+        finisher.close()
+
+        effects = _side_effects(side)
+        retried = repeated = 0
+        for run_id in ["warmup", *run_ids]:
+            r, p = _check_run(journal, run_id, effects)
+            retried += r
+            repeated += p
+        # Every effect belongs to a run of this test.
+        assert set(effects) == {f"{r}:{n}" for r in ["warmup", *run_ids] for n in range(STEPS)}
+        info = {
+            "seed": seed,
+            "runs": ITERATIONS,
+            "kills": kills,
+            "kills in flight": in_flight,
+            "finisher resumed mid-run": mid_run,
+            "retried starts": retried,
+            "repeated effects (retried, same key)": repeated,
+            "run span ms": round(span * 1000, 1),
+        }
+        print(f"\ncrash test on {journal.backend}: {info}")
+        # The kills must have hit runs in flight (and some between a step's effect and its
+        # journaled completion), or the test proved nothing. Too few runs to be sure below 10.
+        if ITERATIONS >= 10:
+            assert in_flight > kills // 4 and mid_run > 0 and repeated > 0, info
+    finally:
+        finisher.kill()
+        journal.close()
