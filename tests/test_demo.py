@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import pathlib
 import shutil
@@ -45,6 +46,10 @@ def test_demo_on_the_embedded_default(tmp_path):
     assert p.returncode == 0, p.stderr + p.stdout
     assert "replayed from journal" in p.stdout
     assert "recorded time replayed" in p.stdout
+    # Part 2: the same task with a new name is a hit without the agent; a changed page hands off.
+    assert re.search(r"Grace Hopper \(same task, new name\)\s+hit\s+0 agent decisions", p.stdout)
+    assert re.search(r"Alan Turing .*diverged, handed off", p.stdout)
+    assert "steps run twice in the hand-off: 0" in p.stdout
     _check_store(f"sqlite:///{tmp_path / '.engrain' / 'demo' / 'demo.db'}", tmp_path, p.stdout)
 
 

@@ -50,6 +50,11 @@ __version__ = "0.1.0"
 # public name -> (module, attribute); an attribute of None exports the module.
 _LAZY: dict[str, tuple[str, str | None]] = {
     "sandbox": ("._sandbox", None),
+    "Engine": ("._cache", "Engine"),
+    "Check": ("._cache", "Check"),
+    "Outcome": ("._cache", "Outcome"),
+    "Continuation": ("._cache", "Continuation"),
+    "CacheError": ("._errors", "CacheError"),
     "SandboxError": ("._errors", "SandboxError"),
     "SandboxLimitError": ("._errors", "SandboxLimitError"),
 }
@@ -71,6 +76,11 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "CacheError",
+    "Check",
+    "Continuation",
+    "Engine",
+    "Outcome",
     "SandboxError",
     "SandboxLimitError",
     "sandbox",

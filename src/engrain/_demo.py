@@ -219,8 +219,14 @@ def durable_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str]
     return bool(result) and not dup
 
 
-#: The tour's parts, in order; later features append theirs here.
-SECTIONS: list[Callable[[Journal, pathlib.Path, Callable[[str], None]], bool]] = [durable_section]
+def _cache_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str], None]) -> bool:
+    from ._demo_cache import cache_section
+
+    return cache_section(journal, workdir, out)
+
+
+#: The tour's parts, in order; each feature adds its own.
+SECTIONS: list[Callable[[Journal, pathlib.Path, Callable[[str], None]], bool]] = [durable_section, _cache_section]
 
 
 def main(url: str | None = None, out: Callable[[str], None] = print) -> int:

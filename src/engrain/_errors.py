@@ -117,3 +117,37 @@ class SandboxLimitError(SandboxError):
         self.value = value
         Exception.__init__(self, f"sandboxed tool {tool!r} exceeded its {limit} limit ({value})")
         self.tool = tool
+
+
+class CacheError(EngrainError):
+    """The behavior cache was misused: an engine not finalized, a missing agent or context, a bad Check."""
+
+
+class TemplateError(EngrainError, ValueError):
+    """A ``{{ path }}`` template is malformed or names a variable, key or index that is missing.
+
+    ``template`` is the placeholder text, ``reason`` what is wrong, ``where`` the
+    step and field it came from (e.g. ``"step 'fetch' field 'args.url'"``) when known.
+    """
+
+    def __init__(self, template: str, reason: str, where: str | None = None):
+        self.template = template
+        self.reason = reason
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}template {template!r}: {reason}")
+
+
+class ExpressionError(EngrainError, ValueError):
+    """A ``when``/``assert`` expression is refused by the sandboxed evaluator or fails while evaluated.
+
+    ``expression`` is the source text, ``reason`` why it was refused or failed, and
+    ``where`` the step and field it came from when known.
+    """
+
+    def __init__(self, expression: str, reason: str, where: str | None = None):
+        self.expression = expression
+        self.reason = reason
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}expression {expression!r}: {reason}")

@@ -1,0 +1,84 @@
+"""Runs journaled in one transaction at their end, for replay-heavy hot paths.
+
+A durable run (:func:`engrain.run`) writes ``step.started`` before every call
+so a crash mid-call is seen on restart. The behavior cache can trade that
+for speed: with ``durability="run"`` the events of one engine call are kept
+in memory and appended in a single transaction when the call ends, so a
+crash loses the record of the call in flight (its steps may then run again),
+never a finished one. ``durability="off"`` keeps no record at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from . import _events as ev
+from ._durable import RunContext, RunResult, _current, _finish_error, _finish_ok
+from ._events import NewEvent
+from ._journal import Journal
+
+
+class BufferedContext(RunContext):
+    """A run context whose events stay in memory until :meth:`flush`."""
+
+    def __init__(self, journal: Journal, run_id: str):
+        super().__init__(journal, run_id, [])
+        self.pending: list[NewEvent] = []
+
+    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
+        with self._lock:
+            self.pending.append(NewEvent(kind, name, data or {}))
+            self.seq += 1
+
+    def flush(self) -> None:
+        """Append every buffered event in one transaction."""
+        if self.pending:
+            self.journal.append(self.run_id, self.pending, 0)
+            self.pending = []
+
+
+def _open(journal: Journal, run_id: str, task: str, tags: list[str]) -> BufferedContext:
+    ctx = BufferedContext(journal, run_id)
+    ctx.append(ev.RUN_STARTED, "", {"task": task, "inputs": {}, "tags": tags})
+    return ctx
+
+
+def _result(ctx: BufferedContext, ok: bool, value: Any) -> RunResult:
+    if ok:
+        return _finish_ok(ctx, value)
+    if not isinstance(value, Exception):
+        raise value  # KeyboardInterrupt, SystemExit: nothing is recorded for this call
+    return _finish_error(ctx, value)
+
+
+def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
+    """Run ``agent(task)`` with its events appended in one transaction at the end (or not at all)."""
+    ctx = _open(journal, run_id, task, tags)
+    token = _current.set(ctx)
+    try:
+        try:
+            res = _result(ctx, True, agent(task))
+        except BaseException as e:
+            res = _result(ctx, False, e)
+    finally:
+        _current.reset(token)
+    if write:
+        ctx.flush()
+    return res
+
+
+async def arun_batched(agent: Callable[[str], Awaitable[Any]], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
+    """Async :func:`run_batched`."""
+    ctx = _open(journal, run_id, task, tags)
+    token = _current.set(ctx)
+    try:
+        try:
+            res = _result(ctx, True, await agent(task))
+        except BaseException as e:
+            res = _result(ctx, False, e)
+    finally:
+        _current.reset(token)
+    if write:
+        ctx.flush()
+    return res

@@ -1,0 +1,389 @@
+"""Behavior cache: replay what worked for a task, fall back to the agent when it won't.
+
+:class:`Engine` wraps an agent callable (the surface of muscle-mem). Each
+``engine(task)`` is one durable run. The engine looks up trajectories stored
+for the task's canonical key and tags, keeps those whose first pre-check
+passes in the current environment, and replays the best one step by step
+through the journal, checking each tool's pre- and post-check. A failed
+check stops the replay, journals ``replay.diverged`` and hands the agent a
+:class:`Continuation` with the steps already done; a tool call of the agent
+that repeats one of those steps returns its result without running again.
+A run that ends well with at least one tool call is stored as a new entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._batched import arun_batched, run_batched
+from ._cache_store import CacheStore, Entry, canonical_task, key, templatize
+from ._checks import Check, encode_snapshot
+from ._durable import current, default_journal, new_run_id, run, run_async
+from ._errors import CacheError
+from ._events import check_json
+from ._journal import Journal
+from ._replay import Continuation, Session, StepDone, ToolSpec, current_session
+from ._tools import ToolRegistry, _binder, default_name, tool, validate_tool_name
+
+__all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The result of ``engine(task)``: truthy on a full replay (a cache hit).
+
+    ``steps`` lists the tool calls of this call with their ``source``:
+    ``replayed`` (from the cache), ``continued`` (an agent call answered from
+    a step the replay had done) or ``agent``.
+    """
+
+    hit: bool
+    output: Any
+    run_id: str
+    steps: list[dict[str, Any]]
+    reason: str
+    status: str = "ok"
+    error: str | None = None
+    entry_id: str | None = None
+    agent_called: bool = False
+    stored: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.hit
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return dataclasses.asdict(self)
+
+
+class Engine:
+    """Wrap an agent with a behavior cache (muscle-mem's surface, on engrain's journal).
+
+    ``journal`` is the store (default: the process-wide default store);
+    ``embedder`` (an object with ``embed(list[str])`` returning vectors) turns
+    on semantic matching of task texts at ``semantic_threshold`` cosine
+    similarity; an entry that diverges ``evict_after`` times in a row is
+    evicted.
+
+    ``durability`` says how engine calls are journaled: ``"step"`` (default)
+    as durable runs, every step before and after it runs, so a crashed call
+    resumes without running a finished step twice; ``"run"``, in one
+    transaction when the call ends (fast; a crash loses the call in flight);
+    ``"off"``, not at all.
+    """
+
+    def __init__(
+        self,
+        journal: Journal | None = None,
+        *,
+        embedder: Any = None,
+        semantic_threshold: float = 0.9,
+        evict_after: int = 3,
+        max_candidates: int = 10,
+        durability: str = "step",
+    ):
+        if durability not in ("step", "run", "off"):
+            raise CacheError(f"durability must be 'step', 'run' or 'off', got {durability!r}")
+        self.durability = durability
+        self._journal = journal
+        self._store: CacheStore | None = None
+        self._store_lock = threading.Lock()
+        self.tools = ToolRegistry()
+        self._specs: dict[str, ToolSpec] = {}
+        self._agent: Callable[..., Any] | None = None
+        self._context: Any = None
+        self._finalized = False
+        self.embedder = embedder
+        self.semantic_threshold = semantic_threshold
+        self.evict_after = evict_after
+        self.max_candidates = max_candidates
+
+    # -- set-up ---------------------------------------------------------
+
+    @property
+    def journal(self) -> Journal:
+        """The journal runs are written to."""
+        if self._journal is None:
+            self._journal = default_journal()
+        return self._journal
+
+    @property
+    def store(self) -> CacheStore:
+        """The entry store (opened on first use, in the journal's database)."""
+        with self._store_lock:
+            if self._store is None:
+                self._store = CacheStore(self.journal)
+            return self._store
+
+    def set_agent(self, agent: Callable[..., Any]) -> Engine:
+        """The agent called on a miss or a divergence: ``agent(task)``, or ``agent(task, continuation=...)``."""
+        self._check_mutable()
+        if not callable(agent):
+            raise CacheError(f"set_agent expects a callable, got {type(agent).__name__}")
+        self._agent = agent
+        return self
+
+    def set_context(self, obj: Any) -> Engine:
+        """The object re-injected as ``self`` when replaying ``@engine.method`` tools."""
+        self._check_mutable()
+        self._context = obj
+        return self
+
+    def finalize(self) -> Engine:
+        """Check the engine is complete (tools, agent, context for methods) and freeze it."""
+        missing = []
+        if not self._specs:
+            missing.append("at least one tool (decorate with @engine.function() or @engine.method())")
+        if self._agent is None:
+            missing.append("an agent (engine.set_agent(agent))")
+        methods = sorted(n for n, s in self._specs.items() if s.is_method)
+        if methods and self._context is None:
+            missing.append(f"a context object for the method tools {methods} (engine.set_context(obj))")
+        if missing:
+            raise CacheError("the engine is missing " + "; ".join(missing))
+        self._finalized = True
+        return self
+
+    def _check_mutable(self) -> None:
+        if self._finalized:
+            raise CacheError("the engine is finalized and cannot be changed")
+
+    def function(self, pre_check: Check | None = None, post_check: Check | None = None, *, name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorate a function tool the engine records and replays (transparent outside the engine)."""
+        return self._decorator(pre_check, post_check, False, name)
+
+    def method(self, pre_check: Check | None = None, post_check: Check | None = None, *, name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorate a method tool; on replay ``self`` is the object given to :meth:`set_context`."""
+        return self._decorator(pre_check, post_check, True, name)
+
+    def _decorator(self, pre: Check | None, post: Check | None, is_method: bool, name: str | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        self._check_mutable()
+        for c in (pre, post):
+            if c is not None and not isinstance(c, Check):
+                raise CacheError(f"pre_check/post_check must be a Check, got {type(c).__name__}")
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            step_name = validate_tool_name(name or default_name(fn))
+            if step_name in self._specs:
+                raise CacheError(f"a tool named {step_name!r} is already registered on this engine")
+            journaled = tool(fn, name=step_name, registry=self.tools)
+            spec = ToolSpec(step_name, fn, is_method, pre, post, inspect.iscoroutinefunction(fn), _binder(fn))
+            self._specs[step_name] = spec
+            if spec.is_async:
+
+                @functools.wraps(fn)
+                async def awrapper(*args: Any, **kwargs: Any) -> Any:
+                    s = current_session.get()
+                    if s is None:
+                        return await journaled(*args, **kwargs)
+                    args_d = spec.bind(args, kwargs)
+                    reused = s.reuse(spec, args_d)
+                    if reused is not None:
+                        return reused.result
+                    pre = self._pre(spec, args, kwargs)
+                    result = await s.ctx.acall(spec.name, "tool", args_d, lambda: fn(*args, **kwargs))
+                    return self._recorded(s, spec, args, kwargs, args_d, pre, result)
+
+                return awrapper
+
+            @functools.wraps(fn)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                s = current_session.get()
+                if s is None:
+                    return journaled(*args, **kwargs)
+                args_d = spec.bind(args, kwargs)
+                reused = s.reuse(spec, args_d)
+                if reused is not None:
+                    return reused.result
+                pre = self._pre(spec, args, kwargs)
+                result = s.ctx.call(spec.name, "tool", args_d, lambda: fn(*args, **kwargs))
+                return self._recorded(s, spec, args, kwargs, args_d, pre, result)
+
+            return wrapper
+
+        return decorate
+
+    # -- recording ------------------------------------------------------
+
+    @staticmethod
+    def _pre(spec: ToolSpec, args: tuple, kwargs: dict) -> dict[str, Any] | None:
+        # Captured and encoded before the call, so a snapshot that is not JSON fails before any effect.
+        return encode_snapshot(spec.pre.capture(*args, **kwargs), f"tool {spec.name!r} pre_check") if spec.pre else None
+
+    def _recorded(self, s: Session, spec: ToolSpec, args: tuple, kwargs: dict, args_d: dict, pre: Any, result: Any) -> Any:
+        post = encode_snapshot(spec.post.capture(*args, **kwargs), f"tool {spec.name!r} post_check") if spec.post else None
+        s.trajectory.append({"name": spec.name, "args": args_d, "result": result, "pre": pre, "post": post})
+        s.steps.append({"name": spec.name, "args": args_d, "result": result, "source": "agent"})
+        return result
+
+    def _store_trajectory(self, s: Session, output: Any, run_id: str) -> str | None:
+        """Store a successful run's tool calls as an entry; empty trajectories are never stored."""
+        if not s.trajectory:
+            return None
+        steps = []
+        for t in s.trajectory:
+            try:
+                args, templated = templatize(t["args"], s.params)
+            except ValueError:
+                args, templated = t["args"], False
+            pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (t["pre"], t["post"]))
+            steps.append({"name": t["name"], "args": args, "templated": templated, "pre": pre, "post": post})
+        out_spec: dict[str, Any] = {"value": output}
+        producers = [i for i, t in enumerate(s.trajectory) if t["result"] == output and output not in (None, True, False, "")]
+        if producers:
+            out_spec = {"step": producers[-1]}
+        else:
+            try:
+                tmpl, changed = templatize(output, s.params)
+                if changed:
+                    out_spec = {"template": tmpl}
+            except ValueError:
+                pass
+        canon = canonical_task(s.task, s.params)
+        now = time.time()
+        entry = Entry(
+            id=new_run_id(), task_key=key(canon, s.tags), tags_key=key(s.tags), task=canon, tags=s.tags,
+            steps=steps, output=out_spec, run_id=run_id, created=now, last_used=now,
+        )
+        if self.embedder is not None:
+            entry.embedding = [float(x) for x in self._embed(canon)]
+        self.store.put(entry)
+        return entry.id
+
+    def _embed(self, text: str) -> Any:
+        import numpy as np
+
+        vec = np.asarray(self.embedder.embed([text]), dtype=np.float32).reshape(-1)
+        n = float(np.linalg.norm(vec))
+        return vec / n if n else vec
+
+    # -- lookup and replay --------------------------------------------------------
+
+    def _semantic(self, canon: str, tags: list[str]) -> list[Entry]:
+        import numpy as np
+
+        entries = self.store.with_embeddings(key(tags))
+        if not entries:
+            return []
+        q = self._embed(canon)
+        mat = np.asarray([e.embedding for e in entries], dtype=np.float32)
+        sims = mat @ q
+        order = [i for i in np.argsort(-sims) if sims[i] >= self.semantic_threshold]
+        return [entries[i] for i in order[: self.max_candidates]]
+
+    def _start_agent(self, s: Session, cont: Continuation | None) -> tuple[Callable[..., Any], dict[str, Any]]:
+        s.agent_called = True
+        self.store.bump("agent_calls")
+        kwargs: dict[str, Any] = {}
+        if cont is not None:
+            try:
+                if "continuation" in inspect.signature(self._agent).parameters:  # type: ignore[arg-type]
+                    kwargs["continuation"] = cont
+            except (TypeError, ValueError):
+                pass
+        return self._agent, kwargs  # type: ignore[return-value]
+
+    def _drive(self, s: Session) -> Any:
+        s.ctx = current()
+        entry = s.begin()
+        cont = None
+        if entry is not None:
+            hit, value = s.replay(entry)
+            if hit:
+                return value
+            cont = value
+        agent, kwargs = self._start_agent(s, cont)
+        return agent(s.task, **kwargs)
+
+    async def _adrive(self, s: Session) -> Any:
+        s.ctx = current()
+        entry = s.begin()
+        cont = None
+        if entry is not None:
+            hit, value = await s.areplay(entry)
+            if hit:
+                return value
+            cont = value
+        agent, kwargs = self._start_agent(s, cont)
+        return await agent(s.task, **kwargs)
+
+    # -- calling -----------------------------------------------------------
+
+    def __call__(self, task: str, tags: list[str] | None = None, params: dict[str, Any] | None = None, *, run_id: str | None = None) -> Any:
+        """Perform ``task``: replay a cached trajectory, or call the agent. Returns an :class:`Outcome`.
+
+        With an async agent this returns a coroutine to await.
+        """
+        if self._agent is None:
+            raise CacheError("the engine has no agent: call engine.set_agent(agent) (and finalize())")
+        tags_l = sorted(set(tags or []))
+        params_d = dict(params or {})
+        check_json(params_d, "engine call", "params")
+        s = Session(self, task, params_d, tags_l)
+        rid = run_id or new_run_id()
+        run_tags = ["engrain.cache", *tags_l]
+        if inspect.iscoroutinefunction(self._agent):
+            return self._acall(s, task, rid, run_tags)
+
+        def agent(task: str) -> Any:
+            token = current_session.set(s)
+            try:
+                return self._drive(s)
+            finally:
+                current_session.reset(token)
+
+        if self.durability == "step":
+            res = run(agent, task, run_id=rid, tags=run_tags, journal=self.journal)
+        else:
+            res = run_batched(agent, task, run_id=rid, tags=run_tags, journal=self.journal, write=self.durability == "run")
+        return self._outcome(s, res)
+
+    async def _acall(self, s: Session, task: str, rid: str, run_tags: list[str]) -> Outcome:
+        async def agent(task: str) -> Any:
+            token = current_session.set(s)
+            try:
+                return await self._adrive(s)
+            finally:
+                current_session.reset(token)
+
+        if self.durability == "step":
+            res = await run_async(agent, task, run_id=rid, tags=run_tags, journal=self.journal)
+        else:
+            res = await arun_batched(agent, task, run_id=rid, tags=run_tags, journal=self.journal, write=self.durability == "run")
+        return self._outcome(s, res)
+
+    def _outcome(self, s: Session, res: Any) -> Outcome:
+        if res.status == "ok" and not s.hit:
+            s.stored = self._store_trajectory(s, res.output, res.run_id)
+        reason = s.reason if res.status == "ok" else f"{s.reason}; agent failed: {res.error}" if s.reason else str(res.error)
+        return Outcome(
+            hit=s.hit and res.status == "ok", output=res.output, run_id=res.run_id, steps=s.steps, reason=reason,
+            status=res.status, error=res.error, entry_id=s.entry_id, agent_called=s.agent_called, stored=s.stored,
+        )
+
+    # -- inspection ------------------------------------------------------------
+
+    def entries(self, limit: int = 100) -> list[Entry]:
+        """Stored entries, most recently used first."""
+        return self.store.entries(limit)
+
+    def stats(self) -> dict[str, int]:
+        """Lookups, hits, misses, divergences, agent calls, evictions, stored and current entries."""
+        return self.store.stats()
+
+    def evict(self, entry_id: str) -> bool:
+        """Delete one entry."""
+        return self.store.evict(entry_id)
+
+    def close(self) -> None:
+        """Close the entry store (the journal stays open)."""
+        if self._store is not None:
+            self._store.close()
+            self._store = None

@@ -1,0 +1,341 @@
+"""Where the behavior cache keeps its entries: tables next to the journal's.
+
+One entry is one recorded trajectory (the tool calls of a successful run,
+their check snapshots and the output), filed under the key of its canonical
+task and tags. Lookup is an indexed query on that key, so its cost does not
+grow with the number of entries. SQLite and PostgreSQL share the SQL; only
+placeholders, upserts and connection handling differ.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._journal import Journal
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS engrain_cache_entries (
+    id TEXT PRIMARY KEY,
+    task_key TEXT NOT NULL,
+    tags_key TEXT NOT NULL,
+    task TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    steps TEXT NOT NULL,
+    output TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    successes INTEGER NOT NULL DEFAULT 1,
+    divergences INTEGER NOT NULL DEFAULT 0,
+    created DOUBLE PRECISION NOT NULL,
+    last_used DOUBLE PRECISION NOT NULL,
+    embedding TEXT
+);
+CREATE INDEX IF NOT EXISTS engrain_cache_by_task ON engrain_cache_entries (task_key, successes DESC, last_used DESC);
+CREATE INDEX IF NOT EXISTS engrain_cache_by_tags ON engrain_cache_entries (tags_key);
+CREATE TABLE IF NOT EXISTS engrain_cache_stats (
+    name TEXT PRIMARY KEY,
+    value BIGINT NOT NULL
+);
+"""
+
+def _placeholder(name: str) -> str:
+    return "{{ params." + name + " }}"
+
+
+def templatize(value: Any, params: dict[str, Any]) -> tuple[Any, bool]:
+    """Replace values that came from ``params`` by placeholders (whole values and substrings)."""
+    if isinstance(value, str):
+        if "{{" in value or "}}" in value:
+            raise ValueError("literal braces")  # would read as a placeholder: keep this step literal
+        for name, pv in params.items():
+            if isinstance(pv, str) and pv and value == pv:
+                return _placeholder(name), True
+        out, changed = value, False
+        for name, pv in sorted(params.items(), key=lambda kv: -len(str(kv[1]))):
+            if isinstance(pv, str) and len(pv) >= 3 and pv in out:
+                out, changed = out.replace(pv, _placeholder(name)), True
+        return out, changed
+    if isinstance(value, dict):
+        pairs = [(k, templatize(v, params)) for k, v in value.items()]
+        return {k: v for k, (v, _) in pairs}, any(c for _, (_, c) in pairs)
+    if isinstance(value, list):
+        items = [templatize(v, params) for v in value]
+        return [v for v, _ in items], any(c for _, c in items)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for name, pv in params.items():
+            if type(pv) is type(value) and pv == value and abs(value) >= 2:
+                return _placeholder(name), True
+    return value, False
+
+
+def canonical_task(task: str, params: dict[str, Any]) -> str:
+    """The task with parameter values replaced by placeholders and whitespace collapsed."""
+    text = " ".join(task.split())
+    for name, pv in sorted(params.items(), key=lambda kv: -len(str(kv[1]))):
+        s = str(pv)
+        if s and not isinstance(pv, bool):
+            text = text.replace(s, _placeholder(name))
+    return text
+
+
+def key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+_COLUMNS = "id, task_key, tags_key, task, tags, steps, output, run_id, successes, divergences, created, last_used, embedding"
+
+#: Counters kept in ``engrain_cache_stats``.
+STAT_NAMES = ("lookups", "hits", "misses", "diverged", "switched", "agent_calls", "evicted", "stored")
+
+
+@dataclass(slots=True)
+class Entry:
+    """One cached trajectory.
+
+    ``steps`` is a list of ``{"name", "args", "pre", "post", "templated"}``
+    (``args`` may hold ``{{ params.x }}`` placeholders when ``templated``);
+    ``output`` is ``{"step": i}`` (the result of step ``i``), ``{"value": v}``
+    or ``{"template": t}``.
+    """
+
+    id: str
+    task_key: str
+    tags_key: str
+    task: str
+    tags: list[str]
+    steps: list[dict[str, Any]]
+    output: dict[str, Any]
+    run_id: str
+    successes: int = 1
+    divergences: int = 0
+    created: float = 0.0
+    last_used: float = 0.0
+    embedding: list[float] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view (without the embedding)."""
+        return {
+            "id": self.id, "task": self.task, "tags": self.tags, "steps": self.steps, "output": self.output,
+            "run_id": self.run_id, "successes": self.successes, "divergences": self.divergences,
+            "created": self.created, "last_used": self.last_used,
+        }
+
+
+def _entry(row: tuple) -> Entry:
+    return Entry(
+        row[0], row[1], row[2], row[3], json.loads(row[4]), json.loads(row[5]), json.loads(row[6]), row[7],
+        int(row[8]), int(row[9]), float(row[10]), float(row[11]), json.loads(row[12]) if row[12] else None,
+    )
+
+
+def _flush_at_exit(ref: weakref.ref) -> None:
+    store = ref()
+    if store is None or store._closed:
+        return
+    try:
+        store.flush()
+    except Exception:  # counters are advisory; the database may already be gone at exit
+        pass
+
+
+class CacheStore:
+    """Cache entries and counters in the journal's database (SQLite or PostgreSQL)."""
+
+    def __init__(self, journal: Journal):
+        self.backend = journal.backend
+        self._lock = threading.Lock()
+        # Parsed entries by id: a hit then costs one indexed query returning ids and counters.
+        self._parsed: dict[str, Entry] = {}
+        # Counters and hit bookkeeping are advisory: they are batched, not written per call.
+        self._counts: dict[str, int] = {}
+        self._hits: dict[str, tuple[int, float]] = {}
+        self._pending = 0
+        self._flushed_at = time.monotonic()
+        self._closed = False
+        atexit.register(_flush_at_exit, weakref.ref(self))
+        if self.backend == "sqlite":
+            self._db: Any = sqlite3.connect(str(journal.path), isolation_level=None, check_same_thread=False, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._p = "?"
+        else:
+            import psycopg
+
+            self._db = psycopg.connect(journal.url, autocommit=True)
+            with self._db.transaction():
+                # Serialize first-time creation across processes starting together.
+                self._db.execute("SELECT pg_advisory_xact_lock(7201004)")
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.execute(stmt)
+            self._p = "%s"
+
+    def _sql(self, sql: str) -> str:
+        return sql if self._p == "?" else sql.replace("?", "%s")
+
+    def _exec(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            cur = self._db.execute(self._sql(sql), params)
+            return cur.fetchall() if cur.description else []
+
+    def candidates(self, task_key: str, limit: int = 10) -> list[Entry]:
+        """Entries for ``task_key``, best first (most successes, then most recently used)."""
+        rows = self._exec(
+            "SELECT id, successes, divergences, last_used FROM engrain_cache_entries WHERE task_key = ? "
+            "ORDER BY successes DESC, last_used DESC LIMIT ?",
+            (task_key, limit),
+        )
+        out = []
+        for id_, successes, divergences, last_used in rows:
+            e = self._parsed.get(id_)
+            if e is None:
+                e = self.get(id_)
+                if e is None:
+                    continue
+            e.successes, e.divergences, e.last_used = int(successes), int(divergences), float(last_used)
+            pending = self._hits.get(id_)
+            if pending is not None:  # hits not yet written still count for the ranking
+                e.successes, e.divergences, e.last_used = e.successes + pending[0], 0, max(e.last_used, pending[1])
+            out.append(e)
+        if self._hits:
+            out.sort(key=lambda e: (-e.successes, -e.last_used))
+        return out
+
+    def with_embeddings(self, tags_key: str) -> list[Entry]:
+        """Entries under ``tags_key`` that have a task embedding (for semantic lookup)."""
+        rows = self._exec(
+            f"SELECT {_COLUMNS} FROM engrain_cache_entries WHERE tags_key = ? AND embedding IS NOT NULL", (tags_key,)
+        )
+        return [_entry(r) for r in rows]
+
+    def cached(self, entry_id: str) -> Entry | None:
+        """The entry ``entry_id`` as parsed earlier in this process (entries never change), else :meth:`get`."""
+        e = self._parsed.get(entry_id)
+        return e if e is not None else self.get(entry_id)
+
+    def get(self, entry_id: str) -> Entry | None:
+        """The entry ``entry_id``, or ``None``."""
+        rows = self._exec(f"SELECT {_COLUMNS} FROM engrain_cache_entries WHERE id = ?", (entry_id,))
+        if not rows:
+            self._parsed.pop(entry_id, None)
+            return None
+        e = _entry(rows[0])
+        self._parsed[entry_id] = e
+        return e
+
+    def put(self, e: Entry) -> None:
+        """Store a new entry."""
+        self._exec(
+            f"INSERT INTO engrain_cache_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                e.id, e.task_key, e.tags_key, e.task, json.dumps(e.tags), json.dumps(e.steps), json.dumps(e.output),
+                e.run_id, e.successes, e.divergences, e.created, e.last_used,
+                json.dumps(e.embedding) if e.embedding is not None else None,
+            ),
+        )
+        self.bump("stored")
+
+    def record_hit(self, entry_id: str) -> None:
+        """A full replay: one more success, used now, divergence streak reset (written in batches)."""
+        with self._lock:
+            n, _ = self._hits.get(entry_id, (0, 0.0))
+            self._hits[entry_id] = (n + 1, time.time())
+        self._tick()
+
+    def record_divergence(self, entry_id: str, evict_after: int) -> bool:
+        """Count a divergence; evict the entry at ``evict_after`` in a row. Returns whether it was evicted."""
+        rows = self._exec(
+            "UPDATE engrain_cache_entries SET divergences = divergences + 1 WHERE id = ? RETURNING divergences",
+            (entry_id,),
+        )
+        if rows and int(rows[0][0]) >= evict_after:
+            self.evict(entry_id)
+            return True
+        return False
+
+    def evict(self, entry_id: str) -> bool:
+        """Delete an entry; returns whether it existed."""
+        rows = self._exec("DELETE FROM engrain_cache_entries WHERE id = ? RETURNING id", (entry_id,))
+        self._parsed.pop(entry_id, None)
+        if rows:
+            self.bump("evicted")
+        return bool(rows)
+
+    def entries(self, limit: int = 100, offset: int = 0, task: str | None = None) -> list[Entry]:
+        """Entries, most recently used first (optionally those whose task contains ``task``)."""
+        self.flush()
+        where, params = ("WHERE task LIKE ?", (f"%{task}%",)) if task else ("", ())
+        rows = self._exec(
+            f"SELECT {_COLUMNS} FROM engrain_cache_entries {where} ORDER BY last_used DESC LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        return [_entry(r) for r in rows]
+
+    def count(self) -> int:
+        """Number of stored entries."""
+        return int(self._exec("SELECT COUNT(*) FROM engrain_cache_entries")[0][0])
+
+    def bump(self, name: str, by: int = 1) -> None:
+        """Add ``by`` to the counter ``name`` (written in batches)."""
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + by
+        self._tick()
+
+    def _tick(self) -> None:
+        self._pending += 1
+        if self._pending >= 256 or time.monotonic() - self._flushed_at > 1.0:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write batched counters and hit bookkeeping in one transaction."""
+        with self._lock:
+            counts, hits = self._counts, self._hits
+            self._counts, self._hits, self._pending = {}, {}, 0
+            self._flushed_at = time.monotonic()
+            if not counts and not hits:
+                return
+            up_stat = self._sql(
+                "INSERT INTO engrain_cache_stats (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = engrain_cache_stats.value + excluded.value"
+            )
+            up_hit = self._sql(
+                "UPDATE engrain_cache_entries SET successes = successes + ?, divergences = 0, "
+                "last_used = CASE WHEN last_used > ? THEN last_used ELSE ? END WHERE id = ?"
+            )
+            stat_rows = list(counts.items())
+            hit_rows = [(n, t, t, id_) for id_, (n, t) in hits.items()]
+            if self.backend == "sqlite":
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    self._db.executemany(up_stat, stat_rows)
+                    self._db.executemany(up_hit, hit_rows)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            else:
+                with self._db.transaction(), self._db.cursor() as cur:
+                    cur.executemany(up_stat, stat_rows)
+                    cur.executemany(up_hit, hit_rows)
+
+    def stats(self) -> dict[str, int]:
+        """Counters (lookups, hits, misses, diverged, agent_calls, evicted, stored) and ``entries``."""
+        self.flush()
+        out = dict.fromkeys(STAT_NAMES, 0)
+        out.update({name: int(v) for name, v in self._exec("SELECT name, value FROM engrain_cache_stats")})
+        out["entries"] = self.count()
+        return out
+
+    def close(self) -> None:
+        """Write what is batched and close the connection."""
+        self.flush()
+        with self._lock:
+            self._closed = True
+            self._db.close()

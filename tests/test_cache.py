@@ -1,0 +1,476 @@
+"""Behavior cache (engrain.Engine) on both backends: hits, checks, tags, params, divergence, persistence."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import engrain as eg
+from engrain import Check, Engine
+
+
+class World:
+    """A tiny environment: a screen whose state the checks read, and a log of real effects."""
+
+    def __init__(self) -> None:
+        self.screen = "login"
+        self.effects: list[tuple] = []
+
+
+def same(a, b) -> bool:
+    return a == b
+
+
+def make_engine(url: str, world: World, **kw) -> tuple[Engine, dict]:
+    engine = Engine(eg.open(url), **kw)
+    calls = {"agent": 0}
+
+    @engine.function(pre_check=Check(lambda field, text: world.screen, same))
+    def type_text(field: str, text: str) -> str:
+        world.effects.append(("type", field, text))
+        return f"typed {text}"
+
+    @engine.function(pre_check=Check(lambda button: world.screen, same))
+    def click(button: str) -> str:
+        world.effects.append(("click", button))
+        if button == "submit":
+            world.screen = "done"
+        return f"clicked {button}"
+
+    def agent(task: str) -> str:
+        calls["agent"] += 1
+        name = task.rsplit(": ", 1)[-1]
+        type_text("first_name", name)
+        type_text("email", f"{name.lower()}@example.com")
+        return click("submit")
+
+    engine.set_agent(agent).finalize()
+    return engine, calls
+
+
+def test_miss_then_hit_with_identical_side_effects(store_url):
+    world = World()
+    engine, calls = make_engine(store_url, world)
+    first = engine("fill the form: Ada")
+    assert not first and first.status == "ok" and first.agent_called and first.stored
+    effects_miss = list(world.effects)
+    world.effects.clear()
+    world.screen = "login"
+    second = engine("fill the form: Ada")
+    assert second and second.output == first.output == "clicked submit"
+    assert calls["agent"] == 1 and not second.agent_called
+    assert world.effects == effects_miss
+    assert [s["source"] for s in second.steps] == ["replayed"] * 3
+    kinds = [e.kind for e in engine.journal.read(second.run_id)]
+    assert "replay.started" in kinds and kinds[-1] == "run.completed"
+    stats = engine.stats()
+    assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
+
+
+def test_different_task_and_tags_never_share_a_trajectory(store_url):
+    world = World()
+    engine, calls = make_engine(store_url, world)
+    assert not engine("fill the form: Ada", tags=["signup"])
+    world.screen = "login"
+    assert not engine("fill the form: Bob", tags=["signup"])  # another task
+    world.screen = "login"
+    assert not engine("fill the form: Ada", tags=["newsletter"])  # same task, other tags
+    world.screen = "login"
+    assert engine("fill the form: Ada", tags=["signup"])
+    assert calls["agent"] == 3
+
+
+def test_pre_check_selects_among_trajectories(store_url):
+    world = World()
+    engine = Engine(eg.open(store_url))
+    log: list[str] = []
+
+    @engine.function(pre_check=Check(lambda: world.screen, same))
+    def open_menu() -> str:
+        log.append(f"menu@{world.screen}")
+        return world.screen
+
+    @engine.function()
+    def choose(item: str) -> str:
+        log.append(item)
+        return item
+
+    def agent(task: str) -> str:
+        open_menu()
+        return choose("light" if world.screen == "day" else "dark")
+
+    engine.set_agent(agent).finalize()
+    world.screen = "day"
+    engine("pick a theme")
+    world.screen = "night"
+    engine("pick a theme")
+    log.clear()
+    world.screen = "day"
+    out = engine("pick a theme")
+    assert out and out.output == "light" and log == ["menu@day", "light"]
+    world.screen = "night"
+    out = engine("pick a theme")
+    assert out and out.output == "dark"
+    world.screen = "dusk"
+    out = engine("pick a theme")
+    assert not out and "pre-checks failed for all 2" in out.reason
+
+
+def test_params_substitute_across_task_strings(store_url):
+    engine = Engine(eg.open(store_url))
+    typed: list[str] = []
+
+    @engine.function()
+    def type_text(text: str) -> str:
+        typed.append(text)
+        return text
+
+    def agent(task: str) -> str:
+        name = task.rsplit(": ", 1)[-1]
+        type_text(name)
+        type_text(f"Hello {name}!")
+        return f"greeted {name}"
+
+    engine.set_agent(agent).finalize()
+    assert not engine("fill the form with name: John", params={"name": "John"})
+    typed.clear()
+    out = engine("fill the form with name: Jane", params={"name": "Jane"})
+    assert out, out.reason
+    assert typed == ["Jane", "Hello Jane!"]
+    assert out.output == "greeted Jane"
+
+
+def test_time_expiry_example_from_muscle_mem(store_url):
+    """muscle-mem's README example, with a shorter expiry to keep the test fast."""
+
+    @dataclasses.dataclass
+    class T:
+        name: str
+        time: float
+
+    engine = Engine(eg.open(store_url))
+    said: list[str] = []
+
+    def capture(name: str) -> T:
+        return T(name=name, time=time.time())
+
+    def compare(current: T, candidate: T) -> bool:
+        return current.time - candidate.time <= 0.5
+
+    @engine.function(pre_check=Check(capture, compare))
+    def hello(name: str) -> None:
+        said.append(name)
+
+    def agent(name: str) -> None:
+        for i in range(9):
+            hello(name + " + " + str(i))
+
+    engine.set_agent(agent).finalize()
+    assert not engine("erik")
+    assert engine("erik")
+    time.sleep(0.8)
+    assert not engine("erik")
+    assert len(said) == 27
+
+
+def test_divergence_hands_off_and_nothing_runs_twice(store_url):
+    world = World()
+    engine = Engine(eg.open(store_url))
+    runs: dict[str, int] = {}
+    seen: list = []
+
+    def step_tool(n: int):
+        @engine.function(pre_check=Check(lambda: world.screen, same), name=f"step{n}")
+        def t() -> int:
+            runs[f"step{n}"] = runs.get(f"step{n}", 0) + 1
+            if n == 2:
+                world.screen = "popup" if world.effects else "page"
+            return n
+
+        return t
+
+    tools = [step_tool(n) for n in range(5)]
+
+    def agent(task: str, continuation=None) -> int:
+        seen.append(continuation)
+        if continuation is not None:
+            world.screen = "page"  # the agent dismisses the popup, then does the whole task again
+        return sum(t() for t in tools)
+
+    engine.set_agent(agent).finalize()
+    world.screen = "page"
+    assert not engine("five steps")
+    runs.clear()
+    world.screen = "page"
+    world.effects.append("popup will show")  # step2 now opens a popup: step3's pre-check fails
+    out = engine("five steps")
+    assert not out and out.agent_called and out.status == "ok" and out.output == 10
+    assert runs == {f"step{n}": 1 for n in range(5)}  # steps 0-2 by the replay, 3-4 by the agent
+    cont = seen[-1]
+    assert cont.diverged_at == 3 and [d.name for d in cont.steps] == ["step0", "step1", "step2"]
+    assert [s["source"] for s in out.steps] == ["replayed"] * 3 + ["continued"] * 3 + ["agent"] * 2
+    kinds = [e.kind for e in engine.journal.read(out.run_id)]
+    assert "replay.diverged" in kinds and "check.failed" in kinds
+
+
+def test_repeated_divergence_evicts_the_entry(store_url):
+    world = World()
+    engine = Engine(eg.open(store_url), evict_after=2)
+
+    @engine.function(post_check=Check(lambda: world.screen, same))
+    def act() -> str:
+        return "acted"
+
+    def agent(task: str, continuation=None) -> str:
+        if continuation is not None:
+            raise RuntimeError("this agent cannot recover")  # so no new entry replaces the old one
+        return act()
+
+    engine.set_agent(agent).finalize()
+    engine("act once")
+    first_entry = engine.entries()[0].id
+    world.screen = "changed"  # the post-check sees another screen than recorded: every replay diverges
+    for _ in range(2):
+        out = engine("act once")
+        assert not out and out.reason.startswith("diverged: post-check of step 0")
+        assert out.status == "failed"
+    assert first_entry not in [e.id for e in engine.entries()]
+    assert engine.stats()["evicted"] == 1
+
+
+def test_check_scores_use_the_threshold_and_reject_other_types():
+    assert Check(lambda: 0, lambda a, b: 0.7, threshold=0.6).passes(1, 1)
+    assert not Check(lambda: 0, lambda a, b: 0.2).passes(1, 1)  # a float is never truthy by itself
+    with pytest.raises(eg.CacheError, match="score"):
+        Check(lambda: 0, lambda a, b: 1.5).passes(1, 1)
+    with pytest.raises(eg.CacheError, match="return a bool"):
+        Check(lambda: 0, lambda a, b: "yes").passes(1, 1)
+
+
+def test_finalize_names_what_is_missing(store_url):
+    engine = Engine(eg.open(store_url))
+    with pytest.raises(eg.CacheError, match="at least one tool.*an agent"):
+        engine.finalize()
+
+    class Browser:
+        @engine.method()
+        def click(self, selector: str) -> str:
+            return selector
+
+    engine.set_agent(lambda task: None)
+    with pytest.raises(eg.CacheError, match=r"context object for the method tools \['Browser.click'\]"):
+        engine.finalize()
+
+
+def test_methods_get_self_from_set_context(store_url):
+    engine = Engine(eg.open(store_url))
+
+    class Browser:
+        def __init__(self) -> None:
+            self.clicked: list[str] = []
+
+        @engine.method()
+        def click(self, selector: str) -> str:
+            self.clicked.append(selector)
+            return selector
+
+    browser = Browser()
+    engine.set_agent(lambda task: browser.click("#go")).set_context(browser).finalize()
+    assert not engine("go")
+    assert engine("go")
+    assert browser.clicked == ["#go", "#go"]
+    assert Browser().click("#x") == "#x"  # transparent outside the engine
+
+
+def test_failed_and_empty_runs_are_not_stored(store_url):
+    engine = Engine(eg.open(store_url))
+
+    @engine.function()
+    def work() -> int:
+        return 1
+
+    def agent(task: str) -> int:
+        if task == "fail":
+            work()
+            raise RuntimeError("boom")
+        return 0
+
+    engine.set_agent(agent).finalize()
+    out = engine("fail")
+    assert out.status == "failed" and "boom" in out.reason
+    assert engine("nothing to do").stored is None
+    assert engine.stats()["entries"] == 0
+
+
+def test_tool_called_from_another_thread_does_not_leak(store_url):
+    engine = Engine(eg.open(store_url))
+
+    @engine.function()
+    def main_step() -> str:
+        return "main"
+
+    @engine.function()
+    def side_step() -> str:
+        return "side"
+
+    def agent(task: str) -> str:
+        t = threading.Thread(target=side_step)
+        t.start()
+        t.join()
+        return main_step()
+
+    engine.set_agent(agent).finalize()
+    engine("threads")
+    (entry,) = engine.entries()
+    assert [s["name"] for s in entry.steps] == ["main_step"]
+
+
+def test_concurrent_engine_calls(store_url):
+    engine = Engine(eg.open(store_url))
+    counter = {"n": 0}
+    lock = threading.Lock()
+
+    @engine.function()
+    def step(task: str) -> str:
+        with lock:
+            counter["n"] += 1
+        return task.upper()
+
+    engine.set_agent(lambda task: step(task)).finalize()
+    results: list = []
+
+    def worker(i: int) -> None:
+        for _ in range(3):
+            results.append(engine(f"task {i % 4}"))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(results) == 24 and all(r.status == "ok" for r in results)
+    assert all(r.output == f"TASK {r.output[-1]}" for r in results)
+    assert sum(1 for r in results if r.hit) >= 24 - 8  # at most one miss per thread per task
+
+
+def test_async_agent_and_tools(store_url):
+    engine = Engine(eg.open(store_url))
+    done: list[str] = []
+
+    @engine.function()
+    async def fetch(url: str) -> str:
+        await asyncio.sleep(0)
+        done.append(url)
+        return f"<{url}>"
+
+    async def agent(task: str) -> str:
+        return await fetch("https://example.com/" + task)
+
+    engine.set_agent(agent).finalize()
+    first = asyncio.run(engine("a"))
+    second = asyncio.run(engine("a"))
+    assert not first and second and second.output == "<https://example.com/a>"
+    assert done == ["https://example.com/a"] * 2
+
+
+def test_entries_persist_across_processes(store_url, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(textwrap.dedent(
+        """
+        import json, sys
+        import engrain as eg
+        engine = eg.Engine(eg.open(sys.argv[1]))
+        calls = []
+
+        @engine.function()
+        def greet(name: str) -> str:
+            return "hi " + name
+
+        def agent(task):
+            calls.append(task)
+            return greet("Ada")
+
+        engine.set_agent(agent).finalize()
+        out = engine("greet Ada")
+        print(json.dumps({"hit": bool(out), "agent_calls": len(calls), "output": out.output}))
+        """
+    ))
+    env = dict(os.environ)
+    outs = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, str(script), store_url], capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout.strip().splitlines()[-1])
+    assert outs[0] == '{"hit": false, "agent_calls": 1, "output": "hi Ada"}'
+    assert outs[1] == '{"hit": true, "agent_calls": 0, "output": "hi Ada"}'
+
+
+def test_replay_switches_to_a_trajectory_that_fits_mid_way(store_url):
+    """Two trajectories share their first step; a failed pre-check at step 1 switches, no agent call."""
+    world = World()
+    engine = Engine(eg.open(store_url))
+    log: list[str] = []
+
+    @engine.function(pre_check=Check(lambda: "start", same))
+    def open_app() -> str:
+        log.append("open")
+        return "opened"
+
+    @engine.function(pre_check=Check(lambda action: world.screen, same))
+    def act(action: str) -> str:
+        log.append(action)
+        return action
+
+    def agent(task: str, continuation=None) -> str:
+        if not continuation:
+            open_app()
+        return act("close popup" if world.screen == "popup" else "work")
+
+    engine.set_agent(agent).finalize()
+    world.screen = "main"
+    engine("do it")  # miss: records open_app, act(work) under screen=main
+    assert engine("do it") and engine("do it")  # now the best-ranked entry
+    world.screen = "popup"
+    out = engine("do it")  # diverges at step 1, hands off: records open_app, act(close popup)
+    assert not out and out.reason.startswith("diverged")
+    log.clear()
+    out = engine("do it")  # best entry diverges at step 1 again; the other one fits: switch
+    assert out and out.output == "close popup" and "switching" in out.reason
+    assert log == ["open", "close popup"] and not out.agent_called
+
+
+def test_cache_cli_lists_counts_and_evicts(store_url):
+    import json
+    import shutil
+
+    engine = Engine(eg.open(store_url))
+
+    @engine.function()
+    def ping(host: str) -> str:
+        return "pong " + host
+
+    engine.set_agent(lambda task: ping("db1")).finalize()
+    engine("check db1")
+    engine("check db1")
+    engine.close()
+    exe = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([exe, "cache", *args, "--url", store_url], capture_output=True, text=True, timeout=60)
+
+    rows = json.loads(cli("entries", "--json").stdout)
+    assert [r["task"] for r in rows] == ["check db1"] and rows[0]["successes"] == 2
+    st = json.loads(cli("stats", "--json").stdout)
+    assert st["hits"] == 1 and st["misses"] == 1 and st["entries"] == 1 and st["hit_rate"] == 0.5
+    assert cli("evict", rows[0]["id"]).returncode == 0
+    bad = cli("evict", rows[0]["id"])
+    assert bad.returncode == 1 and "no cache entry" in bad.stderr
+    assert json.loads(cli("entries", "--json").stdout) == []
