@@ -57,6 +57,12 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "CacheError": ("._errors", "CacheError"),
     "SandboxError": ("._errors", "SandboxError"),
     "SandboxLimitError": ("._errors", "SandboxLimitError"),
+    "Memory": ("._memory", "Memory"),
+    "memory": ("._memory", "memory"),
+    "SearchResult": ("._memory", "SearchResult"),
+    "ConsolidationSummary": ("._memory", "ConsolidationSummary"),
+    "EmbeddingError": ("._errors", "EmbeddingError"),
+    "MemoryInputError": ("._errors", "MemoryInputError"),
 }
 
 
@@ -76,6 +82,12 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "ConsolidationSummary",
+    "EmbeddingError",
+    "Memory",
+    "MemoryInputError",
+    "SearchResult",
+    "memory",
     "CacheError",
     "Check",
     "Continuation",

@@ -151,3 +151,11 @@ class ExpressionError(EngrainError, ValueError):
         self.where = where
         prefix = f"{where}: " if where else ""
         super().__init__(f"{prefix}expression {expression!r}: {reason}")
+
+
+class EmbeddingError(EngrainError):
+    """An embedder could not load its model or embed a text."""
+
+
+class MemoryInputError(EngrainError, ValueError):
+    """Bad input to skill memory (``remember``, ``recall``, ``consolidate``); names the argument."""

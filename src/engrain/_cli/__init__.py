@@ -21,6 +21,7 @@ app = typer.Typer(
 from . import runs as _runs  # noqa: E402,F401
 from . import cache as _cache  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
+from . import memory as _memory  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,312 @@
+"""Consolidation: turn the buffer into articles, once.
+
+One pass claims buffer rows (oldest or newest first, up to ``num_records``),
+then per skill, never mixing skills:
+
+1. deposits whose record is gone (TTL) or already in an article are dropped;
+2. recall events mark the articles they returned as *recalled*, and carry the
+   query that found them;
+3. each new record joins the closest article of its skill when similar enough
+   (a recalled article also accepts records close to the query that recalled
+   it, with a lower bar); the rest are clustered greedily among themselves;
+4. every touched article is rewritten from its live sources plus the new ones
+   (*reconsolidated* when it had been recalled, *updated* otherwise), every new
+   cluster forms an article, and an article that ends up a near-duplicate of
+   another of its skill absorbs it (the other is *superseded* and removed).
+
+Everything is written in one transaction that also deletes the claimed buffer
+rows, so a crash leaves the buffer as it was and a finished pass never sees
+the same row again. A cluster whose synthesis fails is reported in ``errors``
+and its rows go back to the buffer for the next pass.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .items import Article, BufferItem, Record
+
+if TYPE_CHECKING:
+    from . import Memory
+
+#: Cosine at which a new record joins an existing article.
+ATTACH = 0.55
+#: Lower bar for joining an article that was recalled (against the article or the recalling query).
+RECALL_ATTACH = 0.45
+#: Cosine at which two new records share a cluster (against the cluster's centre).
+CLUSTER = 0.55
+#: Cosine at which two articles of a skill are the same knowledge and merge.
+MERGE = 0.9
+#: A claim older than this (seconds) is considered abandoned by a crashed consolidator.
+STALE_CLAIM = 600.0
+
+
+@dataclass
+class ConsolidationSummary:
+    """What one ``consolidate()`` did.
+
+    ``formed``: new articles; ``reconsolidated``: recalled articles rewritten
+    with fresh records; ``updated``: other articles that took in new records;
+    ``superseded``: articles merged into another and removed; ``removed``:
+    articles whose every source record expired; ``expired``: records deleted
+    because their TTL passed (articles built on them are rewritten); ``dropped``:
+    buffer rows discarded (expired or already consolidated records, recall events
+    that hit no article); ``flushed``: buffer rows processed and removed;
+    ``kept``: rows left in the buffer (beyond ``num_records``, or of a failed
+    cluster); ``errors``: one message per failure; ``synthesizer``: which
+    synthesizer wrote the articles (says when no LLM was used).
+    """
+
+    formed: int = 0
+    reconsolidated: int = 0
+    updated: int = 0
+    superseded: int = 0
+    removed: int = 0
+    expired: int = 0
+    dropped: int = 0
+    flushed: int = 0
+    kept: int = 0
+    errors: list[str] = field(default_factory=list)
+    synthesizer: str = ""
+    articles: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return asdict(self)
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    n = float(np.linalg.norm(v))
+    return (v / n).astype(np.float32) if n > 0 else v.astype(np.float32)
+
+
+@dataclass
+class _Outcome:
+    """One skill's writes and counts, merged into the pass only if the whole skill succeeded."""
+
+    upserts: list[Article] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    assign: dict[str, str] = field(default_factory=dict)
+    expect: dict[str, int] = field(default_factory=dict)
+    formed: int = 0
+    reconsolidated: int = 0
+    updated: int = 0
+    superseded: int = 0
+    removed: int = 0
+
+
+class _Skill:
+    """Working state of one skill during a pass."""
+
+    def __init__(self) -> None:
+        self.deposits: list[tuple[BufferItem, Record]] = []
+        self.recalled: dict[str, list[str]] = {}  # article id -> queries that returned it
+        self.seqs: list[int] = []
+        self.stale: set[str] = set()  # articles with expired sources
+        self.gone: set[str] = set()
+
+
+def run(mem: Memory, num_records: int | None, newest_first: bool) -> ConsolidationSummary:
+    """One consolidation pass over ``mem``'s buffer."""
+    store, synth = mem.store, mem.synthesizer
+    summary = ConsolidationSummary(synthesizer=synth.name)
+    now = time.time()
+    expired = store.expired(now)
+    gone = {rid for _, rid, _ in expired}
+    token = uuid.uuid4().hex
+    items = store.claim(token, num_records, newest_first, now, STALE_CLAIM)
+    recs = store.records([i.ref for i in items if i.kind == "deposit" and i.ref])
+    recs = {k: r for k, r in recs.items() if k not in gone}
+    skills: dict[str, _Skill] = {}
+    # Articles built on expired records are rewritten without them (or removed).
+    for a in store.articles(ids=sorted({aid for _, _, aid in expired if aid})):
+        skills.setdefault(a.skill, _Skill()).stale.add(a.id)
+    done: list[int] = []
+    for it in items:
+        if it.kind == "deposit":
+            r = recs.get(it.ref or "")
+            if r is None or r.article_id is not None:
+                summary.dropped += 1
+                done.append(it.seq)
+                continue
+            sk = skills.setdefault(r.skill, _Skill())
+            sk.deposits.append((it, r))
+            sk.seqs.append(it.seq)
+        else:
+            hits = [h for h in it.data.get("hits", []) if h.get("tier") == "article"]
+            if not hits:
+                summary.dropped += 1
+            for h in hits:
+                sk = skills.setdefault(h.get("skill") or "", _Skill())  # a hit's skill None is the "" skill
+                sk.recalled.setdefault(h["id"], []).append(it.data.get("query", ""))
+            done.append(it.seq)  # a recall event is signal for this pass only
+
+    upserts: list[Article] = []
+    deletes: list[str] = []
+    assign: dict[str, str] = {}
+    expect: dict[str, int] = {}
+    kept_alive: set[str] = set()
+    for skill, sk in skills.items():
+        sk.gone = gone
+        part = _Outcome()
+        try:
+            _one_skill(mem, skill, sk, now, part)
+        except Exception as e:  # one skill's failure must not lose the others' work
+            summary.errors.append(f"skill {skill!r}: {type(e).__name__}: {e}")
+            store.release(token, sk.seqs)
+            kept_alive |= sk.stale  # their expired records stay until the article is rewritten
+            continue
+        done.extend(sk.seqs)
+        upserts += part.upserts
+        deletes += part.deletes
+        assign.update(part.assign)
+        expect.update(part.expect)
+        for k in ("formed", "reconsolidated", "updated", "superseded", "removed"):
+            setattr(summary, k, getattr(summary, k) + getattr(part, k))
+        summary.articles += [a.id for a in part.upserts]
+    purge = [seq for seq, _, aid in expired if aid not in kept_alive]
+    try:
+        store.commit(token, done, upserts, deletes, assign, expect, purge)
+    except Exception as e:
+        summary.errors.append(f"commit: {type(e).__name__}: {e}")
+        store.release(token, [i.seq for i in items])
+        summary.formed = summary.reconsolidated = summary.updated = summary.superseded = summary.dropped = 0
+        summary.expired = summary.removed = 0
+        summary.articles = []
+    else:
+        summary.flushed = len(done)
+        summary.expired = len(purge)
+    summary.kept = store.buffer_size()
+    return summary
+
+
+def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -> None:
+    arts = {a.id: a for a in mem.store.articles(skill=skill)}
+    out.expect.update((a.id, a.version) for a in arts.values())
+    recalled = {aid: qs for aid, qs in sk.recalled.items() if aid in arts}
+    qvecs: dict[str, np.ndarray] = {}
+    if recalled:
+        queries = sorted({q for qs in recalled.values() for q in qs if q})
+        qvecs = dict(zip(queries, mem.embedder.embed(queries))) if queries else {}
+    art_ids = list(arts)
+    art_mat = np.stack([arts[a].embedding for a in art_ids]) if art_ids else None
+
+    joined: dict[str, list[Record]] = {}
+    loose: list[Record] = []
+    for _, r in sorted(sk.deposits, key=lambda d: (d[1].created, d[1].seq)):
+        best, best_sim = None, -1.0
+        if art_mat is not None:
+            sims = art_mat @ r.embedding
+            for j, aid in enumerate(art_ids):
+                s = float(sims[j])
+                bar = ATTACH
+                if aid in recalled:
+                    s = max(s, *(float(qvecs[q] @ r.embedding) for q in recalled[aid] if q in qvecs), -1.0)
+                    bar = RECALL_ATTACH
+                if s >= bar and s > best_sim:
+                    best, best_sim = aid, s
+        if best is None:
+            loose.append(r)
+        else:
+            joined.setdefault(best, []).append(r)
+
+    clusters: list[list[Record]] = []
+    centres: list[np.ndarray] = []
+    for r in loose:
+        sims = [float(c @ r.embedding) for c in centres]
+        j = int(np.argmax(sims)) if sims else -1
+        if j >= 0 and sims[j] >= CLUSTER:
+            clusters[j].append(r)
+            centres[j] = _unit(np.mean([x.embedding for x in clusters[j]], axis=0))
+        else:
+            clusters.append([r])
+            centres.append(r.embedding)
+
+    written: list[Article] = []
+    for aid, new in joined.items():
+        old = arts[aid]
+        sources = [s for s in old.sources if s not in {r.id for r in new} and s not in sk.gone]
+        live = list(mem.store.records(sources).values())
+        art = _write(mem, skill, live + new, old, now, recalled.get(aid, []))
+        written.append(art)
+        if aid in recalled:
+            out.reconsolidated += 1
+        else:
+            out.updated += 1
+    for group in clusters:
+        written.append(_write(mem, skill, group, None, now, []))
+        out.formed += 1
+    for aid in sorted(sk.stale - set(joined)):
+        old = arts.get(aid)
+        if old is None:
+            continue
+        live = list(mem.store.records([s for s in old.sources if s not in sk.gone]).values())
+        if live:
+            written.append(_write(mem, skill, live, old, now, recalled.pop(aid, [])))
+            out.updated += 1
+        else:
+            out.deletes.append(aid)
+            out.removed += 1
+            arts.pop(aid)
+            recalled.pop(aid, None)
+    for aid, qs in recalled.items():  # recalled without fresh signal: only the recall is noted
+        if aid not in joined:
+            old = arts[aid]
+            old.metadata = _recall_meta(old.metadata, qs, now)
+            written.append(old)
+
+    # Merge near-duplicates: the newest article absorbs the older one's sources.
+    alive = {a.id: a for a in arts.values()}
+    alive.update({a.id: a for a in written})
+    touched = {a.id for a in written}
+    for a in sorted(written, key=lambda a: -a.updated):
+        if a.id not in alive:
+            continue
+        a = alive[a.id]
+        for other in list(alive.values()):
+            if other.id == a.id or float(other.embedding @ a.embedding) < MERGE:
+                continue
+            srcs = mem.store.records([x for x in dict.fromkeys(a.sources + other.sources) if x not in sk.gone])
+            a = _write(mem, skill, list(srcs.values()), a, now, [])
+            alive[a.id] = a
+            del alive[other.id]
+            touched.discard(other.id)
+            touched.add(a.id)
+            out.deletes.append(other.id)
+            out.superseded += 1
+    out.expect = {aid: v for aid, v in out.expect.items() if aid in touched or aid in out.deletes}
+    for aid in touched:
+        art = alive[aid]
+        out.upserts.append(art)
+        for rid in art.sources:
+            out.assign[rid] = aid
+
+
+def _recall_meta(meta: dict[str, Any], queries: list[str], now: float) -> dict[str, Any]:
+    m = dict(meta)
+    if queries:
+        m["recalls"] = int(m.get("recalls", 0)) + len(queries)
+        m["last_recalled"] = now
+        m["recent_queries"] = (list(m.get("recent_queries", [])) + queries)[-5:]
+    return m
+
+
+def _write(mem: Memory, skill: str, records: list[Record], previous: Article | None, now: float,
+           queries: list[str]) -> Article:
+    title, content = mem.synthesizer.synthesize(skill, records, previous)
+    # The article's vector leans on its sources' centre (robust to long texts the
+    # model truncates) and on its own wording (what a reader will search for).
+    text_vec = mem.embedder.embed([f"{title}\n{content}"])[0]
+    centre = _unit(np.mean([r.embedding for r in records], axis=0))
+    vec = _unit(centre + text_vec)
+    meta = _recall_meta(previous.metadata if previous else {}, queries, now)
+    return Article(
+        seq=0, id=previous.id if previous else "art_" + uuid.uuid4().hex[:20], skill=skill, title=title,
+        content=content, sources=[r.id for r in sorted(records, key=lambda r: (r.created, r.seq))], metadata=meta,
+        created=previous.created if previous else now, updated=now,
+        version=(previous.version + 1) if previous else 1, synthesizer=mem.synthesizer.name, embedding=vec)

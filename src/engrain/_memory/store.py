@@ -1,0 +1,482 @@
+"""Memory's tables, in the journal's database (SQLite or PostgreSQL).
+
+Three tiers and two helper tables:
+
+* ``engrain_mem_records``: raw deposits (content, skill, hint, metadata, TTL,
+  embedding), unique per ``(skill, digest)`` so identical content is stored once.
+* ``engrain_mem_buffer``: deposits and recall events awaiting consolidation,
+  in ``seq`` order; a consolidation *claims* rows, and deletes them in the same
+  transaction that writes its articles, so each row is processed exactly once.
+* ``engrain_mem_articles``: synthesized knowledge with its source record ids.
+* ``engrain_mem_state``: counters (the consolidation cursor, generations that
+  tell an in-process vector index to reload after deletes or rewrites).
+* full text: an FTS5 table on SQLite (rowid = record seq, or -article seq); a
+  generated ``tsvector`` column with a GIN index on PostgreSQL.
+
+Vectors are float32 bytes (BLOB / BYTEA) searched in numpy by :mod:`.index`;
+when the server has the ``vector`` extension (pgvector) a ``vector`` column is
+added and searched in SQL instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .items import Article, BufferItem, Record, _article, _record, to_blob
+
+_SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS engrain_mem_records (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
+    metadata TEXT NOT NULL, digest TEXT NOT NULL, created REAL NOT NULL, expires REAL,
+    article_id TEXT, embedding BLOB NOT NULL, UNIQUE (skill, digest));
+CREATE TABLE IF NOT EXISTS engrain_mem_articles (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
+    sources TEXT NOT NULL, metadata TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    version INTEGER NOT NULL, synthesizer TEXT NOT NULL, embedding BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created REAL NOT NULL,
+    claim TEXT, claimed_at REAL);
+CREATE TABLE IF NOT EXISTS engrain_mem_state (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE VIRTUAL TABLE IF NOT EXISTS engrain_mem_fts USING fts5(
+    text, skill UNINDEXED, tokenize = 'porter unicode61');
+"""
+
+_PG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS engrain_mem_records (
+    seq BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
+    metadata TEXT NOT NULL, digest TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
+    expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL,
+    tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', hint || ' ' || content)) STORED,
+    UNIQUE (skill, digest));
+CREATE INDEX IF NOT EXISTS engrain_mem_records_tsv ON engrain_mem_records USING GIN (tsv);
+CREATE TABLE IF NOT EXISTS engrain_mem_articles (
+    seq BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
+    sources TEXT NOT NULL, metadata TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
+    updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL, synthesizer TEXT NOT NULL,
+    embedding BYTEA NOT NULL,
+    tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', title || ' ' || content)) STORED);
+CREATE INDEX IF NOT EXISTS engrain_mem_articles_tsv ON engrain_mem_articles USING GIN (tsv);
+CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
+    seq BIGSERIAL PRIMARY KEY,
+    kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
+    claim TEXT, claimed_at DOUBLE PRECISION);
+CREATE TABLE IF NOT EXISTS engrain_mem_state (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+"""
+
+_REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding"
+_ART_COLS = "seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding"
+_WORD = re.compile(r"\w+", re.UNICODE)
+_STOP = frozenset(
+    "a an and are as at be by for from has have how i in is it its of on or that the this to was were what when "
+    "where which who why will with do does did my me you your we our".split()
+)
+
+
+def query_terms(text: str, limit: int = 16) -> list[str]:
+    """The words of ``text`` worth a full-text match (lower case, stop words dropped, deduplicated)."""
+    seen: dict[str, None] = {}
+    for w in _WORD.findall(text.lower()):
+        if w not in _STOP and len(seen) < limit:
+            seen.setdefault(w, None)
+    return list(seen)
+
+
+class MemoryStore:
+    """Memory's tables on one database; ``url`` is a journal URL, ``path`` the SQLite file."""
+
+    def __init__(self, backend: str, *, path: str | Path | None = None, url: str | None = None):
+        self.backend = backend
+        self.path = Path(path) if path is not None else None
+        self.url = url
+        self.pgvector = False
+        self._lock = threading.RLock()
+        if backend == "sqlite":
+            assert self.path is not None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db: Any = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
+                                            check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SQLITE_SCHEMA)
+        else:
+            import psycopg
+
+            self._db = psycopg.connect(url, autocommit=True)
+            with self._db.transaction():
+                # Concurrent first opens race on CREATE TABLE IF NOT EXISTS; a lock serialises them.
+                self._db.execute("SELECT pg_advisory_xact_lock(hashtext('engrain_mem_schema'))")
+                for stmt in _PG_SCHEMA.split(";"):
+                    if stmt.strip():
+                        self._db.execute(stmt)
+                self.pgvector = self._setup_pgvector()
+
+    def _setup_pgvector(self) -> bool:
+        have = self._db.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
+        if not have:
+            avail = self._db.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+            if not avail:
+                return False
+            self._db.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        for table in ("engrain_mem_records", "engrain_mem_articles"):
+            self._db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS vec vector")
+        return True
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _sql(self, sql: str) -> str:
+        return sql if self.backend == "sqlite" else sql.replace("?", "%s")
+
+    def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self._db.execute(self._sql(sql), params)
+
+    @contextmanager
+    def tx(self) -> Iterator[None]:
+        """One write transaction (``BEGIN IMMEDIATE`` on SQLite so writers queue instead of failing)."""
+        with self._lock:
+            if self.backend == "sqlite":
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            else:
+                with self._db.transaction():
+                    yield
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()
+
+    def _bump(self, name: str, by: int = 1) -> None:
+        self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = engrain_mem_state.value + excluded.value", (name, by))
+
+    def bind_embedder(self, name: str, dim: int) -> None:
+        """Record which embedder filled this store; refuse a different one (its vectors would not compare)."""
+        from .._errors import ConfigError
+
+        with self.tx():
+            names = [n for (n,) in self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ?",
+                                                    ("embedder:%",)).fetchall()]
+            if not names:
+                self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?)", (f"embedder:{name}", dim))
+            elif names != [f"embedder:{name}"]:
+                raise ConfigError(f"this memory store was embedded with {names[0][9:]!r}; the embedder {name!r} "
+                                  "cannot search it (use the same embedder, or a new store)")
+
+    def state(self) -> dict[str, int]:
+        """All counters of ``engrain_mem_state``."""
+        with self._lock:
+            return {n: int(v) for n, v in self._x("SELECT name, value FROM engrain_mem_state").fetchall()}
+
+    def _fts_put(self, rowid: int, text: str, skill: str) -> None:
+        if self.backend == "sqlite":
+            self._db.execute("INSERT OR REPLACE INTO engrain_mem_fts (rowid, text, skill) VALUES (?, ?, ?)",
+                             (rowid, text, skill))
+
+    def _fts_del(self, rowids: Sequence[int]) -> None:
+        if self.backend == "sqlite" and rowids:
+            self._db.executemany("DELETE FROM engrain_mem_fts WHERE rowid = ?", [(r,) for r in rowids])
+
+    def _vec(self, table: str, seq: int, vec: np.ndarray) -> None:
+        if self.pgvector:
+            self._x(f"UPDATE {table} SET vec = ?::vector WHERE seq = ?", ("[" + ",".join(map(str, vec.tolist())) + "]", seq))
+
+    # -- records and deposits -------------------------------------------------
+
+    def add_records(self, rows: Sequence[dict[str, Any]], now: float) -> list[tuple[str, bool]]:
+        """Insert records and their buffer deposits in one transaction.
+
+        Each row has ``id, skill, content, hint, metadata, digest, expires, embedding``.
+        Returns ``(id, inserted)`` per row; a row whose ``(skill, digest)`` exists
+        returns the stored id with ``inserted=False`` (and extends its TTL when the
+        new one lasts longer).
+        """
+        out: list[tuple[str, bool]] = []
+        with self.tx():
+            for r in rows:
+                got = self._x("SELECT id, expires FROM engrain_mem_records WHERE skill = ? AND digest = ?",
+                              (r["skill"], r["digest"])).fetchone()
+                if got is not None:
+                    if got[1] is not None and (r["expires"] is None or r["expires"] > got[1]):
+                        self._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (r["expires"], got[0]))
+                    out.append((got[0], False))
+                    continue
+                seq = self._x(
+                    "INSERT INTO engrain_mem_records (id, skill, content, hint, metadata, digest, created, expires,"
+                    " embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                    (r["id"], r["skill"], r["content"], r["hint"], json.dumps(r["metadata"]), r["digest"], now,
+                     r["expires"], to_blob(r["embedding"]))).fetchone()[0]
+                self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"])
+                self._vec("engrain_mem_records", seq, r["embedding"])
+                self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('deposit', ?, ?, '{}', ?)",
+                        (r["skill"], r["id"], now))
+                out.append((r["id"], True))
+        return out
+
+    def add_recall_event(self, skill: str | None, data: dict[str, Any], now: float) -> None:
+        """Leave a recall event (query and hits) in the buffer."""
+        with self.tx():
+            self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
+                    (skill, json.dumps(data), now))
+
+    def records(self, ids: Sequence[str]) -> dict[str, Record]:
+        """The records with these ids (missing ones are absent)."""
+        out: dict[str, Record] = {}
+        ids = list(ids)
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                for row in self._x(f"SELECT {_REC_COLS} FROM engrain_mem_records WHERE id IN ({marks})", chunk):
+                    out[row[1]] = _record(row)
+        return out
+
+    def expired(self, now: float) -> list[tuple[int, str, str | None]]:
+        """``(seq, id, article_id)`` of records whose TTL has passed (deleted by :meth:`commit`)."""
+        with self._lock:
+            return [(int(r[0]), r[1], r[2]) for r in self._x(
+                "SELECT seq, id, article_id FROM engrain_mem_records WHERE expires IS NOT NULL AND expires <= ?",
+                (now,)).fetchall()]
+
+    # -- articles -------------------------------------------------------------
+
+    def articles(self, skill: str | None = None, ids: Sequence[str] | None = None) -> list[Article]:
+        """Articles, optionally of one skill or with these ids, oldest first."""
+        sql, params = f"SELECT {_ART_COLS} FROM engrain_mem_articles WHERE 1 = 1", []
+        if skill is not None:
+            sql += " AND skill = ?"
+            params.append(skill)
+        if ids is not None:
+            if not ids:
+                return []
+            sql += f" AND id IN ({','.join('?' * len(ids))})"
+            params.extend(ids)
+        with self._lock:
+            return [_article(r) for r in self._x(sql + " ORDER BY seq", params).fetchall()]
+
+    # -- vectors and full text -------------------------------------------------
+
+    def vectors(self, tier: str, after_seq: int = 0) -> tuple[np.ndarray, list[str], list[str], np.ndarray, np.ndarray]:
+        """``(seqs, ids, skills, expires, matrix)`` of a tier's rows with ``seq > after_seq``.
+
+        ``expires`` is ``inf`` for rows without a TTL.
+        """
+        if tier == "record":
+            sql = "SELECT seq, id, skill, expires, embedding FROM engrain_mem_records WHERE seq > ? ORDER BY seq"
+        else:
+            sql = "SELECT seq, id, skill, NULL, embedding FROM engrain_mem_articles WHERE seq > ? ORDER BY seq"
+        with self._lock:
+            rows = self._x(sql, (after_seq,)).fetchall()
+        seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        exp = np.fromiter((np.inf if r[3] is None else r[3] for r in rows), dtype=np.float64, count=len(rows))
+        mat = (np.frombuffer(b"".join(bytes(r[4]) for r in rows), dtype=np.float32).reshape(len(rows), -1)
+               if rows else np.zeros((0, 0), dtype=np.float32))
+        return seqs, [r[1] for r in rows], [r[2] for r in rows], exp, mat
+
+    def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int) -> list[tuple[str, float]]:
+        """pgvector search (only when the extension is installed): ``[(id, cosine)]``."""
+        table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
+        lit = "[" + ",".join(map(str, vec.tolist())) + "]"
+        sql = f"SELECT id, 1 - (vec <=> ?::vector) FROM {table} WHERE vec IS NOT NULL"
+        params: list[Any] = [lit]
+        if tier == "record":
+            sql += " AND (expires IS NULL OR expires > ?)"
+            params.append(now)
+        if skill is not None:
+            sql += " AND skill = ?"
+            params.append(skill)
+        sql += " ORDER BY vec <=> ?::vector LIMIT ?"
+        params += [lit, limit]
+        with self._lock:
+            return [(r[0], float(r[1])) for r in self._x(sql, params).fetchall()]
+
+    def _selective(self, terms: list[str], cap: int) -> list[str]:
+        """The terms that match at most ``cap`` rows (each count stops at ``cap + 1``).
+
+        Ranking costs one score per matching row, so a word found in most rows
+        would make every search linear in the store's size while adding almost
+        nothing to BM25 (its IDF is near zero); such words are left to the
+        vector side.
+        """
+        keep = []
+        for t in terms:
+            if self.backend == "sqlite":
+                n = self._db.execute("SELECT count(*) FROM (SELECT rowid FROM engrain_mem_fts WHERE engrain_mem_fts "
+                                     "MATCH ? LIMIT ?)", (f'"{t}"', cap + 1)).fetchone()[0]
+            else:
+                n = self._db.execute(
+                    "SELECT (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_records WHERE tsv @@ q LIMIT %s) r)"
+                    " + (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_articles WHERE tsv @@ q LIMIT %s) a)"
+                    " FROM to_tsquery('english', %s) q", (cap + 1, cap + 1, t)).fetchone()[0]
+            if n <= cap:
+                keep.append(t)
+        return keep
+
+    def text_search(self, text: str, skill: str | None, now: float, limit: int,
+                    max_df: int | None = 1000) -> list[tuple[str, str, float]]:
+        """Full-text hits ``[(tier, id, rank)]``, best first (rank: higher is better).
+
+        Any query word matches (OR). Words found in more than ``max_df`` rows
+        are not matched (see :meth:`_selective`); None matches every word.
+        """
+        terms = query_terms(text)
+        out: list[tuple[str, str, float]] = []
+        with self._lock:
+            if terms and max_df is not None:
+                terms = self._selective(terms, max_df)
+            if not terms:
+                return []
+            if self.backend == "sqlite":
+                match = " OR ".join(f'"{t}"' for t in terms)
+                sql = "SELECT rowid, -bm25(engrain_mem_fts) FROM engrain_mem_fts WHERE engrain_mem_fts MATCH ?"
+                params: list[Any] = [match]
+                if skill is not None:
+                    sql += " AND skill = ?"
+                    params.append(skill)
+                hits = self._db.execute(sql + " ORDER BY rank LIMIT ?", (*params, limit)).fetchall()
+                rec = {r for r, _ in hits if r > 0}
+                art = {-r for r, _ in hits if r < 0}
+                ids: dict[tuple[str, int], str] = {}
+                if rec:
+                    q = f"SELECT seq, id FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(rec))}) " \
+                        "AND (expires IS NULL OR expires > ?)"
+                    ids.update((("record", s), i) for s, i in self._db.execute(q, (*rec, now)))
+                if art:
+                    q = f"SELECT seq, id FROM engrain_mem_articles WHERE seq IN ({','.join('?' * len(art))})"
+                    ids.update((("article", s), i) for s, i in self._db.execute(q, tuple(art)))
+                for rowid, score in hits:
+                    key = ("record", rowid) if rowid > 0 else ("article", -rowid)
+                    if key in ids:
+                        out.append((key[0], ids[key], float(score)))
+                return out
+            tsq = " | ".join(terms)
+            skill_sql = " AND skill = %s" if skill is not None else ""
+            sp = [skill] if skill is not None else []
+            sql = (
+                "(SELECT 'record', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_records, to_tsquery('english', %s) q "
+                f"WHERE tsv @@ q AND (expires IS NULL OR expires > %s){skill_sql} ORDER BY r DESC LIMIT %s) UNION ALL "
+                "(SELECT 'article', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_articles, to_tsquery('english', %s) q "
+                f"WHERE tsv @@ q{skill_sql} ORDER BY r DESC LIMIT %s)"
+            )
+            rows = self._db.execute(sql, [tsq, now, *sp, limit, tsq, *sp, limit]).fetchall()
+        rows.sort(key=lambda r: -r[2])
+        return [(r[0], r[1], float(r[2])) for r in rows[:limit]]
+
+    # -- consolidation ---------------------------------------------------------
+
+    def claim(self, token: str, limit: int | None, newest_first: bool, now: float, stale_after: float) -> list[BufferItem]:
+        """Claim up to ``limit`` unclaimed buffer rows (or rows whose claim went stale)."""
+        order = "DESC" if newest_first else "ASC"
+        lim = "" if limit is None else f" LIMIT {int(limit)}"
+        lock = " FOR UPDATE SKIP LOCKED" if self.backend == "postgres" else ""
+        with self.tx():
+            rows = self._x(
+                "SELECT seq, kind, skill, ref, data, created FROM engrain_mem_buffer "
+                f"WHERE claim IS NULL OR claimed_at < ? ORDER BY seq {order}{lim}{lock}", (now - stale_after,)).fetchall()
+            seqs = [r[0] for r in rows]
+            for i in range(0, len(seqs), 500):
+                chunk = seqs[i:i + 500]
+                self._x(f"UPDATE engrain_mem_buffer SET claim = ?, claimed_at = ? WHERE seq IN ({','.join('?' * len(chunk))})",
+                        (token, now, *chunk))
+        return [BufferItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def release(self, token: str, seqs: Sequence[int]) -> None:
+        """Give claimed rows back to the buffer (their cluster failed; a later run retries them)."""
+        with self.tx():
+            for s in seqs:
+                self._x("UPDATE engrain_mem_buffer SET claim = NULL, claimed_at = NULL WHERE seq = ? AND claim = ?", (s, token))
+
+    def buffer_size(self) -> int:
+        """Rows waiting in the buffer."""
+        with self._lock:
+            return int(self._x("SELECT COUNT(*) FROM engrain_mem_buffer").fetchone()[0])
+
+    def commit(self, token: str, done: Sequence[int], upserts: Sequence[Article], deletes: Sequence[str],
+               assign: dict[str, str], expect: dict[str, int] | None = None, purge: Sequence[int] = ()) -> None:
+        """Write one consolidation's outcome atomically and flush its buffer rows.
+
+        ``done`` are buffer seqs processed (deleted here; raises if another
+        consolidator took them over, which rolls everything back); ``upserts``
+        are new or rewritten articles; ``deletes`` superseded article ids;
+        ``assign`` maps record id -> article id; ``expect`` maps the id of each
+        article this pass read and now rewrites or deletes to the version it
+        read: if another consolidator changed it meanwhile, nothing is written.
+        ``purge`` are seqs of expired records to delete.
+        """
+        from .._errors import EngrainError
+
+        with self.tx():
+            for aid, version in (expect or {}).items():
+                row = self._x("SELECT version FROM engrain_mem_articles WHERE id = ?" +
+                              (" FOR UPDATE" if self.backend == "postgres" else ""), (aid,)).fetchone()
+                if row is None or int(row[0]) != version:
+                    now_v = "deleted" if row is None else f"version {row[0]}"
+                    raise EngrainError(f"article {aid} changed while this consolidation ran (read version {version}, "
+                                       f"now {now_v}); nothing was written and its rows went back to the buffer")
+            for i in range(0, len(done), 500):
+                chunk = list(done[i:i + 500])
+                cur = self._x(f"DELETE FROM engrain_mem_buffer WHERE claim = ? AND seq IN ({','.join('?' * len(chunk))})",
+                              (token, *chunk))
+                if cur.rowcount != len(chunk):
+                    raise EngrainError(f"{len(chunk) - cur.rowcount} claimed buffer row(s) were taken over by another "
+                                       "consolidation (claim went stale); nothing was written")
+            for a in upserts:
+                old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (a.id,)).fetchone()
+                if old is not None:  # rewritten: a new seq so index refreshes see it
+                    self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (a.id,))
+                    self._fts_del([-old[0]])
+                seq = self._x(
+                    "INSERT INTO engrain_mem_articles (id, skill, title, content, sources, metadata, created, updated,"
+                    " version, synthesizer, embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                    (a.id, a.skill, a.title, a.content, json.dumps(a.sources), json.dumps(a.metadata), a.created,
+                     a.updated, a.version, a.synthesizer, to_blob(a.embedding))).fetchone()[0]
+                a.seq = seq
+                self._fts_put(-seq, f"{a.title} {a.content}", a.skill)
+                self._vec("engrain_mem_articles", seq, a.embedding)
+            for aid in deletes:
+                old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (aid,)).fetchone()
+                if old is not None:
+                    self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (aid,))
+                    self._fts_del([-old[0]])
+            for rid, aid in assign.items():
+                self._x("UPDATE engrain_mem_records SET article_id = ? WHERE id = ?", (aid, rid))
+            if purge:
+                for i in range(0, len(purge), 500):
+                    chunk = list(purge[i:i + 500])
+                    self._x(f"DELETE FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
+                # No records_gen bump: in-process indexes already mask these rows by
+                # their expiry time, and a bump would force a full reload.
+                self._fts_del(purge)
+            if upserts or deletes:
+                self._bump("articles_gen")
+            self._bump("consolidations")
+            if done:
+                self._x("INSERT INTO engrain_mem_state (name, value) VALUES ('cursor', ?) ON CONFLICT (name) DO UPDATE "
+                        "SET value = CASE WHEN excluded.value > engrain_mem_state.value THEN excluded.value "
+                        "ELSE engrain_mem_state.value END", (max(done),))
+
+    def counts(self, now: float) -> dict[str, int]:
+        """Rows per tier (live records only)."""
+        with self._lock:
+            rec = self._x("SELECT COUNT(*) FROM engrain_mem_records WHERE expires IS NULL OR expires > ?", (now,)).fetchone()[0]
+            art = self._x("SELECT COUNT(*) FROM engrain_mem_articles").fetchone()[0]
+            buf = self._x("SELECT COUNT(*) FROM engrain_mem_buffer").fetchone()[0]
+        return {"records": int(rec), "buffer": int(buf), "articles": int(art)}

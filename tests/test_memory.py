@@ -1,0 +1,371 @@
+"""Skill memory on both backends with the real embedding model (all-MiniLM-L6-v2 int8 ONNX)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import engrain as eg
+from engrain._memory import Memory
+from engrain._memory.embed import MiniLMEmbedder, default_embedder
+from engrain._memory.synth import ExtractiveSynthesizer
+
+ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
+
+FACTS = [
+    ("Production deploys happen every Tuesday afternoon.", "ops"),
+    ("The staging database is rebuilt every night at 2am UTC.", "ops"),
+    ("Alice prefers short answers with bullet points.", "chat"),
+    ("The office coffee machine is on the third floor next to the lifts.", "chat"),
+    ("Invoices must be approved by the finance lead before payment.", "finance"),
+]
+
+
+@pytest.fixture(scope="session")
+def embedder() -> MiniLMEmbedder:
+    e = default_embedder()
+    e.embed(["warm up"])  # load the model once per session
+    return e  # type: ignore[return-value]
+
+
+@pytest.fixture
+def mem(store_url, embedder):
+    m = Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    yield m
+    m.close()
+
+
+def test_real_model_paraphrase_geometry(embedder):
+    v = embedder.embed(["How do I reset my password?", "I forgot my login secret, how can I change it?",
+                        "The train to Paris leaves at noon."])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-4)
+    assert v[0] @ v[1] > 0.5 > v[0] @ v[2]
+
+
+def test_paraphrase_recall(mem):
+    ids = {text: mem.remember(text, skill=skill) for text, skill in FACTS}
+    hits = mem.recall("which day of the week do we ship releases to prod?")
+    assert hits[0].id == ids[FACTS[0][0]]
+    assert hits[0].tier == "record" and hits[0].skill == "ops"
+    assert hits[0].score > hits[1].score
+    hits = mem.recall("where can I get a coffee in the building", top_k=1)
+    assert [h.id for h in hits] == [ids[FACTS[3][0]]]
+    assert hits[0].provenance["created"] <= time.time()
+
+
+def test_dedupe_and_stats(mem):
+    a = mem.remember("Deploy freeze starts on December 20.", skill="ops")
+    assert mem.remember("Deploy freeze starts on December 20.", skill="ops") == a
+    b = mem.remember("Deploy freeze starts on December 20.", skill="finance")
+    assert b != a
+    st = mem.stats()
+    assert (st["records"], st["buffer"], st["articles"]) == (2, 2, 0)
+
+
+def test_full_text_finds_exact_identifiers(mem):
+    mem.remember("Error code XJ-4471 means the license server is unreachable.", skill="support")
+    for i in range(8):
+        mem.remember(f"Support ticket number {i} was closed after a password reset.", skill="support")
+    hits = mem.recall("XJ-4471", skill="support", top_k=3)
+    assert "XJ-4471" in hits[0].content
+
+
+def test_skill_scoping(mem):
+    mem.remember("The deadline for the report is Friday.", skill="alpha")
+    mem.remember("The deadline for the report is Monday.", skill="beta")
+    hits = mem.recall("when is the report due?", skill="alpha")
+    assert hits and {h.skill for h in hits} == {"alpha"}
+    assert {h.skill for h in mem.recall("when is the report due?")} == {"alpha", "beta"}
+    assert mem.consolidate().formed == 2
+    alpha = [h for h in mem.recall("report deadline", skill="alpha") if h.tier == "article"][0]
+    # Fresh signal for beta after a cross-skill recall never rewrites alpha's article.
+    mem.recall("report deadline")
+    mem.remember("The report deadline moved to next Wednesday.", skill="beta")
+    s = mem.consolidate()
+    assert not s.errors
+    after = mem.store.articles(skill="alpha")
+    assert len(after) == 1 and after[0].content == alpha.content and after[0].version == 1
+    beta = mem.store.articles(skill="beta")
+    assert len(beta) == 1 and "Wednesday" in beta[0].content and beta[0].version == 2
+
+
+def test_ttl_expiry(mem):
+    keep = mem.remember("The wifi network is called engrain-guest.", skill="it")
+    gone = mem.remember("Today's temporary door code is 4312.", skill="it", ttl=0.4)
+    assert {h.id for h in mem.recall("door code", skill="it")} >= {gone}
+    time.sleep(0.5)
+    ids = {h.id for h in mem.recall("door code", skill="it")}
+    assert gone not in ids and keep in ids
+    assert mem.stats()["records"] == 1
+    s = mem.consolidate()
+    assert s.dropped >= 1 and s.formed == 1
+    assert all(gone not in a.sources for a in mem.store.articles())
+    with pytest.raises(eg.MemoryInputError, match="ttl"):
+        mem.remember("x", ttl=-1)
+
+
+def test_default_ttl(store_url, embedder):
+    m = Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer(), ttl=0.3)
+    try:
+        m.remember("Short-lived note about lunch.")
+        m.remember("Long-lived note about the roadmap.", ttl=3600)
+        time.sleep(0.4)
+        assert [h.content for h in m.recall("note")] == ["Long-lived note about the roadmap."]
+    finally:
+        m.close()
+
+
+def test_reconsolidation_rewrites_recalled_article(mem):
+    mem.remember("Production deploys happen every Tuesday afternoon.", skill="ops", metadata={"source": "runbook"})
+    mem.remember("Only the release manager may start a production deploy.", skill="ops", metadata={"source": "wiki"})
+    first = mem.consolidate()
+    assert first.formed >= 1 and first.reconsolidated == 0
+    hit = [h for h in mem.recall("when are production deploys?", skill="ops") if h.tier == "article"][0]
+    assert hit.provenance["version"] == 1
+    new = mem.remember("Since March 2026 production deploys moved from Tuesday to Thursday.", skill="ops",
+                       metadata={"source": "cto"})
+    s = mem.consolidate()
+    assert s.reconsolidated == 1 and s.formed == 0, s
+    art = mem.store.articles(ids=[hit.id])[0]
+    assert art.content != hit.content and "Thursday" in art.content and "source: cto" in art.content
+    assert art.version == 2 and new in art.sources and art.metadata["recalls"] == 1
+    assert mem.store.records([new])[new].article_id == art.id
+    # The synthesizer says it is offline, and dates stay in the text.
+    assert "offline" in s.synthesizer and time.strftime("%Y-", time.gmtime()) in art.content
+
+
+def test_no_fresh_signal_leaves_article_text(mem):
+    mem.remember("The on-call rotation changes every Monday at 9am.", skill="ops")
+    mem.consolidate()
+    before = mem.store.articles(skill="ops")[0]
+    mem.recall("when does on-call rotate?", skill="ops")
+    s = mem.consolidate()
+    after = mem.store.articles(skill="ops")[0]
+    assert s.reconsolidated == 0 and after.content == before.content and after.metadata["recalls"] == 1
+
+
+def test_exactly_once_across_repeated_consolidations(mem):
+    ids = [mem.remember(text, skill=skill) for text, skill in FACTS]
+    for i in range(5):
+        mem.remember(f"Meeting room {i} has a broken projector cable.", skill="facilities")
+    total = mem.stats()["buffer"]
+    flushed = 0
+    for method in ("FIFO", "LIFO", "FIFO", "LIFO", "FIFO", "LIFO"):
+        s = mem.consolidate(num_records=2, method=method)
+        assert not s.errors
+        flushed += s.flushed
+    assert flushed == total and mem.stats()["buffer"] == 0
+    again = mem.consolidate()
+    assert (again.flushed, again.formed, again.updated, again.reconsolidated) == (0, 0, 0, 0)
+    owners: dict[str, str] = {}
+    for a in mem.store.articles():
+        for rid in a.sources:
+            assert rid not in owners, "a record was folded into two articles"
+            owners[rid] = a.id
+    assert set(ids) <= set(owners)
+    assert mem.stats()["cursor"] >= total
+
+
+def test_two_consolidators_never_share_rows(store_url, embedder):
+    a = Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    b = Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        a.remember_many([{"data": f"Fact number {i} about the {w} project.", "skill": "proj"}
+                         for i, w in enumerate(["apollo", "gemini", "mercury", "artemis", "skylab", "voyager"])])
+        results = []
+        threads = [threading.Thread(target=lambda m=m: results.append(m.consolidate(num_records=3))) for m in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sum(r.flushed for r in results) == 6 and all(not r.errors for r in results)
+        sources = [s for art in a.store.articles() for s in art.sources]
+        assert len(sources) == len(set(sources)) == 6
+    finally:
+        a.close()
+        b.close()
+
+
+class _Broken:
+    name = "broken"
+
+    def synthesize(self, skill, records, previous):
+        raise RuntimeError("synthesis service down")
+
+
+def test_errors_are_reported_and_rows_kept(store_url, embedder):
+    m = Memory(store_url, embedder=embedder, synthesizer=_Broken())
+    try:
+        m.remember("A fact that cannot be synthesized yet.", skill="s")
+        s = m.consolidate()
+        assert s.errors and "synthesis service down" in s.errors[0] and s.kept == 1 and s.flushed == 0
+        m.synthesizer = ExtractiveSynthesizer()
+        s = m.consolidate()
+        assert not s.errors and s.formed == 1 and s.kept == 0
+    finally:
+        m.close()
+
+
+def test_export(mem, tmp_path):
+    mem.remember("Backups are kept for 35 days.", skill="ops", metadata={"source": "policy"})
+    mem.consolidate()
+    out = mem.export()
+    assert out.parent.name == "export"
+    files = list(out.glob("*.json"))
+    assert len(files) == 1
+    doc = json.loads(files[0].read_text())
+    assert doc["skill"] == "ops" and doc["sources"][0]["metadata"] == {"source": "policy"}
+
+
+def test_bad_input_is_typed(mem):
+    with pytest.raises(eg.MemoryInputError, match="data is empty"):
+        mem.remember("   ")
+    with pytest.raises(eg.MemoryInputError, match="data"):
+        mem.remember({"x": object()})
+    with pytest.raises(eg.MemoryInputError, match="query"):
+        mem.recall("")
+    with pytest.raises(eg.MemoryInputError, match="top_k"):
+        mem.recall("x", top_k=0)
+    with pytest.raises(eg.MemoryInputError, match="method"):
+        mem.consolidate(method="RANDOM")
+    with pytest.raises(eg.MemoryInputError, match="num_records"):
+        mem.consolidate(num_records=-3)
+    assert mem.stats()["records"] == 0
+
+
+def test_json_data_and_hint_boost(mem):
+    rid = mem.remember({"customer": "ACME", "plan": "enterprise"}, hint="billing")
+    other = mem.remember({"customer": "ACME", "plan": "enterprise", "seats": 40}, hint="sales")
+    hits = mem.recall("ACME plan", hint="billing", top_k=2)
+    assert hits[0].id == rid and other in {h.id for h in hits}
+
+
+def test_ann_index_matches_exact(tmp_path, embedder):
+    url = f"sqlite:///{tmp_path / 'ann.db'}"
+    exact = Memory(url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    ann = Memory(url, embedder=embedder, synthesizer=ExtractiveSynthesizer(), ann_threshold=100)
+    try:
+        exact.remember_many([f"Sensor {i} in hall {i % 7} reported {i * 3} degrees." for i in range(150)])
+        target = exact.remember("The cooling pump in the basement failed on Sunday.")
+        q = "basement pump broke down"
+        assert exact.recall(q, top_k=1)[0].id == ann.recall(q, top_k=1)[0].id == target
+        assert ann.stats()["vector_search"] == "hnswlib"
+    finally:
+        exact.close()
+        ann.close()
+
+
+def test_default_instance_and_cli(tmp_path):
+    rid = eg.memory.remember("The team lunch is on Fridays.", skill="team")
+    assert eg.memory.recall("when is lunch?", skill="team")[0].id == rid
+    url = os.environ["ENGRAIN_URL"]
+    run = lambda *a: subprocess.run([ENGRAIN, "memory", *a, "--url", url], capture_output=True, text=True, timeout=120)
+    r = run("remember", "Standup is at 9:30 every weekday.", "--skill", "team", "--meta", "source=handbook")
+    assert r.returncode == 0, r.stderr
+    r = run("recall", "what time is the daily standup", "--skill", "team", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["metadata"] == {"source": "handbook"}
+    r = run("consolidate", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["formed"] >= 1
+    r = run("stats", "--json")
+    assert json.loads(r.stdout)["articles"] >= 1
+    r = run("export")
+    assert r.returncode == 0 and list(__import__("pathlib").Path(r.stdout.strip()).glob("*.json"))
+    r = run("consolidate", "--method", "SIDEWAYS")
+    assert r.returncode == 2 and "method" in r.stderr
+
+
+def test_commit_refuses_an_article_changed_meanwhile(mem):
+    mem.remember("The release train leaves every second Wednesday.", skill="ops")
+    mem.consolidate()
+    art = mem.store.articles(skill="ops")[0]
+    stale = {art.id: art.version - 1}  # as if another consolidator rewrote it after we read it
+    with pytest.raises(eg.EngrainError, match="changed while this consolidation ran"):
+        mem.store.commit("t", [], [art], [], {}, stale)
+    assert mem.store.articles(skill="ops")[0].version == art.version
+
+
+def test_llm_synthesizer_prompt_keeps_dates_and_sources(store_url, embedder, monkeypatch):
+    from engrain._memory import synth
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    assert isinstance(synth.default_synthesizer(), synth.ExtractiveSynthesizer)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "not-used")
+    assert synth.default_synthesizer().name.startswith("llm (anthropic:")
+    llm = synth.LLMSynthesizer("openai", model="scripted")
+    seen: list[tuple[str, str]] = []
+    replies = iter(['{"title": "Deploys", "content": "Deploys are on Tuesdays (runbook)."}', "sorry, no JSON"])
+
+    def scripted(system: str, user: str) -> str:  # a scripted stand-in for the API call, not a real LLM
+        seen.append((system, user))
+        return next(replies)
+
+    llm._complete = scripted  # type: ignore[method-assign]
+    m = Memory(store_url, embedder=embedder, synthesizer=llm)
+    try:
+        m.remember("Deploys happen on Tuesdays.", skill="ops", metadata={"source": "runbook"})
+        s = m.consolidate()
+        assert s.formed == 1 and s.synthesizer == "llm (openai:scripted)"
+        system, user = seen[0]
+        assert "date" in system and "attribute" in system and "[source: runbook]" in user
+        assert time.strftime("[%Y-", time.gmtime()) in user
+        assert m.store.articles()[0].content == "Deploys are on Tuesdays (runbook)."
+        m.remember("Hotfixes may ship any day.", skill="ops")
+        s = m.consolidate()
+        assert s.errors and "no JSON" in s.errors[0] and s.kept == 1
+    finally:
+        m.close()
+
+
+def test_expired_sources_leave_articles(mem):
+    keep = mem.remember("Visitors sign in at the front desk on the ground floor.", skill="office")
+    temp = mem.remember("This week visitors sign in at the side entrance instead of the front desk.", skill="office",
+                        ttl=0.6)
+    solo = mem.remember("The parking permit for the guest spot expires soon.", skill="parking", ttl=0.6)
+    s = mem.consolidate()
+    assert s.formed >= 2
+    art = next(a for a in mem.store.articles(skill="office") if keep in a.sources)
+    assert temp in art.sources and "side entrance" in art.content
+    time.sleep(0.7)
+    s = mem.consolidate()
+    assert s.expired == 2 and s.removed == 1 and s.updated >= 1, s
+    after = mem.store.articles(ids=[art.id])[0]
+    assert after.sources == [keep] and "side entrance" not in after.content
+    assert mem.store.articles(skill="parking") == [] and mem.store.records([solo, temp]) == {}
+    assert mem.stats()["records"] == 1
+
+
+def test_unscoped_memory_reconsolidates_only_its_own_articles(mem):
+    mem.remember("The printer on floor two needs toner every month.")
+    mem.remember("The printer on floor two needs toner every month.", skill="office")
+    mem.consolidate()
+    office = mem.store.articles(skill="office")[0]
+    hits = mem.recall("printer toner", skill="")
+    assert hits and all(h.skill is None for h in hits)
+    mem.remember("Since June the floor two printer gets toner every two weeks.")
+    s = mem.consolidate()
+    assert s.reconsolidated == 1 and not s.errors
+    assert mem.store.articles(skill="office")[0].content == office.content
+    assert "two weeks" in mem.store.articles(skill="")[0].content
+
+
+def test_store_refuses_a_different_embedder(store_url, embedder):
+    Memory(store_url, embedder=embedder).close()
+
+    class Other:
+        name, dim = "other-model", 8
+
+        def embed(self, texts):
+            return np.ones((len(texts), 8), dtype=np.float32) / np.sqrt(8)
+
+    with pytest.raises(eg.ConfigError, match="other-model"):
+        Memory(store_url, embedder=Other())
