@@ -49,6 +49,15 @@ __version__ = "0.1.0"
 # ``import engrain`` stays fast. To export a lazy name, ADD one line here:
 # public name -> (module, attribute); an attribute of None exports the module.
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "compile_trace": ("._compiler", "compile_trace"),
+    "run_routine": ("._runner", "run_routine"),
+    "resume_routine": ("._runner", "resume_routine"),
+    "validate_routine": ("._routine", "validate_routine"),
+    "load_routine": ("._routine", "load_routine"),
+    "RoutineError": ("._errors", "RoutineError"),
+    "RoutineInputError": ("._errors", "RoutineInputError"),
+    "RoutineStepError": ("._errors", "RoutineStepError"),
+    "UnknownInputError": ("._errors", "UnknownInputError"),
     "sandbox": ("._sandbox", None),
     "Engine": ("._cache", "Engine"),
     "Check": ("._cache", "Check"),
@@ -82,6 +91,15 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "compile_trace",
+    "run_routine",
+    "resume_routine",
+    "validate_routine",
+    "load_routine",
+    "RoutineError",
+    "RoutineInputError",
+    "RoutineStepError",
+    "UnknownInputError",
     "ConsolidationSummary",
     "EmbeddingError",
     "Memory",

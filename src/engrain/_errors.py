@@ -159,3 +159,42 @@ class EmbeddingError(EngrainError):
 
 class MemoryInputError(EngrainError, ValueError):
     """Bad input to skill memory (``remember``, ``recall``, ``consolidate``); names the argument."""
+
+
+class RoutineError(EngrainError):
+    """A routine package is invalid; ``issues`` lists every problem (file, step id, field, message)."""
+
+    def __init__(self, path: str, issues: list):
+        self.path = path
+        self.issues = list(issues)
+        lines = "\n".join(f"  {i}" for i in self.issues)
+        super().__init__(f"routine {path!r} has {len(self.issues)} problem(s):\n{lines}")
+
+
+class RoutineInputError(EngrainError, ValueError):
+    """Inputs, answers or an output do not match the routine's schema; names the file and field."""
+
+    def __init__(self, where: str, field: str, message: str):
+        self.where = where
+        self.field = field
+        super().__init__(f"{where}: {field}: {message}")
+
+
+class RoutineStepError(StepFailedError):
+    """A routine step failed (tool error, failed assert, schema mismatch); the run is recorded as failed."""
+
+    def __init__(self, step_id: str, error_type: str, message: str):
+        self.step_id = step_id
+        super().__init__(step_id, error_type, message)
+
+
+class UnknownInputError(EngrainError, LookupError):
+    """A compiled UDF was called with arguments it has no recorded result for."""
+
+    def __init__(self, function: str, args: object):
+        self.function = function
+        self.args_seen = args
+        super().__init__(
+            f"udfs.py: {function}() has no recorded result for arguments {args!r}; "
+            "it only replays the calls seen in the trace (write the real function to generalize)"
+        )

@@ -1,0 +1,125 @@
+"""Routine run time: the compiled csv_report example, in process and through the CLI.
+
+In process: the median wall time of ``run_routine`` on the example package
+(fetch a CSV, two UDFs, a prompt answered up front, an assert, the return),
+every step journaled in a SQLite file store, next to
+  - the durable-run floor: ``engrain.run`` of an agent that does nothing
+    (run.started + lease + run.completed), which every journaled run pays;
+  - the scripted agent the routine was compiled from, run durably with the
+    same tools (its approval answered in the journal beforehand);
+  - the tool's own time (``fetch_csv`` reads a small local file), excluded.
+CLI: the median wall time of ``engrain run`` (process start to exit) and of
+``engrain --help`` (Python start-up plus the CLI's imports) for reference.
+
+There is no installable peer that runs em-core routine packages, so the
+comparison is with engrain's own durable agent run.
+
+Usage: python bench/routines.py [--quick]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "csv_report"
+PACKAGE = EXAMPLE / "routine"
+QUICK = "--quick" in sys.argv
+RUNS = 300 if QUICK else 2000
+CLI_RUNS = 5 if QUICK else 15
+
+
+def _agent():
+    spec = importlib.util.spec_from_file_location("csv_report_agent", EXAMPLE / "agent.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["csv_report_agent"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def median_ms(fn, n: int) -> float:
+    for _ in range(min(50, n)):
+        fn()  # warm caches (parsed package, validators, imported udfs)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    import engrain as eg
+
+    agent = _agent()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="engrain-bench-"))
+    try:
+        j = eg.open(f"sqlite:///{tmp / 'bench.db'}")
+        answers = {"step3": {}}
+        res = eg.run_routine(PACKAGE, agent.INPUTS, tools=agent.tools, journal=j, answers=answers)
+        assert res.status == "ok", res.error
+
+        routine = median_ms(lambda: eg.run_routine(PACKAGE, agent.INPUTS, tools=agent.tools, journal=j, answers=answers), RUNS)
+        floor = median_ms(lambda: eg.run(lambda task: None, "noop", journal=j), RUNS)
+        fetch = agent.fetch_csv.__wrapped__
+        tool = median_ms(lambda: fetch(agent.INPUTS["source"]), RUNS)
+
+        def agent_run() -> None:
+            rid = eg.new_run_id()
+            first = eg.run(agent.report_agent, "csv report", run_id=rid, inputs=agent.INPUTS, journal=j)
+            assert first.status == "needs_input"
+            eg.answer(rid, {"approved": True}, journal=j)
+            assert eg.run(agent.report_agent, "csv report", run_id=rid, inputs=agent.INPUTS, journal=j)
+
+        agent_ms = median_ms(agent_run, max(50, RUNS // 10))
+        mem = eg.open("sqlite:///:memory:")
+        routine_mem = median_ms(
+            lambda: eg.run_routine(PACKAGE, agent.INPUTS, tools=agent.tools, journal=mem, answers=answers), RUNS
+        )
+
+        def row(label: str, ms: float, note: str = "") -> None:
+            print(f"  {label:<48}{ms:9.3f} ms  {note}")
+
+        print(f"in-process, median of {RUNS} runs (csv_report routine: 1 tool, 2 UDFs, 1 prompt, 1 assert, return)")
+        row("engrain run_routine, SQLite file store", routine)
+        row(f"  minus tool time ({tool:.3f} ms)", routine - tool, "(target <= 1 ms)")
+        row("  durable-run floor (no-op engrain.run)", floor)
+        row("  routine layer (total - tool - floor)", routine - tool - floor)
+        row("engrain run_routine, SQLite :memory:", routine_mem)
+        row("scripted agent, durable (ask, answer, resume)", agent_ms)
+
+        ans = tmp / "answers.json"
+        ans.write_text(json.dumps(answers))
+        exe = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
+        url = f"sqlite:///{tmp / 'cli.db'}"
+        tools = f"{EXAMPLE / 'agent.py'}:tools"
+
+        def wall(args: list[str]) -> float:
+            times = []
+            for _ in range(CLI_RUNS):
+                t0 = time.perf_counter()
+                p = subprocess.run([exe, *args], capture_output=True, timeout=120, check=False)
+                times.append(time.perf_counter() - t0)
+                assert p.returncode == 0, p.stderr.decode()
+            return statistics.median(times) * 1000
+
+        run_ms = wall(["run", str(PACKAGE), "--tools", tools, "--answers", str(ans), "--url", url])
+        help_ms = wall(["--help"])
+        print(f"CLI, median of {CLI_RUNS} processes")
+        print(f"  {'engrain run examples/csv_report/routine':<48}{run_ms:9.1f} ms  (target <= 150 ms)")
+        print(f"  {'engrain --help (start-up reference)':<48}{help_ms:9.1f} ms")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""``engrain compile``, ``validate``, ``run``, ``resume``: routine packages.
+
+Exit codes of ``run`` and ``resume``: 0 ok, 1 the run failed (or an engrain
+error), 2 bad input (file, JSON, inputs or answers not matching the schema),
+3 the run waits for input (``needs_input``; answer with ``engrain resume``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from .common import (
+    JsonOption,
+    UrlOption,
+    command,
+    errors_as_exit,
+    fail,
+    open_store,
+    print_json,
+)
+
+#: Exit code of a run that paused on a ``prompt.user`` step.
+EXIT_NEEDS_INPUT = 3
+
+ToolsOption = Annotated[
+    str | None, typer.Option("--tools", help="Tool registry as module:attribute (default: engrain.tools).")
+]
+
+
+def _load_json(path: str, what: str) -> Any:
+    import json
+    import pathlib
+    import sys
+
+    try:
+        text = sys.stdin.read() if path == "-" else pathlib.Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise fail(f"{what} {path}: {e.strerror or e}", 2) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise fail(f"{what} {path}: not JSON (line {e.lineno}: {e.msg})", 2) from None
+
+
+def _report(result: Any, json_out: bool) -> None:
+    import json
+
+    if json_out:
+        print_json(result.to_dict())
+    elif result.status == "ok":
+        typer.echo(json.dumps(result.output, indent=2, ensure_ascii=False))
+    elif result.status == "needs_input":
+        p = result.prompt or {}
+        typer.echo(f"run {result.run_id} needs input (step {p.get('step')}): {p.get('prompt')}")
+        for f in p.get("fields") or []:
+            extra = f" options={f['options']}" if f.get("options") else ""
+            default = f" default={json.dumps(f['default'])}" if "default" in f else ""
+            typer.echo(f"  {f.get('name')} ({f.get('type', 'text')}){extra}{default}")
+        typer.echo(f"answer with: engrain resume {result.run_id} --answers answers.json")
+    else:
+        typer.echo(f"run {result.run_id} failed: {result.error}", err=True)
+    if result.status == "failed":
+        raise typer.Exit(1)
+    if result.status == "needs_input":
+        raise typer.Exit(EXIT_NEEDS_INPUT)
+
+
+@command
+def compile(
+    trace: Annotated[str, typer.Argument(help="Trace JSON file (engrain export, or the em-core format).")],
+    out: Annotated[str, typer.Option("-o", "--out", help="Folder to write the routine package to.")],
+    json_out: JsonOption = False,
+) -> None:
+    """Compile a trace into a routine package (routine.yaml, udfs.py, input.json, expected_output.json)."""
+    with errors_as_exit():
+        from .._compiler import compile_trace
+
+        path = compile_trace(trace, out)
+    files = sorted(p.name for p in path.iterdir() if p.is_file())
+    if json_out:
+        print_json({"path": str(path), "files": files})
+    else:
+        typer.echo(f"compiled {trace} -> {path} ({', '.join(files)})")
+
+
+@command
+def validate(
+    path: Annotated[str, typer.Argument(help="Routine package folder.")],
+    tools: ToolsOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Check a routine package without running it; exit 1 if it has problems."""
+    with errors_as_exit():
+        from .._routine import validate_routine
+        from .._runner import resolve_tools
+
+        issues = validate_routine(path, resolve_tools(tools) if tools else None)
+    if json_out:
+        print_json({"path": path, "valid": not issues, "issues": [i.to_dict() for i in issues]})
+    elif not issues:
+        typer.echo(f"{path}: ok")
+    else:
+        for i in issues:
+            typer.echo(f"{path}/{i}", err=True)
+    if issues:
+        raise typer.Exit(1)
+
+
+@command
+def run(
+    path: Annotated[str, typer.Argument(help="Routine package folder.")],
+    input: Annotated[str, typer.Option("--input", "-i", help="Inputs JSON file ('-' for stdin; default: the package's input.json).")] = "",
+    tools: ToolsOption = None,
+    sandbox: Annotated[bool, typer.Option("--sandbox", help="Run UDFs in the WASM sandbox even if trusted.")] = False,
+    answers: Annotated[str | None, typer.Option("--answers", help="JSON {step_id: {field: value}} for prompt steps.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (to resume a crashed run).")] = None,
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Run a routine package as a durable run. Exit 0 ok, 1 failed, 2 bad input, 3 needs input."""
+    import pathlib
+
+    inputs = _load_json(input, "--input") if input else _load_json(str(pathlib.Path(path) / "input.json"), "input")
+    given = _load_json(answers, "--answers") if answers else None
+    with errors_as_exit():
+        from .._runner import run_routine
+
+        result = run_routine(
+            path, inputs, tools=tools, run_id=run_id, journal=open_store(url), answers=given, sandbox=True if sandbox else None
+        )
+    _report(result, json_out)
+
+
+@command
+def resume(
+    run_id: Annotated[str, typer.Argument(help="Id of a routine run waiting for input.")],
+    answers: Annotated[str, typer.Option("--answers", help="Answers JSON file {field: value} ('-' for stdin).")],
+    tools: ToolsOption = None,
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Answer a paused routine run and continue it from the journal (exit codes as ``run``)."""
+    given = _load_json(answers, "--answers")
+    with errors_as_exit():
+        from .._runner import resume_routine
+
+        result = resume_routine(run_id, given, tools=tools, journal=open_store(url))
+    _report(result, json_out)

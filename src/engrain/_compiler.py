@@ -1,0 +1,441 @@
+"""Compile a trace into a routine package.
+
+A trace is either our own export of a journal run (``engrain.trace/1``) or the
+em-core format (``{version, app, mission, events[{type: tool_call|udf_call|
+approval, ...}], final_output}``). Failed attempts are dropped (only the call
+that succeeded is kept), LLM calls and ``udf_call`` events become UDFs that
+replay their recorded results, approvals become ``prompt.user`` steps with the
+recorded answer as default, and arguments are parameterized by provenance: a
+value becomes ``{{ inputs.x }}`` / ``{{ stepN.path }}`` only when it equals a
+(non-trivial) value seen earlier in the inputs or in a result.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import keyword
+import math
+import os
+import pathlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import EngrainError, RoutineError
+
+#: Values too common to be evidence of provenance (``True``, ``0``, ``"id"``...).
+_MIN_STRING = 3
+_MIN_SUBSTRING = 4
+_MAX_NODES = 20_000  # per source: bounds indexing time on huge results
+
+
+@dataclass(slots=True)
+class _Call:
+    """One successful call, prompt, or the final return, in trace order."""
+
+    kind: str  # tool | udf | prompt
+    name: str
+    args: dict[str, Any]
+    result: Any = None
+    prompt: str = ""
+    fields: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Trace:
+    name: str
+    description: str
+    inputs: dict[str, Any]
+    calls: list[_Call]
+    output: Any
+    version: str = "1"
+
+
+def _slug(text: str) -> str:
+    s = re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+    return s[:60] or "routine"
+
+
+def _read_trace(trace: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+    if isinstance(trace, dict):
+        return trace
+    path = pathlib.Path(trace)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise EngrainError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict):
+        raise EngrainError(f"{path}: a trace must be a JSON object")
+    return data
+
+
+def _from_engrain(data: dict[str, Any]) -> _Trace:
+    """Our own trace: fold the journal events into the calls that completed."""
+    events = data.get("events") or []
+    run = data.get("run") or {}
+    started = next((e.get("data") or {} for e in events if e.get("kind") == "run.started"), {})
+    inputs = started.get("inputs", run.get("inputs")) or {}
+    task = str(started.get("task", run.get("task", "")) or "")
+    calls: dict[int, _Call] = {}
+    order: list[int] = []
+    output: Any = None
+    for e in events:
+        kind, d = e.get("kind"), e.get("data") or {}
+        cid = d.get("call_id")
+        if kind == "step.started" and cid not in calls:
+            stype = d.get("type", "tool")
+            if stype == "clock":
+                continue  # engrain.now(): the routine reads the real clock
+            kind_ = "udf" if stype in ("udf", "llm") else "tool"
+            calls[cid] = _Call(kind_, e.get("name", ""), d.get("args") or {})
+            calls[cid].result = _MISSING
+            order.append(cid)
+        elif kind == "step.completed" and cid in calls:
+            calls[cid].result = d.get("result")
+        elif kind == "step.failed" and cid in calls:
+            calls[cid].result = _MISSING
+        elif kind == "input.requested":
+            c = _Call("prompt", e.get("name", ""), {}, _MISSING, str(d.get("prompt", "")), list(d.get("fields") or []))
+            calls[cid] = c
+            order.append(cid)
+        elif kind == "input.received" and cid in calls:
+            calls[cid].result = d.get("answers")
+        elif kind == "run.completed":
+            output = d.get("output")
+    if not any(e.get("kind") == "run.completed" for e in events):
+        raise EngrainError(
+            f"trace of run {run.get('run_id', '?')!r} has no run.completed event: only a finished, successful run compiles"
+        )
+    kept = [calls[c] for c in order if calls[c].result is not _MISSING]
+    return _Trace(_slug(task), task, inputs if isinstance(inputs, dict) else {"input": inputs}, kept, output)
+
+
+def _from_emcore(data: dict[str, Any]) -> _Trace:
+    app = data.get("app") or {}
+    mission = data.get("mission") or {}
+    inputs = mission.get("input_summary") or {}
+    calls: list[_Call] = []
+    for i, e in enumerate(sorted(data.get("events") or [], key=lambda e: e.get("seq", 0))):
+        if not isinstance(e, dict):
+            raise EngrainError(f"em-core trace: events[{i}] must be an object")
+        if e.get("error"):
+            continue  # a failed attempt: the retry that succeeded follows it
+        t = e.get("type")
+        if t == "tool_call":
+            calls.append(_Call("tool", str(e.get("tool", "")), e.get("args") or {}, e.get("result")))
+        elif t == "udf_call":
+            calls.append(_Call("udf", str(e.get("function", "")), e.get("args") or {}, e.get("result")))
+        elif t == "approval":
+            calls.append(_Call("prompt", "approval", {}, e.get("answer"), str(e.get("prompt", ""))))
+        else:
+            raise EngrainError(f"em-core trace: events[{i}].type {t!r} is not tool_call, udf_call or approval")
+    name = str(app.get("name") or mission.get("goal") or "routine")
+    goal = str(mission.get("goal", ""))
+    inputs = inputs if isinstance(inputs, dict) else {"input": inputs}
+    return _Trace(_slug(name), goal, inputs, calls, data.get("final_output"), str(app.get("version") or "1"))
+
+
+class _MissingType:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _MissingType()
+
+
+def _trivial(v: Any) -> bool:
+    if v is None or isinstance(v, bool):
+        return True
+    if isinstance(v, (int, float)):
+        return abs(v) < 2
+    if isinstance(v, str):
+        return len(v) < _MIN_STRING
+    if isinstance(v, (list, dict)):
+        return len(v) == 0
+    return True
+
+
+def _key(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def _child(path: str, k: Any) -> str | None:
+    if isinstance(k, int):
+        return f"{path}[{k}]"
+    if isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k):
+        return f"{path}.{k}"
+    return None  # not addressable by a template path
+
+
+class _Provenance:
+    """Values seen so far (inputs first, then results in order) and where they came from."""
+
+    def __init__(self) -> None:
+        self.whole: dict[str, str] = {}
+        self.strings: list[tuple[str, str]] = []
+
+    def add(self, path: str, value: Any) -> None:
+        stack = [(path, value)]
+        n = 0
+        while stack and n < _MAX_NODES:
+            p, v = stack.pop(0)
+            n += 1
+            if not _trivial(v):
+                self.whole.setdefault(_key(v), p)
+                if isinstance(v, str) and len(v) >= _MIN_SUBSTRING and "\n" not in v:
+                    self.strings.append((v, p))
+            if isinstance(v, dict):
+                stack.extend((c, x) for k, x in v.items() if (c := _child(p, k)) is not None)
+            elif isinstance(v, list):
+                stack.extend((f"{p}[{i}]", x) for i, x in enumerate(v))
+        self.strings.sort(key=lambda s: -len(s[0]))
+
+    def param(self, v: Any, placeholder: Any) -> Any:
+        if not _trivial(v):
+            hit = self.whole.get(_key(v))
+            if hit is not None:
+                return placeholder(hit)
+        if isinstance(v, dict):
+            return {k: self.param(x, placeholder) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self.param(x, placeholder) for x in v]
+        if isinstance(v, str):
+            return self._substrings(v, placeholder)
+        return v
+
+    def _substrings(self, text: str, placeholder: Any) -> str:
+        # Longest known strings first; each span of text is replaced at most once.
+        spans: list[tuple[int, int, str]] = []
+        for s, p in self.strings:
+            if len(s) >= len(text):
+                continue
+            start = text.find(s)
+            while start != -1:
+                end = start + len(s)
+                if all(end <= a or start >= b for a, b, _ in spans):
+                    spans.append((start, end, p))
+                start = text.find(s, end)
+        if not spans:
+            return escape(text)
+        out, pos = [], 0
+        for a, b, p in sorted(spans):
+            out.append(escape(text[pos:a]))
+            out.append(placeholder(p))
+            pos = b
+        out.append(escape(text[pos:]))
+        return "".join(out)
+
+
+def escape(text: str) -> str:
+    """Recorded text as a template that renders back to itself (a literal ``{{`` is escaped)."""
+    from ._template import escape as _escape
+
+    return _escape(text)
+
+
+def _literal_template(v: Any) -> Any:
+    if isinstance(v, str):
+        return escape(v)
+    if isinstance(v, dict):
+        return {k: _literal_template(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_literal_template(x) for x in v]
+    return v
+
+
+def _ident(name: str, taken: set[str]) -> str:
+    base = re.sub(r"\W", "_", name, flags=re.ASCII).strip("_") or "udf"
+    if base[0].isdigit() or keyword.iskeyword(base):
+        base = f"udf_{base}"
+    out, n = base, 2
+    while out in taken:
+        out, n = f"{base}_{n}", n + 1
+    taken.add(out)
+    return out
+
+
+def _literal(v: Any) -> str:
+    """A Python literal for a JSON value (valid for any string and float)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return f'float("{v}")'
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_literal(str(k))}: {_literal(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_literal(x) for x in v) + "]"
+    return repr(v)
+
+
+_UDF_HEADER = '''"""UDFs compiled by engrain from a trace.
+
+Each function replays the results recorded in the trace for the arguments it
+was called with, and raises UnknownInputError for any other arguments: its real
+behaviour could not be derived from the trace. Replace a function's body with
+real code to generalize the routine.
+"""
+
+try:
+    from engrain import UnknownInputError
+except ImportError:  # inside the UDF sandbox engrain is not importable
+
+    class UnknownInputError(LookupError):
+        def __init__(self, function, args):
+            super().__init__(f"udfs.py: {function}() has no recorded result for arguments {args!r}")
+
+
+def _same(a, b):
+    """JSON equality that tells True from 1 and 1 from 1.0 apart."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _copy(v):
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_copy(x) for x in v]
+    return v
+
+
+def _replay(name, table, args):
+    for seen, result in table:
+        if _same(seen, args):
+            return _copy(result)
+    raise UnknownInputError(name, args)
+'''
+
+
+def _udfs_source(udfs: dict[str, list[tuple[dict[str, Any], Any]]]) -> str:
+    parts = [_UDF_HEADER]
+    for fname, records in udfs.items():
+        keys = [list(a) for a, _ in records]
+        same = all(k == keys[0] for k in keys)
+        simple = same and all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_") for k in keys[0])
+        table = f"_{fname.upper()}_CALLS"
+        rows = "".join(f"    ({_literal(a)}, {_literal(r)}),\n" for a, r in records)
+        parts.append(f"\n\n{table} = [\n{rows}]\n")
+        if simple:
+            params = ", ".join(keys[0])
+            pack = "{" + ", ".join(f"{k!r}: {k}" for k in keys[0]) + "}"
+            parts.append(f"\n\ndef {fname}({params}):\n    return _replay({fname!r}, {table}, {pack})\n")
+        else:
+            parts.append(f"\n\ndef {fname}(**kwargs):\n    return _replay({fname!r}, {table}, kwargs)\n")
+    source = "".join(parts)
+    ast.parse(source, "udfs.py")  # never emit invalid Python
+    return source
+
+
+def _schema_of(v: Any, depth: int = 0) -> dict[str, Any]:
+    t = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object", type(None): "null"}[type(v)]
+    if t == "object" and depth == 0:
+        return {"type": "object", "properties": {k: _schema_of(x, 1) for k, x in v.items()}, "required": list(v)}
+    return {"type": "number"} if t == "integer" and depth > 0 else {"type": t}
+
+
+def _prompt_fields(call: _Call) -> tuple[list[dict[str, Any]], Any]:
+    """prompt.user fields with the recorded answers as defaults, and the answers as a dict."""
+    ans = call.result
+    if isinstance(call.fields, list) and call.fields and all(isinstance(f, dict) and "name" in f for f in call.fields):
+        fields = []
+        for f in call.fields:
+            f = {k: v for k, v in f.items() if k in ("name", "type", "options", "default", "label")}
+            f.setdefault("type", "text")
+            if isinstance(ans, dict) and f["name"] in ans:
+                f["default"] = _literal_template(ans[f["name"]])
+            fields.append(f)
+        return fields, ans
+    if not isinstance(ans, dict):
+        ans = {"approved": ans} if isinstance(ans, bool) or ans is None else {"answer": ans}
+    fields = []
+    for k, v in ans.items():
+        ftype = "boolean" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else "text"
+        f: dict[str, Any] = {"name": str(k), "type": ftype}
+        if v is not None:
+            f["default"] = _literal_template(v if ftype != "text" or isinstance(v, str) else json.dumps(v))
+        fields.append(f)
+    return fields, ans
+
+
+def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> pathlib.Path:
+    """Compile ``trace`` (a dict or a JSON file) into a routine package in ``out_dir``; return the folder.
+
+    Writes ``routine.yaml``, ``udfs.py`` (when the trace has UDF or LLM calls),
+    ``input.json`` (the recorded inputs) and ``expected_output.json``. The package
+    is validated before this returns (:class:`~engrain.RoutineError` otherwise).
+    """
+    import yaml
+
+    from . import _template
+    from ._routine import validate_routine
+    from ._trace import TRACE_FORMAT
+
+    data = _read_trace(trace)
+    if data.get("format") == TRACE_FORMAT or (data.get("events") and "kind" in (data["events"][0] or {})):
+        t = _from_engrain(data)
+    elif "events" in data and ("mission" in data or "app" in data or "version" in data):
+        t = _from_emcore(data)
+    else:
+        raise EngrainError("unknown trace format: expected engrain.trace/1 or em-core {version, app, mission, events}")
+
+    prov = _Provenance()
+    prov.add("inputs", t.inputs)
+    ph = _template.placeholder
+    steps: list[dict[str, Any]] = []
+    tools: dict[str, dict[str, Any]] = {}
+    udfs: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    udf_names: dict[str, str] = {}
+    taken: set[str] = set()
+    for call in t.calls:
+        sid = f"step{len(steps) + 1}"
+        if call.kind == "tool":
+            tools.setdefault(call.name, {})
+            steps.append({"id": sid, "type": "tool.call", "tool": call.name, "args": {k: prov.param(v, ph) for k, v in call.args.items()}})
+        elif call.kind == "udf":
+            fname = udf_names.get(call.name) or udf_names.setdefault(call.name, _ident(call.name, taken))
+            records = udfs.setdefault(fname, [])
+            if not any(_key(a) == _key(call.args) for a, _ in records):
+                records.append((call.args, call.result))
+            steps.append({"id": sid, "type": "udf.call", "function": fname, "args": {k: prov.param(v, ph) for k, v in call.args.items()}})
+        else:
+            fields, answers = _prompt_fields(call)
+            call.result = answers
+            steps.append({"id": sid, "type": "prompt.user", "prompt": prov.param(call.prompt, ph), "fields": fields})
+            if answers.get("approved") is True:
+                prov.add(sid, call.result)
+                steps.append({
+                    "id": f"step{len(steps) + 1}",
+                    "type": "assert",
+                    "expr": f"{sid}.approved",
+                    "message": f"not approved: {steps[-1]['prompt']}",
+                })
+                continue
+        prov.add(sid, call.result)
+    steps.append({"id": "result", "type": "return", "value": prov.param(t.output, ph)})
+    routine: dict[str, Any] = {
+        "name": t.name,
+        "description": t.description or f"compiled from a trace of {t.name}",
+        "version": t.version,
+        "trusted": True,
+        "inputs": _schema_of(t.inputs),
+        "output": {"type": _schema_of(t.output)["type"]},
+    }
+    if tools:
+        routine["tools"] = tools
+    routine["steps"] = steps
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "routine.yaml").write_text(
+        yaml.safe_dump(routine, sort_keys=False, allow_unicode=True, width=100), encoding="utf-8"
+    )
+    if udfs:
+        (out / "udfs.py").write_text(_udfs_source(udfs), encoding="utf-8")
+    (out / "input.json").write_text(json.dumps(t.inputs, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "expected_output.json").write_text(json.dumps(t.output, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    issues = validate_routine(out)
+    if issues:
+        raise RoutineError(str(out), issues)
+    return out

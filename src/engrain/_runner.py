@@ -1,0 +1,388 @@
+"""Run routine packages as durable runs, and resume them after a human answers.
+
+:func:`run_routine` executes the steps of a loaded :class:`~engrain._routine.Routine`
+inside :func:`engrain.run`: every tool and UDF call is a journaled step (so a
+restarted run replays instead of calling again), a ``prompt.user`` step pauses
+the run with status ``needs_input``, and :func:`resume_routine` records the
+answers and continues from the journal. ``when`` and ``assert`` are evaluated
+by the sandboxed expression evaluator; nothing in the routine text is ever
+passed to ``eval``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import _events as ev
+from ._durable import RunResult, _current, default_journal, run
+from ._errors import (
+    ConflictError,
+    EngrainError,
+    LeaseHeldError,
+    NondeterminismError,
+    RoutineInputError,
+    RoutineStepError,
+    RunNotFoundError,
+)
+from ._routine import Routine, Step, load_routine
+
+#: Tag on every routine run; the run's recorded inputs name the routine folder.
+ROUTINE_TAG = "routine"
+_PROPAGATE = (NondeterminismError, ConflictError, LeaseHeldError)
+
+_lock = threading.Lock()
+
+
+def resolve_tools(tools: Any) -> Any:
+    """A tool registry from ``None`` (``engrain.tools``), a ``"module:attr"`` string, or a registry/mapping."""
+    if tools is None:
+        from ._tools import tools as default
+
+        return default
+    if isinstance(tools, str):
+        import importlib
+
+        mod_name, sep, attr = tools.rpartition(":")
+        if not sep or not mod_name or not attr:
+            raise RoutineInputError("--tools", tools, "expected 'module:registry' or 'path/to/file.py:registry'")
+        try:
+            if mod_name.endswith(".py"):
+                import importlib.util
+                import sys
+
+                file = pathlib.Path(mod_name).resolve()
+                key = f"engrain_tools_{file.stem}_{abs(hash(str(file))):x}"
+                mod = sys.modules.get(key)
+                if mod is None:
+                    spec = importlib.util.spec_from_file_location(key, file)
+                    if spec is None or spec.loader is None:
+                        raise ImportError(f"cannot load {file}")
+                    mod = importlib.util.module_from_spec(spec)
+                    sys.modules[key] = mod
+                    spec.loader.exec_module(mod)  # the operator named this file on purpose
+            else:
+                mod = importlib.import_module(mod_name)
+            obj = getattr(mod, attr)
+        except (ImportError, AttributeError, OSError) as e:
+            raise RoutineInputError("--tools", tools, f"cannot load the registry: {e}") from None
+        return obj
+    return tools
+
+
+def _schema_error(routine: Routine, key: str, schema: dict[str, Any], value: Any) -> tuple[str, str] | None:
+    """``(field path, message)`` of the first schema violation, or ``None``."""
+    err = routine.validator(key, schema)(value)
+    if err is None:
+        return None
+    return err[0] or "(root)", err[1]
+
+
+def check_inputs(routine: Routine, inputs: Any) -> None:
+    """Raise :class:`~engrain.RoutineInputError` naming the field if ``inputs`` break the schema."""
+    if not isinstance(inputs, dict):
+        raise RoutineInputError("inputs", "(root)", f"must be a JSON object, got {type(inputs).__name__}")
+    bad = _schema_error(routine, "inputs", routine.inputs, inputs)
+    if bad:
+        raise RoutineInputError(f"inputs of routine {routine.name!r}", f"inputs.{bad[0]}", bad[1])
+
+
+def _udf_module(routine: Routine) -> Any:
+    """udfs.py of a trusted routine, imported once per loaded package (so once per file version)."""
+    mod = routine.udf_module
+    if mod is None:
+        import importlib.util
+
+        with _lock:
+            if routine.udf_module is None:
+                name = f"engrain_routine_udfs_{id(routine):x}"
+                spec = importlib.util.spec_from_file_location(name, routine.udfs_path)
+                assert spec is not None and spec.loader is not None
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)  # trusted routines only: their owner vouched for this code
+                routine.udf_module = mod
+        mod = routine.udf_module
+    return mod
+
+
+def _sandbox_host(routine: Routine) -> Any:
+    """One sandbox host per loaded package (a changed udfs.py makes a new Routine, so a new host)."""
+    host = routine.sandbox_host
+    if host is None:
+        from ._sandbox import SandboxUdfHost
+
+        host = routine.sandbox_host = SandboxUdfHost(routine.udfs_path)
+    return host
+
+
+class _RoutineRun:
+    """The state of one routine run: its scope, tools and UDF callers."""
+
+    def __init__(self, routine: Routine, registry: Any, sandbox: bool, answers: dict[str, Any] | None):
+        self.routine = routine
+        self.registry = registry
+        self.sandbox = sandbox
+        self.answers = answers or {}
+        self.prompted: str | None = None
+        self._functions: dict[str, Callable[..., Any]] | None = None
+
+    def udf(self, name: str, args: dict[str, Any]) -> Any:
+        ctx = _current.get()
+        if self.sandbox:
+            host = _sandbox_host(self.routine)
+            return ctx.call(name, "udf", args, lambda: host.call(name, args))
+        fn = getattr(_udf_module(self.routine), name)
+        return ctx.call(name, "udf", args, lambda: fn(**args))
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        """UDFs callable from expressions; each call is a journaled step like ``udf.call``."""
+        if self._functions is None:
+            fns: dict[str, Callable[..., Any]] = {}
+            for info in self.routine.udfs.values():
+
+                def call(*a: Any, _info: Any = info, **kw: Any) -> Any:
+                    if len(a) > len(_info.params):
+                        raise TypeError(f"{_info.name}() takes {len(_info.params)} arguments, got {len(a)}")
+                    return self.udf(_info.name, {**dict(zip(_info.params, a)), **kw})
+
+                fns[info.name] = call
+            self._functions = fns
+        return self._functions
+
+    def tool(self, step: Step, args: dict[str, Any]) -> Any:
+        name = step.spec["tool"]
+        decl = self.routine.tools.get(name) or {}
+        if "args" in decl:
+            bad = _schema_error(self.routine, f"tools.{name}.args", decl["args"], args)
+            if bad:
+                raise RoutineStepError(step.id, "SchemaError", f"tool {name!r} args.{bad[0]}: {bad[1]}")
+        try:
+            fn = self.registry.get(name) if hasattr(self.registry, "get") else self.registry[name]
+        except KeyError as e:
+            raise RoutineStepError(step.id, "ToolNotFound", str(e.args[0] if e.args else e)) from None
+        if fn is None:
+            raise RoutineStepError(step.id, "ToolNotFound", f"no tool named {name!r}")
+        meta = getattr(fn, "__engrain_step__", None)
+        # A registered @engrain.tool journals itself; call the function it wraps so
+        # the routine journals exactly one step, with the routine's tool name.
+        inner = getattr(fn, "__wrapped__", fn) if meta else fn
+        kind = meta["type"] if meta else "tool"
+        result_schema = decl.get("result")
+
+        def thunk() -> Any:
+            out = inner(**args)
+            if hasattr(out, "__await__"):
+                import asyncio
+
+                out = asyncio.run(_await(out))
+            if result_schema is not None:
+                bad = _schema_error(self.routine, f"tools.{name}.result", result_schema, out)
+                if bad:
+                    raise RoutineStepError(step.id, "SchemaError", f"tool {name!r} result.{bad[0]}: {bad[1]}")
+            return out
+
+        return _current.get().call(name, kind, args, thunk)
+
+    def ask(self, step: Step, scope: dict[str, Any]) -> Any:
+        from . import _template
+
+        spec = step.spec
+        req = _template.render({"prompt": spec["prompt"], "fields": spec["fields"]}, scope, f"step {step.id!r}")
+        ctx = _current.get()
+        given = self.answers.get(step.id)
+        if given is not None and ctx.cursor not in ctx.steps:
+            # Answers supplied up front: journal the request and its answer together.
+            answers = coerce_answers(req["fields"], given, where=f"answers.{step.id}")
+            call_id = ctx.cursor
+            ctx.cursor += 1
+            ctx.append(ev.INPUT_REQUESTED, step.id, {"call_id": call_id, **req}, durable=False)
+            ctx.append(ev.INPUT_RECEIVED, step.id, {"call_id": call_id, "answers": answers})
+            return answers
+        self.prompted = step.id
+        return ctx.ask(req["prompt"], req["fields"], name=step.id)
+
+    def __call__(self, task: str, inputs: dict[str, Any], **_: Any) -> Any:
+        from . import _template
+
+        scope: dict[str, Any] = {"inputs": inputs}
+        routine = self.routine
+        for step in routine.steps:
+            try:
+                if step.when_expr is not None and not step.when_expr.evaluate(
+                    scope, self.functions() if step.when_expr.calls else None, "when"
+                ):
+                    continue
+                t = step.type
+                if t == "tool.call":
+                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else step.spec.get("args") or {}
+                    result = self.tool(step, args)
+                elif t == "udf.call":
+                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else step.spec.get("args") or {}
+                    result = self.udf(step.spec["function"], args)
+                elif t == "assert":
+                    result = step.assert_expr.evaluate(scope, self.functions() if step.assert_expr.calls else None, "expr")
+                    if not result:
+                        msg = step.spec.get("message")
+                        text = _template.render(msg, scope, f"step {step.id!r} field 'message'") if msg else f"assertion failed: {step.spec['expr']}"
+                        raise RoutineStepError(step.id, "AssertionFailed", str(text))
+                elif t == "prompt.user":
+                    result = self.ask(step, scope)
+                else:  # return
+                    value = _template.render(step.spec.get("value"), scope, f"step {step.id!r} field 'value'") if step.dynamic else step.spec.get("value")
+                    if routine.output is not None:
+                        bad = _schema_error(routine, "output", routine.output, value)
+                        if bad:
+                            raise RoutineStepError(step.id, "SchemaError", f"output.{bad[0]}: {bad[1]}")
+                    return value
+            except (RoutineStepError, *_PROPAGATE):
+                raise
+            except Exception as e:
+                raise RoutineStepError(step.id, type(e).__name__, str(e)) from e
+            scope[step.id] = result
+            if step.save_as:
+                scope[step.save_as] = result
+        raise RoutineStepError(routine.steps[-1].id, "NoReturn", "the routine ended without reaching a return step")
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+def run_routine(
+    path: str | os.PathLike[str],
+    inputs: dict[str, Any],
+    tools: Any = None,
+    run_id: str | None = None,
+    journal: Any = None,
+    answers: dict[str, dict[str, Any]] | None = None,
+    sandbox: bool | None = None,
+) -> RunResult:
+    """Run the routine package at ``path`` durably with ``inputs``; return its :class:`~engrain.RunResult`.
+
+    ``tools`` is a :class:`~engrain.ToolRegistry`, a mapping, or ``"module:registry"``
+    (default ``engrain.tools``). ``answers`` maps a ``prompt.user`` step id to its
+    answers, so the run does not pause there. UDFs of untrusted routines (``trusted:
+    false``) or with ``sandbox=True`` run in the WASM sandbox. Bad inputs raise
+    :class:`~engrain.RoutineInputError` before the run starts; a failing step ends
+    the run with status ``failed``; a prompt ends it with ``needs_input``.
+    """
+    routine = load_routine(path)
+    check_inputs(routine, inputs)
+    registry = resolve_tools(tools)
+    use_sandbox = (not routine.trusted) if sandbox is None else bool(sandbox)
+    execution = _RoutineRun(routine, registry, use_sandbox, answers)
+    recorded = {
+        "routine": str(routine.path),
+        "inputs": inputs,
+        "sandbox": use_sandbox,
+        "tools": _portable(tools) if isinstance(tools, str) else None,
+    }
+    result = run(execution, f"routine {routine.name}", run_id=run_id, inputs=recorded, tags=[ROUTINE_TAG], journal=journal)
+    if result.status == "needs_input" and result.prompt is not None:
+        result.prompt = {"step": execution.prompted, **result.prompt}
+    return result
+
+
+def _portable(spec: str) -> str:
+    """A ``file.py:attr`` tools spec with an absolute path, so a resume from elsewhere finds it."""
+    mod, _, attr = spec.rpartition(":")
+    return f"{pathlib.Path(mod).resolve()}:{attr}" if mod.endswith(".py") else spec
+
+
+def _parse_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("true", "yes", "y", "1", "on"):
+            return True
+        if v in ("false", "no", "n", "0", "off"):
+            return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def coerce_answers(fields: list[dict[str, Any]], answers: Any, where: str = "answers") -> dict[str, Any]:
+    """Answers checked against the prompt's fields; numbers and booleans parsed from strings."""
+    if not isinstance(answers, dict):
+        raise RoutineInputError(where, "(root)", f"must be a JSON object, got {type(answers).__name__}")
+    known = {f["name"] for f in fields}
+    for extra in sorted(set(answers) - known):
+        raise RoutineInputError(where, extra, f"no such field (fields: {', '.join(sorted(known))})")
+    out: dict[str, Any] = {}
+    for f in fields:
+        name, ftype = f["name"], f.get("type", "text")
+        if name in answers:
+            value = answers[name]
+        elif "default" in f:
+            value = f["default"]
+        elif f.get("required", True):
+            raise RoutineInputError(where, name, "required (no default)")
+        else:
+            continue
+        if ftype == "number":
+            if isinstance(value, str):
+                try:
+                    value = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+                except ValueError:
+                    raise RoutineInputError(where, name, f"{value!r} is not a number") from None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise RoutineInputError(where, name, f"{value!r} is not a number")
+        elif ftype == "boolean":
+            parsed = _parse_bool(value)
+            if parsed is None:
+                raise RoutineInputError(where, name, f"{value!r} is not a boolean (true/false)")
+            value = parsed
+        elif ftype == "select":
+            options = f.get("options") or []
+            if value not in options:
+                raise RoutineInputError(where, name, f"{value!r} is not one of {options!r}")
+        elif not isinstance(value, str):
+            raise RoutineInputError(where, name, f"{value!r} is not text")
+        out[name] = value
+    return out
+
+
+def resume_routine(
+    run_id: str,
+    answers: dict[str, Any],
+    tools: Any = None,
+    journal: Any = None,
+    sandbox: bool | None = None,
+) -> RunResult:
+    """Answer the prompt a ``needs_input`` routine run waits for, and continue it from the journal.
+
+    The routine folder, inputs, tool registry spec and sandbox mode come from the
+    run's ``run.started`` event. Answers are validated against the prompt's fields
+    (:class:`~engrain.RoutineInputError` naming the field).
+    """
+    from ._durable import answer, steps_of
+
+    j = journal or default_journal()
+    events = j.read(run_id)
+    if not events:
+        raise RunNotFoundError(run_id)
+    started = events[0].data
+    rec = started.get("inputs") or {}
+    if ROUTINE_TAG not in (started.get("tags") or []) or "routine" not in rec:
+        raise EngrainError(f"run {run_id!r} is not a routine run (task {started.get('task')!r})")
+    waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
+    if not waiting:
+        raise EngrainError(f"run {run_id!r} is not waiting for input")
+    step = waiting[-1]
+    fields = step.args.get("fields") or []
+    answer(run_id, coerce_answers(fields, answers, where=f"answers to step {step.name!r}"), journal=j)
+    root = pathlib.Path(rec["routine"])
+    return run_routine(
+        root,
+        rec.get("inputs") or {},
+        tools=tools if tools is not None else rec.get("tools"),
+        run_id=run_id,
+        journal=j,
+        sandbox=rec.get("sandbox") if sandbox is None else sandbox,
+    )

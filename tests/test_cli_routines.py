@@ -1,0 +1,96 @@
+"""`engrain compile / validate / run / resume` through the installed console script, on a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "csv_report"
+PACKAGE = EXAMPLE / "routine"
+TOOLS = f"{EXAMPLE / 'agent.py'}:tools"
+
+
+def cli(*args: str, cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([ENGRAIN, *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False)
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'cli.db'}"
+
+
+def test_compile_validate_run_resume(tmp_path, url):
+    out = tmp_path / "pkg"
+    r = cli("compile", str(EXAMPLE / "trace.json"), "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["files"] == ["expected_output.json", "input.json", "routine.yaml", "udfs.py"]
+    assert (out / "routine.yaml").read_text() == (PACKAGE / "routine.yaml").read_text()
+
+    r = cli("validate", str(out), "--tools", TOOLS, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"path": str(out), "valid": True, "issues": []}
+
+    r = cli("run", str(out), "--input", str(out / "input.json"), "--tools", TOOLS, "--url", url, "--json")
+    assert r.returncode == 3, r.stderr  # needs_input
+    paused = json.loads(r.stdout)
+    assert paused["status"] == "needs_input" and paused["prompt"]["step"] == "step3"
+
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"approved": "maybe"}))
+    r = cli("resume", paused["run_id"], "--answers", str(answers), "--url", url)
+    assert r.returncode == 2 and "approved" in r.stderr and "\n" not in r.stderr.strip()
+
+    answers.write_text(json.dumps({"approved": "yes"}))
+    # The tools spec was recorded with the run: resume finds it, from any directory.
+    r = cli("resume", paused["run_id"], "--answers", str(answers), "--url", url, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    done = json.loads(r.stdout)
+    assert done["status"] == "ok"
+    assert done["output"] == json.loads((PACKAGE / "expected_output.json").read_text())
+
+
+def test_run_exit_codes(tmp_path, url):
+    given = tmp_path / "a.json"
+    given.write_text(json.dumps({"step3": {"approved": False}}))
+    r = cli("run", str(PACKAGE), "--tools", TOOLS, "--url", url, "--answers", str(given))
+    assert r.returncode == 1 and "not approved" in r.stderr
+
+    given.write_text(json.dumps({"step3": {}}))
+    r = cli("run", str(PACKAGE), "--tools", TOOLS, "--url", url, "--answers", str(given))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["departments"][0]["department"] == "Engineering"
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"source": 7, "title": "x"}))
+    r = cli("run", str(PACKAGE), "--input", str(bad), "--tools", TOOLS, "--url", url)
+    assert r.returncode == 2 and "inputs.source" in r.stderr
+
+    r = cli("run", str(PACKAGE), "--input", str(tmp_path / "missing.json"), "--url", url)
+    assert r.returncode == 2 and "missing.json" in r.stderr
+
+
+def test_validate_prints_every_issue(tmp_path):
+    pkg = tmp_path / "bad"
+    pkg.mkdir()
+    (pkg / "routine.yaml").write_text(
+        "name: bad\ninputs: {type: object}\nsteps:\n- {id: a, type: assert, expr: 'x >'}\n- {id: a, type: nope}\n"
+    )
+    r = cli("validate", str(pkg))
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert any("step 'a' expr" in line for line in lines)
+    assert any("step 'a' id" in line for line in lines)
+    assert any("steps: missing a return step" in line for line in lines)
+    r = cli("validate", str(pkg), "--json")
+    issues = json.loads(r.stdout)["issues"]
+    assert {"file": "routine.yaml", "step": "a", "field": "type"} in [
+        {k: i[k] for k in ("file", "step", "field")} for i in issues
+    ]
