@@ -10,6 +10,8 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 # WASM sandbox tests build their C tools with Debian's clang + wasi-libc.
 command -v clang >/dev/null && [ -e /usr/lib/wasm32-wasi/crt1-command.o ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang lld wasi-libc libclang-rt-dev-wasm32 >/dev/null; }
+# Browser tests (tests/test_ui.py) drive Debian's Chromium through Playwright (no `playwright install`).
+command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 ENGRAIN_TEST_PG_URL=$(bash scripts/postgres.sh)
 export ENGRAIN_TEST_PG_URL
 # pytest exits 5 when it collects no test; that is a failure here too.

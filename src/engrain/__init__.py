@@ -72,6 +72,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "ConsolidationSummary": ("._memory", "ConsolidationSummary"),
     "EmbeddingError": ("._errors", "EmbeddingError"),
     "MemoryInputError": ("._errors", "MemoryInputError"),
+    "Client": ("._client", "Client"),
+    "RemoteError": ("._errors", "RemoteError"),
 }
 
 
@@ -100,6 +102,8 @@ __all__ = [
     "RoutineInputError",
     "RoutineStepError",
     "UnknownInputError",
+    "Client",
+    "RemoteError",
     "ConsolidationSummary",
     "EmbeddingError",
     "Memory",

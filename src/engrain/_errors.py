@@ -123,36 +123,6 @@ class CacheError(EngrainError):
     """The behavior cache was misused: an engine not finalized, a missing agent or context, a bad Check."""
 
 
-class TemplateError(EngrainError, ValueError):
-    """A ``{{ path }}`` template is malformed or names a variable, key or index that is missing.
-
-    ``template`` is the placeholder text, ``reason`` what is wrong, ``where`` the
-    step and field it came from (e.g. ``"step 'fetch' field 'args.url'"``) when known.
-    """
-
-    def __init__(self, template: str, reason: str, where: str | None = None):
-        self.template = template
-        self.reason = reason
-        self.where = where
-        prefix = f"{where}: " if where else ""
-        super().__init__(f"{prefix}template {template!r}: {reason}")
-
-
-class ExpressionError(EngrainError, ValueError):
-    """A ``when``/``assert`` expression is refused by the sandboxed evaluator or fails while evaluated.
-
-    ``expression`` is the source text, ``reason`` why it was refused or failed, and
-    ``where`` the step and field it came from when known.
-    """
-
-    def __init__(self, expression: str, reason: str, where: str | None = None):
-        self.expression = expression
-        self.reason = reason
-        self.where = where
-        prefix = f"{where}: " if where else ""
-        super().__init__(f"{prefix}expression {expression!r}: {reason}")
-
-
 class EmbeddingError(EngrainError):
     """An embedder could not load its model or embed a text."""
 
@@ -198,3 +168,52 @@ class UnknownInputError(EngrainError, LookupError):
             f"udfs.py: {function}() has no recorded result for arguments {args!r}; "
             "it only replays the calls seen in the trace (write the real function to generalize)"
         )
+
+
+class RemoteError(EngrainError):
+    """An engrain server answered a :class:`~engrain.Client` request with an error.
+
+    ``status`` is the HTTP status, ``error`` the server's error type (e.g.
+    ``"ValidationError"``) and ``detail`` its message. Errors that have a local
+    counterpart are also instances of it (a 404 for a run is a
+    :class:`RunNotFoundError`, a 409 append is a :class:`ConflictError`).
+    """
+
+    def __init__(self, status: int, error: str, detail: object):
+        self.status = status
+        self.error = error
+        self.detail = detail
+        Exception.__init__(self, f"HTTP {status} {error}: {detail}")
+
+    def __str__(self) -> str:
+        return f"HTTP {self.status} {self.error}: {self.detail}"
+
+
+class TemplateError(EngrainError, ValueError):
+    """A ``{{ path }}`` template is malformed or names a variable, key or index that is missing.
+
+    ``template`` is the placeholder text, ``reason`` what is wrong, ``where`` the
+    step and field it came from (e.g. ``"step 'fetch' field 'args.url'"``) when known.
+    """
+
+    def __init__(self, template: str, reason: str, where: str | None = None):
+        self.template = template
+        self.reason = reason
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}template {template!r}: {reason}")
+
+
+class ExpressionError(EngrainError, ValueError):
+    """A ``when``/``assert`` expression is refused by the sandboxed evaluator or fails while evaluated.
+
+    ``expression`` is the source text, ``reason`` why it was refused or failed, and
+    ``where`` the step and field it came from when known.
+    """
+
+    def __init__(self, expression: str, reason: str, where: str | None = None):
+        self.expression = expression
+        self.reason = reason
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}expression {expression!r}: {reason}")

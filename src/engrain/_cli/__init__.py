@@ -23,6 +23,7 @@ from . import routines as _routines  # noqa: E402,F401
 from . import cache as _cache  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
 from . import memory as _memory  # noqa: E402,F401
+from . import serve as _serve  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,55 @@
+"""``engrain serve`` (HTTP API + web UI) and ``engrain mcp`` (MCP server over stdio)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from .common import UrlOption, command, errors_as_exit
+
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", envvar="ENGRAIN_TOKEN", help="Bearer token required on /api (required off loopback)."),
+]
+ToolsOption = Annotated[
+    str | None, typer.Option("--tools", help="Tool registry routine runs call, as module:attr (default engrain.tools).")
+]
+RoutinesOption = Annotated[
+    str | None, typer.Option("--routines", help="Folder holding one folder per routine (default ./routines).")
+]
+
+
+@command
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind; non-loopback needs a token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    routines: RoutinesOption = None,
+    tools: ToolsOption = None,
+) -> None:
+    """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
+    with errors_as_exit():
+        import uvicorn  # lazily: fastapi/uvicorn weigh on every CLI start
+
+        from .._server import create_app
+
+        app = create_app(url, token, routines, host=host, tools=tools)
+    typer.echo(f"engrain serving on http://{host}:{port}  (store {app.state.engrain.journal.url})", err=True)
+    # Open SSE streams would otherwise hold a Ctrl-C shutdown until their clients leave.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+
+
+@command
+def mcp(
+    url: UrlOption = None,
+    routines: RoutinesOption = None,
+    tools: ToolsOption = None,
+) -> None:
+    """Run the MCP server over stdio (tools: remember, recall, consolidate, list/run routines, list runs)."""
+    with errors_as_exit():
+        from .._mcp import build_server
+
+        server = build_server(url, routines, tools)
+    server.run("stdio")

@@ -1,0 +1,236 @@
+"""``engrain.Client``: the HTTP API of ``engrain serve`` with the local API's method names.
+
+    client = engrain.Client("http://127.0.0.1:8765", token="...")
+    for run in client.runs(status="needs_input"):
+        client.answer(run.run_id, {"approved": True})
+    client.remember("Deploys happen on Tuesdays", skill="ops")
+    hits = client.recall("when do we deploy?", skill="ops")
+
+Errors come back typed: every 4xx/5xx is a :class:`~engrain.RemoteError`, and
+also a :class:`~engrain.RunNotFoundError` for an unknown run or a
+:class:`~engrain.ConflictError` for a lost append race.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ._durable import RunResult
+from ._errors import ConflictError, RemoteError, RunNotFoundError
+from ._events import Event, RunInfo
+
+
+class RemoteRunNotFoundError(RemoteError, RunNotFoundError):
+    """The server has no such run."""
+
+    def __init__(self, status: int, error: str, detail: object, run_id: str):
+        RemoteError.__init__(self, status, error, detail)
+        self.run_id = run_id
+
+    __str__ = RemoteError.__str__
+
+
+class RemoteConflictError(RemoteError, ConflictError):
+    """The server refused an append or answer because another writer got there first."""
+
+    def __init__(self, status: int, error: str, detail: object, run_id: str):
+        RemoteError.__init__(self, status, error, detail)
+        self.run_id, self.expected_seq, self.actual_seq = run_id, -1, None
+
+    __str__ = RemoteError.__str__
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _run_info(d: dict[str, Any]) -> RunInfo:
+    return RunInfo(d["run_id"], d["status"], d["task"], list(d.get("tags") or []), d["created"], d["updated"],
+                   d["events"], d.get("lease_owner"), d.get("lease_until"))
+
+
+def _run_result(d: dict[str, Any]) -> RunResult:
+    return RunResult(d["run_id"], d["status"], d.get("output"), d.get("error"), d.get("prompt"),
+                     d.get("replayed", 0), d.get("executed", 0))
+
+
+class Client:
+    """A client of an engrain server at ``base_url`` (``token``: its bearer token, if any)."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8765", token: str | None = None, *,
+                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _raise(self, resp: httpx.Response, run_id: str | None) -> None:
+        try:
+            body = resp.json()
+            error, detail = str(body.get("error", "HTTPError")), body.get("detail", "")
+        except (ValueError, AttributeError):
+            error, detail = "HTTPError", resp.text[:500]
+        if resp.status_code == 404 and error == "RunNotFoundError" and run_id is not None:
+            raise RemoteRunNotFoundError(resp.status_code, error, detail, run_id)
+        if resp.status_code == 409 and run_id is not None:
+            raise RemoteConflictError(resp.status_code, error, detail, run_id)
+        raise RemoteError(resp.status_code, error, detail)
+
+    def _call(self, method: str, path: str, *, run_id: str | None = None, **kw: Any) -> Any:
+        resp = self._http.request(method, "/api" + path, **kw)
+        if resp.status_code >= 400:
+            self._raise(resp, run_id)
+        return resp.json()
+
+    # -- runs -------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        """The server's version, backend and features."""
+        return self._call("GET", "/health")
+
+    def runs(self, *, status: str | None = None, tag: str | None = None, task: str | None = None,
+             limit: int = 50, offset: int = 0) -> list[RunInfo]:
+        """Runs matching every filter, most recently updated first."""
+        params = {k: v for k, v in {"status": status, "tag": tag, "task": task}.items() if v is not None}
+        return [_run_info(d) for d in self._call("GET", "/runs", params={**params, "limit": limit, "offset": offset})]
+
+    def get_run(self, run_id: str) -> RunInfo | None:
+        """The summary of ``run_id``, or None if the server has no such run."""
+        try:
+            return _run_info(self.show(run_id)["run"])
+        except RunNotFoundError:
+            return None
+
+    def show(self, run_id: str) -> dict[str, Any]:
+        """``{run, events, steps, prompt, output, error}`` of a run (see docs/api.md)."""
+        return self._call("GET", f"/runs/{_seg(run_id)}", run_id=run_id)
+
+    def events(self, run_id: str, after: int = -1) -> list[Event]:
+        """Events of ``run_id`` with ``seq > after``."""
+        return [Event.from_dict(d) for d in self._call("GET", f"/runs/{_seg(run_id)}/events",
+                                                        params={"after": after}, run_id=run_id)]
+
+    def read(self, run_id: str, after: int = -1) -> list[Event]:
+        """Alias of :meth:`events`, the journal's name for it."""
+        return self.events(run_id, after)
+
+    def stream(self, run_id: str, after: int = -1) -> Iterator[Event]:
+        """Events of ``run_id`` as they are appended (server-sent events), until the run finishes."""
+        url = f"/api/runs/{_seg(run_id)}/stream"
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        with self._http.stream("GET", url, params={"after": after}, timeout=timeout) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                self._raise(resp, run_id)
+            data: list[str] = []
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif not line and data:
+                    yield Event.from_dict(json.loads("\n".join(data)))
+                    data = []
+
+    def append(self, run_id: str, events: list[dict[str, Any]], expected_seq: int) -> list[Event]:
+        """Append ``[{kind, name, data}]`` at ``expected_seq`` (:class:`ConflictError` if another writer won)."""
+        body = {"events": events, "expected_seq": expected_seq}
+        return [Event.from_dict(d) for d in self._call("POST", f"/runs/{_seg(run_id)}/events", json=body, run_id=run_id)]
+
+    def start_run(self, routine: str, inputs: dict[str, Any] | None = None, *, run_id: str | None = None) -> RunResult:
+        """Start a run of a routine on the server (to its end or first prompt)."""
+        body = {"routine": routine, "inputs": inputs or {}, "run_id": run_id}
+        return _run_result(self._call("POST", "/runs", json=body))
+
+    def answer(self, run_id: str, answers: dict[str, Any]) -> RunResult:
+        """Answer the prompt a ``needs_input`` run waits for; a routine run is resumed by the server."""
+        return _run_result(self._call("POST", f"/runs/{_seg(run_id)}/answers", json={"answers": answers}, run_id=run_id))
+
+    # -- routines ---------------------------------------------------------------
+
+    def routines(self) -> list[dict[str, Any]]:
+        """Routine packages on the server."""
+        return self._call("GET", "/routines")
+
+    def routine(self, name: str) -> dict[str, Any]:
+        """``{name, yaml, routine, issues}`` of one routine."""
+        return self._call("GET", f"/routines/{_seg(name)}")
+
+    def validate_routine(self, name: str) -> dict[str, Any]:
+        """``{name, ok, issues}``."""
+        return self._call("POST", f"/routines/{_seg(name)}/validate")
+
+    def run_routine(self, name: str, inputs: dict[str, Any] | None = None, *, run_id: str | None = None) -> RunResult:
+        """Run a routine on the server."""
+        body = {"inputs": inputs or {}, "run_id": run_id}
+        return _run_result(self._call("POST", f"/routines/{_seg(name)}/run", json=body))
+
+    def compile_trace(self, name: str, trace: dict[str, Any], *, overwrite: bool = False) -> dict[str, Any]:
+        """Compile a trace into the routine ``name`` on the server."""
+        return self._call("POST", "/routines/compile", json={"name": name, "trace": trace, "overwrite": overwrite})
+
+    # -- memory -----------------------------------------------------------------
+
+    def remember(self, data: Any, hint: str | None = None, skill: str | None = None,
+                 metadata: dict[str, Any] | None = None, *, ttl: float | None = None) -> str:
+        """Store a record; returns its id."""
+        body = {"data": data, "hint": hint, "skill": skill, "metadata": metadata, "ttl": ttl}
+        return self._call("POST", "/memory/remember", json=body)["id"]
+
+    def recall(self, query: str, skill: str | None = None, top_k: int = 5, hint: str | None = None) -> list[dict[str, Any]]:
+        """Hits ``{score, content, tier, id, skill, metadata, provenance}``, best first."""
+        return self._call("POST", "/memory/recall", json={"query": query, "skill": skill, "top_k": top_k, "hint": hint})
+
+    def consolidate(self, num_records: int | str = "all", method: str = "LIFO") -> dict[str, Any]:
+        """Process the memory buffer into articles; the summary as a dict."""
+        return self._call("POST", "/memory/consolidate", json={"num_records": num_records, "method": method})
+
+    def export(self) -> str:
+        """Export articles on the server; returns the server-side folder."""
+        return self._call("POST", "/memory/export")["path"]
+
+    def stats(self) -> dict[str, Any]:
+        """Memory tier counts and consolidation counters."""
+        return self._call("GET", "/memory/stats")
+
+    def articles(self, skill: str | None = None) -> list[dict[str, Any]]:
+        """Articles with provenance to their records."""
+        return self._call("GET", "/memory/articles", params={"skill": skill} if skill else {})
+
+    # -- cache ------------------------------------------------------------------
+
+    def cache_entries(self, *, limit: int = 50, offset: int = 0, task: str | None = None) -> list[dict[str, Any]]:
+        """Behavior-cache entries, most recently used first."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset, **({"task": task} if task else {})}
+        return self._call("GET", "/cache/entries", params=params)
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Cache counters with ``hit_rate`` and ``agent_calls_saved``."""
+        return self._call("GET", "/cache/stats")
+
+    def evict(self, entry_id: str) -> bool:
+        """Delete a cache entry; False if there was none."""
+        try:
+            self._call("DELETE", f"/cache/entries/{_seg(entry_id)}")
+        except RemoteError as e:
+            if e.status == 404:
+                return False
+            raise
+        return True
+
+    def __repr__(self) -> str:
+        return f"<engrain.Client {self.base_url}>"

@@ -1,0 +1,326 @@
+"""The FastAPI application: state, auth, body limit, error mapping, static UI.
+
+One :class:`ServerState` per app holds the journal and, opened on first use, the
+cache store and memory over the same database, so several server processes on
+one PostgreSQL store share everything through the database alone.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import __version__
+from .._errors import (
+    ConfigError,
+    ConflictError,
+    EngrainError,
+    LeaseHeldError,
+    NotJSONError,
+    RunNotFoundError,
+)
+from .._journal import Journal, open_journal
+
+#: Largest request body accepted (bytes); bigger ones get 413.
+MAX_BODY = 2 * 1024 * 1024
+UI_DIR = Path(__file__).with_name("ui")
+
+
+class ApiError(Exception):
+    """An error with an HTTP status, raised by route code for bad input."""
+
+    def __init__(self, status: int, error: str, detail: str):
+        self.status = status
+        self.error = error
+        self.detail = detail
+        super().__init__(detail)
+
+
+class ServerState:
+    """What the routes share: the journal, and lazily the cache store and memory."""
+
+    def __init__(self, journal: Journal, token: str | None, routines_dir: Path, tools: Any = None):
+        self.journal = journal
+        self.token = token
+        self.routines_dir = routines_dir
+        #: The tool registry routine runs call (``None``: ``engrain.tools``).
+        self.tools = tools
+        self.closed = False
+        #: Open SSE streams (reported by /api/health; they end when their client disconnects).
+        self.streams = 0
+        self._lock = threading.Lock()
+        self._cache: Any = None
+        self._memory: Any = None
+        #: Memory is not documented as thread-safe; requests use it one at a time.
+        self.memory_lock = threading.Lock()
+
+    def cache_store(self) -> Any:
+        """The behavior cache's store on the journal's database (opened on first use)."""
+        with self._lock:
+            if self._cache is None:
+                from .._cache_store import CacheStore
+
+                self._cache = CacheStore(self.journal)
+            return self._cache
+
+    def memory(self) -> Any:
+        """Skill memory on the journal's database (opened on first use)."""
+        with self._lock:
+            if self._memory is None:
+                from .._memory import Memory
+
+                self._memory = Memory(self.journal.url)
+            return self._memory
+
+    def reopen(self) -> None:
+        """Open the journal again after :meth:`close` (an app may be started more than once)."""
+        if self.closed:
+            self.journal = open_journal(self.journal.url)
+            self.closed = False
+
+    def close(self) -> None:
+        """Flush the cache counters and close every connection."""
+        with self._lock:
+            objs, self._cache, self._memory = (self._cache, self._memory, self.journal), None, None
+        for obj in objs:
+            if obj is not None:
+                try:
+                    obj.close()
+                except Exception:  # noqa: BLE001 - closing is best effort at shutdown
+                    pass
+        self.closed = True
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding to ``host`` only accepts connections from this machine."""
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _error(status: int, error: str, detail: Any, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": error, "detail": detail, **extra}, status_code=status)
+
+
+# Typed errors -> HTTP status. Order matters: the first matching class wins.
+_STATUS: list[tuple[type[BaseException], int]] = [
+    (RunNotFoundError, 404),
+    (ConflictError, 409),
+    (LeaseHeldError, 409),
+    (NotJSONError, 422),
+    (ConfigError, 400),
+]
+
+
+def status_of(exc: BaseException) -> int:
+    """The HTTP status for an engrain error (400 for any other bad input)."""
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    name = type(exc).__name__
+    if name.endswith(("InputError", "ValidationError", "SchemaError")) or name == "RoutineError":
+        return 422
+    if name.endswith("NotFoundError"):
+        return 404
+    return 400
+
+
+class BodyLimit:
+    """Reject request bodies over ``limit`` bytes with 413, before the route reads them."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await self._reject(scope, receive, send)
+                    return
+        if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        # No usable Content-Length (chunked upload): read the body up to the limit
+        # first, so an oversize body is refused before any route parses it.
+        buffered: list[Message] = []
+        seen = 0
+        while True:
+            message = await receive()
+            buffered.append(message)
+            if message["type"] != "http.request":
+                break
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                await self._reject(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return buffered.pop(0) if buffered else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        resp = _error(413, "PayloadTooLarge", f"request body is larger than {self.limit} bytes")
+        await resp(scope, receive, send)
+
+
+class BearerAuth:
+    """Require ``Authorization: Bearer <token>`` on every ``/api`` route when a token is set."""
+
+    def __init__(self, app: ASGIApp, token: str | None):
+        self.app = app
+        self.token = token.encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.token is None or scope["type"] != "http" or not scope["path"].startswith("/api"):
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                given = value[7:].strip()
+        if not given and scope["path"].endswith("/stream"):
+            # EventSource cannot set headers: the SSE route also takes ?token=.
+            from urllib.parse import parse_qs
+
+            qs = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            given = (qs.get("token") or [""])[0].encode()
+        if not hmac.compare_digest(given, self.token):
+            resp = _error(401, "Unauthorized", "missing or wrong bearer token (Authorization: Bearer <token>)")
+            resp.headers["WWW-Authenticate"] = "Bearer"
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    url: str | None = None,
+    token: str | None = None,
+    routines_dir: str | os.PathLike[str] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    tools: Any = None,
+    ui_dir: str | os.PathLike[str] | None = None,
+) -> FastAPI:
+    """The engrain HTTP API (and web UI) over the store at ``url``.
+
+    ``token`` defaults to ``$ENGRAIN_TOKEN``; it is required when ``host`` is not
+    a loopback address (:class:`~engrain.ConfigError` otherwise). ``routines_dir``
+    (default ``./routines``) holds one folder per routine; ``tools`` is the
+    registry (or ``"module:registry"``) routine runs call, default ``engrain.tools``.
+    The web UI's static files are served at ``/`` from ``ui_dir`` (default: the
+    package's ``_server/ui`` folder) when it exists.
+    """
+    token = token if token is not None else (os.environ.get("ENGRAIN_TOKEN") or None)
+    if not is_loopback(host) and not token:
+        raise ConfigError(
+            f"refusing to serve on non-loopback host {host!r} without a token: "
+            "set ENGRAIN_TOKEN or pass --token"
+        )
+    if isinstance(tools, str):
+        from .._runner import resolve_tools
+
+        tools = resolve_tools(tools)
+    elif tools is None:
+        from .._tools import tools as default_tools
+
+        tools = default_tools
+    state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        state.reopen()
+        yield
+        state.close()
+
+    app = FastAPI(
+        title="engrain",
+        version=__version__,
+        description="Durable runs, routines, a behavior cache and skill memory over one journal.",
+        lifespan=lifespan,
+    )
+    app.state.engrain = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.error, exc.detail)
+
+    @app.exception_handler(EngrainError)
+    async def _engrain_error(_: Request, exc: EngrainError) -> JSONResponse:
+        return _error(status_of(exc), type(exc).__name__, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        fields = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err.get("loc", ()))
+            fields.append({"field": loc, "message": err.get("msg", "")})
+        text = "; ".join(f"{f['field']}: {f['message']}" for f in fields) or "invalid request"
+        return _error(422, "ValidationError", text, fields=fields)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        names = {404: "NotFound", 405: "MethodNotAllowed", 401: "Unauthorized"}
+        return _error(exc.status_code, names.get(exc.status_code, "HTTPError"), str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
+
+    from . import cache, memory, routines, runs
+
+    for module in (runs, routines, cache, memory):
+        app.include_router(module.router, prefix="/api")
+
+    @app.get("/api/health", tags=["health"])
+    def health() -> dict[str, Any]:
+        """Liveness and what this server offers."""
+        return {
+            "ok": True,
+            "version": __version__,
+            "backend": state.journal.backend,
+            "auth": state.token is not None,
+            "streams": state.streams,
+            "features": {"routines": routines.available(), "memory": True, "cache": True},
+        }
+
+    ui = Path(ui_dir) if ui_dir is not None else UI_DIR
+    if ui.is_dir():
+        from fastapi.staticfiles import StaticFiles
+
+        app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
+
+    # The last added runs first: the size limit wraps auth, which wraps the routes.
+    app.add_middleware(BearerAuth, token=token)
+    app.add_middleware(BodyLimit, limit=MAX_BODY)
+    return app
+
+
+def state_of(request: Request) -> ServerState:
+    """The :class:`ServerState` of the app serving ``request``."""
+    return request.app.state.engrain

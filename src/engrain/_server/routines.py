@@ -1,0 +1,189 @@
+"""``/api/routines``: list, show, validate, run and compile routine packages.
+
+Routines are folders under the server's routines dir. Names are validated and
+every path is checked to stay inside that root. Validation, running and
+compiling use the routine engine (``engrain._routine``, ``_runner``,
+``_compiler``); until it is installed those routes answer 501.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from .app import ApiError, ServerState, state_of
+
+router = APIRouter(tags=["routines"])
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+ROUTINE_FILE = "routine.yaml"
+#: Modules the routine engine needs to validate and run routines.
+_CORE = ("_routine", "_runner", "_template", "_expr")
+
+
+class RunBody(BaseModel):
+    """Inputs of a routine run."""
+
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = Field(default=None, max_length=200)
+
+
+class CompileBody(BaseModel):
+    """A trace to compile into ``routines_dir/<name>``."""
+
+    name: str = Field(description="Routine name (folder to create).")
+    trace: dict[str, Any] = Field(description="An engrain trace (engrain export) or an em-core trace.")
+    overwrite: bool = False
+
+
+def available(*modules: str) -> bool:
+    """Whether the routine engine (or the given modules of it) is installed in this engrain."""
+    return all(importlib.util.find_spec(f"engrain.{m}") is not None for m in (modules or _CORE))
+
+
+def _engine(*modules: str) -> None:
+    if not available(*modules):
+        names = "/".join(modules or _CORE)
+        raise ApiError(501, "NotImplemented", f"the routine engine ({names}) is not installed in this engrain")
+
+
+def routine_dir(state: ServerState, name: str, *, must_exist: bool = True) -> Path:
+    """The folder of routine ``name``, never outside the routines dir."""
+    if not isinstance(name, str) or not NAME.match(name) or ".." in name:
+        raise ApiError(400, "BadRoutineName", f"routine name {name!r} must match {NAME.pattern} and not contain '..'")
+    root = state.routines_dir
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ApiError(400, "BadRoutineName", f"routine name {name!r} escapes the routines dir")
+    if must_exist and not (path / ROUTINE_FILE).is_file():
+        raise ApiError(404, "RoutineNotFoundError", f"no routine {name!r} ({path / ROUTINE_FILE} does not exist)")
+    return path
+
+
+def _read_yaml(path: Path) -> tuple[str, Any, str | None]:
+    text = (path / ROUTINE_FILE).read_text(encoding="utf-8", errors="replace")
+    try:
+        return text, yaml.safe_load(text), None
+    except yaml.YAMLError as e:
+        return text, None, f"{path / ROUTINE_FILE}: invalid YAML: {e}"
+
+
+def routine_infos(root: Path) -> list[dict[str, Any]]:
+    """Summaries of the routine packages under ``root``, by name."""
+    out = []
+    if root.is_dir():
+        for path in sorted(root.iterdir()):
+            if not (path / ROUTINE_FILE).is_file() or not NAME.match(path.name):
+                continue
+            _, doc, err = _read_yaml(path)
+            doc = doc if isinstance(doc, dict) else {}
+            steps = doc.get("steps")
+            out.append({
+                "name": path.name, "description": str(doc.get("description") or ""),
+                "inputs": _jsonable(doc.get("inputs")) if isinstance(doc.get("inputs"), dict) else {},
+                "steps": len(steps) if isinstance(steps, list) else 0,
+                "error": err or (None if doc else f"{path / ROUTINE_FILE} is not a YAML mapping"),
+            })
+    return out
+
+
+@router.get("/routines")
+def list_routines(request: Request) -> list[dict[str, Any]]:
+    """Routine packages under the routines dir, by name."""
+    return routine_infos(state_of(request).routines_dir)
+
+
+@router.get("/routines/{name}")
+def get_routine(request: Request, name: str) -> dict[str, Any]:
+    """A routine's YAML text, parsed form and validation issues."""
+    path = routine_dir(state_of(request), name)
+    text, doc, err = _read_yaml(path)
+    issues = [_issue("error", err, ROUTINE_FILE)] if err else (validate_path(path, state_of(request).tools) if available() else [])
+    return {"name": name, "yaml": text, "routine": _jsonable(doc), "issues": issues}
+
+
+@router.post("/routines/{name}/validate")
+def validate(request: Request, name: str) -> dict[str, Any]:
+    """Validate a routine package; ``ok`` is false when any issue is an error."""
+    path = routine_dir(state_of(request), name)
+    _engine()
+    issues = validate_path(path, state_of(request).tools)
+    return {"name": name, "ok": not any(i["severity"] == "error" for i in issues), "issues": issues}
+
+
+@router.post("/routines/{name}/run")
+def run(request: Request, name: str, body: RunBody) -> dict[str, Any]:
+    """Run a routine to its end or its first prompt; returns the RunResult."""
+    return run_routine(state_of(request), name, body.inputs, body.run_id)
+
+
+@router.post("/routines/compile")
+def compile_trace(request: Request, body: CompileBody) -> dict[str, Any]:
+    """Compile a trace into a routine package under the routines dir."""
+    state = state_of(request)
+    path = routine_dir(state, body.name, must_exist=False)
+    _engine(*_CORE, "_compiler")
+    if path.exists() and not body.overwrite:
+        raise ApiError(409, "RoutineExistsError", f"routine {body.name!r} already exists (pass overwrite=true)")
+    from . import _routine_engine as eng
+
+    state.routines_dir.mkdir(parents=True, exist_ok=True)
+    eng.compile_into(body.trace, path, overwrite=body.overwrite)
+    text, doc, _ = _read_yaml(path)
+    return {"name": body.name, "path": str(path), "yaml": text, "routine": _jsonable(doc), "issues": validate_path(path, state.tools) if available() else []}
+
+
+# -- engine adapters (used by runs.py too) -------------------------------------------
+
+
+def validate_path(path: Path, tools: Any = None) -> list[dict[str, Any]]:
+    """Validation issues of the routine at ``path`` (tool names checked against ``tools`` if given)."""
+    from . import _routine_engine as eng
+
+    return eng.validate(path, tools)
+
+
+def run_routine(state: ServerState, name: str, inputs: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    """Run routine ``name`` on the server's journal; the RunResult as a dict."""
+    path = routine_dir(state, name)
+    _engine()
+    from . import _routine_engine as eng
+
+    return eng.run(path, inputs, state.journal, run_id, state.tools)
+
+
+def routine_run_folder(state: ServerState, events: list[Any]) -> Path | None:
+    """The folder of a routine run this server may resume (inside its routines dir), else None."""
+    if not available():
+        return None
+    from . import _routine_engine as eng
+
+    folder = eng.routine_folder(events)
+    if folder is None:
+        return None
+    folder = folder.resolve()
+    return folder if folder.is_relative_to(state.routines_dir) else None
+
+
+def resume(state: ServerState, run_id: str, answers: dict[str, Any]) -> dict[str, Any]:
+    """Record ``answers`` for a routine run and continue it; its new RunResult as a dict."""
+    from . import _routine_engine as eng
+
+    return eng.resume(run_id, answers, state.journal, state.tools)
+
+
+def _issue(severity: str, message: str, file: str, step: str | None = None, field: str = "") -> dict[str, Any]:
+    return {"severity": severity, "file": file, "step": step, "field": field, "message": message}
+
+
+def _jsonable(doc: Any) -> Any:
+    """YAML can hold dates and other non-JSON scalars: make the parsed routine JSON-safe."""
+    import json
+
+    return json.loads(json.dumps(doc, default=str))

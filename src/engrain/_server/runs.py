@@ -1,0 +1,252 @@
+"""``/api/runs``: list, inspect, stream, start, answer and append to runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from .. import _events as ev
+from .._errors import ConflictError, EngrainError, RunNotFoundError
+from .._events import Event, NewEvent, check_json
+from .app import ApiError, state_of
+
+router = APIRouter(tags=["runs"])
+
+Status = Literal["running", "completed", "failed", "needs_input"]
+TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED)
+#: How often the SSE stream polls the journal for new events (seconds), and the idle keep-alive.
+POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
+
+
+class StartRun(BaseModel):
+    """Start a run of a routine under the server's routines dir."""
+
+    routine: str = Field(description="Routine name (a folder under the routines dir).")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="The routine's inputs.")
+    run_id: str | None = Field(default=None, max_length=200, description="Run id to use (default: a new one).")
+
+
+class Answers(BaseModel):
+    """Answers to the prompt a ``needs_input`` run waits for."""
+
+    answers: dict[str, Any] = Field(description="Field name -> answer.")
+
+
+class AppendEvent(BaseModel):
+    kind: str = Field(description="Event kind, e.g. step.started (see DESIGN.md).")
+    name: str = Field(default="", max_length=500)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Append(BaseModel):
+    """Low-level append with optimistic concurrency."""
+
+    events: list[AppendEvent] = Field(min_length=1, max_length=1000)
+    expected_seq: int = Field(ge=0, description="The run's next seq as the caller knows it (0 creates the run).")
+
+
+def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
+    """Per-step records with timings, attempts and whether a cached trajectory replayed them."""
+    steps: dict[int, dict[str, Any]] = {}
+    replaying = False
+    for e in events:
+        d = e.data
+        if e.kind == ev.REPLAY_STARTED:
+            replaying = True
+        elif e.kind == ev.REPLAY_DIVERGED:
+            replaying = False
+        elif e.kind == ev.STEP_STARTED and isinstance(d.get("call_id"), int):
+            rec = steps.get(d["call_id"])
+            if rec is None:
+                steps[d["call_id"]] = {
+                    "call_id": d["call_id"], "name": e.name, "type": d.get("type", "tool"), "args": d.get("args") or {},
+                    "state": "started", "result": None, "error": None, "started": e.ts, "ended": None,
+                    "duration_ms": None, "attempts": 1, "replayed": replaying,
+                }
+            else:
+                rec["attempts"] += 1
+                rec["started"] = e.ts
+        elif e.kind == ev.INPUT_REQUESTED and isinstance(d.get("call_id"), int):
+            steps[d["call_id"]] = {
+                "call_id": d["call_id"], "name": e.name or "engrain.ask", "type": "input",
+                "args": {"prompt": d.get("prompt"), "fields": d.get("fields")}, "state": "waiting", "result": None,
+                "error": None, "started": e.ts, "ended": None, "duration_ms": None, "attempts": 1, "replayed": False,
+            }
+        elif e.kind in (ev.STEP_COMPLETED, ev.STEP_FAILED, ev.INPUT_RECEIVED):
+            rec = steps.get(d.get("call_id"))  # type: ignore[arg-type]
+            if rec is None:
+                continue
+            rec["ended"] = e.ts
+            rec["duration_ms"] = round((e.ts - rec["started"]) * 1000, 3)
+            if e.kind == ev.STEP_COMPLETED:
+                rec["state"], rec["result"] = "completed", d.get("result")
+            elif e.kind == ev.STEP_FAILED:
+                rec["state"] = "failed"
+                rec["error"] = {"type": d.get("error_type", ""), "message": d.get("message", "")}
+            else:
+                rec["state"], rec["result"] = "answered", d.get("answers")
+    return [steps[k] for k in sorted(steps)]
+
+
+def pending_prompt(events: list[Event]) -> dict[str, Any] | None:
+    """The ``input.requested`` data a run waits on, or None."""
+    answered = {e.data.get("call_id") for e in events if e.kind == ev.INPUT_RECEIVED}
+    for e in reversed(events):
+        if e.kind == ev.INPUT_REQUESTED and e.data.get("call_id") not in answered:
+            return dict(e.data)
+    return None
+
+
+@router.get("/runs")
+def list_runs(
+    request: Request,
+    status: Status | None = None,
+    tag: str | None = Query(default=None, max_length=200),
+    task: str | None = Query(default=None, max_length=2000),
+    limit: int = Query(default=50, ge=1, le=1000),
+    offset: int = Query(default=0, ge=0, le=10_000_000),
+) -> list[dict[str, Any]]:
+    """Runs matching every filter, most recently updated first."""
+    rows = state_of(request).journal.runs(status=status, tag=tag, task=task, limit=limit, offset=offset)
+    return [r.to_dict() for r in rows]
+
+
+def _require(request: Request, run_id: str) -> Any:
+    info = state_of(request).journal.get_run(run_id)
+    if info is None:
+        raise RunNotFoundError(run_id)
+    return info
+
+
+@router.get("/runs/{run_id}")
+def get_run(request: Request, run_id: str) -> dict[str, Any]:
+    """A run's summary, events, per-step records, pending prompt and outcome."""
+    info = _require(request, run_id)
+    events = state_of(request).journal.read(run_id)
+    last = events[-1] if events else None
+    return {
+        "run": info.to_dict(),
+        "events": [e.to_dict() for e in events],
+        "steps": fold_steps(events),
+        "prompt": pending_prompt(events) if info.status == ev.NEEDS_INPUT else None,
+        "output": last.data.get("output") if last is not None and last.kind == ev.RUN_COMPLETED else None,
+        "error": last.data.get("error") if last is not None and last.kind == ev.RUN_FAILED else None,
+    }
+
+
+@router.get("/runs/{run_id}/events")
+def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1)) -> list[dict[str, Any]]:
+    """Events of the run with ``seq > after``."""
+    _require(request, run_id)
+    return [e.to_dict() for e in state_of(request).journal.read(run_id, after)]
+
+
+def _sse(e: Event) -> str:
+    return f"id: {e.seq}\nevent: {e.kind}\ndata: {json.dumps(e.to_dict(), ensure_ascii=False)}\n\n"
+
+
+@router.get("/runs/{run_id}/stream", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
+async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1),
+                 token: str | None = Query(default=None, description="Bearer token, for EventSource clients.")) -> StreamingResponse:
+    """Server-sent events: the run's events with ``seq > after``, then new ones as they are appended."""
+    journal = state_of(request).journal
+    if await run_in_threadpool(journal.get_run, run_id) is None:
+        raise RunNotFoundError(run_id)
+
+    state = state_of(request)
+
+    async def events():
+        last, delay, idle_since = after, POLL_MIN, time.monotonic()
+        state.streams += 1
+        try:
+            while True:
+                batch = await run_in_threadpool(journal.read, run_id, last)
+                for e in batch:
+                    yield _sse(e)
+                    last = e.seq
+                    if e.kind in TERMINAL:
+                        return
+                if batch:
+                    delay, idle_since = POLL_MIN, time.monotonic()
+                else:
+                    info = await run_in_threadpool(journal.get_run, run_id)
+                    if info is None or info.status in (ev.COMPLETED, ev.FAILED):
+                        return  # finished before `after`: nothing more will come
+                    if time.monotonic() - idle_since > KEEPALIVE:
+                        idle_since = time.monotonic()
+                        yield ": keepalive\n\n"
+                    delay = min(delay * 2, POLL_MAX)
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(delay)
+        finally:
+            state.streams -= 1
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+@router.post("/runs/{run_id}/events")
+def append_events(request: Request, run_id: str, body: Append) -> list[dict[str, Any]]:
+    """Append events at ``expected_seq`` (409 ``ConflictError`` if another writer got there first)."""
+    if not run_id.strip() or len(run_id) > 200:
+        raise ApiError(400, "BadRunId", "run_id must be 1..200 characters and not blank")
+    for i, e in enumerate(body.events):
+        if e.kind not in ev.KINDS:
+            raise ApiError(422, "ValidationError", f"events[{i}].kind {e.kind!r} is not one of {sorted(ev.KINDS)}")
+        check_json(e.data, f"events[{i}]", "data")
+    if body.expected_seq == 0 and body.events[0].kind != ev.RUN_STARTED:
+        raise ApiError(422, "ValidationError", "events[0].kind must be run.started when creating a run (expected_seq 0)")
+    journal = state_of(request).journal
+    try:
+        stored = journal.append(run_id, [NewEvent(e.kind, e.name, e.data) for e in body.events], body.expected_seq)
+    except ConflictError:
+        # Only now pay for the lookup that tells "no such run" from "another writer won".
+        if body.expected_seq > 0 and journal.get_run(run_id) is None:
+            raise RunNotFoundError(run_id) from None
+        raise
+    return [e.to_dict() for e in stored]
+
+
+@router.post("/runs")
+def start_run(request: Request, body: StartRun) -> dict[str, Any]:
+    """Start a run of the routine ``body.routine`` and run it to its end or first prompt."""
+    from . import routines
+
+    return routines.run_routine(state_of(request), body.routine, body.inputs, body.run_id)
+
+
+@router.post("/runs/{run_id}/answers")
+def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
+    """Record answers for a ``needs_input`` run; a routine run is resumed and its new result returned."""
+    from .._durable import answer
+
+    state = state_of(request)
+    _require(request, run_id)
+    events = state.journal.read(run_id)
+    if pending_prompt(events) is None:
+        raise ApiError(409, "NotWaitingForInput", f"run {run_id!r} is not waiting for input")
+    check_json(body.answers, f"answers to run {run_id!r}", "answers")
+    from . import routines
+
+    try:
+        if routines.routine_run_folder(state, events) is not None:
+            return {**routines.resume(state, run_id, body.answers), "resumed": True}
+        answer(run_id, body.answers, journal=state.journal)
+    except (ConflictError, RunNotFoundError):
+        raise
+    except EngrainError as e:
+        if "not waiting for input" in str(e):  # answered by someone else between our read and our append
+            raise ApiError(409, "NotWaitingForInput", str(e)) from None
+        raise
+    info = state.journal.get_run(run_id)
+    return {"run_id": run_id, "status": info.status if info else "running", "output": None, "error": None,
+            "prompt": None, "replayed": 0, "executed": 0, "resumed": False}

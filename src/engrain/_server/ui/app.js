@@ -1,0 +1,505 @@
+// engrain web UI: a single-page app over the JSON API under /api (see docs/api.md).
+// Views and the hash router; the shared helpers are in core.js (window.engrainUI).
+"use strict";
+
+(() => {
+  const {
+    h, badge, pretty, short, fmtTime, timeCell, fmtMs, setStatus, errorBox, details, table, card,
+    token, api, enc, schemaFields, promptPanel, TOKEN_KEY,
+  } = window.engrainUI;
+  const view = document.getElementById("view");
+  const tokenPanel = document.getElementById("token-panel");
+  const tokenForm = document.getElementById("token-form");
+  const tokenInput = document.getElementById("token-input");
+  const tokenForget = document.getElementById("token-forget");
+  const serverInfo = document.getElementById("server-info");
+  const TERMINAL = new Set(["run.completed", "run.failed"]);
+  const EVENT_KINDS = [
+    "run.started", "step.started", "step.completed", "step.failed", "check.failed", "input.requested",
+    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed",
+  ];
+
+  // Functions to call when leaving the current view (close SSE streams, timers).
+  let cleanups = [];
+  // Bumped on every navigation: a view whose fetch resolves after the user moved on draws nothing.
+  let generation = 0;
+
+  // ---------------------------------------------------------------- token
+
+  tokenForm.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const value = tokenInput.value.trim();
+    if (!value) return;
+    sessionStorage.setItem(TOKEN_KEY, value);
+    tokenInput.value = "";
+    tokenPanel.hidden = true;
+    tokenForget.hidden = false;
+    setStatus("Token saved for this tab.");
+    loadHealth();
+    route();
+  });
+
+  tokenForget.addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    tokenForget.hidden = true;
+    setStatus("Token forgotten.");
+  });
+
+  async function loadHealth() {
+    tokenForget.hidden = !token();
+    try {
+      const info = await api("GET", "/api/health");
+      serverInfo.textContent = `engrain ${info.version} · ${info.backend}${info.auth ? " · token auth" : ""}`;
+    } catch (e) {
+      serverInfo.textContent = "";
+    }
+  }
+  // ---------------------------------------------------------------- runs
+
+  async function runsView(params) {
+    const status = params.get("status") || "";
+    const task = params.get("task") || "";
+    const q = new URLSearchParams({ limit: "200" });
+    if (status) q.set("status", status);
+    if (task) q.set("task", task);
+    const runs = await api("GET", `/api/runs?${q}`);
+    const statusSel = h("select", { id: "runs-status", name: "status" },
+      ["", "running", "needs_input", "completed", "failed"].map((s) => h("option", { value: s, text: s || "any", selected: s === status })));
+    statusSel.value = status;
+    const taskIn = h("input", { id: "runs-task", name: "task", type: "search", value: task, "aria-describedby": "runs-task-hint" });
+    const form = h("form", {
+      class: "toolbar", role: "search", "aria-label": "Filter runs",
+      onsubmit: (e) => {
+        e.preventDefault();
+        const p = new URLSearchParams();
+        if (statusSel.value) p.set("status", statusSel.value);
+        if (taskIn.value.trim()) p.set("task", taskIn.value.trim());
+        const target = `#/runs${p.toString() ? "?" + p : ""}`;
+        if (location.hash === target) route();
+        else location.hash = target;
+      },
+    },
+    h("div", { class: "field" }, h("label", { for: "runs-status", text: "Status" }), statusSel),
+    h("div", { class: "field" }, h("label", { for: "runs-task", text: "Task" }), taskIn,
+      h("span", { class: "hint", id: "runs-task-hint", text: "exact task text" })),
+    h("button", { type: "submit", text: "Filter" }));
+    const rows = runs.map((r) => h("tr", { class: r.status === "failed" ? "failed" : null, "data-run-id": r.run_id },
+      h("td", {}, h("a", { href: `#/runs/${enc(r.run_id)}`, class: "mono", text: r.run_id })),
+      h("td", {}, badge(r.status)),
+      h("td", { text: r.task }),
+      h("td", { text: (r.tags || []).join(", ") }),
+      h("td", {}, timeCell(r.updated)),
+      h("td", { class: "num", text: r.events })));
+    return [
+      h("h1", { text: "Runs" }),
+      form,
+      runs.length ? table(["Run", "Status", "Task", "Tags", "Updated", ["Events", "num"]], rows) : h("p", { class: "muted", text: "No runs match." }),
+    ];
+  }
+
+  function stepRow(s) {
+    const source = s.type === "input" ? "human" : s.replayed ? "replayed" : "executed";
+    const body = [];
+    if (s.args && Object.keys(s.args).length) body.push(details("args", s.args));
+    if (s.result !== null && s.result !== undefined) body.push(details("result", s.result));
+    if (s.error) body.push(h("div", { class: "error-box", text: `${s.error.type}: ${s.error.message}` }));
+    return h("tr", { class: s.state === "failed" ? "failed" : null, "data-step": s.call_id },
+      h("td", { class: "num", text: s.call_id }),
+      h("td", { class: "mono", text: s.name }),
+      h("td", { text: s.type }),
+      h("td", {}, badge(s.state)),
+      h("td", {}, badge(source, source === "human" ? "answered" : source)),
+      h("td", { class: "num duration", text: fmtMs(s.duration_ms) }),
+      h("td", { class: "num", text: s.attempts }),
+      h("td", {}, body));
+  }
+
+  function eventRow(e, t0) {
+    const rel = typeof e.ts === "number" && typeof t0 === "number" ? `+${(e.ts - t0).toFixed(3)} s` : "—";
+    const hasData = e.data && Object.keys(e.data).length;
+    return h("tr", { "data-seq": e.seq, class: e.kind === "step.failed" || e.kind === "run.failed" ? "failed" : null },
+      h("td", { class: "num", text: e.seq }),
+      h("td", { class: "num" }, h("time", { title: fmtTime(e.ts), text: rel })),
+      h("td", { class: "mono", text: e.kind }),
+      h("td", { class: "mono", text: e.name }),
+      h("td", {}, hasData ? h("details", {}, h("summary", { text: short(e.data, 70) }), h("pre", { text: pretty(e.data) })) : null));
+  }
+
+  function renderRun(data, container, reload) {
+    const run = data.run;
+    const events = data.events || [];
+    const started = events.find((e) => e.kind === "run.started");
+    const t0 = events.length ? events[0].ts : null;
+    const tEnd = events.length ? events[events.length - 1].ts : null;
+    const nodes = [
+      h("p", {}, h("a", { href: "#/runs", text: "← All runs" })),
+      h("h1", {}, "Run ", h("span", { class: "mono", text: run.run_id })),
+      h("dl", { class: "meta" },
+        h("dt", { text: "Status" }), h("dd", {}, badge(run.status), " ", h("span", { id: "live-indicator", class: "live" })),
+        h("dt", { text: "Task" }), h("dd", { text: run.task }),
+        h("dt", { text: "Tags" }), h("dd", { text: (run.tags || []).join(", ") || "—" }),
+        h("dt", { text: "Created" }), h("dd", { text: fmtTime(run.created) }),
+        h("dt", { text: "Updated" }), h("dd", {}, timeCell(run.updated)),
+        h("dt", { text: "Elapsed" }), h("dd", { text: t0 !== null ? fmtMs((tEnd - t0) * 1000) : "—" }),
+        h("dt", { text: "Events" }), h("dd", { text: events.length }),
+        started && started.data && started.data.inputs && Object.keys(started.data.inputs).length
+          ? [h("dt", { text: "Inputs" }), h("dd", {}, h("pre", { text: pretty(started.data.inputs) }))] : null),
+    ];
+    if (data.error) nodes.push(h("div", { class: "error-box", role: "alert" }, h("strong", { text: "Error: " }), data.error));
+    if (run.status === "completed") nodes.push(h("section", { "aria-labelledby": "run-output" }, h("h2", { id: "run-output", text: "Output" }), h("pre", { class: "output", text: pretty(data.output) })));
+    if (data.prompt) nodes.push(promptPanel(run.run_id, data.prompt, () => reload()));
+    const steps = data.steps || [];
+    nodes.push(h("h2", { text: `Steps (${steps.length})` }));
+    nodes.push(steps.length
+      ? table([["#", "num"], "Step", "Type", "State", "Source", ["Duration", "num"], ["Attempts", "num"], "Details"], steps.map(stepRow))
+      : h("p", { class: "muted", text: "No steps." }));
+    nodes.push(h("h2", { text: `Events (${events.length})` }));
+    nodes.push(table([["Seq", "num"], ["Time", "num"], "Kind", "Name", "Data"], events.map((e) => eventRow(e, t0))));
+    container.replaceChildren(...nodes);
+  }
+
+  async function runView(runId) {
+    const gen = generation;
+    const container = h("div", { id: "run-view" });
+    let source = null;
+    let lastSeq = -1;
+    let timer = null;
+    let retry = null;
+
+    const stopStream = () => {
+      if (source) source.close();
+      source = null;
+      const ind = container.querySelector("#live-indicator");
+      if (ind) ind.textContent = "";
+    };
+
+    const load = async () => {
+      const data = await api("GET", `/api/runs/${enc(runId)}`);
+      if (gen !== generation) return;
+      lastSeq = data.events.length ? data.events[data.events.length - 1].seq : -1;
+      renderRun(data, container, () => load().catch((e) => setStatus(e.message, true)));
+      const live = data.run.status === "running" || data.run.status === "needs_input";
+      if (live && !source) openStream();
+      if (!live) stopStream();
+      const ind = container.querySelector("#live-indicator");
+      if (ind) ind.textContent = source ? "● live" : "";
+    };
+
+    const scheduleLoad = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => load().catch((e) => setStatus(e.message, true)), 120);
+    };
+
+    const openStream = () => {
+      const q = new URLSearchParams({ after: String(lastSeq) });
+      if (token()) q.set("token", token());
+      source = new EventSource(`/api/runs/${enc(runId)}/stream?${q}`);
+      const onEvent = (msg) => {
+        scheduleLoad();
+        if (TERMINAL.has(msg.type)) stopStream();
+      };
+      for (const kind of EVENT_KINDS) source.addEventListener(kind, onEvent);
+      source.onmessage = onEvent;
+      source.onerror = () => {
+        // The server ends the stream at the run's end; otherwise reconnect from the last seen seq.
+        stopStream();
+        if (gen === generation) retry = setTimeout(() => load().catch(() => {}), 2000);
+      };
+    };
+
+    cleanups.push(() => {
+      stopStream();
+      clearTimeout(timer);
+      clearTimeout(retry);
+    });
+    await load();
+    return [container];
+  }
+
+  // ---------------------------------------------------------------- routines
+
+  async function routinesView() {
+    const list = await api("GET", "/api/routines");
+    const rows = list.map((r) => h("tr", { "data-routine": r.name },
+      h("td", {}, h("a", { href: `#/routines/${enc(r.name)}`, text: r.name })),
+      h("td", { text: r.description }),
+      h("td", { text: Object.keys((r.inputs && r.inputs.properties) || {}).join(", ") || "—" }),
+      h("td", { class: "num", text: r.steps }),
+      h("td", {}, r.error ? h("span", { class: "badge error", text: "error", title: r.error }) : badge("ok"))));
+    return [
+      h("h1", { text: "Routines" }),
+      list.length
+        ? table(["Routine", "Description", "Inputs", ["Steps", "num"], "State"], rows)
+        : h("p", { class: "muted", text: "No routines in the server's routines directory." }),
+    ];
+  }
+
+  function issuesTable(issues) {
+    if (!issues.length) return h("div", { class: "ok-box", role: "status", text: "Valid: no issues." });
+    return table(["Severity", "File", "Step", "Field", "Message"], issues.map((i) => h("tr", { class: i.severity === "error" ? "failed" : null },
+      h("td", {}, badge(i.severity || "error")),
+      h("td", { class: "mono", text: i.file || "" }),
+      h("td", { class: "mono", text: i.step || "—" }),
+      h("td", { class: "mono", text: i.field || "—" }),
+      h("td", { text: i.message }))));
+  }
+
+  /** Show a RunResult (from a routine run or an answer) with a prompt form when it needs input. */
+  function runResult(res, box) {
+    const nodes = [
+      h("dl", { class: "meta" },
+        h("dt", { text: "Status" }), h("dd", {}, badge(res.status)),
+        h("dt", { text: "Run" }), h("dd", {}, res.run_id ? h("a", { href: `#/runs/${enc(res.run_id)}`, class: "mono", text: res.run_id }) : "—"),
+        h("dt", { text: "Steps" }), h("dd", { text: `${res.executed ?? 0} executed, ${res.replayed ?? 0} replayed` })),
+    ];
+    if (res.error) nodes.push(h("div", { class: "error-box", role: "alert", text: res.error }));
+    if (res.status === "ok") nodes.push(h("h3", { text: "Output" }), h("pre", { class: "output", text: pretty(res.output) }));
+    if (res.status === "needs_input" && res.prompt) {
+      nodes.push(promptPanel(res.run_id, res.prompt, (next) => runResult(next, box)));
+    }
+    box.replaceChildren(h("h2", { id: "result-title", text: "Result" }), ...nodes);
+  }
+
+  async function routineView(name) {
+    const r = await api("GET", `/api/routines/${enc(name)}`);
+    const routine = r.routine && typeof r.routine === "object" ? r.routine : {};
+    const issuesBox = h("div", { id: "issues", "aria-live": "polite" }, r.issues && r.issues.length ? issuesTable(r.issues) : null);
+    const validateBtn = h("button", {
+      type: "button", text: "Validate",
+      onclick: async () => {
+        validateBtn.disabled = true;
+        try {
+          const res = await api("POST", `/api/routines/${enc(name)}/validate`);
+          issuesBox.replaceChildren(issuesTable(res.issues || []));
+          setStatus(res.ok ? `${name} is valid.` : `${name} has ${res.issues.length} issue(s).`, !res.ok);
+        } catch (e) {
+          issuesBox.replaceChildren(errorBox(e));
+        } finally {
+          validateBtn.disabled = false;
+        }
+      },
+    });
+    const { nodes, read } = schemaFields(routine.inputs, "input");
+    const resultBox = h("section", { id: "run-result", "aria-live": "polite", class: "panel", hidden: true });
+    const runBtn = h("button", { type: "submit", text: "Run routine" });
+    const runForm = h("form", {
+      "aria-label": "Run this routine",
+      onsubmit: async (e) => {
+        e.preventDefault();
+        let inputs;
+        try {
+          inputs = read();
+        } catch (err) {
+          resultBox.hidden = false;
+          resultBox.replaceChildren(errorBox(err));
+          return;
+        }
+        runBtn.disabled = true;
+        setStatus(`Running ${name}…`);
+        try {
+          const res = await api("POST", `/api/routines/${enc(name)}/run`, { inputs });
+          resultBox.hidden = false;
+          runResult(res, resultBox);
+          setStatus(`${name}: ${res.status}`, res.status === "failed");
+        } catch (err) {
+          resultBox.hidden = false;
+          resultBox.replaceChildren(errorBox(err));
+          setStatus("", false);
+        } finally {
+          runBtn.disabled = false;
+        }
+      },
+    }, nodes.length ? nodes : h("p", { class: "muted", text: "This routine takes no inputs." }), runBtn);
+    const steps = Array.isArray(routine.steps) ? routine.steps : [];
+    return [
+      h("p", {}, h("a", { href: "#/routines", text: "← All routines" })),
+      h("h1", {}, "Routine ", h("span", { class: "mono", text: r.name })),
+      routine.description ? h("p", { text: String(routine.description) }) : null,
+      h("div", { class: "grid2" },
+        h("div", {},
+          h("section", { class: "panel", "aria-labelledby": "validate-title" },
+            h("h2", { id: "validate-title", text: "Validation" }), validateBtn, issuesBox),
+          h("section", { class: "panel", "aria-labelledby": "run-title" },
+            h("h2", { id: "run-title", text: "Run" }), runForm),
+          resultBox),
+        h("div", {},
+          h("h2", { text: `routine.yaml (${steps.length} steps)` }),
+          h("pre", { class: "yaml", "aria-label": "routine.yaml", text: r.yaml }))),
+    ];
+  }
+
+  // ---------------------------------------------------------------- cache
+
+  async function cacheView() {
+    const [stats, entries] = await Promise.all([api("GET", "/api/cache/stats"), api("GET", "/api/cache/entries?limit=200")]);
+    const rows = entries.map((e) => {
+      const names = (e.steps || []).map((s) => (s && (s.name || s.tool)) || "?");
+      return h("tr", { "data-entry": e.id },
+        h("td", { text: e.task }),
+        h("td", { text: (e.tags || []).join(", ") || "—" }),
+        h("td", {}, h("details", {}, h("summary", { text: `${names.length} steps` }), h("ol", {}, names.map((n) => h("li", { class: "mono", text: n }))))),
+        h("td", { class: "num", text: e.successes }),
+        h("td", { class: "num", text: e.divergences }),
+        h("td", {}, timeCell(e.last_used)),
+        h("td", {}, e.run_id ? h("a", { href: `#/runs/${enc(e.run_id)}`, class: "mono", text: short(e.run_id, 24) }) : "—"),
+        h("td", {}, h("button", {
+          type: "button", class: "danger", text: "Evict", "aria-label": `Evict cache entry for ${e.task}`,
+          onclick: async (ev) => {
+            if (!window.confirm(`Evict the cached trajectory for "${e.task}"?`)) return;
+            ev.target.disabled = true;
+            try {
+              await api("DELETE", `/api/cache/entries/${enc(e.id)}`);
+              setStatus(`Evicted entry for "${e.task}".`);
+              route();
+            } catch (err) {
+              setStatus(err.message, true);
+              ev.target.disabled = false;
+            }
+          },
+        })));
+    });
+    const pct = `${((stats.hit_rate || 0) * 100).toFixed(1)}%`;
+    return [
+      h("h1", { text: "Behavior cache" }),
+      h("ul", { class: "cards", "aria-label": "Cache statistics" },
+        card("Hit rate", pct, "hit-rate"),
+        card("Agent calls saved", stats.agent_calls_saved ?? 0, "calls-saved"),
+        card("Hits", stats.hits ?? 0, "hits"),
+        card("Misses", stats.misses ?? 0, "misses"),
+        card("Diverged", stats.diverged ?? 0, "diverged"),
+        card("Entries", stats.entries ?? entries.length, "entries")),
+      h("h2", { text: "Entries" }),
+      entries.length
+        ? table(["Task", "Tags", "Steps", ["Successes", "num"], ["Divergences", "num"], "Last used", "Recorded run", "Actions"], rows)
+        : h("p", { class: "muted", text: "The cache is empty." }),
+    ];
+  }
+
+  // ---------------------------------------------------------------- memory
+
+  function hitItem(hit) {
+    return h("li", { "data-hit": hit.id },
+      h("div", { class: "head" },
+        h("span", { class: "score", text: `score ${Number(hit.score).toFixed(3)}` }),
+        badge(hit.tier),
+        h("span", { text: `skill: ${hit.skill || "—"}` }),
+        h("span", { class: "mono", text: hit.id })),
+      h("div", { class: "content", text: hit.content }),
+      hit.provenance && Object.keys(hit.provenance).length ? details("provenance", hit.provenance) : null,
+      hit.metadata && Object.keys(hit.metadata).length ? details("metadata", hit.metadata) : null);
+  }
+
+  function articleItem(a) {
+    return h("li", { "data-article": a.id },
+      h("div", { class: "head" },
+        h("strong", { text: a.title || a.id }),
+        h("span", { text: `skill: ${a.skill || "—"}` }),
+        h("span", { text: `v${a.version}` }),
+        h("span", { text: a.synthesizer || "" }),
+        h("span", {}, "updated ", timeCell(a.updated))),
+      h("div", { class: "content", text: a.content }),
+      h("details", { class: "provenance" },
+        h("summary", { text: `provenance: ${(a.sources || []).length} source record(s)` }),
+        h("ul", {}, (a.sources || []).map((s) => h("li", {},
+          h("span", { class: "mono", text: s.id }), " ",
+          s.expired ? h("span", { class: "muted", text: "(expired)" }) : [h("span", { class: "muted" }, "· ", fmtTime(s.created), " · "), s.content])))));
+  }
+
+  async function memoryView(params) {
+    const [stats, articles] = await Promise.all([api("GET", "/api/memory/stats"), api("GET", "/api/memory/articles")]);
+    const query = params.get("q") || "";
+    const skill = params.get("skill") || "";
+    const qIn = h("input", { id: "mem-query", name: "q", type: "search", value: query, required: true });
+    const skillIn = h("input", { id: "mem-skill", name: "skill", type: "text", value: skill });
+    const kIn = h("input", { id: "mem-k", name: "top_k", type: "number", min: "1", max: "100", value: params.get("k") || "5" });
+    const results = h("div", { id: "recall-results", "aria-live": "polite" });
+    const search = async () => {
+      const body = { query: qIn.value.trim(), top_k: Number(kIn.value) || 5 };
+      if (skillIn.value.trim()) body.skill = skillIn.value.trim();
+      results.replaceChildren(h("p", { class: "muted", text: "Searching…" }));
+      try {
+        const hits = await api("POST", "/api/memory/recall", body);
+        results.replaceChildren(
+          h("h2", { text: `Results for “${body.query}” (${hits.length})` }),
+          hits.length ? h("ul", { class: "results" }, hits.map(hitItem)) : h("p", { class: "muted", text: "Nothing recalled." }));
+      } catch (e) {
+        results.replaceChildren(errorBox(e));
+      }
+    };
+    const form = h("form", {
+      class: "toolbar", role: "search", "aria-label": "Recall from memory",
+      onsubmit: (e) => {
+        e.preventDefault();
+        if (qIn.value.trim()) search();
+      },
+    },
+    h("div", { class: "field" }, h("label", { for: "mem-query", text: "Search memory" }), qIn),
+    h("div", { class: "field" }, h("label", { for: "mem-skill", text: "Skill (optional)" }), skillIn),
+    h("div", { class: "field" }, h("label", { for: "mem-k", text: "Top k" }), kIn),
+    h("button", { type: "submit", text: "Recall" }));
+    if (query) search();
+    return [
+      h("h1", { text: "Memory" }),
+      h("ul", { class: "cards", "aria-label": "Memory tiers" },
+        card("Records", stats.records ?? 0, "records"),
+        card("Buffer", stats.buffer ?? 0, "buffer"),
+        card("Articles", stats.articles ?? 0, "articles"),
+        card("Consolidations", stats.consolidations ?? 0, "consolidations")),
+      h("p", { class: "muted", text: `embedder: ${stats.embedder || "—"} · vector search: ${stats.vector_search || "—"} · backend: ${stats.backend || "—"}` }),
+      form,
+      results,
+      h("h2", { text: `Articles (${articles.length})` }),
+      articles.length ? h("ul", { class: "results", id: "articles" }, articles.map(articleItem)) : h("p", { class: "muted", text: "No articles yet (consolidate the buffer to form some)." }),
+    ];
+  }
+
+  // ---------------------------------------------------------------- router
+
+  async function route() {
+    for (const fn of cleanups) fn();
+    cleanups = [];
+    const gen = ++generation;
+    const hash = location.hash.replace(/^#\/?/, "");
+    const [pathPart, queryPart] = hash.split("?");
+    const parts = pathPart.split("/").filter(Boolean).map((p) => {
+      try {
+        return decodeURIComponent(p);
+      } catch (e) {
+        return p;
+      }
+    });
+    const params = new URLSearchParams(queryPart || "");
+    const section = parts[0] || "runs";
+    for (const a of document.querySelectorAll("[data-nav]")) {
+      if (a.dataset.nav === section) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+    }
+    let render;
+    if (section === "runs" && parts[1]) render = () => runView(parts.slice(1).join("/"));
+    else if (section === "runs") render = () => runsView(params);
+    else if (section === "routines" && parts[1]) render = () => routineView(parts[1]);
+    else if (section === "routines") render = () => routinesView();
+    else if (section === "cache") render = () => cacheView();
+    else if (section === "memory") render = () => memoryView(params);
+    else render = async () => [h("h1", { text: "Not found" }), h("p", {}, "No page here. ", h("a", { href: "#/runs", text: "Go to runs" }))];
+    document.title = `engrain · ${section}`;
+    view.setAttribute("aria-busy", "true");
+    try {
+      const nodes = await render();
+      if (gen !== generation) return;
+      view.replaceChildren(...nodes.filter(Boolean));
+    } catch (e) {
+      if (gen !== generation) return;
+      view.replaceChildren(h("h1", { text: "Could not load this page" }), errorBox(e));
+    } finally {
+      if (gen === generation) view.removeAttribute("aria-busy");
+    }
+  }
+
+  window.addEventListener("hashchange", () => {
+    setStatus("");
+    route();
+  });
+  loadHealth();
+  route();
+})();

@@ -1,0 +1,101 @@
+"""``engrain mcp``: the MCP server over stdio, driven by the official SDK's own stdio client."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+import engrain as eg
+
+ROUTINE = """\
+name: hello
+description: Greets someone
+inputs:
+  type: object
+  properties:
+    who: {type: string}
+  required: [who]
+steps:
+  - id: result
+    type: return
+    value: "hello {{ inputs.who }}"
+"""
+
+
+def _payload(result) -> object:
+    """The tool's JSON result (structured content, unwrapping the SDK's {"result": ...} for lists)."""
+    sc = result.structured_content
+    if isinstance(sc, dict) and set(sc) == {"result"}:
+        return sc["result"]
+    if sc is not None:
+        return sc
+    return json.loads(result.content[0].text)
+
+
+@pytest.fixture
+def store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'mcp.db'}"
+    (tmp_path / "routines" / "hello").mkdir(parents=True)
+    (tmp_path / "routines" / "hello" / "routine.yaml").write_text(ROUTINE)
+    j = eg.open(url)
+    j.append("seeded-run", [eg.NewEvent("run.started", "", {"task": "seeded", "inputs": {}, "tags": []})], 0)
+    j.append("seeded-run", [eg.NewEvent("run.completed", "", {"output": 1})], 1)
+    j.close()
+    return url, tmp_path
+
+
+def test_mcp_tools_over_stdio(store):
+    url, tmp = store
+    exe_path = Path(sys.executable).with_name("engrain")  # this venv's engrain, not one on PATH
+    exe = str(exe_path) if exe_path.exists() else shutil.which("engrain") or "engrain"
+    params = StdioServerParameters(
+        command=exe, args=["mcp", "--url", url, "--routines", str(tmp / "routines")],
+        env={"ENGRAIN_HOME": str(tmp / "home")}, cwd=str(tmp),
+    )
+
+    async def main() -> dict:
+        out: dict = {}
+        with anyio.fail_after(120), open(tmp / "mcp-stderr.log", "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as streams:
+                async with ClientSession(streams[0], streams[1]) as s:
+                    await s.initialize()
+                    out["tools"] = sorted(t.name for t in (await s.list_tools()).tools)
+                    out["runs"] = _payload(await s.call_tool("list_runs", {}))
+                    out["done"] = _payload(await s.call_tool("list_runs", {"status": "completed"}))
+                    out["none"] = _payload(await s.call_tool("list_runs", {"status": "failed"}))
+                    out["id1"] = _payload(await s.call_tool("remember", {"data": "Deploys happen on Tuesdays", "skill": "ops"}))
+                    await s.call_tool("remember", {"data": "Deploys are frozen in late December", "skill": "ops"})
+                    await s.call_tool("remember", {"data": "Lunch is served at noon", "skill": "office"})
+                    out["recall"] = _payload(await s.call_tool("recall", {"query": "when do we deploy?", "skill": "ops", "top_k": 2}))
+                    out["consolidate"] = _payload(await s.call_tool("consolidate", {}))
+                    out["routines"] = _payload(await s.call_tool("list_routines", {}))
+                    out["bad"] = await s.call_tool("run_routine", {"name": "../etc"})
+                    out["bad_recall"] = await s.call_tool("recall", {"query": "   "})
+                    out["run"] = await s.call_tool("run_routine", {"name": "hello", "inputs": {"who": "Ada"}})
+        return out
+
+    out = anyio.run(main)
+    assert out["tools"] == ["consolidate", "list_routines", "list_runs", "recall", "remember", "run_routine"]
+    assert [r["run_id"] for r in out["runs"]] == ["seeded-run"] and out["runs"][0]["status"] == "completed"
+    assert len(out["done"]) == 1 and out["none"] == []
+    assert out["id1"]["id"].startswith("rec_")
+    assert len(out["recall"]) == 2 and all("Deploy" in h["content"] for h in out["recall"])
+    assert out["recall"][0]["skill"] == "ops"
+    assert out["consolidate"]["errors"] == [] and out["consolidate"]["formed"] >= 1
+    assert out["routines"][0]["name"] == "hello" and out["routines"][0]["description"] == "Greets someone"
+    assert out["bad"].is_error and "BadRoutineName" in out["bad"].content[0].text
+    assert out["bad_recall"].is_error and "query" in out["bad_recall"].content[0].text
+    assert not out["run"].is_error, out["run"].content
+    res = _payload(out["run"])
+    assert res["status"] == "ok" and res["output"] == "hello Ada"
+    # The run went to the shared store: visible to the Python API too.
+    j = eg.open(url)
+    assert j.get_run(res["run_id"]).status == "completed"
+    j.close()
