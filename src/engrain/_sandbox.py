@@ -51,7 +51,7 @@ def engine(fuel: bool = True) -> wasmtime.Engine:
             ticker = threading.Thread(target=_ticker, args=(eng,), daemon=True, name="engrain-epoch")
             ticker.start()
             # Stop ticking before interpreter teardown frees the engine under the thread.
-            atexit.register(lambda: (_stop.set(), ticker.join()))
+            atexit.register(lambda: (_stop.set(), ticker.join(), _modules.clear()))
         return eng
 
 
