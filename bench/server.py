@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,13 +25,10 @@ from pathlib import Path
 
 import engrain as eg
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.servers import serve  # noqa: E402 - the same start/stop as the tests
+
 PG_URL = os.environ.get("ENGRAIN_TEST_PG_URL", "postgresql://engrain:engrain@127.0.0.1:5432/engrain_test")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pg_schema(schema: str) -> str:
@@ -85,40 +80,17 @@ def event(kind: str, seq: int) -> dict:
 
 
 def bench_http(url: str, clients: int, seconds: float, tmp: Path, batch: int) -> tuple[int, list[float]]:
-    port = free_port()
-    exe_path = Path(sys.executable).with_name("engrain")  # this venv's engrain, not one on PATH
-    exe = str(exe_path) if exe_path.exists() else shutil.which("engrain") or "engrain"
-    log = open(tmp / f"serve-{port}.log", "wb")
-    proc = subprocess.Popen([exe, "serve", "--port", str(port), "--url", url], stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                eg.Client(base, timeout=2).health()
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"server did not start: {(tmp / f'serve-{port}.log').read_text()}")
-                time.sleep(0.1)
+    token = uuid.uuid4().hex
+    with serve(url, tmp, token=token, name=f"serve-{uuid.uuid4().hex[:6]}") as base:
         local = threading.local()
 
         def append(run_id: str, seq: int, kind: str, n: int) -> None:
             c = getattr(local, "c", None)
             if c is None:
-                c = local.c = eg.Client(base)
+                c = local.c = eg.Client(base, token=token)
             c.append(run_id, [event(kind, seq + i) for i in range(n)], seq)
 
         return drive(append, clients, seconds, batch)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 def bench_direct(url: str, clients: int, seconds: float) -> tuple[int, list[float]]:

@@ -531,3 +531,46 @@ def test_crashed_routine_run_resumes_without_redoing_steps(tmp_path):
     assert fetched == ["employees.csv"]  # the tool ran once; the journal replayed it
     attempts = [e.data["attempt"] for e in j.read("crash-1") if e.kind == "step.started" and e.name == "summarize"]
     assert attempts == [1, 2]
+
+
+def test_keys_a_dotted_path_cannot_name_and_literal_braces(tmp_path):
+    """Provenance through ``_id`` / ``my key`` keys uses bracket paths; recorded ``{{`` text stays literal."""
+    trace = {
+        "version": "1", "app": {"name": "t", "version": "1"},
+        "mission": {"goal": "copy a record", "input_summary": {"rec": {"_id": "abc123", "my key": "hello world"}}},
+        "events": [
+            {"type": "tool_call", "seq": 1, "tool": "get", "args": {"id": "abc123", "k": "hello world"},
+             "result": {"_id": "zz9", "text": "Hello {{name}} there"}},
+            {"type": "tool_call", "seq": 2, "tool": "put", "args": {"id": "zz9", "t": "Hello {{name}} there"}, "result": "ok"},
+        ],
+        "final_output": "ok",
+    }
+    out = eg.compile_trace(trace, tmp_path / "r")
+    assert eg.validate_routine(out) == []
+    reg, sent = eg.ToolRegistry(), []
+
+    @eg.tool(registry=reg)
+    def get(id: str, k: str) -> dict:
+        return {"_id": id[::-1], "text": "Hi {{x}} " + k}
+
+    @eg.tool(registry=reg)
+    def put(id: str, t: str) -> str:
+        sent.append((id, t))
+        return "ok"
+
+    j = eg.open(f"sqlite:///{tmp_path / 'e.db'}")
+    res = eg.run_routine(out, {"rec": {"_id": "q1", "my key": "bye"}}, tools=reg, journal=j)
+    assert res.status == "ok", res.error
+    assert sent == [("1q", "Hi {{x}} bye")]
+
+
+def test_trace_of_a_routine_run_compiles_with_the_routines_inputs(tmp_path):
+    j = eg.open(f"sqlite:///{tmp_path / 'e.db'}")
+    res = eg.run_routine(PACKAGE, agent.INPUTS, tools=agent.tools, journal=j, answers={"step3": {}})
+    assert res.status == "ok", res.error
+    from engrain._trace import export_run
+
+    out = eg.compile_trace(export_run(j, res.run_id), tmp_path / "again")
+    assert json.loads((out / "input.json").read_text()) == agent.INPUTS
+    again = eg.run_routine(out, agent.INPUTS, tools=agent.tools, journal=j, answers={"step3": {}})
+    assert again.status == "ok" and again.output == res.output

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from contextlib import ExitStack
 
 import pytest
 
 import engrain as eg
 from tests.conftest import drop_pg_schema, pg_schema_url
+from tests.servers import serve
 
 TOKEN = "multi-secret"
 ASK = """\
@@ -38,56 +34,20 @@ steps:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Two server processes on one fresh PostgreSQL schema; killed in teardown."""
+    """Two server processes on one fresh PostgreSQL schema; stopped in teardown."""
     tmp = tmp_path_factory.mktemp("multi")
     schema = "t_" + uuid.uuid4().hex[:12]
     url = pg_schema_url(schema)
     routines = tmp / "routines"
     (routines / "ask").mkdir(parents=True)
     (routines / "ask" / "routine.yaml").write_text(ASK)
-    exe_path = Path(sys.executable).with_name("engrain")  # this venv's engrain, not one on PATH
-    exe = str(exe_path) if exe_path.exists() else shutil.which("engrain") or "engrain"
-    procs, bases = [], []
     try:
-        for i in range(2):
-            port = _free_port()
-            out = open(tmp / f"server{i}.log", "wb")
-            env = {**os.environ, "ENGRAIN_TOKEN": TOKEN, "ENGRAIN_HOME": str(tmp / f"home{i}")}
-            procs.append((subprocess.Popen(
-                [exe, "serve", "--port", str(port), "--url", url, "--routines", str(routines)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp,
-            ), out))
-            bases.append(f"http://127.0.0.1:{port}")
-        for (p, _), base in zip(procs, bases):
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if eg.Client(base, token=TOKEN, timeout=2).health()["ok"]:
-                        break
-                except Exception:  # noqa: BLE001 - not up yet
-                    pass
-                assert p.poll() is None, (tmp / "server0.log").read_text() + (tmp / "server1.log").read_text()
-                assert time.monotonic() < deadline, "server did not start in 30 s"
-                time.sleep(0.1)
-        yield bases, url
+        with ExitStack() as stack:
+            bases = [stack.enter_context(serve(url, tmp, token=TOKEN, name=f"server{i}", routines=routines)) for i in range(2)]
+            yield bases, url
     finally:
-        for p, out in procs:
-            p.terminate()
-        for p, out in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
-            out.close()
         drop_pg_schema(schema)
 
 

@@ -13,9 +13,6 @@ import importlib.util
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 import engrain as eg
+from tests.servers import serve
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
@@ -143,21 +141,6 @@ def seed_memory(url: str) -> bool:
 # -- fixtures -----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-SERVE = """
-import sys, uvicorn
-from engrain._server import create_app
-url, token, routines, tools, port = sys.argv[1:6]
-uvicorn.run(create_app(url, token=token, routines_dir=routines, tools=tools), host="127.0.0.1",
-            port=int(port), log_level="warning")
-"""
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
@@ -177,39 +160,12 @@ def server(tmp_path_factory):
     no_routine = seed_routine(url, routines)
     has_memory = seed_memory(url)
 
-    port = _free_port()
-    log_path = tmp / "server.log"
     tools_spec = f"{ROOT / 'examples/csv_report/agent.py'}:tools"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, url, TOKEN, str(routines), tools_spec, str(port)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp),
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}:\n{log_path.read_text()}")
-            try:
-                if httpx.get(f"{base}/api/health", timeout=1).status_code == 401:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"server did not start within 30 s:\n{log_path.read_text()}")
-            time.sleep(0.1)
+    with serve(url, tmp, token=TOKEN, routines=routines, tools=tools_spec) as base:
         yield {
             "base": base, "url": url, "ok": ok.run_id, "failed": failed.run_id, "waiting": waiting.run_id,
-            "odd": odd.run_id, "no_routine": no_routine, "has_memory": has_memory, "log": log_path,
+            "odd": odd.run_id, "no_routine": no_routine, "has_memory": has_memory, "log": tmp / "server.log",
         }
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @pytest.fixture(scope="module")

@@ -45,12 +45,18 @@ CREATE TABLE IF NOT EXISTS engrain_cache_stats (
 );
 """
 
+def _usable(name: str) -> bool:
+    # A param that a template path cannot name is left out of templating (its values stay literal).
+    return name.isidentifier() and not name.startswith("_")
+
+
 def _placeholder(name: str) -> str:
     return "{{ params." + name + " }}"
 
 
 def templatize(value: Any, params: dict[str, Any]) -> tuple[Any, bool]:
     """Replace values that came from ``params`` by placeholders (whole values and substrings)."""
+    params = {k: v for k, v in params.items() if _usable(k)}
     if isinstance(value, str):
         if "{{" in value or "}}" in value:
             raise ValueError("literal braces")  # would read as a placeholder: keep this step literal
@@ -78,7 +84,8 @@ def templatize(value: Any, params: dict[str, Any]) -> tuple[Any, bool]:
 def canonical_task(task: str, params: dict[str, Any]) -> str:
     """The task with parameter values replaced by placeholders and whitespace collapsed."""
     text = " ".join(task.split())
-    for name, pv in sorted(params.items(), key=lambda kv: -len(str(kv[1]))):
+    usable = {k: v for k, v in params.items() if _usable(k)}
+    for name, pv in sorted(usable.items(), key=lambda kv: -len(str(kv[1]))):
         s = str(pv)
         if s and not isinstance(pv, bool):
             text = text.replace(s, _placeholder(name))

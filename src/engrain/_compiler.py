@@ -76,6 +76,9 @@ def _from_engrain(data: dict[str, Any]) -> _Trace:
     run = data.get("run") or {}
     started = next((e.get("data") or {} for e in events if e.get("kind") == "run.started"), {})
     inputs = started.get("inputs", run.get("inputs")) or {}
+    if "routine" in (started.get("tags") or []) and isinstance(inputs, dict) and "routine" in inputs:
+        # A routine run records its package and options around the routine's own inputs.
+        inputs = inputs.get("inputs") or {}
     task = str(started.get("task", run.get("task", "")) or "")
     calls: dict[int, _Call] = {}
     order: list[int] = []
@@ -163,8 +166,10 @@ def _key(v: Any) -> str:
 def _child(path: str, k: Any) -> str | None:
     if isinstance(k, int):
         return f"{path}[{k}]"
-    if isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k):
+    if isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_"):
         return f"{path}.{k}"
+    if isinstance(k, str) and k and not any(c in k for c in '"\\{}'):
+        return f'{path}["{k}"]'  # keys a dotted path cannot name (``_id``, ``my key``)
     return None  # not addressable by a template path
 
 

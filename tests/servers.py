@@ -1,0 +1,71 @@
+"""``engrain serve`` in a subprocess for tests: a free port, a log file, a bounded start, a sure stop."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engrain_exe() -> str:
+    """This venv's ``engrain`` console script (not one elsewhere on PATH)."""
+    exe = Path(sys.executable).with_name("engrain")
+    return str(exe) if exe.exists() else shutil.which("engrain") or "engrain"
+
+
+@contextmanager
+def serve(url: str, workdir: Path, *, token: str, name: str = "server", routines: Path | None = None,
+          tools: str | None = None) -> Iterator[str]:
+    """Run ``engrain serve`` on ``url`` until the block ends; yields its base URL.
+
+    The server's output goes to ``workdir/<name>.log`` (never to our pipes), it must
+    answer ``/api/health`` within 30 s, and it is terminated, then killed, on exit.
+    """
+    port = free_port()
+    log_path = workdir / f"{name}.log"
+    args = [engrain_exe(), "serve", "--port", str(port), "--url", url]
+    if routines is not None:
+        args += ["--routines", str(routines)]
+    if tools is not None:
+        args += ["--tools", tools]
+    env = {**os.environ, "ENGRAIN_TOKEN": token, "ENGRAIN_HOME": str(workdir / f"{name}-home")}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_path.read_text()}")
+            try:
+                r = httpx.get(f"{base}/api/health", headers={"Authorization": f"Bearer {token}"}, timeout=1)
+                if r.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start within 30 s:\n{log_path.read_text()}")
+            time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
