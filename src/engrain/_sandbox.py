@@ -20,6 +20,7 @@ import os
 import pathlib
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = ["Limits", "SandboxUdfHost", "WasmTool", "load_module", "run_wasm"]
 _engine_lock = threading.Lock()
 _engines: dict[bool, wasmtime.Engine] = {}
 _modules: dict[str, wasmtime.Module] = {}
+_live_modules: weakref.WeakSet[wasmtime.Module] = weakref.WeakSet()
 
 
 def engine(fuel: bool = True) -> wasmtime.Engine:
@@ -51,8 +53,21 @@ def engine(fuel: bool = True) -> wasmtime.Engine:
             ticker = threading.Thread(target=_ticker, args=(eng,), daemon=True, name="engrain-epoch")
             ticker.start()
             # Stop ticking before interpreter teardown frees the engine under the thread.
-            atexit.register(lambda: (_stop.set(), ticker.join(), _modules.clear()))
+            atexit.register(lambda: (_stop.set(), ticker.join(), _close_modules()))
         return eng
+
+
+def _close_modules() -> None:
+    # Free every compiled module while wasmtime's FFI is still loaded: one collected
+    # during interpreter teardown fails in its __del__ with a TypeError.
+    _modules.clear()
+    for mod in list(_live_modules):
+        mod.close()
+
+
+def _track(mod: wasmtime.Module) -> wasmtime.Module:
+    _live_modules.add(mod)
+    return mod
 
 
 _TICK = 0.01  # seconds per epoch; wall-clock limits are rounded up to ticks
@@ -72,7 +87,7 @@ def load_module(path: str | os.PathLike[str]) -> wasmtime.Module:
     key = hashlib.sha256(data).hexdigest()
     mod = _modules.get(key)
     if mod is None:
-        mod = wasmtime.Module(engine(), data)
+        mod = _track(wasmtime.Module(engine(), data))
         _modules[key] = mod
     return mod
 
@@ -252,11 +267,11 @@ def _python_module(cache_dir: pathlib.Path, fuel: bool) -> wasmtime.Module:
     mod = None
     if cached.exists():
         try:
-            mod = wasmtime.Module.deserialize_file(engine(fuel), str(cached))
+            mod = _track(wasmtime.Module.deserialize_file(engine(fuel), str(cached)))
         except Exception:  # stale or foreign cache file: compile again
             mod = None
     if mod is None:
-        mod = wasmtime.Module(engine(fuel), src.read_bytes())
+        mod = _track(wasmtime.Module(engine(fuel), src.read_bytes()))
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(mod.serialize())
