@@ -263,7 +263,7 @@ def _ident(name: str, taken: set[str]) -> str:
 def _literal(v: Any) -> str:
     """A Python literal for a JSON value (valid for any string and float)."""
     if isinstance(v, float) and not math.isfinite(v):
-        return f'float("{v}")'
+        return f'_b.float("{v}")'
     if isinstance(v, dict):
         return "{" + ", ".join(f"{_literal(str(k))}: {_literal(x)}" for k, x in v.items()) + "}"
     if isinstance(v, list):
@@ -279,28 +279,33 @@ behaviour could not be derived from the trace. Replace a function's body with
 real code to generalize the routine.
 """
 
+# Helpers reach builtins through _b: a UDF may be named dict, list, len or float.
+import builtins as _b
+
 try:
     from engrain import UnknownInputError
 except ImportError:  # inside the UDF sandbox engrain is not importable
 
     class UnknownInputError(LookupError):
         def __init__(self, function, args):
-            super().__init__(f"udfs.py: {function}() has no recorded result for arguments {args!r}")
+            _b.LookupError.__init__(self, f"udfs.py: {function}() has no recorded result for arguments {args!r}")
+
+_Unknown = UnknownInputError
 
 
 def _same(a, b):
     """JSON equality that tells True from 1 and 1 from 1.0 apart."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
+    if _b.isinstance(a, _b.dict) and _b.isinstance(b, _b.dict):
+        return a.keys() == b.keys() and _b.all(_same(a[k], b[k]) for k in a)
+    if _b.isinstance(a, _b.list) and _b.isinstance(b, _b.list):
+        return _b.len(a) == _b.len(b) and _b.all(_same(x, y) for x, y in _b.zip(a, b))
+    return _b.type(a) is _b.type(b) and a == b
 
 
 def _copy(v):
-    if isinstance(v, dict):
+    if _b.isinstance(v, _b.dict):
         return {k: _copy(x) for k, x in v.items()}
-    if isinstance(v, list):
+    if _b.isinstance(v, _b.list):
         return [_copy(x) for x in v]
     return v
 
@@ -309,7 +314,7 @@ def _replay(name, table, args):
     for seen, result in table:
         if _same(seen, args):
             return _copy(result)
-    raise UnknownInputError(name, args)
+    raise _Unknown(name, args)
 '''
 
 
