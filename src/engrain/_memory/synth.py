@@ -1,7 +1,9 @@
 """Synthesizers: records (and the article they update) -> an article's title and text.
 
 ``LLMSynthesizer`` asks OpenAI or Anthropic (official SDKs, imported on first
-use; the key comes from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``). Without a
+use; the key comes from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``, the
+endpoint from ``base_url`` or the SDKs' ``OPENAI_BASE_URL`` /
+``ANTHROPIC_BASE_URL``). Failures raise ``SynthesisError``. Without a
 key, ``ExtractiveSynthesizer`` builds the article offline from the records'
 own sentences, and its ``name`` says so in every consolidation summary.
 Both keep facts, dates and attribution: each line of an extractive article is
@@ -18,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._errors import EngrainError
 from .items import Article, Record
 
 #: Metadata keys read (in order) as the source of a record.
@@ -108,50 +111,123 @@ def _prompt(records: list[Record], previous: Article | None) -> str:
     return "\n".join(parts)
 
 
-class LLMSynthesizer:
-    """Synthesis by an LLM: ``provider`` is ``"openai"`` or ``"anthropic"``."""
+class SynthesisError(EngrainError):
+    """The LLM provider failed or answered with something that is not an article.
 
-    def __init__(self, provider: str, model: str | None = None, max_tokens: int = 1200):
+    The message names the synthesizer, the endpoint and what went wrong (HTTP
+    status and the provider's own message, timeout, unreadable body), never the
+    API key. Consolidation reports it in ``errors`` and keeps the records.
+    """
+
+
+class LLMSynthesizer:
+    """Synthesis by an LLM through the official SDK: ``provider`` is ``"openai"`` or ``"anthropic"``.
+
+    ``openai`` calls Chat Completions, ``anthropic`` calls Messages. The key
+    comes from ``OPENAI_API_KEY`` / ``ANTHROPIC_API_KEY``; ``model`` defaults to
+    ``$ENGRAIN_MEMORY_MODEL``, else a small model of the provider. ``base_url``
+    points the SDK at another endpoint (a proxy, a gateway, a compatible
+    server); when ``None`` the SDK reads ``OPENAI_BASE_URL`` /
+    ``ANTHROPIC_BASE_URL`` itself, else uses the provider's public API.
+    ``timeout`` (seconds per request) and ``max_retries`` (the SDK retries
+    connection errors, 408, 409, 429 and 5xx with backoff) go to the client.
+    """
+
+    def __init__(self, provider: str, model: str | None = None, max_tokens: int = 1200,
+                 base_url: str | None = None, timeout: float = 120.0, max_retries: int = 2):
         if provider not in ("openai", "anthropic"):
             raise ValueError(f"LLMSynthesizer provider must be 'openai' or 'anthropic', not {provider!r}")
+        if timeout <= 0:
+            raise ValueError(f"LLMSynthesizer timeout must be > 0 seconds, not {timeout!r}")
+        if max_retries < 0:
+            raise ValueError(f"LLMSynthesizer max_retries must be >= 0, not {max_retries!r}")
         self.provider = provider
         self.model = model or os.environ.get("ENGRAIN_MEMORY_MODEL") or (
             "gpt-4o-mini" if provider == "openai" else "claude-3-5-haiku-latest")
         self.max_tokens = max_tokens
+        self.base_url = base_url
+        self.timeout = timeout
+        self.max_retries = max_retries
         self.name = f"llm ({provider}:{self.model})"
         self._client: Any = None
 
+    def _sdk(self) -> Any:
+        """The SDK module; imported on first use so engrain runs without either installed."""
+        try:
+            if self.provider == "openai":
+                import openai as sdk
+            else:
+                import anthropic as sdk
+        except ImportError as e:
+            raise SynthesisError(f"{self.name}: the {self.provider!r} package is not installed "
+                                 f"(pip install {self.provider})") from e
+        return sdk
+
+    def _make_client(self, sdk: Any) -> Any:
+        kw: dict[str, Any] = {"timeout": self.timeout, "max_retries": self.max_retries}
+        if self.base_url:  # only when given, so the SDK's own *_BASE_URL lookup stays in charge otherwise
+            kw["base_url"] = self.base_url
+        return sdk.OpenAI(**kw) if self.provider == "openai" else sdk.Anthropic(**kw)
+
     def _complete(self, system: str, user: str) -> str:
-        if self.provider == "openai":
+        sdk = self._sdk()
+        try:
             if self._client is None:
-                import openai
+                self._client = self._make_client(sdk)
+            if self.provider == "openai":
+                resp = self._client.chat.completions.create(
+                    model=self.model, max_tokens=self.max_tokens, response_format={"type": "json_object"},
+                    messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
+            else:
+                resp = self._client.messages.create(model=self.model, max_tokens=self.max_tokens, system=system,
+                                                    messages=[{"role": "user", "content": user}])
+        except sdk.APIStatusError as e:
+            raise SynthesisError(f"{self.name} at {self._where()}: HTTP {e.status_code}: {_api_message(e)}") from e
+        except sdk.APIError as e:  # timeout, connection refused, unreadable body
+            raise SynthesisError(f"{self.name} at {self._where()}: {type(e).__name__}: {e}") from e
+        if isinstance(resp, str):  # the SDK hands back a body it could not read as JSON as text
+            raise SynthesisError(f"{self.name} at {self._where()}: malformed response, not JSON: {resp[:120]!r}")
+        try:
+            if self.provider == "openai":
+                choice = resp.choices[0]
+                text, stop = choice.message.content or "", choice.finish_reason
+                cut = stop == "length"
+            else:
+                text = "".join(b.text for b in resp.content if getattr(b, "type", "") == "text")
+                stop = resp.stop_reason
+                cut = stop == "max_tokens"
+        except (AttributeError, IndexError, TypeError) as e:
+            what = "Chat Completions" if self.provider == "openai" else "Messages"
+            raise SynthesisError(f"{self.name} at {self._where()}: malformed response, not a {what} reply "
+                                 f"({type(e).__name__}: {e})") from e
+        if cut:  # a cut-off reply is half an article: never store it
+            raise SynthesisError(f"{self.name}: reply cut off at max_tokens={self.max_tokens} "
+                                 f"(stop reason {stop!r}); raise max_tokens")
+        return text
 
-                self._client = openai.OpenAI()
-            resp = self._client.chat.completions.create(
-                model=self.model, max_tokens=self.max_tokens, response_format={"type": "json_object"},
-                messages=[{"role": "system", "content": system}, {"role": "user", "content": user}])
-            return resp.choices[0].message.content or ""
-        if self._client is None:
-            import anthropic
-
-            self._client = anthropic.Anthropic()
-        resp = self._client.messages.create(model=self.model, max_tokens=self.max_tokens, system=system,
-                                            messages=[{"role": "user", "content": user}])
-        return "".join(getattr(b, "text", "") for b in resp.content)
+    def _where(self) -> str:
+        return str(getattr(self._client, "base_url", None) or self.base_url or "(default endpoint)")
 
     def synthesize(self, skill: str, records: list[Record], previous: Article | None) -> tuple[str, str]:
-        from .._errors import EngrainError
-
         text = self._complete(_SYSTEM.format(skill=skill or "(none)"), _prompt(records, previous))
         m = re.search(r"\{.*\}", text, re.S)
         try:
             obj = json.loads(m.group(0) if m else text)
             title, content = str(obj["title"]).strip(), str(obj["content"]).strip()
         except (ValueError, KeyError, TypeError) as e:
-            raise EngrainError(f"{self.name} returned no JSON with 'title' and 'content': {text[:200]!r}") from e
+            raise SynthesisError(f"{self.name} returned no JSON with 'title' and 'content': {text[:200]!r}") from e
         if not content:
-            raise EngrainError(f"{self.name} returned an empty article")
+            raise SynthesisError(f"{self.name} returned an empty article")
         return title or "untitled", content
+
+
+def _api_message(e: Any) -> str:
+    """The provider's own error message and type from an SDK status error, else the SDK's text."""
+    body = getattr(e, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(inner, dict) and inner.get("message"):
+        return str(inner["message"]) + (f" ({inner['type']})" if inner.get("type") else "")
+    return str(getattr(e, "message", e))
 
 
 def default_synthesizer() -> Synthesizer:
