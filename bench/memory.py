@@ -14,14 +14,19 @@ Measured per size, on each side:
   (engrain: hybrid vector + full text + scoring + the recall event it writes;
   ChromaDB: vector query only).
 
+Engrain also runs on PostgreSQL with pgvector (vector search in SQL) at the
+``--pgvector-sizes`` (default 10k): the server from ``$ENGRAIN_TEST_PGVECTOR_URL``
+or ``scripts/pgvector.sh``, one throwaway schema per size.
+
 Target: engrain recall p50 <= 10 ms at 100k. Usage:
-    python bench/memory.py [--sizes 10000,100000] [--queries 200] [--single 500]
+    python bench/memory.py [--sizes 10000,100000] [--queries 200] [--single 500] [--pgvector-sizes 10000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -29,7 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -103,7 +110,22 @@ def pct(xs: list[float]) -> tuple[float, float]:
     return statistics.median(s), s[max(0, int(len(s) * 0.95) - 1)]
 
 
-def bench_engrain(texts: list[str], vecs: np.ndarray, qs: list[str], single: int) -> dict:
+def pgvector_url() -> str:
+    """The pgvector server's URL (``$ENGRAIN_TEST_PGVECTOR_URL``, else started by ``scripts/pgvector.sh``)."""
+    url = os.environ.get("ENGRAIN_TEST_PGVECTOR_URL")
+    if not url:
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "pgvector.sh")], capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise SystemExit(f"scripts/pgvector.sh failed (use --pgvector-sizes '' to skip):\n{r.stderr[-2000:]}")
+        url = r.stdout.strip()
+    return url
+
+
+def bench_engrain(texts: list[str], vecs: np.ndarray, qs: list[str], single: int, pg: str | None = None) -> dict:
+    """One engrain run on a fresh SQLite file, or on a fresh schema of the PostgreSQL server ``pg``."""
+    import psycopg
+
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
     from engrain._memory.synth import ExtractiveSynthesizer
@@ -111,7 +133,12 @@ def bench_engrain(texts: list[str], vecs: np.ndarray, qs: list[str], single: int
     emb = default_embedder()
     emb.batch_size = 32  # type: ignore[attr-defined]
     tmp = Path(tempfile.mkdtemp(prefix="engrain-membench-"))
-    mem = Memory(f"sqlite:///{tmp / 'engrain.db'}", embedder=emb, synthesizer=ExtractiveSynthesizer())
+    url, schema = f"sqlite:///{tmp / 'engrain.db'}", "bench_" + uuid.uuid4().hex[:12]
+    if pg is not None:
+        with psycopg.connect(pg, autocommit=True) as c:
+            c.execute(f'CREATE SCHEMA "{schema}"')
+        url = f"{pg}{'&' if '?' in pg else '?'}options={quote(f'-csearch_path={schema}', safe='')}"
+    mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
     emb.embed(["warm up"])
     t = time.perf_counter()
     for s in texts[:single]:
@@ -141,8 +168,12 @@ def bench_engrain(texts: list[str], vecs: np.ndarray, qs: list[str], single: int
     st = mem.stats()
     mem.close()
     shutil.rmtree(tmp, ignore_errors=True)
+    if pg is not None:
+        with psycopg.connect(pg, autocommit=True) as c:
+            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
     return {"single": single_rate, "bulk": bulk_rate, "p50": p50, "p95": p95, "embed_p50": pct(emb_lat)[0],
-            "first_recall_s": first, "search": st["vector_search"], "records": st["records"]}
+            "first_recall_s": first, "search": st["vector_search"], "records": st["records"],
+            "backend": st["backend"]}
 
 
 PEER_SCRIPT = r"""
@@ -210,8 +241,11 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--single", type=int, default=500)
     ap.add_argument("--no-peer", action="store_true", help="engrain only")
+    ap.add_argument("--pgvector-sizes", default="10000", help="sizes also run on PostgreSQL + pgvector ('' for none)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
+    pgv_sizes = {int(s) for s in a.pgvector_sizes.split(",") if s.strip()}
+    pgv = pgvector_url() if pgv_sizes else None
     sys.path.insert(0, str(ROOT / "src"))
     py = None if a.no_peer else ensure_peer()
     corpus = sentences(max(sizes), 1)
@@ -226,18 +260,21 @@ def main() -> None:
             print(f"size {n}: chromadb ...", flush=True)
             c = bench_chroma(py, corpus[:n], vecs[:n], qs, a.single)
         rows.append((n, e, c))
+        if pgv is not None and n in pgv_sizes:
+            print(f"size {n}: engrain on PostgreSQL + pgvector ...", flush=True)
+            rows.append((n, bench_engrain(corpus[:n], vecs[:n], qs, a.single, pg=pgv), None))
     print()
     print("remember: 'single' = one remember()/add() per item incl. embedding; 'bulk' = batches of 2000,")
     print("pre-embedded in batches (same model), so it measures storage + indexing. recall incl. query embedding.")
-    print(f"{'records':>8} {'system':<22} {'single/s':>9} {'bulk/s':>9} {'recall p50':>11} {'p95':>8}  notes")
+    print(f"{'records':>8} {'system':<30} {'single/s':>9} {'bulk/s':>9} {'recall p50':>11} {'p95':>8}  notes")
     for n, e, c in rows:
-        print(f"{n:>8} {'engrain (' + e['search'] + ')':<22} {e['single']:>9.0f} {e['bulk']:>9.0f} "
+        print(f"{n:>8} {'engrain ' + e['backend'] + ' (' + e['search'] + ')':<30} {e['single']:>9.0f} {e['bulk']:>9.0f} "
               f"{e['p50']:>9.2f}ms {e['p95']:>6.2f}ms  hybrid vector+FTS; query embed p50 {e['embed_p50']:.2f}ms; "
               f"first recall (index load/build) {e['first_recall_s']:.1f}s")
         if c:
-            print(f"{n:>8} {'chromadb ' + c['version']:<22} {c['single']:>9.0f} {c['bulk']:>9.0f} "
+            print(f"{n:>8} {'chromadb ' + c['version']:<30} {c['single']:>9.0f} {c['bulk']:>9.0f} "
                   f"{c['p50']:>9.2f}ms {c['p95']:>6.2f}ms  vector only")
-    big = [e for n, e, _ in rows if n >= 100_000]
+    big = [e for n, e, _ in rows if n >= 100_000 and e["backend"] == "sqlite"]
     if big:
         print(f"target recall p50 <= 10 ms at 100k: {'MET' if big[0]['p50'] <= 10 else 'NOT MET'} "
               f"({big[0]['p50']:.2f} ms)")

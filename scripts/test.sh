@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs everything the tests need (Python packages into .venv,
-# a PostgreSQL server via apt), starts the server, and runs the whole suite.
+# a PostgreSQL server via apt), starts the servers, and runs the whole suite.
 # Usage: scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,5 +14,8 @@ command -v clang >/dev/null && [ -e /usr/lib/wasm32-wasi/crt1-command.o ] || { a
 command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 ENGRAIN_TEST_PG_URL=$(bash scripts/postgres.sh)
 export ENGRAIN_TEST_PG_URL
+# Memory's pgvector path runs on the PostgreSQL + pgvector build from the dev extra.
+ENGRAIN_TEST_PGVECTOR_URL=$(bash scripts/pgvector.sh)
+export ENGRAIN_TEST_PGVECTOR_URL
 # pytest exits 5 when it collects no test; that is a failure here too.
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,4 +1,10 @@
-"""Skill memory on both backends with the real embedding model (all-MiniLM-L6-v2 int8 ONNX)."""
+"""Skill memory on every backend with the real embedding model (all-MiniLM-L6-v2 int8 ONNX).
+
+Backends: SQLite, PostgreSQL without pgvector (``$ENGRAIN_TEST_PG_URL``, numpy
+vector search) and PostgreSQL with pgvector (``$ENGRAIN_TEST_PGVECTOR_URL``,
+``scripts/pgvector.sh``; vector search in SQL). Without that URL the pgvector
+runs skip, naming the variable; ``scripts/test.sh`` always sets it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -17,6 +26,7 @@ import engrain as eg
 from engrain._memory import Memory
 from engrain._memory.embed import MiniLMEmbedder, default_embedder
 from engrain._memory.synth import ExtractiveSynthesizer
+from tests.conftest import BACKENDS, drop_pg_schema, pg_schema_url
 
 ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
 
@@ -29,6 +39,44 @@ FACTS = [
 ]
 
 
+PGVECTOR_URL = os.environ.get("ENGRAIN_TEST_PGVECTOR_URL")
+
+
+def pgvector_schema_url(schema: str) -> str:
+    """A URL on the pgvector test server whose search_path is a new ``schema``."""
+    import psycopg
+
+    assert PGVECTOR_URL
+    with psycopg.connect(PGVECTOR_URL, autocommit=True) as c:
+        c.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PGVECTOR_URL else "?"
+    return f"{PGVECTOR_URL}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
+
+
+def drop_pgvector_schema(schema: str) -> None:
+    import psycopg
+
+    assert PGVECTOR_URL
+    with psycopg.connect(PGVECTOR_URL, autocommit=True) as c:
+        c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture(params=[*BACKENDS, "pgvector"])
+def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
+    """A fresh, empty store on each backend, here also PostgreSQL with pgvector."""
+    schema = "t_" + uuid.uuid4().hex[:12]
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'engrain.db'}"
+    elif request.param == "postgres":
+        yield pg_schema_url(schema)
+        drop_pg_schema(schema)
+    else:
+        if not PGVECTOR_URL:
+            pytest.skip("ENGRAIN_TEST_PGVECTOR_URL is not set (scripts/pgvector.sh starts a server with pgvector)")
+        yield pgvector_schema_url(schema)
+        drop_pgvector_schema(schema)
+
+
 @pytest.fixture(scope="session")
 def embedder() -> MiniLMEmbedder:
     e = default_embedder()
@@ -39,6 +87,11 @@ def embedder() -> MiniLMEmbedder:
 @pytest.fixture
 def mem(store_url, embedder):
     m = Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    if PGVECTOR_URL and store_url.startswith(PGVECTOR_URL):
+        # On the pgvector server recall must search in SQL, not fall back to numpy.
+        assert m.store.pgvector and m.stats()["vector_search"] == "pgvector"
+    elif store_url.startswith("sqlite"):
+        assert not m.store.pgvector and m.stats()["vector_search"] == "numpy exact"
     yield m
     m.close()
 

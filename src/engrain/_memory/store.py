@@ -14,8 +14,8 @@ Three tiers and two helper tables:
   generated ``tsvector`` column with a GIN index on PostgreSQL.
 
 Vectors are float32 bytes (BLOB / BYTEA) searched in numpy by :mod:`.index`;
-when the server has the ``vector`` extension (pgvector) a ``vector`` column is
-added and searched in SQL instead.
+with the ``vector`` extension (pgvector) on the server, a ``vec`` column (filled
+from the bytes for older rows) is searched in SQL instead, exactly (no ANN index).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .items import Article, BufferItem, Record, _article, _record, to_blob
+from .items import Article, BufferItem, Record, _article, _record, from_blob, to_blob
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS engrain_mem_records (
@@ -86,6 +86,11 @@ _STOP = frozenset(
 )
 
 
+def _vec_literal(vec: np.ndarray) -> str:
+    """pgvector's text form of a vector (9 significant digits round-trip float32)."""
+    return "[" + ",".join(f"{x:.9g}" for x in np.asarray(vec, dtype=np.float32).tolist()) + "]"
+
+
 def query_terms(text: str, limit: int = 16) -> list[str]:
     """The words of ``text`` worth a full-text match (lower case, stop words dropped, deduplicated)."""
     seen: dict[str, None] = {}
@@ -103,6 +108,7 @@ class MemoryStore:
         self.path = Path(path) if path is not None else None
         self.url = url
         self.pgvector = False
+        self._vtype, self._vdist = "vector", "<=>"  # pgvector's type and operator (schema-qualified once found)
         self._lock = threading.RLock()
         if backend == "sqlite":
             assert self.path is not None
@@ -125,14 +131,27 @@ class MemoryStore:
                 self.pgvector = self._setup_pgvector()
 
     def _setup_pgvector(self) -> bool:
-        have = self._db.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone()
+        find = "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE extname = 'vector'"
+        have = self._db.execute(find).fetchone()
         if not have:
             avail = self._db.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
             if not avail:
                 return False
             self._db.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            have = self._db.execute(find).fetchone()
+        # The extension lives in one schema per database, often not the one on our
+        # search_path (a store per schema): name its type and operator explicitly.
+        ns = '"' + have[0].replace('"', '""') + '"'
+        self._vtype, self._vdist = f"{ns}.vector", f"OPERATOR({ns}.<=>)"
         for table in ("engrain_mem_records", "engrain_mem_articles"):
-            self._db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS vec vector")
+            if not self._db.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+                                    " AND table_name = %s AND column_name = 'vec'", (table,)).fetchone():
+                # Inline (pgvector's default moves it out of these >2 kB rows): 4x faster scans.
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN vec {self._vtype}, ALTER COLUMN vec SET STORAGE PLAIN")
+                # Rows stored before the extension was there would be invisible to the search.
+                with self._db.cursor() as cur:
+                    cur.executemany(f"UPDATE {table} SET vec = %s::{self._vtype} WHERE seq = %s", [
+                        (_vec_literal(from_blob(e)), q) for q, e in cur.execute(f"SELECT seq, embedding FROM {table}")])
         return True
 
     # -- plumbing -------------------------------------------------------------
@@ -195,9 +214,11 @@ class MemoryStore:
         if self.backend == "sqlite" and rowids:
             self._db.executemany("DELETE FROM engrain_mem_fts WHERE rowid = ?", [(r,) for r in rowids])
 
-    def _vec(self, table: str, seq: int, vec: np.ndarray) -> None:
-        if self.pgvector:
-            self._x(f"UPDATE {table} SET vec = ?::vector WHERE seq = ?", ("[" + ",".join(map(str, vec.tolist())) + "]", seq))
+    def _vec_insert(self, vec: np.ndarray) -> tuple[str, str, list[str]]:
+        """The extra INSERT column, placeholder and value for the pgvector column (none without it)."""
+        if not self.pgvector:
+            return "", "", []
+        return ", vec", f", ?::{self._vtype}", [_vec_literal(vec)]
 
     # -- records and deposits -------------------------------------------------
 
@@ -219,13 +240,13 @@ class MemoryStore:
                         self._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (r["expires"], got[0]))
                     out.append((got[0], False))
                     continue
+                vcol, vmark, vval = self._vec_insert(r["embedding"])
                 seq = self._x(
                     "INSERT INTO engrain_mem_records (id, skill, content, hint, metadata, digest, created, expires,"
-                    " embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                    f" embedding{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
                     (r["id"], r["skill"], r["content"], r["hint"], json.dumps(r["metadata"]), r["digest"], now,
-                     r["expires"], to_blob(r["embedding"]))).fetchone()[0]
+                     r["expires"], to_blob(r["embedding"]), *vval)).fetchone()[0]
                 self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"])
-                self._vec("engrain_mem_records", seq, r["embedding"])
                 self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('deposit', ?, ?, '{}', ?)",
                         (r["skill"], r["id"], now))
                 out.append((r["id"], True))
@@ -292,21 +313,18 @@ class MemoryStore:
         return seqs, [r[1] for r in rows], [r[2] for r in rows], exp, mat
 
     def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int) -> list[tuple[str, float]]:
-        """pgvector search (only when the extension is installed): ``[(id, cosine)]``."""
+        """pgvector search: up to ``limit`` ``(id, cosine)`` of live rows (of ``skill`` if given), nearest first."""
         table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
-        lit = "[" + ",".join(map(str, vec.tolist())) + "]"
-        sql = f"SELECT id, 1 - (vec <=> ?::vector) FROM {table} WHERE vec IS NOT NULL"
-        params: list[Any] = [lit]
+        sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE vec IS NOT NULL"
+        params: list[Any] = [_vec_literal(vec)]
         if tier == "record":
             sql += " AND (expires IS NULL OR expires > ?)"
             params.append(now)
         if skill is not None:
             sql += " AND skill = ?"
             params.append(skill)
-        sql += " ORDER BY vec <=> ?::vector LIMIT ?"
-        params += [lit, limit]
         with self._lock:
-            return [(r[0], float(r[1])) for r in self._x(sql, params).fetchall()]
+            return [(r[0], 1.0 - float(r[1])) for r in self._x(sql + " ORDER BY d, seq LIMIT ?", (*params, limit))]
 
     def _selective(self, terms: list[str], cap: int) -> list[str]:
         """The terms that match at most ``cap`` rows (each count stops at ``cap + 1``).
@@ -443,14 +461,14 @@ class MemoryStore:
                 if old is not None:  # rewritten: a new seq so index refreshes see it
                     self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (a.id,))
                     self._fts_del([-old[0]])
+                vcol, vmark, vval = self._vec_insert(a.embedding)
                 seq = self._x(
                     "INSERT INTO engrain_mem_articles (id, skill, title, content, sources, metadata, created, updated,"
-                    " version, synthesizer, embedding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq",
+                    f" version, synthesizer, embedding{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
                     (a.id, a.skill, a.title, a.content, json.dumps(a.sources), json.dumps(a.metadata), a.created,
-                     a.updated, a.version, a.synthesizer, to_blob(a.embedding))).fetchone()[0]
+                     a.updated, a.version, a.synthesizer, to_blob(a.embedding), *vval)).fetchone()[0]
                 a.seq = seq
                 self._fts_put(-seq, f"{a.title} {a.content}", a.skill)
-                self._vec("engrain_mem_articles", seq, a.embedding)
             for aid in deletes:
                 old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (aid,)).fetchone()
                 if old is not None:
