@@ -29,12 +29,13 @@ def engrain_exe() -> str:
 
 
 @contextmanager
-def serve(url: str, workdir: Path, *, token: str, name: str = "server", routines: Path | None = None,
-          tools: str | None = None) -> Iterator[str]:
+def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", routines: Path | None = None,
+          tools: str | None = None, agents: str | None = None, allow_hosts: tuple[str, ...] = ()) -> Iterator[str]:
     """Run ``engrain serve`` on ``url`` until the block ends; yields its base URL.
 
     The server's output goes to ``workdir/<name>.log`` (never to our pipes), it must
     answer ``/api/health`` within 30 s, and it is terminated, then killed, on exit.
+    ``token=None`` serves without a token (on loopback, with the Host guard).
     """
     port = free_port()
     log_path = workdir / f"{name}.log"
@@ -43,7 +44,14 @@ def serve(url: str, workdir: Path, *, token: str, name: str = "server", routines
         args += ["--routines", str(routines)]
     if tools is not None:
         args += ["--tools", tools]
-    env = {**os.environ, "ENGRAIN_TOKEN": token, "ENGRAIN_HOME": str(workdir / f"{name}-home")}
+    if agents is not None:
+        args += ["--agents", agents]
+    for h in allow_hosts:
+        args += ["--allow-host", h]
+    env = {**os.environ, "ENGRAIN_HOME": str(workdir / f"{name}-home")}
+    env.pop("ENGRAIN_TOKEN", None)
+    if token is not None:
+        env["ENGRAIN_TOKEN"] = token
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     base = f"http://127.0.0.1:{port}"
@@ -53,7 +61,7 @@ def serve(url: str, workdir: Path, *, token: str, name: str = "server", routines
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log_path.read_text()}")
             try:
-                r = httpx.get(f"{base}/api/health", headers={"Authorization": f"Bearer {token}"}, timeout=1)
+                r = httpx.get(f"{base}/api/health", headers={"Authorization": f"Bearer {token}"} if token else {}, timeout=1)
                 if r.status_code == 200:
                     break
             except httpx.HTTPError:

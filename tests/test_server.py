@@ -13,6 +13,9 @@ from fastapi.testclient import TestClient
 import engrain as eg
 from engrain._server import create_app
 
+#: A loopback server without a token refuses TestClient's default Host (testserver) as DNS rebinding.
+LOCAL = "http://127.0.0.1:8765"
+
 
 @pytest.fixture
 def app_url(store_url):
@@ -22,14 +25,14 @@ def app_url(store_url):
 @pytest.fixture
 def client(store_url, tmp_path):
     app = create_app(store_url, routines_dir=tmp_path / "routines")
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         yield c
 
 
 @pytest.fixture
 def sqlite_client(tmp_path):
     app = create_app(f"sqlite:///{tmp_path / 'e.db'}", routines_dir=tmp_path / "routines")
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL) as c:
         yield c
 
 
@@ -438,7 +441,7 @@ def routine_client(store_url, tmp_path):
     (root / "greet" / "routine.yaml").write_text(GREET)
     (root / "broken").mkdir()
     (root / "broken" / "routine.yaml").write_text("name: broken\nsteps:\n  - id: a\n    type: nope\n")
-    with TestClient(create_app(store_url, routines_dir=root, tools=reg)) as c:
+    with TestClient(create_app(store_url, routines_dir=root, tools=reg), base_url=LOCAL) as c:
         yield c
 
 

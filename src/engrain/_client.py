@@ -156,9 +156,50 @@ class Client:
         body = {"routine": routine, "inputs": inputs or {}, "run_id": run_id}
         return _run_result(self._call("POST", "/runs", json=body))
 
-    def answer(self, run_id: str, answers: dict[str, Any]) -> RunResult:
-        """Answer the prompt a ``needs_input`` run waits for; a routine run is resumed by the server."""
-        return _run_result(self._call("POST", f"/runs/{_seg(run_id)}/answers", json={"answers": answers}, run_id=run_id))
+    def start_agent(self, agent: str, task: str, inputs: dict[str, Any] | None = None, *,
+                    run_id: str | None = None, wait: float | None = None) -> RunResult:
+        """Start (or, with an unfinished ``run_id``, continue) a run of an agent registered on the server.
+
+        The server waits up to ``wait`` seconds (its default: 5) for the run to end or
+        ask for input; a run still going then has ``status == "running"`` (see :meth:`wait_run`).
+        """
+        body: dict[str, Any] = {"agent": agent, "task": task, "inputs": inputs or {}, "run_id": run_id}
+        if wait is not None:
+            body["wait"] = wait
+        return _run_result(self._call("POST", "/runs", json=body, run_id=run_id))
+
+    def answer(self, run_id: str, answers: dict[str, Any], *, wait: float | None = None) -> RunResult:
+        """Answer the prompt a ``needs_input`` run waits for.
+
+        A routine run, or a run of an agent registered on the server, is resumed
+        there (an agent run is waited for up to ``wait`` seconds); any other run's
+        answers are recorded for its own process and the status is ``running``.
+        """
+        body: dict[str, Any] = {"answers": answers, **({"wait": wait} if wait is not None else {})}
+        return _run_result(self._call("POST", f"/runs/{_seg(run_id)}/answers", json=body, run_id=run_id))
+
+    def wait_run(self, run_id: str, timeout: float = 60.0) -> RunResult:
+        """Poll ``run_id`` until it is no longer running (or ``timeout`` passes); its outcome.
+
+        ``status`` is ``ok``, ``failed``, ``needs_input`` (``prompt`` set) or, on timeout,
+        ``running``. ``replayed``/``executed`` are not known from the journal and stay 0.
+        """
+        import time
+
+        deadline, delay = time.monotonic() + timeout, 0.02
+        while True:
+            d = self.show(run_id)
+            status = d["run"]["status"]
+            if status != "running" or time.monotonic() >= deadline:
+                break
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+        names = {"completed": "ok"}
+        return RunResult(run_id, names.get(status, status), d.get("output"), d.get("error"), d.get("prompt"))
+
+    def agents(self) -> list[dict[str, Any]]:
+        """Agents the server can start: ``[{name, description}]``."""
+        return self._call("GET", "/agents")
 
     # -- routines ---------------------------------------------------------------
 

@@ -15,6 +15,15 @@ TokenOption = Annotated[
 ToolsOption = Annotated[
     str | None, typer.Option("--tools", help="Tool registry routine runs call, as module:attr (default engrain.tools).")
 ]
+AgentsOption = Annotated[
+    str | None,
+    typer.Option("--agents", help="Agents POST /api/runs may start and answers resume: a dict name -> callable, "
+                 "as module:attr or path/to/file.py:attr."),
+]
+AllowHostOption = Annotated[
+    list[str] | None,
+    typer.Option("--allow-host", help="Extra Host name accepted on loopback without a token (repeatable; '*' any)."),
+]
 RoutinesOption = Annotated[
     str | None, typer.Option("--routines", help="Folder holding one folder per routine (default ./routines).")
 ]
@@ -28,6 +37,8 @@ def serve(
     token: TokenOption = None,
     routines: RoutinesOption = None,
     tools: ToolsOption = None,
+    agents: AgentsOption = None,
+    allow_host: AllowHostOption = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -35,7 +46,7 @@ def serve(
 
         from .._server import create_app
 
-        app = create_app(url, token, routines, host=host, tools=tools)
+        app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or ())
     typer.echo(f"engrain serving on http://{host}:{port}  (store {app.state.engrain.journal.url})", err=True)
     # Open SSE streams would otherwise hold a Ctrl-C shutdown until their clients leave.
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)

@@ -49,12 +49,17 @@ class ApiError(Exception):
 class ServerState:
     """What the routes share: the journal, and lazily the cache store and memory."""
 
-    def __init__(self, journal: Journal, token: str | None, routines_dir: Path, tools: Any = None):
+    def __init__(self, journal: Journal, token: str | None, routines_dir: Path, tools: Any = None,
+                 agents: dict[str, Any] | None = None):
         self.journal = journal
         self.token = token
         self.routines_dir = routines_dir
         #: The tool registry routine runs call (``None``: ``engrain.tools``).
         self.tools = tools
+        from .agents import AgentRunner
+
+        #: The registered agents and the threads that run them.
+        self.agents = AgentRunner(self, agents or {})
         self.closed = False
         #: Open SSE streams (reported by /api/health; they end when their client disconnects).
         self.streams = 0
@@ -103,12 +108,69 @@ class ServerState:
 
 def is_loopback(host: str) -> bool:
     """Whether binding to ``host`` only accepts connections from this machine."""
-    if host in ("localhost", "ip6-localhost"):
+    if host.lower() in LOOPBACK_NAMES:
         return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
+
+
+def host_name(host: str) -> str:
+    """The name in a ``Host``/``Origin`` authority, without port or IPv6 brackets, lower-cased."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+class HostGuard:
+    """Refuse requests whose ``Host`` is not this machine (DNS rebinding) or whose ``Origin`` is foreign.
+
+    Active only on a loopback server without a token: a web page whose domain
+    re-resolves to 127.0.0.1 reaches such a server with its own name in ``Host``
+    (421), and a page that posts to it cross-site sends its ``Origin`` (403).
+    A token needs no such guard, since browsers never attach it by themselves.
+    """
+
+    def __init__(self, app: ASGIApp, allow: frozenset[str] = frozenset()):
+        self.app = app
+        self.allow = frozenset(host_name(h) for h in allow)
+        self.any = "*" in allow
+
+    def allowed(self, host: str) -> bool:
+        """Whether ``host`` (``name[:port]``) is a loopback name/address or allowed by ``--allow-host``."""
+        name = host_name(host)
+        return self.any or name in self.allow or is_loopback(name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = origin = None
+        for name, value in scope.get("headers", []):
+            if name == b"host":
+                host = value.decode("latin-1")
+            elif name == b"origin":
+                origin = value.decode("latin-1")
+        hint = "start the server with --allow-host NAME to accept another name, or set a token"
+        if host is None or not self.allowed(host):
+            resp = _error(421, "HostNotAllowed", f"Host header {host!r} is not a loopback name or address "
+                          f"(localhost, 127.0.0.1, ::1): refused to block DNS rebinding; {hint}")
+        elif origin is not None and origin != "null" and not self.allowed(origin.partition("://")[2] or origin):
+            resp = _error(403, "OriginNotAllowed", f"Origin {origin!r} is not this machine: cross-site request refused; {hint}")
+        else:
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        await resp(scope, receive, send)
 
 
 def _error(status: int, error: str, detail: Any, **extra: Any) -> JSONResponse:
@@ -223,6 +285,8 @@ def create_app(
     *,
     host: str = "127.0.0.1",
     tools: Any = None,
+    agents: Any = None,
+    allow_hosts: list[str] | tuple[str, ...] = (),
     ui_dir: str | os.PathLike[str] | None = None,
 ) -> FastAPI:
     """The engrain HTTP API (and web UI) over the store at ``url``.
@@ -231,6 +295,12 @@ def create_app(
     a loopback address (:class:`~engrain.ConfigError` otherwise). ``routines_dir``
     (default ``./routines``) holds one folder per routine; ``tools`` is the
     registry (or ``"module:registry"``) routine runs call, default ``engrain.tools``.
+    ``agents`` is a dict name -> agent callable (or ``"module:attr"`` naming one)
+    that ``POST /api/runs`` may start and an answer resumes.
+
+    On loopback without a token, requests whose ``Host`` is not a loopback
+    name/address get 421 and cross-site ``Origin`` headers get 403 (DNS rebinding);
+    ``allow_hosts`` adds names (``"*"``: any).
     The web UI's static files are served at ``/`` from ``ui_dir`` (default: the
     package's ``_server/ui`` folder) when it exists.
     """
@@ -248,14 +318,21 @@ def create_app(
         from .._tools import tools as default_tools
 
         tools = default_tools
-    state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools)
+    from .agents import load_agents
+
+    registry = load_agents(agents)
+    state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools, registry)
 
     from contextlib import asynccontextmanager
+
+    from starlette.concurrency import run_in_threadpool
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         state.reopen()
         yield
+        # Agent runs still executing after the grace period stay resumable in the journal.
+        await run_in_threadpool(state.agents.shutdown)
         state.close()
 
     app = FastAPI(
@@ -292,9 +369,10 @@ def create_app(
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
 
+    from . import agents as agents_routes
     from . import cache, memory, routines, runs
 
-    for module in (runs, routines, cache, memory):
+    for module in (runs, routines, agents_routes, cache, memory):
         app.include_router(module.router, prefix="/api")
 
     @app.get("/api/health", tags=["health"])
@@ -306,7 +384,8 @@ def create_app(
             "backend": state.journal.backend,
             "auth": state.token is not None,
             "streams": state.streams,
-            "features": {"routines": routines.available(), "memory": True, "cache": True},
+            "features": {"routines": routines.available(), "memory": True, "cache": True,
+                         "agents": bool(state.agents.agents)},
         }
 
     ui = Path(ui_dir) if ui_dir is not None else UI_DIR
@@ -315,9 +394,11 @@ def create_app(
 
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
 
-    # The last added runs first: the size limit wraps auth, which wraps the routes.
+    # The last added runs first: the host guard wraps the size limit, which wraps auth, which wraps the routes.
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(BodyLimit, limit=MAX_BODY)
+    if is_loopback(host) and not token:
+        app.add_middleware(HostGuard, allow=frozenset(allow_hosts))
     return app
 
 

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from .. import _events as ev
 from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
+from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
 from .app import ApiError, state_of
 
 router = APIRouter(tags=["runs"])
@@ -26,17 +27,23 @@ POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
 
 
 class StartRun(BaseModel):
-    """Start a run of a routine under the server's routines dir."""
+    """Start a run of a routine under the server's routines dir, or of a registered agent."""
 
-    routine: str = Field(description="Routine name (a folder under the routines dir).")
-    inputs: dict[str, Any] = Field(default_factory=dict, description="The routine's inputs.")
+    routine: str | None = Field(default=None, description="Routine name (a folder under the routines dir).")
+    agent: str | None = Field(default=None, max_length=200, description="Registered agent name (instead of routine).")
+    task: str | None = Field(default=None, max_length=20_000, description="The agent's task (required with agent).")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="The routine's inputs, or the agent's keyword arguments.")
     run_id: str | None = Field(default=None, max_length=200, description="Run id to use (default: a new one).")
+    wait: float = Field(default=DEFAULT_WAIT, ge=0, le=MAX_WAIT,
+                        description="Agent runs: seconds to wait for the end or a prompt before answering status running.")
 
 
 class Answers(BaseModel):
     """Answers to the prompt a ``needs_input`` run waits for."""
 
     answers: dict[str, Any] = Field(description="Field name -> answer.")
+    wait: float = Field(default=DEFAULT_WAIT, ge=0, le=MAX_WAIT,
+                        description="Agent runs: seconds to wait for the resumed run before answering status running.")
 
 
 class AppendEvent(BaseModel):
@@ -218,15 +225,29 @@ def append_events(request: Request, run_id: str, body: Append) -> list[dict[str,
 
 @router.post("/runs")
 def start_run(request: Request, body: StartRun) -> dict[str, Any]:
-    """Start a run of the routine ``body.routine`` and run it to its end or first prompt."""
+    """Start a run of ``body.routine`` (to its end or first prompt) or of the agent ``body.agent``.
+
+    An agent run executes in a worker thread; the response waits up to
+    ``body.wait`` seconds, then reports ``status: "running"`` with the run id.
+    """
+    state = state_of(request)
+    if (body.routine is None) == (body.agent is None):
+        raise ApiError(422, "ValidationError", "give exactly one of routine and agent")
+    if body.agent is not None:
+        if body.task is None:
+            raise ApiError(422, "ValidationError", "task: required when starting an agent run")
+        return state.agents.start(body.agent, body.task, body.inputs, body.run_id, body.wait)
     from . import routines
 
-    return routines.run_routine(state_of(request), body.routine, body.inputs, body.run_id)
+    return routines.run_routine(state, body.routine, body.inputs, body.run_id)  # type: ignore[arg-type]
 
 
 @router.post("/runs/{run_id}/answers")
 def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
-    """Record answers for a ``needs_input`` run; a routine run is resumed and its new result returned."""
+    """Record answers for a ``needs_input`` run; a routine or registered-agent run is also resumed.
+
+    A resumed agent run is waited for up to ``body.wait`` seconds (then ``status: "running"``).
+    """
     from .._durable import answer
 
     state = state_of(request)
@@ -237,9 +258,15 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
     check_json(body.answers, f"answers to run {run_id!r}", "answers")
     from . import routines
 
+    agent = agent_of(events)
     try:
         if routines.routine_run_folder(state, events) is not None:
             return {**routines.resume(state, run_id, body.answers), "resumed": True}
+        if agent is not None and agent in state.agents.agents:
+            def record() -> None:
+                answer(run_id, body.answers, journal=state.journal)
+
+            return {**state.agents.resume(agent, run_id, events, record, body.wait), "resumed": True}
         answer(run_id, body.answers, journal=state.journal)
     except (ConflictError, RunNotFoundError):
         raise
