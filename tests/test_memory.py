@@ -293,6 +293,9 @@ def test_bad_input_is_typed(mem):
     with pytest.raises(eg.MemoryInputError, match="num_records"):
         mem.consolidate(num_records=-3)
     assert mem.stats()["records"] == 0
+    mem.remember("Badges are renewed every January.", skill="office")
+    assert mem.recall("when are badges renewed", top_k=10**20)[0].content.startswith("Badges")
+    assert mem.consolidate(num_records=10**20).formed == 1  # beyond SQL's 64-bit LIMIT: every row
 
 
 def test_json_data_and_hint_boost(mem):

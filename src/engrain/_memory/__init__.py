@@ -213,7 +213,7 @@ class Memory:
             raise MemoryInputError(f"top_k must be a positive integer, not {top_k!r}")
         now = time.time()
         qv = self.embedder.embed([query])[0]
-        fetch = max(4 * k, 20)
+        fetch = max(4 * min(k, 1_000_000), 20)  # a huge top_k must not overflow SQL's 64-bit LIMIT
         state = self.store.state()
         cands: dict[tuple[str, str], dict[str, float]] = {}
         if self.store.pgvector:
@@ -281,7 +281,8 @@ class Memory:
         if num_records == "all":
             limit = None
         elif isinstance(num_records, int) and not isinstance(num_records, bool) and num_records > 0:
-            limit = num_records
+            # Past SQL's 64-bit LIMIT a count means every row; SQLite would refuse it as a type mismatch.
+            limit = num_records if num_records < 2**62 else None
         else:
             raise MemoryInputError(f"num_records must be 'all' or a positive integer, not {num_records!r}")
         if not isinstance(method, str) or method.upper() not in ("LIFO", "FIFO"):
