@@ -1,4 +1,5 @@
-"""`engrain demo` end to end through the console script: kill -9, resume, nothing completed runs twice."""
+"""`engrain demo` end to end through the console script: kill -9, resume, nothing completed runs twice;
+a compiled routine runs with no LLM call and pauses for a human; memory recalls by meaning."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import sys
 from collections import Counter
 
 import engrain as eg
+from engrain._durable import steps_of
 
 ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
 
 
 def _demo(cwd: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "ENGRAIN_URL"}
+    # Without API keys the memory part uses the offline synthesizer: the tour stays local and repeatable.
+    drop = {"ENGRAIN_URL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ENGRAIN_EMBEDDER"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     return subprocess.run([ENGRAIN, "demo", *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
 
@@ -39,6 +43,50 @@ def _check_store(url: str, cwd: pathlib.Path, out: str) -> None:
     assert sum(1 for n in per_key.values() if n > 1) <= 1
     assert {json.loads(line)["phase"] for line in effects} == {"first process", "resume"}
     assert "completed steps executed twice: 0" in out
+    _check_routines(url, cwd, out)
+    _check_memory(url, out)
+
+
+def _check_routines(url: str, cwd: pathlib.Path, out: str) -> None:
+    """Part 3: the agent's run made the LLM calls; the compiled routine's runs made none, and resumed."""
+    package = pathlib.Path(cwd, ".engrain", "demo", "routines", "expense-report")
+    assert eg.validate_routine(package) == []
+    assert "udf.call" in (package / "routine.yaml").read_text()
+    j = eg.open(url)
+    try:
+        (agent_run,) = j.runs(task="expense report")
+        routine_runs = j.runs(task="routine expense-report")
+        step_types = {r.run_id: [s.type for s in steps_of(j.read(r.run_id)).values()] for r in routine_runs}
+        outputs = [next(e.data["output"] for e in j.read(r.run_id) if e.kind == "run.completed") for r in routine_runs]
+        agent_types = [s.type for s in steps_of(j.read(agent_run.run_id)).values()]
+    finally:
+        j.close()
+    assert agent_run.status == "completed" and agent_types.count("llm") == 2
+    assert len(routine_runs) == 2 and all(r.status == "completed" for r in routine_runs)
+    for types in step_types.values():  # zero LLM calls: the compiled UDFs replayed them
+        assert "llm" not in types and types.count("tool") == 2 and types.count("input") == 1
+    assert sorted(o["filed_by"] for o in outputs) == ["Ada Lovelace", "Grace Hopper"]
+    assert all(o["total"] == 1216 for o in outputs)
+    assert re.search(r"answers given up front\s+ok\s+6\s+0\s+2\s", out)
+    assert re.search(r"no answers: pauses at the prompt\s+needs_input\s+4\s+0\s", out)
+    assert re.search(r"resumed with Grace Hopper's answers\s+ok\s+6\s+0\s+1\s", out)
+
+
+def _check_memory(url: str, out: str) -> None:
+    """Part 4: a paraphrase finds the right record first; consolidation formed articles offline."""
+    first_hit = re.search(r"recall 'when do releases go live\?'.*\n\s+[\d.]+\s+record\s+deploys\s+(.*)", out)
+    assert first_hit and "Tuesday" in first_hit.group(1), out
+    refund = re.search(r"recall 'can a customer get their money back\?' in support.*\n\s+[\d.]+\s+record\s+support\s+(.*)", out)
+    assert refund and "refund" in refund.group(1).lower(), out
+    assert "synthesizer: extractive (offline" in out
+    assert re.search(r"recall 'when do releases go live\?' again: article 'deploy day'", out)
+    with eg.Memory(url) as mem:
+        st = mem.stats()
+        arts = mem.store.articles()
+    assert st["records"] == 7  # eight observations, one of them repeated
+    assert len(arts) == 4 and {a.skill for a in arts} == {"deploys", "support"}
+    assert all(a.synthesizer.startswith("extractive") for a in arts)
+    assert sorted(len(a.sources) for a in arts) == [1, 2, 2, 2]
 
 
 def test_demo_on_the_embedded_default(tmp_path):

@@ -225,8 +225,22 @@ def _cache_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str],
     return cache_section(journal, workdir, out)
 
 
+def _routines_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str], None]) -> bool:
+    from ._demo_routines import routines_section
+
+    return routines_section(journal, workdir, out)
+
+
+def _memory_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str], None]) -> bool:
+    from ._demo_memory import memory_section
+
+    return memory_section(journal, workdir, out)
+
+
 #: The tour's parts, in order; each feature adds its own.
-SECTIONS: list[Callable[[Journal, pathlib.Path, Callable[[str], None]], bool]] = [durable_section, _cache_section]
+SECTIONS: list[Callable[[Journal, pathlib.Path, Callable[[str], None]], bool]] = [
+    durable_section, _cache_section, _routines_section, _memory_section,
+]
 
 
 def main(url: str | None = None, out: Callable[[str], None] = print) -> int:

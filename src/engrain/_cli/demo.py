@@ -13,7 +13,7 @@ from .common import command
 def demo(
     url: Annotated[str | None, typer.Option("--url", help="Store URL (default: a fresh store in ./.engrain/demo/).")] = None,
 ) -> None:
-    """Run a scripted demo agent durably, kill it mid-run, resume it, and show what re-executed."""
+    """Tour engrain: durable runs (kill -9, resume), the behavior cache, routines, skill memory."""
     from .._demo import main as run_demo
 
     raise typer.Exit(run_demo(url))
