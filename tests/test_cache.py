@@ -181,9 +181,10 @@ def test_time_expiry_example_from_muscle_mem(store_url):
     assert len(said) == 27
 
 
-def test_divergence_hands_off_and_nothing_runs_twice(store_url):
+@pytest.mark.parametrize("durability", ["step", "run", "off"])
+def test_divergence_hands_off_and_nothing_runs_twice(store_url, durability):
     world = World()
-    engine = Engine(eg.open(store_url))
+    engine = Engine(eg.open(store_url), durability=durability)
     runs: dict[str, int] = {}
     seen: list = []
 
@@ -218,7 +219,7 @@ def test_divergence_hands_off_and_nothing_runs_twice(store_url):
     assert cont.diverged_at == 3 and [d.name for d in cont.steps] == ["step0", "step1", "step2"]
     assert [s["source"] for s in out.steps] == ["replayed"] * 3 + ["continued"] * 3 + ["agent"] * 2
     kinds = [e.kind for e in engine.journal.read(out.run_id)]
-    assert "replay.diverged" in kinds and "check.failed" in kinds
+    assert durability == "off" and kinds == [] or "replay.diverged" in kinds and "check.failed" in kinds
 
 
 def test_repeated_divergence_evicts_the_entry(store_url):
@@ -361,8 +362,9 @@ def test_concurrent_engine_calls(store_url):
     assert sum(1 for r in results if r.hit) >= 24 - 8  # at most one miss per thread per task
 
 
-def test_async_agent_and_tools(store_url):
-    engine = Engine(eg.open(store_url))
+@pytest.mark.parametrize("durability", ["step", "run", "off"])
+def test_async_agent_and_tools(store_url, durability):
+    engine = Engine(eg.open(store_url), durability=durability)
     done: list[str] = []
 
     @engine.function()
@@ -413,10 +415,11 @@ def test_entries_persist_across_processes(store_url, tmp_path):
     assert outs[1] == '{"hit": true, "agent_calls": 0, "output": "hi Ada"}'
 
 
-def test_replay_switches_to_a_trajectory_that_fits_mid_way(store_url):
+@pytest.mark.parametrize("durability", ["step", "run"])
+def test_replay_switches_to_a_trajectory_that_fits_mid_way(store_url, durability):
     """Two trajectories share their first step; a failed pre-check at step 1 switches, no agent call."""
     world = World()
-    engine = Engine(eg.open(store_url))
+    engine = Engine(eg.open(store_url), durability=durability)
     log: list[str] = []
 
     @engine.function(pre_check=Check(lambda: "start", same))
@@ -445,6 +448,56 @@ def test_replay_switches_to_a_trajectory_that_fits_mid_way(store_url):
     out = engine("do it")  # best entry diverges at step 1 again; the other one fits: switch
     assert out and out.output == "close popup" and "switching" in out.reason
     assert log == ["open", "close popup"] and not out.agent_called
+
+
+def _events_of(engine: Engine, run_id: str) -> list[tuple]:
+    """A run's events without what differs between two runs of the same call (ids, times, counts)."""
+    out = []
+    for e in engine.journal.read(run_id):
+        data = dict(e.data)
+        if e.name == "engrain.cache.lookup" and e.kind == "step.completed":
+            data["result"] = {k: v for k, v in data["result"].items() if k != "reason"}
+        out.append((e.seq, e.kind, e.name, data))
+    return out
+
+
+@pytest.mark.parametrize("durability", ["run", "off"])
+def test_batched_modes_journal_a_hit_like_a_durable_run(store_url, durability):
+    """durability="run" journals a hit's events exactly as a durable run does; "off" journals none."""
+    world = World()
+    steps_engine, _ = make_engine(store_url, world)
+    fast, calls = make_engine(store_url, world, durability=durability)
+    assert not steps_engine("fill the form: Ada", params={"name": "Ada"})
+    outs = {}
+    for name, engine in (("step", steps_engine), (durability, fast)):
+        world.screen, world.effects = "login", []
+        outs[name] = engine("fill the form: Ada", params={"name": "Ada"})
+        assert outs[name] and outs[name].output == "clicked submit" and len(world.effects) == 3
+    assert calls["agent"] == 0 and [s["args"] for s in outs["step"].steps] == [s["args"] for s in outs[durability].steps]
+    expected = _events_of(steps_engine, outs["step"].run_id)
+    assert [k for _, k, _, _ in expected].count("step.started") == 4 and expected[-1][1] == "run.completed"
+    assert _events_of(fast, outs[durability].run_id) == (expected if durability == "run" else [])
+
+
+@pytest.mark.parametrize("durability", ["step", "run", "off"])
+def test_replayed_tools_see_keys_and_non_json_results_fail(store_url, durability):
+    """Every mode gives a replayed tool its idempotency key and fails a step whose result is not JSON."""
+    engine = Engine(eg.open(store_url), durability=durability)
+    keys: list = []
+    mode = {"result": "ok"}
+
+    @engine.function(pre_check=Check(lambda: 1, same))
+    def effect() -> object:
+        keys.append(eg.idempotency_key())
+        return mode["result"]
+
+    engine.set_agent(lambda task: effect()).finalize()
+    assert not engine("do the effect")
+    hit = engine("do the effect")
+    assert hit and keys == [f"{engine_run}:1" for engine_run in (keys[0].split(":")[0], hit.run_id)]
+    mode["result"] = {1, 2}  # a set would come back from the journal as a list
+    bad = engine("do the effect")
+    assert not bad and bad.status == "failed" and "effect" in bad.error and "NotJSONError" in bad.error
 
 
 def test_cache_cli_lists_counts_and_evicts(store_url):

@@ -14,22 +14,89 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import _events as ev
-from ._durable import RunContext, RunResult, _current, _finish_error, _finish_ok
-from ._events import NewEvent
+from ._durable import RunContext, RunResult, _current, _finish_error, _finish_ok, _step_key
+from ._errors import NotJSONError
+from ._events import NewEvent, check_json, is_json
 from ._journal import Journal
 
 
 class BufferedContext(RunContext):
-    """A run context whose events stay in memory until :meth:`flush`."""
+    """A run context whose events stay in memory until :meth:`flush` (or, with ``write=False``, are never built).
 
-    def __init__(self, journal: Journal, run_id: str):
+    A buffered run is always new (its events are not read back), so no step
+    is ever answered from the journal: :meth:`call` skips that lookup and the
+    per-step bookkeeping of :class:`RunContext`, which is most of a cache
+    hit's cost once the journal is out of the way.
+    """
+
+    def __init__(self, journal: Journal, run_id: str, write: bool = True):
         super().__init__(journal, run_id, [])
         self.pending: list[NewEvent] = []
+        self.write = write
 
     def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
-        with self._lock:
+        # list.append is atomic, so the run's threads need no lock here; the
+        # buffer is written from 0 at flush, so ``seq`` is not kept.
+        if self.write:
             self.pending.append(NewEvent(kind, name, data or {}))
-            self.seq += 1
+
+    def _open_step(self, name: str, type_: str, args: dict[str, Any]) -> int:
+        with self._lock:
+            call_id = self.cursor
+            self.cursor += 1
+        if not is_json(args):
+            for k, v in args.items():
+                check_json(v, f"{type_} {name!r}", f"argument {k!r}")
+        self.executed += 1
+        if self.write:  # with write=False not even the event is built
+            self.pending.append(NewEvent(ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": 1}))
+        return call_id
+
+    def _close_step(self, name: str, call_id: int, result: Any) -> Any:
+        if not is_json(result):
+            try:
+                check_json(result, f"step {name!r}", "result")
+            except NotJSONError as e:
+                self._failed(name, call_id, e)
+                raise
+        if self.write:
+            self.pending.append(NewEvent(ev.STEP_COMPLETED, name, {"call_id": call_id, "result": result}))
+        return result
+
+    def _failed(self, name: str, call_id: int, exc: BaseException) -> None:
+        if not self.write:
+            return
+        t = type(exc)
+        self.append(
+            ev.STEP_FAILED, name,
+            {"call_id": call_id, "error_type": t.__qualname__, "error_module": t.__module__, "message": str(exc)},
+        )
+
+    def call(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any]) -> Any:
+        """Journal one step (in memory): run ``thunk`` and record it."""
+        call_id = self._open_step(name, type_, args)
+        token = _step_key.set(f"{self.run_id}:{call_id}")
+        try:
+            result = thunk()
+        except Exception as e:
+            self._failed(name, call_id, e)
+            raise
+        finally:
+            _step_key.reset(token)
+        return self._close_step(name, call_id, result)
+
+    async def acall(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Awaitable[Any]]) -> Any:
+        """Async :meth:`call`."""
+        call_id = self._open_step(name, type_, args)
+        token = _step_key.set(f"{self.run_id}:{call_id}")
+        try:
+            result = await thunk()
+        except Exception as e:
+            self._failed(name, call_id, e)
+            raise
+        finally:
+            _step_key.reset(token)
+        return self._close_step(name, call_id, result)
 
     def flush(self) -> None:
         """Append every buffered event in one transaction."""
@@ -38,8 +105,8 @@ class BufferedContext(RunContext):
             self.pending = []
 
 
-def _open(journal: Journal, run_id: str, task: str, tags: list[str]) -> BufferedContext:
-    ctx = BufferedContext(journal, run_id)
+def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool) -> BufferedContext:
+    ctx = BufferedContext(journal, run_id, write)
     ctx.append(ev.RUN_STARTED, "", {"task": task, "inputs": {}, "tags": tags})
     return ctx
 
@@ -54,7 +121,7 @@ def _result(ctx: BufferedContext, ok: bool, value: Any) -> RunResult:
 
 def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
     """Run ``agent(task)`` with its events appended in one transaction at the end (or not at all)."""
-    ctx = _open(journal, run_id, task, tags)
+    ctx = _open(journal, run_id, task, tags, write)
     token = _current.set(ctx)
     try:
         try:
@@ -70,7 +137,7 @@ def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: li
 
 async def arun_batched(agent: Callable[[str], Awaitable[Any]], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
     """Async :func:`run_batched`."""
-    ctx = _open(journal, run_id, task, tags)
+    ctx = _open(journal, run_id, task, tags, write)
     token = _current.set(ctx)
     try:
         try:

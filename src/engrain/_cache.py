@@ -29,7 +29,7 @@ from ._durable import current, default_journal, new_run_id, run, run_async
 from ._errors import CacheError
 from ._events import check_json
 from ._journal import Journal
-from ._replay import Continuation, Session, StepDone, ToolSpec, current_session
+from ._replay import Continuation, PlannedStep, Session, StepDone, ToolSpec, current_session
 from ._tools import ToolRegistry, _binder, default_name, tool, validate_tool_name
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
@@ -97,7 +97,10 @@ class Engine:
         self._store_lock = threading.Lock()
         self.tools = ToolRegistry()
         self._specs: dict[str, ToolSpec] = {}
+        # Entries resolved against the tools above, by entry id (see _replay.plan).
+        self._plans: dict[str, tuple[PlannedStep, ...]] = {}
         self._agent: Callable[..., Any] | None = None
+        self._agent_async = False
         self._context: Any = None
         self._finalized = False
         self.embedder = embedder
@@ -117,6 +120,9 @@ class Engine:
     @property
     def store(self) -> CacheStore:
         """The entry store (opened on first use, in the journal's database)."""
+        store = self._store
+        if store is not None:  # on every hit, several times: no lock once open
+            return store
         with self._store_lock:
             if self._store is None:
                 self._store = CacheStore(self.journal)
@@ -128,6 +134,7 @@ class Engine:
         if not callable(agent):
             raise CacheError(f"set_agent expects a callable, got {type(agent).__name__}")
         self._agent = agent
+        self._agent_async = inspect.iscoroutinefunction(agent)
         return self
 
     def set_context(self, obj: Any) -> Engine:
@@ -176,6 +183,7 @@ class Engine:
             journaled = tool(fn, name=step_name, registry=self.tools)
             spec = ToolSpec(step_name, fn, is_method, pre, post, inspect.iscoroutinefunction(fn), _binder(fn))
             self._specs[step_name] = spec
+            self._plans.clear()  # entries naming this tool resolve differently now
             if spec.is_async:
 
                 @functools.wraps(fn)
@@ -215,10 +223,10 @@ class Engine:
     @staticmethod
     def _pre(spec: ToolSpec, args: tuple, kwargs: dict) -> dict[str, Any] | None:
         # Captured and encoded before the call, so a snapshot that is not JSON fails before any effect.
-        return encode_snapshot(spec.pre.capture(*args, **kwargs), f"tool {spec.name!r} pre_check") if spec.pre else None
+        return encode_snapshot(spec.pre.capture(*args, **kwargs), spec.pre_where) if spec.pre else None
 
     def _recorded(self, s: Session, spec: ToolSpec, args: tuple, kwargs: dict, args_d: dict, pre: Any, result: Any) -> Any:
-        post = encode_snapshot(spec.post.capture(*args, **kwargs), f"tool {spec.name!r} post_check") if spec.post else None
+        post = encode_snapshot(spec.post.capture(*args, **kwargs), spec.post_where) if spec.post else None
         s.trajectory.append({"name": spec.name, "args": args_d, "result": result, "pre": pre, "post": post})
         s.steps.append({"name": spec.name, "args": args_d, "result": result, "source": "agent"})
         return result
@@ -329,7 +337,7 @@ class Engine:
         s = Session(self, task, params_d, tags_l)
         rid = run_id or new_run_id()
         run_tags = ["engrain.cache", *tags_l]
-        if inspect.iscoroutinefunction(self._agent):
+        if self._agent_async:
             return self._acall(s, task, rid, run_tags)
 
         def agent(task: str) -> Any:

@@ -59,6 +59,13 @@ class ToolSpec:
     post: Check | None
     is_async: bool
     bind: Callable[[tuple, dict], dict[str, Any]]
+    pre_where: str = ""
+    post_where: str = ""
+
+    def __post_init__(self) -> None:
+        # Where a snapshot that is not JSON is reported (built once, not per step).
+        self.pre_where = f"tool {self.name!r} pre_check"
+        self.post_where = f"tool {self.name!r} post_check"
 
 
 class Diverged(Exception):
@@ -71,29 +78,95 @@ class Diverged(Exception):
 
 _PARAM_RE = re.compile(r"\{\{ params\.(\w+) \}\}")
 _param_names: dict[str, frozenset[str]] = {}
+_UNSET: Any = object()
 
 
 def param_names(e: Entry) -> frozenset[str]:
     """The ``params`` an entry's templates need (cached: entries never change)."""
     names = _param_names.get(e.id)
     if names is None:
+        if len(_param_names) >= 65536:  # evicted entries leave ids behind: keep the memo bounded
+            _param_names.clear()
         text = json.dumps([s["args"] for s in e.steps if s.get("templated")] + [e.output])
         names = _param_names[e.id] = frozenset(_PARAM_RE.findall(text))
     return names
 
 
-def render_args(step: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """A recorded step's arguments for this call (placeholders filled from ``params``)."""
-    if not step.get("templated"):
-        return step["args"]
-    from ._template import render
+def _decoded(stored: dict[str, Any] | None) -> Any:
+    # A plain JSON snapshot decodes to the same value whatever the fresh one is,
+    # so it is decoded once; a dataclass or model one needs the fresh type each time.
+    if stored is None or "dataclass" in stored or "model" in stored:
+        return _UNSET
+    return stored.get("value")
 
-    return render(step["args"], {"params": params})
+
+def _seen_key(name: str, args: Any) -> str:
+    return json.dumps([name, args], sort_keys=True, default=str)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class PlannedStep:
+    """Step ``i`` of an entry resolved against the engine's tools (once per entry: entries never change).
+
+    ``pre``/``post`` are the stored snapshots; ``check_pre``/``check_post``
+    say whether this engine's tool has the check to run against them.
+    """
+
+    i: int
+    name: str
+    spec: ToolSpec | None
+    args: dict[str, Any]
+    templated: bool
+    pre: dict[str, Any] | None
+    post: dict[str, Any] | None
+    check_pre: bool
+    check_post: bool
+    pre_value: Any
+    post_value: Any
+    seen_key: str | None  # the capture-sharing key of untemplated arguments
+
+    @staticmethod
+    def of(i: int, step: dict[str, Any], spec: ToolSpec | None) -> PlannedStep:
+        templated = bool(step.get("templated"))
+        pre, post = step.get("pre"), step.get("post")
+        return PlannedStep(
+            i, step["name"], spec, step["args"], templated, pre, post,
+            spec is not None and spec.pre is not None and pre is not None,
+            spec is not None and spec.post is not None and post is not None,
+            _decoded(pre), _decoded(post), None if templated else _seen_key(step["name"], step["args"]),
+        )
+
+    def render(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The arguments for this call (placeholders filled from ``params``)."""
+        if not self.templated:
+            return self.args
+        from ._template import render
+
+        return render(self.args, {"params": params})
+
+
+def plan(engine: Engine, e: Entry) -> tuple[PlannedStep, ...]:
+    """The planned steps of ``e`` for ``engine`` (memoized per engine; cleared when a tool is added)."""
+    plans = engine._plans
+    p = plans.get(e.id)
+    if p is None:
+        if len(plans) >= 4096:  # evicted entries leave plans behind: keep the memo bounded
+            plans.clear()
+        specs = engine._specs
+        p = plans[e.id] = tuple(PlannedStep.of(i, s, specs.get(s["name"])) for i, s in enumerate(e.steps))
+    return p
+
+
+_NO_ARGS: tuple[Any, ...] = ()
+
+
+@dataclass(slots=True)
 class Session:
-    """The state of one ``engine(task)`` call while its run executes."""
+    """The state of one ``engine(task)`` call while its run executes.
+
+    ``done`` holds ``(name, args, result)`` of the steps replayed so far (made
+    :class:`StepDone` only for the agent's :class:`Continuation`).
+    """
 
     engine: Engine
     task: str
@@ -101,7 +174,7 @@ class Session:
     tags: list[str]
     ctx: RunContext | None = None
     trajectory: list[dict[str, Any]] = field(default_factory=list)
-    done: list[StepDone] = field(default_factory=list)
+    done: list[tuple[str, dict[str, Any], Any]] = field(default_factory=list)
     used: set[int] = field(default_factory=set)
     steps: list[dict[str, Any]] = field(default_factory=list)
     alternatives: list[str] = field(default_factory=list)
@@ -110,48 +183,58 @@ class Session:
     reason: str = ""
     entry_id: str | None = None
     stored: str | None = None
+    canon: str = ""
 
     # -- lookup -----------------------------------------------------------------
 
-    def call_args(self, spec: ToolSpec) -> list[Any]:
-        """``[self]`` for a method tool (the engine's context object), else nothing."""
+    def call_args(self, spec: ToolSpec) -> tuple[Any, ...]:
+        """``(self,)`` for a method tool (the engine's context object), else nothing."""
         if spec.is_method:
             from ._errors import CacheError
 
             if self.engine._context is None:
                 raise CacheError(f"replaying the method tool {spec.name!r} needs engine.set_context(obj)")
-            return [self.engine._context]
-        return []
+            return (self.engine._context,)
+        return _NO_ARGS
 
-    def _pre_passes(self, e: Entry, i: int, seen: dict[str, Any]) -> bool:
-        """Whether step ``i`` of ``e`` passes its pre-check now (captures shared within one lookup)."""
-        step = e.steps[i]
-        spec = self.engine._specs.get(step["name"])
+    def _pre_passes(self, st: PlannedStep, seen: dict[str, Any] | None) -> bool:
+        """Whether ``st`` passes its pre-check now (captures shared within one lookup through ``seen``)."""
+        spec = st.spec
         if spec is None:
             return False
-        if spec.pre is None or step.get("pre") is None:
+        if not st.check_pre:
             return True
-        args = render_args(step, self.params)
-        k = json.dumps([spec.name, args], sort_keys=True, default=str)
-        if k not in seen:
-            seen[k] = spec.pre.capture(*self.call_args(spec), **args)
-        return spec.pre.passes(seen[k], decode_snapshot(step["pre"], seen[k]))
+        pre = spec.pre
+        assert pre is not None
+        args = st.render(self.params)
+        if seen is None:
+            snap = pre.capture(*self.call_args(spec), **args)
+        else:
+            k = st.seen_key or _seen_key(st.name, args)
+            if k in seen:
+                snap = seen[k]
+            else:
+                snap = seen[k] = pre.capture(*self.call_args(spec), **args)
+        cand = st.pre_value
+        return pre.passes(snap, decode_snapshot(st.pre, snap) if cand is _UNSET else cand)  # type: ignore[arg-type]
 
     def lookup(self) -> dict[str, Any]:
         """Choose an entry: the best candidate whose first pre-check passes now."""
         eng, store = self.engine, self.engine.store
         store.bump("lookups")
-        canon = canonical_task(self.task, self.params)
+        canon = self.canon or canonical_task(self.task, self.params)
         cands = store.candidates(key(canon, self.tags), eng.max_candidates)
         how = "exact"
         if not cands and eng.embedder is not None:
             cands, how = eng._semantic(canon, self.tags), "semantic"
         if not cands:
             return {"entry": None, "alternatives": [], "reason": "miss: no cached trajectory for this task and tags"}
-        seen: dict[str, Any] = {}
         fit = [e for e in cands if param_names(e) <= self.params.keys()]
+        # Captures are shared only when several candidates may ask for the same one.
+        seen: dict[str, Any] | None = {} if len(fit) > 1 else None
         for n, e in enumerate(fit):
-            if self._pre_passes(e, 0, seen):
+            steps = plan(eng, e)
+            if steps and self._pre_passes(steps[0], seen):
                 return {
                     "entry": e.id, "alternatives": [a.id for a in fit[n + 1 :]],
                     "reason": f"hit ({how} match, {e.successes} successes)",
@@ -162,8 +245,8 @@ class Session:
         """Run the journaled lookup; the entry to replay, or ``None`` on a miss."""
         ctx = self.ctx
         assert ctx is not None
-        choice = ctx.call("engrain.cache.lookup", "cache", {"task": canonical_task(self.task, self.params), "tags": self.tags},
-                          self.lookup)
+        self.canon = canonical_task(self.task, self.params)
+        choice = ctx.call("engrain.cache.lookup", "cache", {"task": self.canon, "tags": self.tags}, self.lookup)
         self.reason = choice["reason"]
         self.alternatives = list(choice.get("alternatives", []))
         store = self.engine.store
@@ -174,41 +257,50 @@ class Session:
             store.bump("misses")
             return None
         self.entry_id = entry.id
-        ctx.append(ev.REPLAY_STARTED, entry.id, {"entry": entry.id, "task": entry.task, "steps": len(entry.steps)})
+        # Not fsynced on its own (a journal with durability="full"): the next durable append covers it.
+        ctx.append(ev.REPLAY_STARTED, entry.id, {"entry": entry.id, "task": entry.task, "steps": len(entry.steps)}, durable=False)
         return entry
 
     # -- replay -----------------------------------------------------------------
 
-    def prepare(self, i: int, step: dict[str, Any]) -> tuple[ToolSpec, list[Any], dict[str, Any], Any]:
-        """Check step ``i`` before it runs (not step 0, which the lookup checked); what to call."""
-        spec = self.engine._specs.get(step["name"])
+    def prepare(self, st: PlannedStep) -> tuple[ToolSpec, tuple[Any, ...], dict[str, Any], Any]:
+        """Check step ``st`` before it runs (not step 0, which the lookup checked); what to call."""
+        spec = st.spec
         if spec is None:
-            raise Diverged(i, f"step {i} calls {step['name']!r}, which this engine has no tool for")
-        args = render_args(step, self.params)
-        call = self.call_args(spec)
-        pre = step.get("pre")
-        replaying = self.ctx is not None and self.ctx.steps.get(self.ctx.cursor) is not None
-        if spec.pre is not None and pre is not None and i > 0 and not replaying:
-            snap = spec.pre.capture(*call, **args)
-            if not spec.pre.passes(snap, decode_snapshot(pre, snap)):
-                raise Diverged(i, f"pre-check of step {i} ({spec.name}) failed")
-            pre = (snap, f"tool {spec.name!r} pre_check")  # encoded only if this trajectory gets stored
+            raise Diverged(st.i, f"step {st.i} calls {st.name!r}, which this engine has no tool for")
+        args = st.render(self.params)
+        call = self.call_args(spec) if spec.is_method else _NO_ARGS
+        pre: Any = st.pre
+        if st.check_pre and st.i > 0:
+            ctx = self.ctx
+            if ctx is None or ctx.steps.get(ctx.cursor) is None:  # a step the journal answers is not checked again
+                check = spec.pre
+                assert check is not None
+                snap = check.capture(*call, **args)
+                cand = st.pre_value
+                if not check.passes(snap, decode_snapshot(st.pre, snap) if cand is _UNSET else cand):  # type: ignore[arg-type]
+                    raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
+                pre = (snap, spec.pre_where)  # encoded only if this trajectory gets stored
         return spec, call, args, pre
 
-    def finish(self, i: int, step: dict[str, Any], spec: ToolSpec, call: list[Any], args: dict[str, Any], pre: Any, result: Any) -> None:
-        """Record step ``i`` as done and run its post-check."""
-        self.done.append(StepDone(spec.name, args, result))
-        self.used.add(len(self.done) - 1)
+    def finish(self, st: PlannedStep, spec: ToolSpec, call: tuple[Any, ...], args: dict[str, Any], pre: Any, result: Any) -> None:
+        """Record step ``st`` as done and run its post-check."""
+        done = self.done
+        self.used.add(len(done))
+        done.append((spec.name, args, result))
         self.steps.append({"name": spec.name, "args": args, "result": result, "source": "replayed"})
-        post = step.get("post")
+        post: Any = st.post
         ok = True
-        if spec.post is not None and post is not None:
-            snap = spec.post.capture(*call, **args)
-            ok = spec.post.passes(snap, decode_snapshot(post, snap))
-            post = (snap, f"tool {spec.name!r} post_check")
+        if st.check_post:
+            check = spec.post
+            assert check is not None
+            snap = check.capture(*call, **args)
+            cand = st.post_value
+            ok = check.passes(snap, decode_snapshot(st.post, snap) if cand is _UNSET else cand)  # type: ignore[arg-type]
+            post = (snap, spec.post_where)
         self.trajectory.append({"name": spec.name, "args": args, "result": result, "pre": pre, "post": post})
         if not ok:
-            raise Diverged(i + 1, f"post-check of step {i} ({spec.name}) failed", "post")
+            raise Diverged(st.i + 1, f"post-check of step {st.i} ({spec.name}) failed", "post")
 
     def switch(self, entry: Entry, d: Diverged) -> Entry | None:
         """Another candidate that did the steps done so far and whose next step fits now, if any."""
@@ -220,16 +312,18 @@ class Session:
             alt = store.cached(alt_id)
             if alt is None or len(alt.steps) <= d.at:
                 continue
+            steps = plan(self.engine, alt)
             same = all(
-                alt.steps[j]["name"] == self.done[j].name and render_args(alt.steps[j], self.params) == self.done[j].args
-                for j in range(d.at)
+                steps[j].name == self.done[j][0] and steps[j].render(self.params) == self.done[j][1] for j in range(d.at)
             )
-            if same and self._pre_passes(alt, d.at, seen):
+            if same and self._pre_passes(steps[d.at], seen):
                 self.alternatives.remove(alt_id)
                 store.bump("switched")
                 store.record_divergence(entry.id, self.engine.evict_after)
                 if self.ctx is not None:
-                    self.ctx.append(ev.CHECK_FAILED, entry.id, {"call_id": self.ctx.cursor, "phase": "pre", "detail": d.reason})
+                    self.ctx.append(
+                        ev.CHECK_FAILED, entry.id, {"call_id": self.ctx.cursor, "phase": "pre", "detail": d.reason}, durable=False
+                    )
                 self.entry_id = alt.id
                 self.reason = f"hit after switching from {entry.id} to {alt.id} at step {d.at} ({d.reason})"
                 return alt
@@ -240,23 +334,21 @@ class Session:
         self.reason = f"diverged: {d.reason}"
         if self.ctx is not None:
             call_id = self.ctx.cursor - (d.phase == "post")
-            self.ctx.append(ev.CHECK_FAILED, entry.id, {"call_id": call_id, "phase": d.phase, "detail": d.reason})
+            self.ctx.append(ev.CHECK_FAILED, entry.id, {"call_id": call_id, "phase": d.phase, "detail": d.reason}, durable=False)
             self.ctx.append(ev.REPLAY_DIVERGED, entry.id, {"at": d.at, "reason": d.reason, "entry": entry.id})
         store = self.engine.store
         store.bump("diverged")
         store.record_divergence(entry.id, self.engine.evict_after)
         self.used.clear()  # the agent may now repeat done steps: they are answered, not run again
-        return Continuation(self.task, d.at, d.reason, list(self.done), entry.id)
+        return Continuation(self.task, d.at, d.reason, [StepDone(*t) for t in self.done], entry.id)
 
     def output(self, entry: Entry) -> Any:
         """The replayed call's output: a step's result, a template over params, or the recorded value."""
         self.hit = True
-        store = self.engine.store
-        store.record_hit(entry.id)
-        store.bump("hits")
+        self.engine.store.record_hit(entry.id)
         spec = entry.output
         if "step" in spec:
-            return self.done[spec["step"]].result
+            return self.done[spec["step"]][2]
         if "template" in spec:
             from ._template import render
 
@@ -266,13 +358,15 @@ class Session:
     def replay(self, entry: Entry) -> tuple[bool, Any]:
         """Replay ``entry`` (switching candidates if needed): ``(True, output)``, or ``(False, continuation)``."""
         start = 0
+        ctx = self.ctx
+        assert ctx is not None
         while True:
             try:
-                for i in range(start, len(entry.steps)):
-                    step = entry.steps[i]
-                    spec, call, args, pre = self.prepare(i, step)
-                    result = self.ctx.call(spec.name, "tool", args, lambda: spec.fn(*call, **args))  # type: ignore[union-attr]
-                    self.finish(i, step, spec, call, args, pre, result)
+                for st in plan(self.engine, entry)[start:]:
+                    spec, call, args, pre = self.prepare(st)
+                    fn = spec.fn
+                    result = ctx.call(st.name, "tool", args, lambda: fn(*call, **args))  # noqa: B023 - called at once
+                    self.finish(st, spec, call, args, pre, result)
                 return True, self.output(entry)
             except Diverged as d:
                 alt = self.switch(entry, d)
@@ -283,17 +377,19 @@ class Session:
     async def areplay(self, entry: Entry) -> tuple[bool, Any]:
         """Async :meth:`replay` (async tools are awaited)."""
         start = 0
+        ctx = self.ctx
+        assert ctx is not None
         while True:
             try:
-                for i in range(start, len(entry.steps)):
-                    step = entry.steps[i]
-                    spec, call, args, pre = self.prepare(i, step)
-                    thunk = lambda: spec.fn(*call, **args)  # noqa: E731
+                for st in plan(self.engine, entry)[start:]:
+                    spec, call, args, pre = self.prepare(st)
+                    fn = spec.fn
+                    thunk = lambda: fn(*call, **args)  # noqa: B023 - called at once
                     if spec.is_async:
-                        result = await self.ctx.acall(spec.name, "tool", args, thunk)  # type: ignore[union-attr]
+                        result = await ctx.acall(st.name, "tool", args, thunk)
                     else:
-                        result = self.ctx.call(spec.name, "tool", args, thunk)  # type: ignore[union-attr]
-                    self.finish(i, step, spec, call, args, pre, result)
+                        result = ctx.call(st.name, "tool", args, thunk)
+                    self.finish(st, spec, call, args, pre, result)
                 return True, self.output(entry)
             except Diverged as d:
                 alt = self.switch(entry, d)
@@ -305,11 +401,11 @@ class Session:
 
     def reuse(self, spec: ToolSpec, args_d: dict[str, Any]) -> StepDone | None:
         """After a divergence: the done step this agent call repeats, if any (answered, not run again)."""
-        for i, d in enumerate(self.done):
-            if i not in self.used and d.name == spec.name and d.args == args_d:
+        for i, (name, args, result) in enumerate(self.done):
+            if i not in self.used and name == spec.name and args == args_d:
                 self.used.add(i)
-                self.steps.append({"name": d.name, "args": d.args, "result": d.result, "source": "continued"})
-                return d
+                self.steps.append({"name": name, "args": args, "result": result, "source": "continued"})
+                return StepDone(name, args, result)
         return None
 
 
