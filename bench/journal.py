@@ -9,6 +9,13 @@ step), on PostgreSQL (``full``: the server's synchronous commit; ``normal``:
 N ``@DBOS.step`` calls. DBOS runs in its own virtualenv (``bench/.peers/dbos``,
 created here on first use) in a child process that prints JSON.
 
+Floor: the design writes ``step.started`` before the call and ``step.completed``
+after it, so a step is two SQLite commits. The "sqlite3 floor" rows time raw
+``sqlite3`` (no engrain code) doing exactly that, its repetitions alternating
+with engrain's so both see the same load: engrain's schema and pragmas, two autocommit INSERTs of pre-built rows per step (with
+``full``, the first one unsynced, as engrain does). engrain's figure minus the
+floor is engrain's own overhead.
+
 Resume: a run with 4,999 completed steps (9,999 events) and no end is resumed:
 open the journal, read it, replay every step through ``engrain.run`` and append
 ``run.completed`` (the 10,000th event). DBOS: a workflow with 4,999 completed
@@ -24,6 +31,7 @@ import json
 import os
 import pathlib
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -34,6 +42,7 @@ from urllib.parse import quote
 
 import engrain as eg
 from engrain import NewEvent
+from engrain._journal.sqlite import _SCHEMA
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -129,8 +138,12 @@ def _tool_and_agent():
     return agent
 
 
-def per_step(url: str) -> tuple[int, list[float]]:
-    """(N, µs/step of each repetition) for a durable run of N trivial steps on ``url``."""
+def per_step(url: str, floor: Floor | None = None) -> tuple[int, list[float], list[float]]:
+    """(N, µs/step of each repetition, floor µs/step of each) for a durable run of N trivial steps on ``url``.
+
+    With ``floor`` (SQLite), each engrain repetition is followed by one of the
+    floor with the same N, so both see the same machine load.
+    """
     journal = eg.open(url)
     agent = _tool_and_agent()
 
@@ -150,9 +163,64 @@ def per_step(url: str) -> tuple[int, list[float]]:
                 break
             n *= 4
         n = max(20, min(20000, int(n * BUDGET / max(took, 1e-9))))
-        return n, [timed(n) / n * 1e6 for _ in range(REPS)]
+        ours, raw = [], []
+        if floor is not None:
+            floor.rep(20)  # warm, like engrain's first run
+        for _ in range(REPS):
+            ours.append(timed(n) / n * 1e6)
+            if floor is not None:
+                raw.append(floor.rep(n))
+        return n, ours, raw
     finally:
         journal.close()
+        if floor is not None:
+            floor.close()
+
+
+class Floor:
+    """Raw sqlite3 writing a step's two events: what SQLite itself costs for the design.
+
+    engrain's schema (with its triggers) and pragmas, two autocommit INSERTs per
+    step (with ``full``, the first one unsynced, as engrain does), rows built
+    before the clock starts: no engrain code runs.
+    """
+
+    INSERT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
+
+    def __init__(self, path: pathlib.Path, durability: str):
+        self.full = durability == "full"
+        self.db = sqlite3.connect(str(path), isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={'FULL' if self.full else 'NORMAL'}")
+        self.db.executescript(_SCHEMA)
+
+    def rep(self, n: int) -> float:
+        """µs/step of one run of ``n`` steps."""
+        db, insert = self.db, self.INSERT
+        rid, ts = uuid.uuid4().hex, time.time()
+        db.execute(insert, (rid, 0, ts, "run.started", "", json.dumps({"task": "bench", "inputs": {"n": n}})))
+        steps = [
+            (
+                (rid, 2 * i + 1, ts, "step.started", "inc", f'{{"call_id":{i},"type":"tool","args":{{"x":{i}}},"attempt":1}}'),
+                (rid, 2 * i + 2, ts, "step.completed", "inc", f'{{"call_id":{i},"result":{i + 1}}}'),
+            )
+            for i in range(n)
+        ]
+        t0 = time.perf_counter()
+        if self.full:
+            for started, completed in steps:
+                db.execute("PRAGMA synchronous=NORMAL")  # step.started: no fsync of its own
+                db.execute(insert, started)
+                db.execute("PRAGMA synchronous=FULL")
+                db.execute(insert, completed)
+        else:
+            for started, completed in steps:
+                db.execute(insert, started)
+                db.execute(insert, completed)
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def close(self) -> None:
+        self.db.close()
 
 
 def _record_unfinished(url: str, run_id: str, steps: int) -> None:
@@ -313,14 +381,19 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="engrain-bench-") as d:
         tmp = pathlib.Path(d)
+        overhead = {}
         for dur, target in (("normal", TARGETS["sqlite normal"]), ("full", TARGETS["fsync'd"])):
-            n, us = per_step(f"sqlite:///{tmp / f'steps-{dur}.db'}?durability={dur}")
+            url = f"sqlite:///{tmp / f'steps-{dur}.db'}?durability={dur}"
+            n, us, raw = per_step(url, Floor(tmp / f"floor-{dur}.db", dur))
             add(f"engrain sqlite {dur}", f"N={n}, {REPS} runs", us, target, "µs/step")
+            detail = f"N={n}, {REPS} runs alternating with engrain's: raw sqlite3, 2 autocommit INSERTs/step"
+            add(f"sqlite3 floor {dur}", detail, raw, None, "µs/step")
+            overhead[dur] = statistics.median(us) - statistics.median(raw)
         pg = postgres_url()
         if pg:
             for dur, target in (("full", TARGETS["fsync'd"]), ("normal", None)):
                 with PgSchema(pg) as url:
-                    n, us = per_step(f"{url}&durability={dur}")
+                    n, us, _ = per_step(f"{url}&durability={dur}")
                 add(f"engrain postgres {dur}", f"N={n}, {REPS} runs", us, target, "µs/step")
         try:
             peer = dbos_figures(tmp)
@@ -363,6 +436,10 @@ def main() -> None:
     for name, detail, med, goal, verdict in rows:
         unit = "ms" if "resume" in name else "µs/step"
         print(f"  {name:<{width}}  {med:>9.1f} {unit:<8} {goal:<16} {verdict:<7} {detail:<{dwidth}}")
+    print(
+        "  engrain's own overhead over the sqlite3 floor: "
+        + ", ".join(f"{dur} {us:+.1f} µs/step" for dur, us in overhead.items())
+    )
     if not pg:
         print("  (PostgreSQL skipped: no server; set ENGRAIN_TEST_PG_URL or run scripts/postgres.sh)")
     print(f"total {time.perf_counter() - t_start:.0f} s")

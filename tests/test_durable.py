@@ -121,6 +121,40 @@ def test_non_json_argument_and_result_are_named(journal):
     assert failed and failed[0].data["error_type"] == "NotJSONError"
 
 
+def test_nested_non_json_argument_is_named_with_its_path(journal):
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg)
+    def takes(cfg):
+        return 1
+
+    r = eg.run(lambda task: takes({"a": [1, (2, 3)]}), "t", journal=journal)
+    assert r.status == "failed"
+    assert "tool 'takes'" in r.error and "argument 'cfg'['a'][1]" in r.error and "tuple" in r.error
+    assert [e.kind for e in journal.read(r.run_id)] == ["run.started", "run.failed"]  # nothing journaled for it
+
+
+def test_tool_arguments_are_bound_like_a_plain_call(journal):
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg)
+    def f(a, b=2, *, c=3):
+        return [a, b, c]
+
+    r = eg.run(lambda task: [f(1), f(1, 5), f(a=1, c=9), f(1, b=4)], "bind", journal=journal)
+    assert r.output == [[1, 2, 3], [1, 5, 3], [1, 2, 9], [1, 4, 3]]
+    recorded = [e.data["args"] for e in journal.read(r.run_id) if e.kind == "step.started"]
+    assert recorded == [{"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5, "c": 3}, {"a": 1, "b": 2, "c": 9}, {"a": 1, "b": 4, "c": 3}]
+    # What a plain call rejects, a journaled call rejects too, before any step is written:
+    # c is keyword-only, a given twice, d unknown, a missing.
+    for bad in (lambda: f(1, 2, 3), lambda: f(1, a=2), lambda: f(1, d=4), lambda: f()):
+        with pytest.raises(TypeError):
+            bad()
+        r = eg.run(lambda task, bad=bad: bad(), "bad", journal=journal)
+        assert r.status == "failed" and r.error.startswith("TypeError")
+        assert [e.kind for e in journal.read(r.run_id)] == ["run.started", "run.failed"]
+
+
 def test_tool_failure_is_recorded_and_replayed(journal, calls):
     _, boom = make_tools(calls, eg.ToolRegistry())
     attempts = {"n": 0}

@@ -66,6 +66,27 @@ def test_append_is_atomic_on_bad_event(journal):
     assert journal.get_run("r").next_seq == 1
 
 
+def test_unflushed_appends_are_stored_and_checked(store_url):
+    """durable=False (a durable run's step.started) skips only the flush: same rows, same conflicts."""
+    j = engrain.open(f"{store_url}{'&' if '?' in store_url else '?'}durability=full")
+    try:
+        j.append("nf", [started()], 0, durable=False)  # creates the run
+        j.append("nf", [step(0)], 1, durable=False)
+        j.append("nf", [step(1), step(2)], 2, durable=False)
+        with pytest.raises(ConflictError):
+            j.append("nf", [step(3)], 2, durable=False)
+        j.append("nf", [NewEvent("run.completed", "", {"output": 1})], 4)
+        assert [e.seq for e in j.read("nf")] == [0, 1, 2, 3, 4]
+        assert j.get_run("nf").status == "completed"
+        # The skipped flush was local to those commits: the connection syncs every commit again.
+        if j.backend == "postgres":
+            assert j._db.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+        else:
+            assert j._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    finally:
+        j.close()
+
+
 def test_concurrent_writers_of_one_run_one_wins(store_url):
     """Two journals (two connections) race to append at the same seq: exactly one wins."""
     a, b = engrain.open(store_url), engrain.open(store_url)

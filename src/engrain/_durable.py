@@ -24,7 +24,7 @@ from typing import Any
 
 from . import _events as ev
 from ._errors import EngrainError, NondeterminismError, NotJSONError, RunFailedError, StepFailedError
-from ._events import NewEvent, check_json
+from ._events import NewEvent, check_json, is_json
 from ._journal import Journal, default_url, open_journal
 from ._lease import Lease
 
@@ -169,8 +169,9 @@ class RunContext:
 
     def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
         """Append one event to this run (serialized across the run's threads)."""
+        event = (NewEvent(kind, name, data or {}),)
         with self._lock:
-            self.journal.append(self.run_id, [NewEvent(kind, name, data or {})], self.seq, durable=durable)
+            self.journal.append(self.run_id, event, self.seq, durable=durable)
             self.seq += 1
 
     def _begin(self, name: str, type_: str, args: dict[str, Any]) -> StepRecord | _Pending:
@@ -186,8 +187,10 @@ class RunContext:
                 return rec
             attempt = rec.attempts + 1
         else:
-            for k, v in args.items():
-                check_json(v, f"{type_} {name!r}", f"argument {k!r}")
+            if not is_json(args):  # the slow walk only to name the culprit
+                for k, v in args.items():
+                    check_json(v, f"{type_} {name!r}", f"argument {k!r}")
+                check_json(args, f"{type_} {name!r}", "arguments")
             attempt = 1
         # Not flushed on its own: the completion's flush covers it (one fsync per step).
         self.append(
@@ -197,11 +200,12 @@ class RunContext:
         return _Pending(call_id, name, f"{self.run_id}:{call_id}")
 
     def _complete(self, p: _Pending, result: Any) -> Any:
-        try:
-            check_json(result, f"step {p.name!r}", "result")
-        except NotJSONError as e:
-            self._fail(p, e)
-            raise
+        if not is_json(result):
+            try:
+                check_json(result, f"step {p.name!r}", "result")
+            except NotJSONError as e:
+                self._fail(p, e)
+                raise
         self.append(ev.STEP_COMPLETED, p.name, {"call_id": p.call_id, "result": result})
         return result
 

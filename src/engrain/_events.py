@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
 from ._errors import NotJSONError
@@ -147,38 +148,78 @@ def status_after(kinds: list[str], current: str | None) -> str:
     return status
 
 
+_SCALARS: Final = frozenset({str, bool, int, type(None)})
+
+
+def is_json(value: Any) -> bool:
+    """True if ``value`` is strictly JSON (see :func:`check_json`); builds no error path.
+
+    Every journaled argument and result goes through here, so the common case
+    (scalars, small dicts and lists) is kept to type lookups.
+    """
+    t = type(value)
+    if t in _SCALARS:
+        return True
+    if t is float:
+        return math.isfinite(value)
+    if t is dict:
+        for k, item in value.items():
+            if type(k) is not str:
+                return False
+            if type(item) not in _SCALARS and not is_json(item):
+                return False
+        return True
+    if t is list:
+        for item in value:
+            if type(item) not in _SCALARS and not is_json(item):
+                return False
+        return True
+    return False
+
+
 def check_json(value: Any, where: str, path: str = "value") -> None:
     """Raise :class:`NotJSONError` naming ``where`` and ``path`` if ``value`` is not JSON.
 
     Strict on purpose: a tuple or a set would come back from the journal as a
     list, so the replayed run would see a different value than the live one.
     """
+    if not is_json(value):
+        _raise_at(value, where, path)
+
+
+def _raise_at(value: Any, where: str, path: str) -> None:
+    """Find the first non-JSON value under ``value`` and raise for it (the slow, naming walk)."""
     t = type(value)
-    if value is None or t is str or t is bool or t is int:
-        return
-    if t is float:
-        if not math.isfinite(value):
-            raise NotJSONError(where, path, value)
-        return
-    if t is list:
-        for i, item in enumerate(value):
-            check_json(item, where, f"{path}[{i}]")
-        return
     if t is dict:
         for k, item in value.items():
             if type(k) is not str:
                 raise NotJSONError(where, f"{path} key {k!r}", k)
-            check_json(item, where, f"{path}[{k!r}]")
-        return
+            if not is_json(item):
+                _raise_at(item, where, f"{path}[{k!r}]")
+    elif t is list:
+        for i, item in enumerate(value):
+            if not is_json(item):
+                _raise_at(item, where, f"{path}[{i}]")
     raise NotJSONError(where, path, value)
 
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# The C encoder JSONEncoder.encode builds on every call, built once: that halves
+# the cost of encoding an event. Without circular-reference markers (a shared
+# markers dict would not be thread-safe); a cycle raises RecursionError, as
+# check_json does on one.
+_c_encode = (
+    c_make_encoder(None, _encoder.default, encode_basestring, None, ":", ",", False, False, False)
+    if c_make_encoder is not None
+    else None
+)
 
 
 def dumps(value: Any) -> str:
     """Compact JSON text, the form stored in the journal."""
-    return _dumps(value)
+    if _c_encode is None:  # pragma: no cover - CPython always has the C encoder
+        return _encoder.encode(value)
+    return "".join(_c_encode(value, 0))
 
 
 loads = json.loads

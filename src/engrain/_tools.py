@@ -129,22 +129,28 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     params = list(sig.parameters.values())
     skip = params[0].name if params and params[0].name in ("self", "cls") else None
     simple = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
-    names = [p.name for p in params]
+    names = tuple(p.name for p in params)
+    positional = sum(1 for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
 
     def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
-        # Fast path for plain signatures (no *args/**kwargs/positional-only): it
-        # is on every journaled call, and Signature.bind costs several µs.
-        if simple and len(args) <= len(names) and not (kwargs.keys() & set(names[: len(args)])):
+        # On every journaled call, and Signature.bind costs several µs: plain
+        # signatures (no *args/**kwargs/positional-only) take a fast path, and
+        # anything unusual falls back to Signature.bind for its exact TypeError.
+        if simple and not kwargs and len(args) == positional and positional == len(names):
+            out = dict(zip(names, args))  # every argument given positionally: the common call
+        elif simple and len(args) <= positional and not any(n in kwargs for n in names[: len(args)]):
             out = dict(zip(names, args))
+            used = 0
             for name in names[len(args) :]:
                 if name in kwargs:
                     out[name] = kwargs[name]
+                    used += 1
                 elif name in defaults:
                     out[name] = defaults[name]
                 else:
                     sig.bind(*args, **kwargs)  # raises the usual TypeError for the missing argument
-            if len(kwargs) > len(out) - len(args) or not kwargs.keys() <= out.keys():
+            if used != len(kwargs):
                 sig.bind(*args, **kwargs)  # unexpected keyword: same TypeError as a plain call
         else:
             bound = sig.bind(*args, **kwargs)

@@ -33,37 +33,52 @@ class Batch:
     next_seq: int
 
 
-def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: float) -> Batch:
-    """Validate ``events`` and lay them out as rows starting at ``expected_seq``."""
+def _check_target(run_id: str, expected_seq: int) -> None:
     if not isinstance(run_id, str) or not run_id:
         raise ValueError("run_id must be a non-empty string")
     if len(run_id) > 200:
         raise ValueError(f"run_id is {len(run_id)} characters long; at most 200 are allowed")
     if not isinstance(expected_seq, int) or expected_seq < 0:
         raise ValueError(f"expected_seq must be an int >= 0, got {expected_seq!r}")
+
+
+def _row(run_id: str, ev: NewEvent, seq: int, ts: float, i: int) -> tuple[str, int, float, str, str, str]:
+    """Validate event ``i`` of a batch and return its row."""
+    kind, data = ev.kind, ev.data
+    if kind not in KINDS:
+        raise ValueError(f"event {i}: unknown kind {kind!r}; known kinds: {sorted(KINDS)}")
+    if type(data) is not dict and not isinstance(data, dict):
+        raise TypeError(f"event {i} ({kind}): data must be a dict")
+    try:
+        text = dumps(data)
+    except (TypeError, ValueError):
+        # dumps failed: let the strict checker name the offending field.
+        check_json(data, f"event {i} ({kind} {ev.name})", "data")
+        raise
+    return (run_id, seq, ts, kind, ev.name, text)
+
+
+def prepare_one(run_id: str, event: NewEvent, expected_seq: int, ts: float) -> tuple[str, int, float, str, str, str]:
+    """Validate a single event and return its row: the per-step path, without a :class:`Batch`."""
+    _check_target(run_id, expected_seq)
+    return _row(run_id, event, expected_seq, ts, 0)
+
+
+def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: float) -> Batch:
+    """Validate ``events`` and lay them out as rows starting at ``expected_seq``."""
+    _check_target(run_id, expected_seq)
     if not events:
         raise ValueError("append needs at least one event")
-    rows = []
-    kinds = []
-    task = tags = None
-    for i, ev in enumerate(events):
-        if ev.kind not in KINDS:
-            raise ValueError(f"event {i}: unknown kind {ev.kind!r}; known kinds: {sorted(KINDS)}")
-        if not isinstance(ev.data, dict):
-            raise TypeError(f"event {i} ({ev.kind}): data must be a dict")
-        try:
-            text = dumps(ev.data)
-        except (TypeError, ValueError):
-            # dumps failed: let the strict checker name the offending field.
-            check_json(ev.data, f"event {i} ({ev.kind} {ev.name})", "data")
-            raise
-        rows.append((run_id, expected_seq + i, ts, ev.kind, ev.name, text))
-        kinds.append(ev.kind)
-        if ev.kind == RUN_STARTED:
-            task = str(ev.data.get("task", ""))
-            tags = dumps([str(t) for t in ev.data.get("tags") or []])
-    status = status_after(kinds, None) if _STATUS_KINDS.intersection(kinds) else None
-    return Batch(rows, status, task, tags, expected_seq + len(events))
+    rows = [_row(run_id, ev, expected_seq + i, ts, i) for i, ev in enumerate(events)]
+    kinds = [r[3] for r in rows]
+    task = tags = status = None
+    if not _STATUS_KINDS.isdisjoint(kinds):
+        status = status_after(kinds, None)
+        for ev in events:
+            if ev.kind == RUN_STARTED:
+                task = str(ev.data.get("task", ""))
+                tags = dumps([str(t) for t in ev.data.get("tags") or []])
+    return Batch(rows, status, task, tags, expected_seq + len(rows))
 
 
 def run_filters(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import prepare, run_filters
+from ._common import prepare, prepare_one, run_filters
 from .base import Journal
 
 _SCHEMA = """
@@ -106,27 +106,38 @@ class SQLiteJournal(Journal):
         self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
         with self._lock:
             self._db.executescript(_SCHEMA)
+        # The per-step path, bound once: a kept cursor saves creating one per
+        # INSERT, and the synchronous toggles of durable=False are cached statements.
+        self._full = durability == "full"
+        self._insert = self._db.cursor().execute
+        self._sync = self._db.cursor().execute
 
     # -- writes ------------------------------------------------------------------
 
     def append(
         self, run_id: str, events: Sequence[NewEvent], expected_seq: int, *, durable: bool = True
     ) -> list[Event]:
-        batch = prepare(run_id, events, expected_seq, self._now())
-        db = self._db
+        # One event (every step of a durable run) skips building a Batch: the
+        # triggers keep the runs row, so the status it computes is not needed here.
+        one = len(events) == 1
+        if one:
+            rows = [prepare_one(run_id, events[0], expected_seq, self._now())]
+        else:
+            rows = prepare(run_id, events, expected_seq, self._now()).rows
         with self._lock:
-            fsync_skipped = not durable and self.durability == "full"
-            if fsync_skipped:
-                # WAL frames written now survive a process crash; the next fsync'd
-                # commit makes them durable against power loss as well.
-                db.execute("PRAGMA synchronous=NORMAL")
+            fsync_skipped = not durable and self._full
             try:
-                if len(batch.rows) == 1:
-                    db.execute(_INSERT, batch.rows[0])  # autocommit: one statement, one commit
+                if fsync_skipped:
+                    # WAL frames written now survive a process crash; the next fsync'd
+                    # commit makes them durable against power loss as well.
+                    self._sync("PRAGMA synchronous=NORMAL")
+                if one:
+                    self._insert(_INSERT, rows[0])  # autocommit: one statement, one commit
                 else:
+                    db = self._db
                     db.execute("BEGIN IMMEDIATE")
                     try:
-                        db.executemany(_INSERT, batch.rows)
+                        db.executemany(_INSERT, rows)
                         db.execute("COMMIT")
                     except BaseException:
                         db.execute("ROLLBACK")
@@ -137,8 +148,11 @@ class SQLiteJournal(Journal):
                 raise
             finally:
                 if fsync_skipped:
-                    db.execute("PRAGMA synchronous=FULL")
-        return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(batch.rows, events)]
+                    self._sync("PRAGMA synchronous=FULL")
+        if one:
+            r = rows[0]
+            return [Event(run_id, expected_seq, r[2], r[3], r[4], events[0].data)]
+        return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
 
     def _conflict(self, run_id: str, expected_seq: int) -> ConflictError:
         row = self._db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE run_id = ?", (run_id,)).fetchone()
