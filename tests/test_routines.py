@@ -10,7 +10,7 @@ import shutil
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import engrain as eg
@@ -449,6 +449,8 @@ _json = st.recursive(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# "\ufb00" (the ff ligature) folds to "ff" in Python identifiers: both as parameters would collide.
+@example(calls=[("f", {"ff": 1, "\ufb00": 2}, 3)])
 @given(
     calls=st.lists(
         st.tuples(st.text(min_size=1, max_size=10), st.dictionaries(st.text(max_size=8), _json, max_size=3), _json),

@@ -12,13 +12,13 @@ value becomes ``{{ inputs.x }}`` / ``{{ stepN.path }}`` only when it equals a
 
 from __future__ import annotations
 
-import ast
 import json
 import keyword
 import math
 import os
 import pathlib
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -318,12 +318,22 @@ def _replay(name, table, args):
 '''
 
 
+def _param_name(k: Any) -> bool:
+    """Whether a recorded argument name can be a Python parameter as is.
+
+    Python folds identifiers to NFKC ("\ufb00" is ``ff``), so a name that changes
+    under NFKC would be read back under another name: such UDFs take ``**kwargs``.
+    """
+    return (isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_")
+            and unicodedata.normalize("NFKC", k) == k)
+
+
 def _udfs_source(udfs: dict[str, list[tuple[dict[str, Any], Any]]]) -> str:
     parts = [_UDF_HEADER]
     for fname, records in udfs.items():
         keys = [list(a) for a, _ in records]
         same = all(k == keys[0] for k in keys)
-        simple = same and all(isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_") for k in keys[0])
+        simple = same and all(_param_name(k) for k in keys[0])
         table = f"_{fname.upper()}_CALLS"
         rows = "".join(f"    ({_literal(a)}, {_literal(r)}),\n" for a, r in records)
         parts.append(f"\n\n{table} = [\n{rows}]\n")
@@ -334,7 +344,7 @@ def _udfs_source(udfs: dict[str, list[tuple[dict[str, Any], Any]]]) -> str:
         else:
             parts.append(f"\n\ndef {fname}(**kwargs):\n    return _replay({fname!r}, {table}, kwargs)\n")
     source = "".join(parts)
-    ast.parse(source, "udfs.py")  # never emit invalid Python
+    compile(source, "udfs.py", "exec", dont_inherit=True)  # never emit invalid Python (compiled, not run)
     return source
 
 
