@@ -9,6 +9,7 @@ three tools whose pre-checks look at the page the browser shows.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -93,12 +94,14 @@ def cache_section(journal: Journal, workdir: Any, out: Callable[[str], None]) ->
     engine, counter = build(journal, site)
     out("2. Behavior cache: replay what worked, fall back to the agent when the page changed")
     ok = True
+    # Tagged per demo run: on a reused store (--url) the first call is still a miss.
+    session = f"demo-{uuid.uuid4().hex[:8]}"
 
     def attempt(label: str, person: str) -> eg.Outcome:
         site.page, site.form, site.dismissed = "home", {}, False
         before = counter["decisions"]
         t0 = time.perf_counter()
-        o = engine(f"Sign up {person} for the newsletter", tags=["demo"], params={"name": person})
+        o = engine(f"Sign up {person} for the newsletter", tags=["demo", session], params={"name": person})
         ms = (time.perf_counter() - t0) * 1000
         kind = "hit" if o else ("diverged, handed off" if o.reason.startswith("diverged") else "miss")
         out(f"   {label:<38}{kind:<22}{counter['decisions'] - before} agent decisions  {ms:8.1f} ms")
