@@ -327,6 +327,7 @@ def test_big_but_allowed_values_still_work():
         ("", "is empty"),
         ("   ", "is empty"),
         ("1 +", "syntax error"),
+        ("'a\\ b' == x", "invalid escape sequence"),
         ("x\x00", "null bytes"),
     ],
 )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ast
 import operator
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -280,7 +281,11 @@ def compile_expr(text: str, where: str | None = None) -> Expr:
     if not text.strip():
         raise ExpressionError(text, "is empty", where)
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        with warnings.catch_warnings():
+            # An invalid escape like "\\ " is only a warning in Python today: make it a syntax error here.
+            warnings.simplefilter("error", DeprecationWarning)
+            warnings.simplefilter("error", SyntaxWarning)
+            tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as e:
         raise ExpressionError(text, f"syntax error: {e.msg}", where) from None
     except (ValueError, RecursionError, MemoryError) as e:
