@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
+import time
 
 import pytest
 
@@ -329,6 +330,90 @@ def test_lease_is_held_while_running_and_released_after(journal):
     eg.run(agent, "t", run_id="h", journal=journal)
     assert owners[0] and owners[0].split(":")[1].isdigit()
     assert journal.get_run("h").lease_owner is None
+
+
+def _lease_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("engrain-lease")]
+
+
+def test_runs_share_one_renewal_thread(journal):
+    import engrain._lease as lease_mod
+
+    before = _lease_threads()
+    for k in range(20):
+        eg.run(lambda task: _lease_threads(), "t", run_id=f"s{k}", journal=journal)
+    assert len(_lease_threads()) == 1 and len(before) <= 1
+    assert lease_mod._renewer._leases == {}  # every run unregistered
+
+
+def test_a_long_run_keeps_its_lease_alive(journal):
+    from engrain._lease import Lease
+
+    journal.append("long", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
+    with Lease(journal, "long", ttl=0.3) as lease:
+        firsts = journal.get_run("long").lease_until
+        for _ in range(8):  # 0.8 s: well past the ttl, so only renewals keep the lease
+            time.sleep(0.1)
+            assert not journal.acquire_lease("long", "otherhost:1:x", ttl=30)
+        info = journal.get_run("long")
+        assert info.lease_owner == lease.owner and info.lease_until > firsts + 0.3
+    assert journal.get_run("long").lease_owner is None
+
+
+def test_renewals_never_bring_back_a_dropped_lease(journal, monkeypatch):
+    import engrain._durable as durable
+    from engrain._lease import Lease
+
+    monkeypatch.setattr(durable, "Lease", lambda j, run_id: Lease(j, run_id, ttl=0.03))  # renewed every 10 ms
+
+    def agent(task, wait):
+        time.sleep(0.12)
+        if wait:
+            eg.ask("ok?")
+        return task
+
+    assert eg.run(agent, "done", run_id="f1", inputs={"wait": False}, journal=journal).status == "ok"
+    paused = eg.run(agent, "paused", run_id="f2", inputs={"wait": True}, journal=journal)
+    assert paused.status == "needs_input"
+    time.sleep(0.1)
+    assert journal.get_run("f1").lease_owner is None  # dropped with run.completed
+    assert journal.get_run("f2").lease_owner is None  # released explicitly
+    assert journal.acquire_lease("f2", "otherhost:1:x", ttl=30)
+
+
+def test_an_orphaned_runs_lease_expires_and_recover_takes_it(journal):
+    journal.append("orph", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0,
+                   lease=("otherhost:1:gone", 0.1))
+    assert eg.recover(lambda task: "late", journal=journal) == []  # still leased
+    with pytest.raises(eg.LeaseHeldError):
+        eg.run(lambda task: "now", "t", run_id="orph", journal=journal)
+    time.sleep(0.2)
+    (r,) = eg.recover(lambda task: "late", journal=journal)
+    assert r.output == "late" and journal.get_run("orph").lease_owner is None
+
+
+def test_a_forked_child_renews_its_own_leases(tmp_path):
+    import os
+
+    from engrain._lease import Lease
+
+    url = f"sqlite:///{tmp_path / 'fork.db'}"
+    parent = eg.open(url)
+    eg.run(lambda task: None, "t", run_id="p", journal=parent)  # the parent's renewal thread exists
+    pid = os.fork()
+    if pid == 0:  # the child: exits with 0 only if its lease outlived its ttl by renewal
+        code = 1
+        try:
+            j = eg.open(url)
+            j.append("c", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
+            with Lease(j, "c", ttl=0.2):
+                time.sleep(0.5)
+                code = 0 if not j.acquire_lease("c", "otherhost:1:x", ttl=30) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    parent.close()
 
 
 def test_recover_resumes_orphaned_runs(journal, calls):

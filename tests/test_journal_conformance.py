@@ -177,6 +177,44 @@ def test_leases(journal):
         journal.acquire_lease("missing", "w1", ttl=1)
 
 
+def test_append_creates_a_leased_run(journal):
+    journal.append("r", [started()], 0, lease=("w1", 30))
+    assert journal.get_run("r").lease_owner == "w1"
+    assert not journal.acquire_lease("r", "w2", ttl=30)
+    assert journal.claim_runs("w2", ttl=30) == []  # no window between creation and lease
+    journal.append("e", [started(), step(0)], 0, lease=("w1", 0.05))
+    time.sleep(0.15)
+    assert [r.run_id for r in journal.claim_runs("w2", ttl=30)] == ["e"]  # the lease expires like any other
+    with pytest.raises(ValueError, match="expected_seq=0"):
+        journal.append("r", [step(0)], 1, lease=("w1", 30))
+    for bad in (("", 30), ("w1", 0), ("w1", float("inf")), ("w1",), "w1"):
+        with pytest.raises(ValueError, match="lease"):
+            journal.append("bad", [started()], 0, lease=bad)
+    assert journal.get_run("bad") is None
+
+
+def test_finishing_a_run_drops_its_lease(journal):
+    for kind, data in (("run.completed", {"output": 1}), ("run.failed", {"error": "x"})):
+        rid = f"fin-{kind}"
+        journal.append(rid, [started()], 0, lease=("w1", 30))
+        journal.append(rid, [step(0)], 1)
+        journal.append(rid, [NewEvent("input.requested", "ask", {"call_id": 1, "prompt": "?", "fields": []})], 2)
+        journal.append(rid, [NewEvent("input.received", "ask", {"call_id": 1, "answers": {}})], 3)
+        assert journal.get_run(rid).lease_owner == "w1"  # only a finish drops it
+        journal.append(rid, [NewEvent(kind, "", data)], 4)
+        info = journal.get_run(rid)
+        assert info.lease_owner is None and info.lease_until is None
+        assert info.status == kind.split(".")[1]
+    # A whole run appended at once, finish included, is never left leased.
+    journal.append("b", [started(), step(0), NewEvent("run.completed", "", {"output": 1})], 0, lease=("w1", 30))
+    assert journal.get_run("b").lease_owner is None and journal.get_run("b").status == "completed"
+    # In a batch, a finish drops a lease held by anyone.
+    journal.append("c", [started()], 0)
+    assert journal.acquire_lease("c", "w2", ttl=30)
+    journal.append("c", [step(0), NewEvent("run.failed", "", {"error": "x"})], 1)
+    assert journal.get_run("c").lease_owner is None
+
+
 def test_claim_runs_splits_unfinished_runs_between_workers(journal):
     for k in range(6):
         journal.append(f"r{k}", [started()], 0)
@@ -196,6 +234,72 @@ def test_delete_run(journal):
     journal.delete_run("r")
     assert journal.get_run("r") is None and journal.read("r") == []
     journal.append("r", [started()], 0)  # the id can be reused
+
+
+def test_large_batches_are_atomic(journal):
+    events = [started()] + [step(i) for i in range(149)]  # several INSERT statements on SQLite
+    journal.append("big", events, 0, lease=("w1", 30))
+    journal.append("big", [step(i) for i in range(149, 279)], 150)
+    with pytest.raises(ConflictError):
+        journal.append("big", [step(i) for i in range(200)], 150)  # stale: nothing of it is written
+    with pytest.raises(ValueError):
+        journal.append("big", [step(i) for i in range(100)] + [NewEvent("nope", "", {})], 280)
+    stored = journal.read("big")
+    assert [e.seq for e in stored] == list(range(280))
+    assert [e.data["call_id"] for e in stored[1:]] == list(range(279))
+    info = journal.get_run("big")
+    assert info.next_seq == 280 and info.lease_owner == "w1"
+
+
+def test_sqlite_migrates_an_old_status_trigger_under_concurrent_openers(tmp_path):
+    import sqlite3
+
+    from engrain._journal.sqlite import _STATUS_TRIGGER_SQL
+
+    path = tmp_path / "old.db"
+    writer = engrain.open(f"sqlite:///{path}")  # keeps writing while the openers migrate
+    # The trigger as engrain wrote it before leases were dropped by a finish.
+    old = """CREATE TRIGGER events_run_status AFTER INSERT ON events
+WHEN NEW.seq > 0 AND NEW.kind IN
+    ('run.started', 'run.completed', 'run.failed', 'input.requested', 'input.received', 'replay.started')
+BEGIN
+    UPDATE runs SET updated = NEW.ts,
+        status = CASE NEW.kind WHEN 'run.completed' THEN 'completed' WHEN 'run.failed' THEN 'failed'
+            WHEN 'input.requested' THEN 'needs_input' ELSE 'running' END
+    WHERE run_id = NEW.run_id;
+END"""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.executescript(f"DROP TRIGGER events_run_status; {old};")
+    errors: list[BaseException] = []
+    go = threading.Barrier(6)
+
+    def opener(k: int) -> None:
+        try:
+            go.wait()
+            j = engrain.open(f"sqlite:///{path}")
+            j.append(f"o{k}", [started()], 0, lease=("w", 30))
+            j.append(f"o{k}", [NewEvent("run.completed", "", {"output": k})], 1)
+            j.close()
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=opener, args=(k,)) for k in range(5)]
+    for t in threads:
+        t.start()
+    go.wait()
+    for k in range(40):
+        writer.append(f"w{k}", [started()], 0)
+        writer.append(f"w{k}", [NewEvent("run.failed", "", {"error": "x"})], 1)
+    for t in threads:
+        t.join()
+    assert errors == []
+    triggers = con.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_run_status'").fetchall()
+    assert triggers == [(_STATUS_TRIGGER_SQL,)]
+    assert {r.status for r in writer.runs(limit=100)} == {"completed", "failed"}
+    assert len(writer.runs(limit=100)) == 45
+    assert all(r.lease_owner is None for r in writer.runs(status="completed"))
+    writer.close()
+    con.close()
 
 
 def test_bad_arguments_are_clear(journal):

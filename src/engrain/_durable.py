@@ -330,13 +330,18 @@ def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = No
     j.append(run_id, [NewEvent(ev.INPUT_RECEIVED, waiting[-1].name, {"call_id": waiting[-1].call_id, "answers": answers})], len(events))
 
 
-def _start(journal: Journal, run_id: str, task: str, inputs: dict[str, Any], tags: list[str]) -> tuple[list[ev.Event], RunResult | None]:
-    """Read the run's events (creating the run if new); a finished run's result short-circuits."""
+def _start(
+    journal: Journal, run_id: str, task: str, inputs: dict[str, Any], tags: list[str], lease: Lease | None = None
+) -> tuple[list[ev.Event], RunResult | None]:
+    """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits."""
     events = journal.read(run_id)
     if not events:
         data = {"task": task, "inputs": inputs, "tags": tags}
         check_json(data, f"run {run_id!r}", "inputs")
-        events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0)
+        held = None if lease is None else (lease.owner, lease.ttl)
+        events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
+        if lease is not None:
+            lease.take()
         return events, None
     recorded = events[0].data.get("task")
     if recorded != task:
@@ -376,9 +381,9 @@ class _Execution:
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
-        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []))
-        self.ctx = RunContext(self.journal, self.run_id, events)
         self._lease = Lease(self.journal, self.run_id)
+        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), self._lease)
+        self.ctx = RunContext(self.journal, self.run_id, events)
 
     def __enter__(self) -> _Execution:
         self._lease.__enter__()
@@ -389,11 +394,25 @@ class _Execution:
         _current.reset(self._token)
         self._lease.__exit__(*exc)
 
+    # The event that finishes a run drops its lease in the journal (see
+    # Journal.append), so renewal stops before it and no release follows it.
+
+    def finished(self, output: Any) -> RunResult:
+        """The result of an agent that returned ``output``, journaled."""
+        self._lease.stop()
+        res = _finish_ok(self.ctx, output)
+        self._lease.dropped()
+        return res
+
     def failed(self, exc: BaseException) -> RunResult:
         """The result of an agent that raised ``exc``; KeyboardInterrupt and SystemExit propagate."""
         if not isinstance(exc, (Exception, _Suspend)):
             raise exc  # the process is going away: the run stays resumable
-        return _finish_error(self.ctx, exc)
+        self._lease.stop()
+        res = _finish_error(self.ctx, exc)
+        if res.status == "failed":
+            self._lease.dropped()
+        return res
 
 
 def run(
@@ -428,7 +447,7 @@ def run(
             output = agent(task, **ex.inputs)
         except BaseException as e:
             return ex.failed(e)
-        return _finish_ok(ex.ctx, output)
+        return ex.finished(output)
 
 
 async def run_async(
@@ -449,4 +468,4 @@ async def run_async(
             output = await agent(task, **ex.inputs)
         except BaseException as e:
             return ex.failed(e)
-        return _finish_ok(ex.ctx, output)
+        return ex.finished(output)

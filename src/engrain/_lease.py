@@ -1,16 +1,24 @@
 """Run leases: one live executor per run, and recovery of runs whose process died.
 
-A durable run holds a lease on its run id while it executes and renews it from
-a background thread, so a recovery worker (:func:`recover`) never resumes a run
-that is still alive elsewhere. Owners are ``host:pid:token``: a lease left by a
-dead process on this host is taken over at once, so restarting a crashed agent
-right away works without waiting for the lease to expire.
+A durable run holds a lease on its run id while it executes, so a recovery
+worker (:func:`recover`) never resumes a run that is still alive elsewhere.
+Owners are ``host:pid:token``: a lease left by a dead process on this host is
+taken over at once, so restarting a crashed agent right away works without
+waiting for the lease to expire.
+
+A new run is created already leased and a finished one drops its lease with
+its last event (``Journal.append``), so a short run writes nothing for its
+lease. One daemon thread per process renews the leases of runs that have
+lived past a third of their ttl; a run only registers with it, so it pays no
+thread start or join.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +28,7 @@ from ._journal import Journal
 if TYPE_CHECKING:
     from ._durable import RunResult
 
-#: How long a lease lives without renewal (seconds). Renewed every third of it.
+#: How long a lease lives without renewal (seconds). Renewed after a third of it.
 DEFAULT_TTL = 30.0
 
 _HOST = os.uname().nodename  # what socket.gethostname() returns, without importing socket
@@ -66,45 +74,143 @@ def _is_zombie(pid: int) -> bool:
 
 
 class Lease:
-    """Holds the lease of one run while it executes (a context manager)."""
+    """The lease of one run while it executes (a context manager).
+
+    :meth:`take` records a lease already taken by the append that created the
+    run; :meth:`__enter__` acquires it otherwise. :meth:`stop` must come before
+    the append that finishes the run (so no renewal can bring the dropped
+    lease back), :meth:`dropped` after it succeeded; :meth:`__exit__` releases
+    a lease still held.
+    """
 
     def __init__(self, journal: Journal, run_id: str, ttl: float = DEFAULT_TTL):
         self.journal = journal
         self.run_id = run_id
         self.ttl = ttl
         self.owner = owner_id()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.held = False
+        self.due = 0.0  # monotonic time of the next renewal
+        self.renewing = False  # a renewal is in flight (guarded by the renewer's lock)
+        self._registered = False
+
+    def take(self) -> None:
+        """Record that the lease is held: taken by the append that created the run with ``lease=(owner, ttl)``."""
+        self.held = True
+        self.due = time.monotonic() + self.ttl / 3
 
     def __enter__(self) -> Lease:
-        if not self.journal.acquire_lease(self.run_id, self.owner, self.ttl):
-            info = self.journal.get_run(self.run_id)
+        if not self.held:
+            self._acquire()
+        _renewer.add(self)
+        self._registered = True
+        return self
+
+    def _acquire(self) -> None:
+        j = self.journal
+        if not j.acquire_lease(self.run_id, self.owner, self.ttl):
+            info = j.get_run(self.run_id)
             holder = info.lease_owner if info else None
             if not _dead_local_owner(holder):
                 raise LeaseHeldError(self.run_id, holder)
-            self.journal.release_lease(self.run_id, holder)  # type: ignore[arg-type]
-            if not self.journal.acquire_lease(self.run_id, self.owner, self.ttl):
-                info = self.journal.get_run(self.run_id)
+            j.release_lease(self.run_id, holder)  # type: ignore[arg-type]
+            if not j.acquire_lease(self.run_id, self.owner, self.ttl):
+                info = j.get_run(self.run_id)
                 raise LeaseHeldError(self.run_id, info.lease_owner if info else None)
-        self._thread = threading.Thread(target=self._renew, name=f"engrain-lease-{self.run_id}", daemon=True)
-        self._thread.start()
-        return self
+        self.take()
 
-    def _renew(self) -> None:
-        while not self._stop.wait(self.ttl / 3):
-            try:
-                self.journal.acquire_lease(self.run_id, self.owner, self.ttl)
-            except Exception:  # noqa: BLE001 - a failed renewal must not kill the run; the next try may succeed
-                pass
+    def renew(self) -> None:
+        """Extend the lease by ``ttl`` from now (called by the renewal thread)."""
+        self.due = time.monotonic() + self.ttl / 3
+        try:
+            self.journal.acquire_lease(self.run_id, self.owner, self.ttl)
+        except Exception:  # noqa: BLE001 - a failed renewal must not kill the run; the next try may succeed
+            pass
+
+    def stop(self) -> None:
+        """Stop renewing (waiting out a renewal in flight); the lease stays held until it expires or is released."""
+        if self._registered:
+            self._registered = False
+            _renewer.remove(self)
+
+    def dropped(self) -> None:
+        """The journal dropped the lease (the run's finishing event was appended): nothing to release."""
+        self.held = False
 
     def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        try:
-            self.journal.release_lease(self.run_id, self.owner)
-        except Exception:  # noqa: BLE001 - the lease expires by itself; never mask the run's own outcome
-            pass
+        self.stop()
+        if self.held:
+            self.held = False
+            try:
+                self.journal.release_lease(self.run_id, self.owner)
+            except Exception:  # noqa: BLE001 - the lease expires by itself; never mask the run's own outcome
+                pass
+
+
+class _Renewer:
+    """The process's lease renewal thread and the leases it keeps alive.
+
+    Started on first use. It sleeps until the earliest lease is due (a third of
+    its ttl after its last renewal) and renews the due ones; a lease added or
+    removed costs a dict operation under a lock, and wakes the thread only if
+    the new lease is due before the thread's planned wake-up.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._leases: dict[int, Lease] = {}
+        self._wake = math.inf  # when the sleeping thread wakes; -inf while it renews
+        self._thread: threading.Thread | None = None
+
+    def add(self, lease: Lease) -> None:
+        with self._cond:
+            self._leases[id(lease)] = lease
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="engrain-lease-renewer", daemon=True)
+                self._thread.start()
+            if lease.due < self._wake:
+                self._wake = lease.due
+                self._cond.notify_all()
+
+    def remove(self, lease: Lease) -> None:
+        with self._cond:
+            self._leases.pop(id(lease), None)
+            while lease.renewing:  # its renewal's write must land before the caller releases or finishes
+                self._cond.wait()
+
+    def _loop(self) -> None:
+        cond = self._cond
+        with cond:
+            while True:
+                now = time.monotonic()
+                due = [lease for lease in self._leases.values() if lease.due <= now]
+                if not due:
+                    self._wake = min((lease.due for lease in self._leases.values()), default=math.inf)
+                    cond.wait(None if self._wake == math.inf else self._wake - now)
+                    continue
+                self._wake = -math.inf
+                for lease in due:
+                    lease.renewing = True
+                cond.release()
+                try:
+                    for lease in due:
+                        lease.renew()
+                finally:
+                    cond.acquire()
+                    for lease in due:
+                        lease.renewing = False
+                    cond.notify_all()
+
+
+_renewer = _Renewer()
+
+
+def _after_fork() -> None:
+    # The child has no renewal thread, and the parent's leases are not its own.
+    global _renewer
+    _renewer = _Renewer()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def recover(

@@ -20,6 +20,10 @@ from .._events import (
 )
 
 _STATUS_KINDS = frozenset({RUN_STARTED, RUN_COMPLETED, RUN_FAILED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED})
+#: Statuses whose event drops the run's lease (see ``Journal.append``).
+FINISHED = frozenset({"completed", "failed"})
+#: Event kinds that finish a run.
+FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED})
 
 
 @dataclass(slots=True)
@@ -79,6 +83,23 @@ def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: floa
                 task = str(ev.data.get("task", ""))
                 tags = dumps([str(t) for t in ev.data.get("tags") or []])
     return Batch(rows, status, task, tags, expected_seq + len(rows))
+
+
+def check_lease(lease: tuple[str, float] | None, expected_seq: int) -> tuple[str, float] | None:
+    """Validate the ``lease`` argument of ``Journal.append``."""
+    if lease is None:
+        return None
+    if expected_seq != 0:
+        raise ValueError(f"append(lease=...) creates a leased run, so it needs expected_seq=0, not {expected_seq!r}")
+    try:
+        owner, ttl = lease
+    except (TypeError, ValueError):
+        raise ValueError(f"lease must be an (owner, ttl) pair, got {lease!r}") from None
+    if not isinstance(owner, str) or not owner:
+        raise ValueError(f"lease owner must be a non-empty string, got {owner!r}")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < float("inf"):
+        raise ValueError(f"lease ttl must be a positive number of seconds, got {ttl!r}")
+    return owner, float(ttl)
 
 
 def run_filters(

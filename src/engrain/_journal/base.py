@@ -31,7 +31,13 @@ class Journal(abc.ABC):
 
     @abc.abstractmethod
     def append(
-        self, run_id: str, events: Sequence[NewEvent], expected_seq: int, *, durable: bool = True
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        expected_seq: int,
+        *,
+        durable: bool = True,
+        lease: tuple[str, float] | None = None,
     ) -> list[Event]:
         """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
 
@@ -44,6 +50,15 @@ class Journal(abc.ABC):
         disk for this append: the events still survive a process crash, and the
         next durable append flushes them too. Durable runs use it for
         ``step.started``, so a step costs one flush, not two.
+
+        ``lease=(owner, ttl)`` creates the run already leased to ``owner`` for
+        ``ttl`` seconds, in the same transaction (only with ``expected_seq=0``,
+        else :class:`ValueError`): a durable run starts without a separate
+        :meth:`acquire_lease`, and no claimer can take the run in between.
+
+        Appending ``run.completed`` or ``run.failed`` drops the run's lease in
+        the same transaction, whoever holds it: a finished run is never
+        executed again, so its executor need not release the lease itself.
         """
 
     @abc.abstractmethod

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import prepare, run_filters
+from ._common import FINISHED, check_lease, prepare, run_filters
 from .base import Journal
 
 _SCHEMA = """
@@ -46,15 +46,19 @@ CREATE INDEX IF NOT EXISTS engrain_runs_status ON engrain_runs (status, lease_un
 # next_seq still equals expected_seq, and the events are inserted only if that
 # happened. A concurrent writer of the same run waits on the row lock, re-checks
 # next_seq, and inserts nothing: its rowcount of 0 is the ConflictError.
+# A new run may be created leased (append's ``lease``: owner and ttl, else two
+# NULLs); an append that finishes a run drops its lease in the same statement.
 _CREATE = (
-    "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq)"
-    " VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING RETURNING 1)"
+    "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until)"
+    " VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8)"
+    " ON CONFLICT (run_id) DO NOTHING RETURNING 1)"
 )
 _ADVANCE = (
     "gate AS (UPDATE engrain_runs SET next_seq = %s, updated = COALESCE(%s, updated),"
-    " status = COALESCE(%s, status), task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags)"
+    " status = COALESCE(%s, status), task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags){finish}"
     " WHERE run_id = %s AND next_seq = %s RETURNING 1)"
 )
+_FINISH = ", lease_owner = NULL, lease_until = NULL"
 # A batch travels as six arrays; a single event (every step of a durable run)
 # as six scalars, which psycopg adapts several times faster than lists.
 _ROWS_MANY = "SELECT * FROM unnest(%s::text[], %s::int[], %s::float8[], %s::text[], %s::text[], %s::text[])"
@@ -65,9 +69,10 @@ _ROWS_ONE = "SELECT %s::text, %s::int, %s::float8, %s::text, %s::text, %s::text"
 _NO_FLUSH = "cfg AS (SELECT set_config('synchronous_commit', 'off', true)), "
 
 
-def _append_sql(create: bool, one: bool, flush: bool) -> str:
+def _append_sql(create: bool, one: bool, flush: bool, finish: bool) -> str:
+    gate = _CREATE if create else _ADVANCE.format(finish=_FINISH if finish else "")
     return (
-        f"WITH {'' if flush else _NO_FLUSH}{_CREATE if create else _ADVANCE}"
+        f"WITH {'' if flush else _NO_FLUSH}{gate}"
         " INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
         f" {_ROWS_ONE if one else _ROWS_MANY} WHERE EXISTS (SELECT 1 FROM gate)"
         f"{'' if flush else ' AND EXISTS (SELECT 1 FROM cfg)'}"
@@ -75,10 +80,11 @@ def _append_sql(create: bool, one: bool, flush: bool) -> str:
 
 
 _APPEND_SQL = {
-    (create, one, flush): _append_sql(create, one, flush)
+    (create, one, flush, finish): _append_sql(create, one, flush, finish)
     for create in (False, True)
     for one in (False, True)
     for flush in (False, True)
+    for finish in (False, True)
 }
 
 _RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until"
@@ -121,20 +127,29 @@ class PostgresJournal(Journal):
                 self._db.execute(_SCHEMA)
 
     def append(
-        self, run_id: str, events: Sequence[NewEvent], expected_seq: int, *, durable: bool = True
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        expected_seq: int,
+        *,
+        durable: bool = True,
+        lease: tuple[str, float] | None = None,
     ) -> list[Event]:
         ts = self._now()
+        lease = check_lease(lease, expected_seq)
         batch = prepare(run_id, events, expected_seq, ts)
         rows = batch.rows
+        finish = batch.status in FINISHED
         if expected_seq == 0:
             status, task, tags = batch.status or "running", batch.task or "", batch.tags or "[]"
-            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq)
+            owner, ttl = (None, None) if lease is None or finish else lease
+            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq, owner, ttl)
         else:
             updated = ts if batch.status else None
             head = (batch.next_seq, updated, batch.status, batch.task, batch.tags, run_id, expected_seq)
         one = len(rows) == 1
         params = (*head, *rows[0]) if one else (*head, *(list(c) for c in zip(*rows)))
-        sql = _APPEND_SQL[expected_seq == 0, one, durable or self.durability != "full"]
+        sql = _APPEND_SQL[expected_seq == 0, one, durable or self.durability != "full", finish]
         with self._lock:
             cur = self._db.execute(sql, params)  # one statement in autocommit: one round trip
             if cur.rowcount != len(rows):

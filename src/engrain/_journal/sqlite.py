@@ -17,10 +17,31 @@ from pathlib import Path
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import prepare, prepare_one, run_filters
+from ._common import FINISH_KINDS, FINISHED, check_lease, prepare, prepare_one, run_filters
 from .base import Journal
 
-_SCHEMA = """
+# Kept up to date in existing files by _MIGRATE, so a change here reaches them.
+# The kind test is a chain of = rather than IN (...): this WHEN runs for every
+# inserted event, and IN builds its list each time (~2 µs per row). A run's
+# finish drops its lease in the same write (see Journal.append).
+_STATUS_TRIGGER = """AFTER INSERT ON events
+WHEN NEW.seq > 0 AND (NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'input.requested'
+    OR NEW.kind = 'input.received' OR NEW.kind = 'replay.started' OR NEW.kind = 'run.started')
+BEGIN
+    UPDATE runs SET
+        updated = NEW.ts,
+        status = CASE NEW.kind
+            WHEN 'run.completed' THEN 'completed'
+            WHEN 'run.failed' THEN 'failed'
+            WHEN 'input.requested' THEN 'needs_input'
+            ELSE 'running' END,
+        task = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE task END,
+        tags = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE tags END,
+        lease_owner = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' THEN NULL ELSE lease_owner END,
+        lease_until = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' THEN NULL ELSE lease_until END
+    WHERE run_id = NEW.run_id;
+END"""
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -57,23 +78,23 @@ CREATE TRIGGER IF NOT EXISTS events_run_created AFTER INSERT ON events WHEN NEW.
         CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE '[]' END,
         NEW.ts, NEW.ts);
 END;
-CREATE TRIGGER IF NOT EXISTS events_run_status AFTER INSERT ON events
-WHEN NEW.seq > 0 AND NEW.kind IN
-    ('run.started', 'run.completed', 'run.failed', 'input.requested', 'input.received', 'replay.started')
-BEGIN
-    UPDATE runs SET
-        updated = NEW.ts,
-        status = CASE NEW.kind
-            WHEN 'run.completed' THEN 'completed'
-            WHEN 'run.failed' THEN 'failed'
-            WHEN 'input.requested' THEN 'needs_input'
-            ELSE 'running' END,
-        task = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE task END,
-        tags = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE tags END
-    WHERE run_id = NEW.run_id;
-END;
+CREATE TRIGGER IF NOT EXISTS events_run_status {_STATUS_TRIGGER};
+"""
+# What sqlite_master holds for the current trigger (it drops IF NOT EXISTS).
+_STATUS_TRIGGER_SQL = f"CREATE TRIGGER events_run_status {_STATUS_TRIGGER}"
+# Replaces an older events_run_status in one write transaction, so no insert
+# by another connection (this version or an older one) runs between the DROP
+# and the CREATE, and concurrent openers migrating at once take turns.
+_MIGRATE = f"""
+BEGIN IMMEDIATE;
+DROP TRIGGER IF EXISTS events_run_status;
+{_STATUS_TRIGGER_SQL};
+COMMIT;
 """
 _INSERT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
+_CHUNK = 64
+_INSERTS = {n: "INSERT INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _CHUNK + 1)}
+_LEASE_NEW = "UPDATE runs SET lease_owner = ?, lease_until = ? WHERE run_id = ?"
 
 _RUN_COLS = (
     "run_id, status, task, tags, created, updated,"
@@ -106,6 +127,12 @@ class SQLiteJournal(Journal):
         self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
         with self._lock:
             self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_run_status'").fetchone()
+            if row is None or row[0] != _STATUS_TRIGGER_SQL:
+                self._db.executescript(_MIGRATE)
+        # A batch goes in multi-row INSERTs (faster than executemany) of at most
+        # _CHUNK rows, which also bounds the distinct statements to prepare.
+        self._chunk = max(1, min(_CHUNK, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 6))
         # The per-step path, bound once: a kept cursor saves creating one per
         # INSERT, and the synchronous toggles of durable=False are cached statements.
         self._full = durability == "full"
@@ -115,15 +142,27 @@ class SQLiteJournal(Journal):
     # -- writes ------------------------------------------------------------------
 
     def append(
-        self, run_id: str, events: Sequence[NewEvent], expected_seq: int, *, durable: bool = True
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        expected_seq: int,
+        *,
+        durable: bool = True,
+        lease: tuple[str, float] | None = None,
     ) -> list[Event]:
+        ts = self._now()
+        lease = check_lease(lease, expected_seq)
         # One event (every step of a durable run) skips building a Batch: the
         # triggers keep the runs row, so the status it computes is not needed here.
         one = len(events) == 1
         if one:
-            rows = [prepare_one(run_id, events[0], expected_seq, self._now())]
+            rows = [prepare_one(run_id, events[0], expected_seq, ts)]
+            finishes = rows[0][3] in FINISH_KINDS
         else:
-            rows = prepare(run_id, events, expected_seq, self._now()).rows
+            batch = prepare(run_id, events, expected_seq, ts)
+            rows, finishes = batch.rows, batch.status in FINISHED
+        if finishes:
+            lease = None  # the run is finished by this append: nothing to lease
         with self._lock:
             fsync_skipped = not durable and self._full
             try:
@@ -131,17 +170,12 @@ class SQLiteJournal(Journal):
                     # WAL frames written now survive a process crash; the next fsync'd
                     # commit makes them durable against power loss as well.
                     self._sync("PRAGMA synchronous=NORMAL")
-                if one:
-                    self._insert(_INSERT, rows[0])  # autocommit: one statement, one commit
+                n = len(rows)
+                if lease is None and n <= self._chunk:
+                    # autocommit: one statement, one commit
+                    self._insert(_INSERT if one else _INSERTS[n], rows[0] if one else [v for r in rows for v in r])
                 else:
-                    db = self._db
-                    db.execute("BEGIN IMMEDIATE")
-                    try:
-                        db.executemany(_INSERT, rows)
-                        db.execute("COMMIT")
-                    except BaseException:
-                        db.execute("ROLLBACK")
-                        raise
+                    self._write(rows, run_id, lease, ts)
             except sqlite3.IntegrityError as e:
                 if "engrain:conflict" in str(e) or "UNIQUE" in str(e):
                     raise self._conflict(run_id, expected_seq) from None
@@ -153,6 +187,21 @@ class SQLiteJournal(Journal):
             r = rows[0]
             return [Event(run_id, expected_seq, r[2], r[3], r[4], events[0].data)]
         return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
+
+    def _write(self, rows: list[tuple], run_id: str, lease: tuple[str, float] | None, ts: float) -> None:
+        """Insert ``rows`` (and lease the new run) in one transaction; the caller holds the lock."""
+        db, chunk = self._db, self._chunk
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for k in range(0, len(rows), chunk):
+                part = rows[k : k + chunk]
+                db.execute(_INSERTS[len(part)], [v for r in part for v in r])
+            if lease is not None:
+                db.execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def _conflict(self, run_id: str, expected_seq: int) -> ConflictError:
         row = self._db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE run_id = ?", (run_id,)).fetchone()
