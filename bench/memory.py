@@ -167,12 +167,18 @@ def bench_engrain(texts: list[str], vecs: np.ndarray, qs: list[str], single: int
     p50, p95 = pct(lat)
     st = mem.stats()
     mem.close()
+    # A new process on the same store: on SQLite it loads the saved graph instead of rebuilding it.
+    mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
+    t = time.perf_counter()
+    mem.recall("warm up the index")
+    reopen = time.perf_counter() - t
+    mem.close()
     shutil.rmtree(tmp, ignore_errors=True)
     if pg is not None:
         with psycopg.connect(pg, autocommit=True) as c:
             c.execute(f'DROP SCHEMA "{schema}" CASCADE')
     return {"single": single_rate, "bulk": bulk_rate, "p50": p50, "p95": p95, "embed_p50": pct(emb_lat)[0],
-            "first_recall_s": first, "search": st["vector_search"], "records": st["records"],
+            "first_recall_s": first, "reopen_recall_s": reopen, "search": st["vector_search"], "records": st["records"],
             "backend": st["backend"]}
 
 
@@ -270,7 +276,8 @@ def main() -> None:
     for n, e, c in rows:
         print(f"{n:>8} {'engrain ' + e['backend'] + ' (' + e['search'] + ')':<30} {e['single']:>9.0f} {e['bulk']:>9.0f} "
               f"{e['p50']:>9.2f}ms {e['p95']:>6.2f}ms  hybrid vector+FTS; query embed p50 {e['embed_p50']:.2f}ms; "
-              f"first recall (index load/build) {e['first_recall_s']:.1f}s")
+              f"first recall (index build) {e['first_recall_s']:.1f}s, "
+              f"in a new Memory (index load) {e['reopen_recall_s']:.1f}s")
         if c:
             print(f"{n:>8} {'chromadb ' + c['version']:<30} {c['single']:>9.0f} {c['bulk']:>9.0f} "
                   f"{c['p50']:>9.2f}ms {c['p95']:>6.2f}ms  vector only")

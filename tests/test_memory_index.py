@@ -1,0 +1,122 @@
+"""The hnswlib graph of skill memory persists next to a SQLite store.
+
+Each ``Memory`` here stands for a separate process: it has its own in-process
+index and learns about the store only through the database and the graph files.
+The threshold is lowered so 150 rows already use hnswlib.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+
+import pytest
+
+from engrain._memory import Memory
+from engrain._memory.embed import MiniLMEmbedder, default_embedder
+from engrain._memory.synth import ExtractiveSynthesizer
+from tests.conftest import drop_pg_schema, pg_schema_url
+
+QUERY = "basement pump broke down"
+
+
+@pytest.fixture(scope="module")
+def embedder() -> MiniLMEmbedder:
+    return default_embedder()  # type: ignore[return-value]
+
+
+def _open(url: str, embedder: MiniLMEmbedder, threshold: int = 100) -> Memory:
+    return Memory(url, embedder=embedder, synthesizer=ExtractiveSynthesizer(), ann_threshold=threshold)
+
+
+def _vector_hits(m: Memory) -> list[tuple[str, float]]:
+    m._records.refresh(m.store.state())
+    return m._records.search(m.embedder.embed([QUERY])[0], 20, None, time.time())
+
+
+@pytest.fixture
+def saved(tmp_path, embedder):
+    """A store of 151 records whose graph the first process built and saved; yields (url, target id, hits)."""
+    url = f"sqlite:///{tmp_path / 'mem.db'}"
+    with _open(url, embedder) as m:
+        m.remember_many([f"Sensor {i} in hall {i % 7} reported {i * 3} degrees." for i in range(150)])
+        target = m.remember("The cooling pump in the basement failed on Sunday.")
+        assert m.recall(QUERY, top_k=1)[0].id == target
+        assert (m._records.builds, m._records.loads) == (1, 0)
+        assert m.stats()["vector_search"] == "hnswlib"
+        graph, meta = m._records.graph_path, m._records.meta_path
+        hits = _vector_hits(m)
+    assert graph is not None and graph.name == "mem.db.record.hnsw" and graph.stat().st_size > 0
+    assert meta is not None and json.loads(meta.read_text())["rows"] == 151
+    return url, target, hits
+
+
+def test_second_process_loads_the_graph(saved, embedder):
+    url, target, hits = saved
+    with _open(url, embedder) as m:
+        graph = m._records.graph_path
+        assert graph is not None
+        before = graph.stat().st_mtime_ns
+        assert m.recall(QUERY, top_k=1)[0].id == target
+        assert (m._records.builds, m._records.loads) == (0, 1)
+        assert _vector_hits(m) == hits  # the very same graph: identical neighbours and scores
+        assert graph.stat().st_mtime_ns == before  # nothing to top up, so not rewritten
+
+
+def test_stale_graph_is_topped_up_and_saved(saved, embedder):
+    url, _, _ = saved
+    with _open(url, embedder, threshold=10**9) as writer:  # another process that only writes
+        new = writer.remember_many([f"Generator {i} in yard {i % 3} used {i} litres of diesel." for i in range(30)])
+        exact = writer.recall("diesel used by generator 7 in yard 1", top_k=1)[0].id
+    with _open(url, embedder) as m:
+        assert m.recall("diesel used by generator 7 in yard 1", top_k=1)[0].id == exact
+        assert (m._records.builds, m._records.loads) == (0, 1) and m._records._ann_n == 181
+        assert m._records.meta_path is not None
+        # 30 new rows are past the save slack (5%): the file now covers them too.
+        assert json.loads(m._records.meta_path.read_text())["rows"] == 181
+        hits = _vector_hits(m)
+    assert exact in new
+    with _open(url, embedder) as m:
+        assert _vector_hits(m) == hits and (m._records.builds, m._records.loads) == (0, 1)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "sidecar", "other_rows"])
+def test_bad_graph_is_rebuilt(saved, embedder, caplog, damage):
+    url, target, _ = saved
+    with _open(url, embedder, threshold=10**9) as probe:
+        graph, meta = probe._records.graph_path, probe._records.meta_path
+    assert graph is not None and meta is not None
+    data = bytearray(graph.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        graph.write_bytes(bytes(data))
+    elif damage == "truncate":
+        graph.write_bytes(bytes(data[: len(data) // 3]))
+    elif damage == "sidecar":
+        meta.write_text("{not json")
+    else:  # a sidecar that claims other rows (e.g. a file copied from another database)
+        doc = json.loads(meta.read_text())
+        doc["ids_sha256"] = "0" * 64
+        meta.write_text(json.dumps(doc))
+    with caplog.at_level(logging.INFO, logger="engrain.memory"), _open(url, embedder) as m:
+        assert m.recall(QUERY, top_k=1)[0].id == target  # never an error for the user
+        assert (m._records.builds, m._records.loads) == (1, 0)
+    assert any(str(graph) in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records)
+    with _open(url, embedder) as m:  # the rebuilt graph replaced the bad file
+        assert m.recall(QUERY, top_k=1)[0].id == target
+        assert (m._records.builds, m._records.loads) == (0, 1)
+    assert not [p for p in graph.parent.iterdir() if p.name.endswith(".tmp")]  # no temp files left behind
+
+
+def test_postgres_keeps_its_graph_in_process(embedder):
+    schema = "t_" + uuid.uuid4().hex[:12]
+    try:
+        with _open(pg_schema_url(schema), embedder) as m:
+            assert m._records.graph_path is None and m._records.meta_path is None
+            m.remember_many([f"Valve {i} on line {i % 5} was serviced." for i in range(120)])
+            assert m.recall("valve 42 service", top_k=1)[0].content == "Valve 42 on line 2 was serviced."
+            assert m._records.builds == 1 or m.store.pgvector
+    finally:
+        drop_pg_schema(schema)
