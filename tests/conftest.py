@@ -57,6 +57,16 @@ def journal(store_url: str):
     j.close()
 
 
+@pytest.fixture(scope="session")
+def embedder():
+    """The real local embedder (MiniLM int8 ONNX), loaded once for the whole session."""
+    from engrain._memory.embed import default_embedder
+
+    e = default_embedder()
+    e.embed(["warm up"])
+    return e
+
+
 @pytest.fixture(autouse=True)
 def _isolated_default_store(tmp_path, monkeypatch):
     """Point the default store at a temp dir so no test writes ./.engrain."""

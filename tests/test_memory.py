@@ -24,7 +24,6 @@ import pytest
 
 import engrain as eg
 from engrain._memory import Memory
-from engrain._memory.embed import MiniLMEmbedder, default_embedder
 from engrain._memory.synth import ExtractiveSynthesizer
 from tests.conftest import BACKENDS, drop_pg_schema, pg_schema_url
 
@@ -75,13 +74,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
             pytest.skip("ENGRAIN_TEST_PGVECTOR_URL is not set (scripts/pgvector.sh starts a server with pgvector)")
         yield pgvector_schema_url(schema)
         drop_pgvector_schema(schema)
-
-
-@pytest.fixture(scope="session")
-def embedder() -> MiniLMEmbedder:
-    e = default_embedder()
-    e.embed(["warm up"])  # load the model once per session
-    return e  # type: ignore[return-value]
 
 
 @pytest.fixture

@@ -15,16 +15,11 @@ import uuid
 import pytest
 
 from engrain._memory import Memory
-from engrain._memory.embed import MiniLMEmbedder, default_embedder
+from engrain._memory.embed import MiniLMEmbedder
 from engrain._memory.synth import ExtractiveSynthesizer
 from tests.conftest import drop_pg_schema, pg_schema_url
 
 QUERY = "basement pump broke down"
-
-
-@pytest.fixture(scope="module")
-def embedder() -> MiniLMEmbedder:
-    return default_embedder()  # type: ignore[return-value]
 
 
 def _open(url: str, embedder: MiniLMEmbedder, threshold: int = 100) -> Memory:

@@ -17,7 +17,7 @@ import pytest
 
 from engrain._journal import parse_url
 from engrain._memory import Memory
-from engrain._memory.embed import MiniLMEmbedder, default_embedder
+from engrain._memory.embed import MiniLMEmbedder
 from engrain._memory.store import MemoryStore
 from engrain._memory.synth import ExtractiveSynthesizer
 from tests.test_memory import FACTS, PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
@@ -42,11 +42,6 @@ QUERIES = [
     ("when is the staging db recreated", "ops"),
     ("how long until a customer gets money back", None),
 ]
-
-
-@pytest.fixture(scope="module")
-def embedder() -> MiniLMEmbedder:
-    return default_embedder()  # type: ignore[return-value]
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 from engrain._memory import Memory
-from engrain._memory.embed import MiniLMEmbedder, default_embedder
 from engrain._memory.synth import LLMSynthesizer, SynthesisError, _date, default_synthesizer
 
 KEYS = {"openai": "sk-test-openai-5a1f", "anthropic": "sk-ant-test-9c2e"}
@@ -162,13 +161,6 @@ class ProviderStandIn:
                         "usage": {"input_tokens": n_in, "output_tokens": n_out}}
 
         return Handler
-
-
-@pytest.fixture(scope="session")
-def embedder() -> MiniLMEmbedder:
-    e = default_embedder()
-    e.embed(["warm up"])  # load the model once per session
-    return e  # type: ignore[return-value]
 
 
 @pytest.fixture
