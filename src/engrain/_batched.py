@@ -14,9 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from . import _events as ev
-from ._durable import RunContext, RunResult, _current, _finish_error, _finish_ok, _step_key
-from ._errors import NotJSONError
-from ._events import NewEvent, check_json, is_json
+from ._durable import RunContext, RunResult, _current, _finish_error, _finish_ok, _Pending, check_args
+from ._events import NewEvent
 from ._journal import Journal
 
 
@@ -24,9 +23,9 @@ class BufferedContext(RunContext):
     """A run context whose events stay in memory until :meth:`flush` (or, with ``write=False``, are never built).
 
     A buffered run is always new (its events are not read back), so no step
-    is ever answered from the journal: :meth:`call` skips that lookup and the
-    per-step bookkeeping of :class:`RunContext`, which is most of a cache
-    hit's cost once the journal is out of the way.
+    is ever answered from the journal: :meth:`_begin` skips that lookup and
+    the per-step journal write of :class:`RunContext`, which are most of a
+    cache hit's cost once the journal is out of the way.
     """
 
     def __init__(self, journal: Journal, run_id: str, write: bool = True):
@@ -40,63 +39,16 @@ class BufferedContext(RunContext):
         if self.write:
             self.pending.append(NewEvent(kind, name, data or {}))
 
-    def _open_step(self, name: str, type_: str, args: dict[str, Any]) -> int:
+    def _begin(self, name: str, type_: str, args: dict[str, Any]) -> _Pending:
+        # Never a StepRecord: nothing is read back, so every step runs.
         with self._lock:
             call_id = self.cursor
             self.cursor += 1
-        if not is_json(args):
-            for k, v in args.items():
-                check_json(v, f"{type_} {name!r}", f"argument {k!r}")
+        check_args(type_, name, args)
         self.executed += 1
         if self.write:  # with write=False not even the event is built
             self.pending.append(NewEvent(ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": 1}))
-        return call_id
-
-    def _close_step(self, name: str, call_id: int, result: Any) -> Any:
-        if not is_json(result):
-            try:
-                check_json(result, f"step {name!r}", "result")
-            except NotJSONError as e:
-                self._failed(name, call_id, e)
-                raise
-        if self.write:
-            self.pending.append(NewEvent(ev.STEP_COMPLETED, name, {"call_id": call_id, "result": result}))
-        return result
-
-    def _failed(self, name: str, call_id: int, exc: BaseException) -> None:
-        if not self.write:
-            return
-        t = type(exc)
-        self.append(
-            ev.STEP_FAILED, name,
-            {"call_id": call_id, "error_type": t.__qualname__, "error_module": t.__module__, "message": str(exc)},
-        )
-
-    def call(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any]) -> Any:
-        """Journal one step (in memory): run ``thunk`` and record it."""
-        call_id = self._open_step(name, type_, args)
-        token = _step_key.set(f"{self.run_id}:{call_id}")
-        try:
-            result = thunk()
-        except Exception as e:
-            self._failed(name, call_id, e)
-            raise
-        finally:
-            _step_key.reset(token)
-        return self._close_step(name, call_id, result)
-
-    async def acall(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Awaitable[Any]]) -> Any:
-        """Async :meth:`call`."""
-        call_id = self._open_step(name, type_, args)
-        token = _step_key.set(f"{self.run_id}:{call_id}")
-        try:
-            result = await thunk()
-        except Exception as e:
-            self._failed(name, call_id, e)
-            raise
-        finally:
-            _step_key.reset(token)
-        return self._close_step(name, call_id, result)
+        return _Pending(call_id, name, f"{self.run_id}:{call_id}")
 
     def flush(self) -> None:
         """Append every buffered event in one transaction."""

@@ -150,6 +150,14 @@ class _Pending:
     key: str
 
 
+def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
+    """Raise :class:`~engrain.NotJSONError` naming the step and argument when ``args`` is not JSON."""
+    if not is_json(args):  # the slow walk only to name the culprit
+        for k, v in args.items():
+            check_json(v, f"{type_} {name!r}", f"argument {k!r}")
+        check_json(args, f"{type_} {name!r}", "arguments")
+
+
 class RunContext:
     """The journal cursor of one run while its agent executes.
 
@@ -187,10 +195,7 @@ class RunContext:
                 return rec
             attempt = rec.attempts + 1
         else:
-            if not is_json(args):  # the slow walk only to name the culprit
-                for k, v in args.items():
-                    check_json(v, f"{type_} {name!r}", f"argument {k!r}")
-                check_json(args, f"{type_} {name!r}", "arguments")
+            check_args(type_, name, args)
             attempt = 1
         # Not flushed on its own: the completion's flush covers it (one fsync per step).
         self.append(
