@@ -100,6 +100,11 @@ def _decoded(stored: dict[str, Any] | None) -> Any:
     return stored.get("value")
 
 
+def _expected(stored: dict[str, Any] | None, decoded: Any, snap: Any) -> Any:
+    """The recorded snapshot to compare the fresh ``snap`` with: decoded once when it can be (see :func:`_decoded`)."""
+    return decode_snapshot(stored, snap) if decoded is _UNSET else decoded  # type: ignore[arg-type]
+
+
 def _seen_key(name: str, args: Any) -> str:
     return json.dumps([name, args], sort_keys=True, default=str)
 
@@ -215,8 +220,7 @@ class Session:
                 snap = seen[k]
             else:
                 snap = seen[k] = pre.capture(*self.call_args(spec), **args)
-        cand = st.pre_value
-        return pre.passes(snap, decode_snapshot(st.pre, snap) if cand is _UNSET else cand)  # type: ignore[arg-type]
+        return pre.passes(snap, _expected(st.pre, st.pre_value, snap))
 
     def lookup(self) -> dict[str, Any]:
         """Choose an entry: the best candidate whose first pre-check passes now."""
@@ -277,8 +281,7 @@ class Session:
                 check = spec.pre
                 assert check is not None
                 snap = check.capture(*call, **args)
-                cand = st.pre_value
-                if not check.passes(snap, decode_snapshot(st.pre, snap) if cand is _UNSET else cand):  # type: ignore[arg-type]
+                if not check.passes(snap, _expected(st.pre, st.pre_value, snap)):
                     raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
                 pre = (snap, spec.pre_where)  # encoded only if this trajectory gets stored
         return spec, call, args, pre
@@ -295,8 +298,7 @@ class Session:
             check = spec.post
             assert check is not None
             snap = check.capture(*call, **args)
-            cand = st.post_value
-            ok = check.passes(snap, decode_snapshot(st.post, snap) if cand is _UNSET else cand)  # type: ignore[arg-type]
+            ok = check.passes(snap, _expected(st.post, st.post_value, snap))
             post = (snap, spec.post_where)
         self.trajectory.append({"name": spec.name, "args": args, "result": result, "pre": pre, "post": post})
         if not ok:
