@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._batched import arun_batched, run_batched
-from ._cache_store import CacheStore, Entry, canonical_task, key, templatize
+from ._cache_store import CacheStore, Entry, canonical_task, key, task_key, templatize
 from ._checks import Check, encode_snapshot
 from ._durable import current, default_journal, new_run_id, run, run_async
 from ._errors import CacheError
@@ -257,7 +257,7 @@ class Engine:
         canon = canonical_task(s.task, s.params)
         now = time.time()
         entry = Entry(
-            id=new_run_id(), task_key=key(canon, s.tags), tags_key=key(s.tags), task=canon, tags=s.tags,
+            id=new_run_id(), task_key=task_key(canon, s.tags), tags_key=key(s.tags), task=canon, tags=s.tags,
             steps=steps, output=out_spec, run_id=run_id, created=now, last_used=now,
         )
         if self.embedder is not None:

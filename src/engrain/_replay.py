@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _events as ev
-from ._cache_store import Entry, canonical_task, key
+from ._cache_store import Entry, canonical_task, task_key
 from ._checks import Check, decode_snapshot
 from ._durable import RunContext
 
@@ -227,7 +227,7 @@ class Session:
         eng, store = self.engine, self.engine.store
         store.bump("lookups")
         canon = self.canon or canonical_task(self.task, self.params)
-        cands = store.candidates(key(canon, self.tags), eng.max_candidates)
+        cands = store.candidates(task_key(canon, self.tags), eng.max_candidates)
         how = "exact"
         if not cands and eng.embedder is not None:
             cands, how = eng._semantic(canon, self.tags), "semantic"
