@@ -72,6 +72,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "ConsolidationSummary": ("._memory", "ConsolidationSummary"),
     "EmbeddingError": ("._errors", "EmbeddingError"),
     "MemoryInputError": ("._errors", "MemoryInputError"),
+    "SynthesisError": ("._errors", "SynthesisError"),
     "Client": ("._client", "Client"),
     "RemoteError": ("._errors", "RemoteError"),
 }
@@ -109,6 +110,7 @@ __all__ = [
     "Memory",
     "MemoryInputError",
     "SearchResult",
+    "SynthesisError",
     "memory",
     "CacheError",
     "Check",

@@ -131,6 +131,15 @@ class MemoryInputError(EngrainError, ValueError):
     """Bad input to skill memory (``remember``, ``recall``, ``consolidate``); names the argument."""
 
 
+class SynthesisError(EngrainError):
+    """The LLM provider failed or answered with something that is not an article.
+
+    The message names the synthesizer, the endpoint and what went wrong (HTTP
+    status and the provider's own message, timeout, unreadable body), never the
+    API key. Consolidation reports it in ``errors`` and keeps the records.
+    """
+
+
 class RoutineError(EngrainError):
     """A routine package is invalid; ``issues`` lists every problem (file, step id, field, message)."""
 

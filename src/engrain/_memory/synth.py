@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._errors import EngrainError
+from .._errors import SynthesisError
 from .items import Article, Record
 
 #: Metadata keys read (in order) as the source of a record.
@@ -109,15 +109,6 @@ def _prompt(records: list[Record], previous: Article | None) -> str:
         who = attribution(r)
         parts.append(f"[{_date(r.created)}]" + (f" [source: {who}]" if who else "") + f" {r.content}")
     return "\n".join(parts)
-
-
-class SynthesisError(EngrainError):
-    """The LLM provider failed or answered with something that is not an article.
-
-    The message names the synthesizer, the endpoint and what went wrong (HTTP
-    status and the provider's own message, timeout, unreadable body), never the
-    API key. Consolidation reports it in ``errors`` and keeps the records.
-    """
 
 
 class LLMSynthesizer:
