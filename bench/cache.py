@@ -114,7 +114,7 @@ def run_peer() -> dict | None:
 def run_engrain(durability: str, workdir: pathlib.Path) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     import engrain as eg
-    from engrain._cache_store import Entry, key
+    from engrain._cache.store import Entry, key
     from engrain._events import NewEvent
 
     db = workdir / f"cache-{durability}.db"
@@ -159,7 +159,7 @@ def run_engrain(durability: str, workdir: pathlib.Path) -> dict:
 def journal_costs(workdir: pathlib.Path, events: list) -> dict:
     """What the journal alone costs for a hit's events: the floor under the "run" and "step" figures."""
     import engrain as eg
-    from engrain._durable import new_run_id
+    from engrain._durable.context import new_run_id
 
     journal = eg.open(f"sqlite:///{workdir / 'floor.db'}")
     n = max(50, HITS // 4)

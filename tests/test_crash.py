@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 import engrain as eg
-from engrain._durable import steps_of
+from engrain._durable.context import steps_of
 
 AGENT = Path(__file__).with_name("crash_agent.py")
 STEPS = 20

@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 
 import engrain as eg
-from engrain._durable import steps_of
+from engrain._durable.context import steps_of
 
 ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
 

@@ -337,7 +337,7 @@ def _lease_threads() -> list[str]:
 
 
 def test_runs_share_one_renewal_thread(journal):
-    import engrain._lease as lease_mod
+    import engrain._durable.lease as lease_mod
 
     before = _lease_threads()
     for k in range(20):
@@ -347,7 +347,7 @@ def test_runs_share_one_renewal_thread(journal):
 
 
 def test_a_long_run_keeps_its_lease_alive(journal):
-    from engrain._lease import Lease
+    from engrain._durable.lease import Lease
 
     journal.append("long", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
     with Lease(journal, "long", ttl=0.3) as lease:
@@ -361,8 +361,8 @@ def test_a_long_run_keeps_its_lease_alive(journal):
 
 
 def test_renewals_never_bring_back_a_dropped_lease(journal, monkeypatch):
-    import engrain._durable as durable
-    from engrain._lease import Lease
+    import engrain._durable.context as durable
+    from engrain._durable.lease import Lease
 
     monkeypatch.setattr(durable, "Lease", lambda j, run_id: Lease(j, run_id, ttl=0.03))  # renewed every 10 ms
 
@@ -395,7 +395,7 @@ def test_an_orphaned_runs_lease_expires_and_recover_takes_it(journal):
 def test_a_forked_child_renews_its_own_leases(tmp_path):
     import os
 
-    from engrain._lease import Lease
+    from engrain._durable.lease import Lease
 
     url = f"sqlite:///{tmp_path / 'fork.db'}"
     parent = eg.open(url)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engrain import _expr
+from engrain._routines import expr as _expr
 from engrain._errors import EngrainError, ExpressionError
-from engrain._expr import MAX_DEPTH, MAX_NODES, MAX_SIZE, MAX_SOURCE, compile_expr
+from engrain._routines.expr import MAX_DEPTH, MAX_NODES, MAX_SIZE, MAX_SOURCE, compile_expr
 
 SCOPE = {
     "inputs": {"limit": 3, "dept": "Sales", "tags": ["a", "b"]},

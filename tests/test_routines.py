@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import engrain as eg
-from engrain._routine import load_routine
+from engrain._routines.model import load_routine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "csv_report"
@@ -91,7 +91,7 @@ def test_our_trace_drops_failed_attempts(tmp_path):
     j = eg.open(f"sqlite:///{tmp_path / 'w.db'}")
     r = eg.run(weather_agent, "weather", inputs={"city": "Lisbon"}, journal=j)
     assert r.status == "ok", r.error
-    from engrain._trace import export_run
+    from engrain._durable.trace import export_run
 
     out = eg.compile_trace(export_run(j, r.run_id), tmp_path / "pkg")
     raw = load_routine(out).raw
@@ -515,7 +515,7 @@ def test_crashed_routine_run_resumes_without_redoing_steps(tmp_path):
     pkg = tmp_path / "pkg"
     shutil.copytree(PACKAGE, pkg)
     routine = load_routine(pkg)
-    from engrain import _runner
+    from engrain._routines import runner as _runner
 
     real_summarize = _runner._udf_module(routine).summarize
 
@@ -570,7 +570,7 @@ def test_trace_of_a_routine_run_compiles_with_the_routines_inputs(tmp_path):
     j = eg.open(f"sqlite:///{tmp_path / 'e.db'}")
     res = eg.run_routine(PACKAGE, agent.INPUTS, tools=agent.tools, journal=j, answers={"step3": {}})
     assert res.status == "ok", res.error
-    from engrain._trace import export_run
+    from engrain._durable.trace import export_run
 
     out = eg.compile_trace(export_run(j, res.run_id), tmp_path / "again")
     assert json.loads((out / "input.json").read_text()) == agent.INPUTS

@@ -13,7 +13,7 @@ import pytest
 
 import engrain
 from engrain import SandboxError, SandboxLimitError
-from engrain._tools import ToolRegistry
+from engrain._durable.tools import ToolRegistry
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,7 @@ def test_wasm_tool_replayed_after_sigkill(wasm_dir, tmp_path):
         f"""
         import os, signal, sys, pathlib
         import engrain
-        from engrain._tools import ToolRegistry
+        from engrain._durable.tools import ToolRegistry
         import engrain._sandbox as sb
         counter = pathlib.Path({str(counter)!r})
         real_call = sb.WasmTool.call

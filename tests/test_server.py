@@ -475,7 +475,7 @@ def test_routines_list_get_validate_run_answer_compile(routine_client, store_url
     r = c.post("/api/routines/broken/run", json={"inputs": {}})
     assert r.status_code == 422 and r.json()["error"] == "RoutineError"
     # Compile the trace of an agent run into a new routine and run it with other inputs.
-    from engrain._trace import export_run
+    from engrain._durable.trace import export_run
 
     def agent(task: str, user: str) -> str:
         return f"hello {c.app.state.engrain.tools.get('lookup_user')(user=user)['name']}"

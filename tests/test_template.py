@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engrain._errors import EngrainError, TemplateError
-from engrain._template import escape, parse_path, placeholder, render, variables
+from engrain._routines.template import escape, parse_path, placeholder, render, variables
 
 SCOPE = {
     "inputs": {"url": "https://example.test/data.csv", "limit": 3, "flags": {"dry": False}},

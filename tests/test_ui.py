@@ -100,8 +100,8 @@ def seed_cache(url: str) -> None:
 
 def seed_routine(url: str, routines: Path) -> str | None:
     """Compile examples/csv_report into ``routines/csv_report``; why not, if the routine engine is incomplete."""
-    if importlib.util.find_spec("engrain._compiler") is None:
-        return "engrain._compiler is not installed"
+    if importlib.util.find_spec("engrain._routines.compiler") is None:
+        return "engrain._routines.compiler is not installed"
     spec = importlib.util.spec_from_file_location("csv_report_agent", ROOT / "examples/csv_report/agent.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -73,7 +73,7 @@ INPUTS = {"source": "employees.csv", "title": "Headcount by department"}
 
 def record(journal: Any, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the agent (approving when asked) and return the trace of the finished run."""
-    from engrain._trace import export_run
+    from engrain._durable.trace import export_run
 
     inputs = inputs or INPUTS
     first = eg.run(report_agent, "csv report", inputs=inputs, journal=journal)

@@ -14,7 +14,7 @@ are internal.
 
 from __future__ import annotations
 
-from ._durable import (
+from ._durable.context import (
     RunResult,
     answer,
     ask,
@@ -26,6 +26,8 @@ from ._durable import (
     run,
     run_async,
 )
+from ._durable.recovery import recover
+from ._durable.tools import ToolRegistry, llm, tool, tools
 from ._errors import (
     ConfigError,
     ConflictError,
@@ -40,29 +42,26 @@ from ._errors import (
 from ._events import Event, NewEvent, RunInfo
 from ._journal import Journal, default_url
 from ._journal import open_journal as open
-from ._lease import recover
-from ._tools import ToolRegistry, llm, tool, tools
-
-__version__ = "0.1.0"
+from ._version import __version__
 
 # Heavy parts (numpy/onnxruntime, wasmtime, fastapi, ...) load on first use so
 # ``import engrain`` stays fast. To export a lazy name, ADD one line here:
 # public name -> (module, attribute); an attribute of None exports the module.
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "compile_trace": ("._compiler", "compile_trace"),
-    "run_routine": ("._runner", "run_routine"),
-    "resume_routine": ("._runner", "resume_routine"),
-    "validate_routine": ("._routine", "validate_routine"),
-    "load_routine": ("._routine", "load_routine"),
+    "compile_trace": ("._routines.compiler", "compile_trace"),
+    "run_routine": ("._routines.runner", "run_routine"),
+    "resume_routine": ("._routines.runner", "resume_routine"),
+    "validate_routine": ("._routines.model", "validate_routine"),
+    "load_routine": ("._routines.model", "load_routine"),
     "RoutineError": ("._errors", "RoutineError"),
     "RoutineInputError": ("._errors", "RoutineInputError"),
     "RoutineStepError": ("._errors", "RoutineStepError"),
     "UnknownInputError": ("._errors", "UnknownInputError"),
     "sandbox": ("._sandbox", None),
-    "Engine": ("._cache", "Engine"),
-    "Check": ("._cache", "Check"),
-    "Outcome": ("._cache", "Outcome"),
-    "Continuation": ("._cache", "Continuation"),
+    "Engine": ("._cache.engine", "Engine"),
+    "Check": ("._cache.checks", "Check"),
+    "Outcome": ("._cache.engine", "Outcome"),
+    "Continuation": ("._cache.replay", "Continuation"),
     "CacheError": ("._errors", "CacheError"),
     "SandboxError": ("._errors", "SandboxError"),
     "SandboxLimitError": ("._errors", "SandboxLimitError"),

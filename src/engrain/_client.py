@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._durable import RunResult
+from ._durable.context import RunResult
 from ._errors import ConflictError, RemoteError, RunNotFoundError
 from ._events import Event, RunInfo
 

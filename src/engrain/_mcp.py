@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from . import __version__
 from ._journal import open_journal
+from ._version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -25,7 +25,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _clear_errors(fn: F) -> F:
     """Bad input reaches the model as the typed error's message, not as a generic crash."""
     from ._errors import EngrainError
-    from ._server.app import ApiError
+    from ._server.state import ApiError
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -43,10 +43,10 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
     ``tools`` is the registry routine runs call (or ``"module:registry"``; default ``engrain.tools``).
     """
     from ._server import routines as _routines
-    from ._server.app import ServerState
+    from ._server.state import ServerState
 
     if isinstance(tools, str):
-        from ._runner import resolve_tools
+        from ._routines.runner import resolve_tools
 
         tools = resolve_tools(tools)
     state = ServerState(open_journal(url), None, Path(routines_dir or "routines").resolve(), tools)

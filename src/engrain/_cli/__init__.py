@@ -1,21 +1,16 @@
 """The ``engrain`` command line (typer).
 
-One module per area registers its commands on :data:`app`. Modules import only
+One module per area registers its commands on :data:`app` (made in
+:mod:`.common`, so the command modules never import this package). Modules import only
 typer and the standard library at the top and import engrain's heavier parts
 inside each command, so ``engrain --help`` and simple commands start fast.
+
+May import: every pillar, and the other surfaces (``serve`` starts the server).
 """
 
 from __future__ import annotations
 
-import typer
-
-app = typer.Typer(
-    name="engrain",
-    help="Memory for AI agents: durable runs, routines, a behavior cache and skill memory.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
+from .common import app
 
 # Registration happens on import; order is the order in --help.
 from . import runs as _runs  # noqa: E402,F401

@@ -6,15 +6,22 @@ from typing import Annotated
 
 import typer
 
-from . import app
-from .common import JsonOption, UrlOption, errors_as_exit, fail, open_store, print_json
+from .common import (
+    JsonOption,
+    UrlOption,
+    app,
+    errors_as_exit,
+    fail,
+    open_store,
+    print_json,
+)
 
 cache_app = typer.Typer(help="Inspect the behavior cache: entries, hit/miss counters, eviction.", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
 
 
 def _store(url: str | None):
-    from .._cache_store import CacheStore
+    from .._cache.store import CacheStore
 
     return CacheStore(open_store(url))
 

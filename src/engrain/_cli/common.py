@@ -1,4 +1,4 @@
-"""Helpers shared by the CLI modules: store option, JSON output, typed-error exit."""
+"""What the CLI modules share: the typer app, the store option, JSON output, typed-error exit."""
 
 from __future__ import annotations
 
@@ -16,6 +16,15 @@ UrlOption = Annotated[
     typer.Option("--url", envvar="ENGRAIN_URL", help="Store URL (sqlite:///path.db or postgresql://...)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+#: The typer app; each command module registers its commands on it.
+app = typer.Typer(
+    name="engrain",
+    help="Memory for AI agents: durable runs, routines, a behavior cache and skill memory.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 
 def print_json(value: Any) -> None:
@@ -49,6 +58,4 @@ def open_store(url: str | None):
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Register ``fn`` as a top-level command of the app."""
-    from . import app
-
     return app.command()(fn)

@@ -7,8 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from . import app
-from .common import JsonOption, UrlOption, errors_as_exit, fail, print_json
+from .common import JsonOption, UrlOption, app, errors_as_exit, fail, print_json
 
 memory_app = typer.Typer(help="Skill memory: remember, recall, consolidate, export, stats.", no_args_is_help=True)
 app.add_typer(memory_app, name="memory")

@@ -75,7 +75,7 @@ def compile(
 ) -> None:
     """Compile a trace into a routine package (routine.yaml, udfs.py, input.json, expected_output.json)."""
     with errors_as_exit():
-        from .._compiler import compile_trace
+        from .._routines.compiler import compile_trace
 
         path = compile_trace(trace, out)
     files = sorted(p.name for p in path.iterdir() if p.is_file())
@@ -93,8 +93,8 @@ def validate(
 ) -> None:
     """Check a routine package without running it; exit 1 if it has problems."""
     with errors_as_exit():
-        from .._routine import validate_routine
-        from .._runner import resolve_tools
+        from .._routines.model import validate_routine
+        from .._routines.runner import resolve_tools
 
         issues = validate_routine(path, resolve_tools(tools) if tools else None)
     if json_out:
@@ -125,7 +125,7 @@ def run(
     inputs = _load_json(input, "--input") if input else _load_json(str(pathlib.Path(path) / "input.json"), "input")
     given = _load_json(answers, "--answers") if answers else None
     with errors_as_exit():
-        from .._runner import run_routine
+        from .._routines.runner import run_routine
 
         result = run_routine(
             path, inputs, tools=tools, run_id=run_id, journal=open_store(url), answers=given, sandbox=True if sandbox else None
@@ -144,7 +144,7 @@ def resume(
     """Answer a paused routine run and continue it from the journal (exit codes as ``run``)."""
     given = _load_json(answers, "--answers")
     with errors_as_exit():
-        from .._runner import resume_routine
+        from .._routines.runner import resume_routine
 
         result = resume_routine(run_id, given, tools=tools, journal=open_store(url))
     _report(result, json_out)

@@ -85,7 +85,7 @@ def show(
     json_out: JsonOption = False,
 ) -> None:
     """Show one run as a readable timeline of its events."""
-    from .._trace import export_run
+    from .._durable.trace import export_run
 
     with errors_as_exit():
         j = open_store(url)
@@ -107,7 +107,7 @@ def export(
     url: UrlOption = None,
 ) -> None:
     """Print a run's trace as JSON (engrain export RUN_ID > trace.json)."""
-    from .._trace import export_run
+    from .._durable.trace import export_run
 
     with errors_as_exit():
         trace = export_run(open_store(url), run_id)

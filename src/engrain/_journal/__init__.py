@@ -3,6 +3,8 @@
 ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or a bare path pick
 SQLite; ``postgresql://`` / ``postgres://`` pick PostgreSQL. A
 ``?durability=normal|full`` query parameter sets durability on either.
+
+May import: ``_events`` and ``_errors`` only; every pillar builds on it.
 """
 
 from __future__ import annotations

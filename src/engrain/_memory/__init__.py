@@ -11,6 +11,8 @@ deposits, deduplicated per skill, with an optional TTL), the **buffer**
     mem.remember("Deploys happen on Tuesdays", skill="ops", metadata={"source": "runbook"})
     hits = mem.recall("when do we ship releases?", skill="ops")
     mem.consolidate()                      # forms / reconsolidates articles
+
+May import: ``_journal`` (store URLs), ``_errors``. Never a surface.
 """
 
 from __future__ import annotations

@@ -25,14 +25,22 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from .embed import Embedder
 from .items import Article, BufferItem, Record
+from .store import MemoryStore
+from .synth import Synthesizer
 
-if TYPE_CHECKING:
-    from . import Memory
+
+class Memory(Protocol):
+    """What a pass uses of :class:`~engrain.Memory` (declared here so this module does not import the facade)."""
+
+    store: MemoryStore
+    embedder: Embedder
+    synthesizer: Synthesizer
 
 #: Cosine at which a new record joins an existing article.
 ATTACH = 0.55

@@ -16,21 +16,21 @@ from .._events import Event
 
 def validate(path: Path, tools: Any = None) -> list[dict[str, Any]]:
     """Issues of the routine at ``path`` as ``{severity, file, step, field, message}``."""
-    from .._routine import validate_routine
+    from .._routines.model import validate_routine
 
     return [{"severity": "error", **i.to_dict()} for i in validate_routine(path, tools)]
 
 
 def run(path: Path, inputs: dict[str, Any], journal: Any, run_id: str | None, tools: Any = None) -> dict[str, Any]:
     """Run the routine at ``path``; the RunResult as a dict."""
-    from .._runner import resolve_tools, run_routine
+    from .._routines.runner import resolve_tools, run_routine
 
     return run_routine(path, inputs, tools=resolve_tools(tools), run_id=run_id, journal=journal).to_dict()
 
 
 def routine_folder(events: list[Event]) -> Path | None:
     """The routine folder a run was started from, or None if it is not a routine run."""
-    from .._runner import ROUTINE_TAG
+    from .._routines.runner import ROUTINE_TAG
 
     if not events or events[0].kind != "run.started":
         return None
@@ -44,7 +44,7 @@ def routine_folder(events: list[Event]) -> Path | None:
 
 def resume(run_id: str, answers: dict[str, Any], journal: Any, tools: Any = None) -> dict[str, Any]:
     """Record ``answers`` (checked against the prompt's fields) and continue the routine run."""
-    from .._runner import resolve_tools, resume_routine
+    from .._routines.runner import resolve_tools, resume_routine
 
     return resume_routine(run_id, answers, tools=resolve_tools(tools), journal=journal).to_dict()
 
@@ -59,7 +59,7 @@ def compile_into(trace: dict[str, Any], path: Path, *, overwrite: bool = False) 
     import shutil
     import tempfile
 
-    from .._compiler import compile_trace
+    from .._routines.compiler import compile_trace
 
     tmp = Path(tempfile.mkdtemp(prefix=f".compile-{path.name}-", dir=path.parent))
     try:
@@ -67,12 +67,12 @@ def compile_into(trace: dict[str, Any], path: Path, *, overwrite: bool = False) 
             compile_trace(trace, tmp / "pkg")
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             # The trace is the client's input: a malformed one is a 422, not a server error.
-            from .app import ApiError
+            from .state import ApiError
 
             raise ApiError(422, "TraceError", f"trace is malformed: {type(e).__name__}: {e}") from None
         if path.exists():
             if not overwrite:
-                from .app import ApiError
+                from .state import ApiError
 
                 raise ApiError(409, "RoutineExistsError", f"routine {path.name!r} already exists (pass overwrite=true)")
             path.rename(tmp / "old")

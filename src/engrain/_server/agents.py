@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request
 
 from .._errors import ConfigError
 from .._events import Event
-from .app import ApiError, state_of
+from .state import ApiError, state_of
 
 router = APIRouter(tags=["agents"])
 log = logging.getLogger("engrain.server")
@@ -55,7 +55,7 @@ def load_agents(spec: Any) -> dict[str, Callable[..., Any]]:
     where = f"--agents {spec!r}" if isinstance(spec, str) else "agents"
     if isinstance(spec, str):
         from .._errors import RoutineInputError
-        from .._runner import resolve_tools
+        from .._routines.runner import resolve_tools
 
         try:
             spec = resolve_tools(spec)
@@ -116,7 +116,7 @@ class AgentRunner:
 
     def start(self, name: str, task: str, inputs: dict[str, Any], run_id: str | None, wait: float) -> dict[str, Any]:
         """Start (or continue, for an unfinished ``run_id``) a run of agent ``name``."""
-        from .._durable import _start, new_run_id
+        from .._durable.context import _start, new_run_id
 
         agent = self.get(name)
         if run_id is not None and (not run_id.strip() or run_id != run_id.strip()):
@@ -179,7 +179,7 @@ class AgentRunner:
         journal = self.state.journal
 
         def work() -> None:
-            from .._durable import run
+            from .._durable.context import run
 
             with self._slots:
                 fut.set_running_or_notify_cancel()

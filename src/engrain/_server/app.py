@@ -10,7 +10,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import __version__
 from .._errors import (
     ConfigError,
     ConflictError,
@@ -29,81 +27,13 @@ from .._errors import (
     NotJSONError,
     RunNotFoundError,
 )
-from .._journal import Journal, open_journal
+from .._journal import open_journal
+from .._version import __version__
+from .state import ApiError, ServerState
 
 #: Largest request body accepted (bytes); bigger ones get 413.
 MAX_BODY = 2 * 1024 * 1024
 UI_DIR = Path(__file__).with_name("ui")
-
-
-class ApiError(Exception):
-    """An error with an HTTP status, raised by route code for bad input."""
-
-    def __init__(self, status: int, error: str, detail: str):
-        self.status = status
-        self.error = error
-        self.detail = detail
-        super().__init__(detail)
-
-
-class ServerState:
-    """What the routes share: the journal, and lazily the cache store and memory."""
-
-    def __init__(self, journal: Journal, token: str | None, routines_dir: Path, tools: Any = None,
-                 agents: dict[str, Any] | None = None):
-        self.journal = journal
-        self.token = token
-        self.routines_dir = routines_dir
-        #: The tool registry routine runs call (``None``: ``engrain.tools``).
-        self.tools = tools
-        from .agents import AgentRunner
-
-        #: The registered agents and the threads that run them.
-        self.agents = AgentRunner(self, agents or {})
-        self.closed = False
-        #: Open SSE streams (reported by /api/health; they end when their client disconnects).
-        self.streams = 0
-        self._lock = threading.Lock()
-        self._cache: Any = None
-        self._memory: Any = None
-        #: Memory is not documented as thread-safe; requests use it one at a time.
-        self.memory_lock = threading.Lock()
-
-    def cache_store(self) -> Any:
-        """The behavior cache's store on the journal's database (opened on first use)."""
-        with self._lock:
-            if self._cache is None:
-                from .._cache_store import CacheStore
-
-                self._cache = CacheStore(self.journal)
-            return self._cache
-
-    def memory(self) -> Any:
-        """Skill memory on the journal's database (opened on first use)."""
-        with self._lock:
-            if self._memory is None:
-                from .._memory import Memory
-
-                self._memory = Memory(self.journal.url)
-            return self._memory
-
-    def reopen(self) -> None:
-        """Open the journal again after :meth:`close` (an app may be started more than once)."""
-        if self.closed:
-            self.journal = open_journal(self.journal.url)
-            self.closed = False
-
-    def close(self) -> None:
-        """Flush the cache counters and close every connection."""
-        with self._lock:
-            objs, self._cache, self._memory = (self._cache, self._memory, self.journal), None, None
-        for obj in objs:
-            if obj is not None:
-                try:
-                    obj.close()
-                except Exception:  # noqa: BLE001 - closing is best effort at shutdown
-                    pass
-        self.closed = True
 
 
 def is_loopback(host: str) -> bool:
@@ -311,17 +241,18 @@ def create_app(
             "set ENGRAIN_TOKEN or pass --token"
         )
     if isinstance(tools, str):
-        from .._runner import resolve_tools
+        from .._routines.runner import resolve_tools
 
         tools = resolve_tools(tools)
     elif tools is None:
-        from .._tools import tools as default_tools
+        from .._durable.tools import tools as default_tools
 
         tools = default_tools
-    from .agents import load_agents
+    from .agents import AgentRunner, load_agents
 
     registry = load_agents(agents)
-    state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools, registry)
+    state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools)
+    state.agents = AgentRunner(state, registry)
 
     from contextlib import asynccontextmanager
 
@@ -400,8 +331,3 @@ def create_app(
     if is_loopback(host) and not token:
         app.add_middleware(HostGuard, allow=frozenset(allow_hosts))
     return app
-
-
-def state_of(request: Request) -> ServerState:
-    """The :class:`ServerState` of the app serving ``request``."""
-    return request.app.state.engrain

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from .app import ApiError, state_of
+from .state import ApiError, state_of
 
 router = APIRouter(tags=["cache"])
 

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from .app import state_of
+from .state import state_of
 
 router = APIRouter(tags=["memory"])
 

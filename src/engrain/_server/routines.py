@@ -2,8 +2,8 @@
 
 Routines are folders under the server's routines dir. Names are validated and
 every path is checked to stay inside that root. Validation, running and
-compiling use the routine engine (``engrain._routine``, ``_runner``,
-``_compiler``); until it is installed those routes answer 501.
+compiling use the routine engine (``engrain._routines``); until it is
+installed those routes answer 501.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import yaml
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from .app import ApiError, ServerState, state_of
+from .state import ApiError, ServerState, state_of
 
 router = APIRouter(tags=["routines"])
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ROUTINE_FILE = "routine.yaml"
 #: Modules the routine engine needs to validate and run routines.
-_CORE = ("_routine", "_runner", "_template", "_expr")
+_CORE = ("_routines.model", "_routines.runner", "_routines.template", "_routines.expr")
 
 
 class RunBody(BaseModel):
@@ -128,7 +128,7 @@ def compile_trace(request: Request, body: CompileBody) -> dict[str, Any]:
     """Compile a trace into a routine package under the routines dir."""
     state = state_of(request)
     path = routine_dir(state, body.name, must_exist=False)
-    _engine(*_CORE, "_compiler")
+    _engine(*_CORE, "_routines.compiler")
     if path.exists() and not body.overwrite:
         raise ApiError(409, "RoutineExistsError", f"routine {body.name!r} already exists (pass overwrite=true)")
     from . import _routine_engine as eng

@@ -16,7 +16,7 @@ from .. import _events as ev
 from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
-from .app import ApiError, state_of
+from .state import ApiError, state_of
 
 router = APIRouter(tags=["runs"])
 
@@ -248,7 +248,7 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
 
     A resumed agent run is waited for up to ``body.wait`` seconds (then ``status: "running"``).
     """
-    from .._durable import answer
+    from .._durable.context import answer
 
     state = state_of(request)
     _require(request, run_id)

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
-from ._durable import _current
-from ._errors import EngrainError
+from .._errors import EngrainError
+from .context import _current
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -59,7 +59,7 @@ class ToolRegistry:
         """
         import pathlib
 
-        from . import _sandbox
+        from .._sandbox import wasi as _sandbox
 
         root = pathlib.Path(path).resolve()
         names: list[str] = []

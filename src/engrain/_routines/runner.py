@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _events as ev
-from ._durable import RunResult, _current, default_journal, run
-from ._errors import (
+from .. import _events as ev
+from .._durable.context import RunResult, _current, default_journal, run
+from .._errors import (
     ConflictError,
     EngrainError,
     LeaseHeldError,
@@ -29,7 +29,7 @@ from ._errors import (
     RoutineStepError,
     RunNotFoundError,
 )
-from ._routine import Routine, Step, load_routine
+from .model import Routine, Step, load_routine
 
 #: Tag on every routine run; the run's recorded inputs name the routine folder.
 ROUTINE_TAG = "routine"
@@ -41,7 +41,7 @@ _lock = threading.Lock()
 def resolve_tools(tools: Any) -> Any:
     """A tool registry from ``None`` (``engrain.tools``), a ``"module:attr"`` string, or a registry/mapping."""
     if tools is None:
-        from ._tools import tools as default
+        from .._durable.tools import tools as default
 
         return default
     if isinstance(tools, str):
@@ -113,7 +113,7 @@ def _sandbox_host(routine: Routine) -> Any:
     """One sandbox host per loaded package (a changed udfs.py makes a new Routine, so a new host)."""
     host = routine.sandbox_host
     if host is None:
-        from ._sandbox import SandboxUdfHost
+        from .._sandbox.wasi import SandboxUdfHost
 
         host = routine.sandbox_host = SandboxUdfHost(routine.udfs_path)
     return host
@@ -188,7 +188,7 @@ class _RoutineRun:
         return _current.get().call(name, kind, args, thunk)
 
     def ask(self, step: Step, scope: dict[str, Any]) -> Any:
-        from . import _template
+        from . import template as _template
 
         spec = step.spec
         req = _template.render({"prompt": spec["prompt"], "fields": spec["fields"]}, scope, f"step {step.id!r}")
@@ -206,7 +206,7 @@ class _RoutineRun:
         return ctx.ask(req["prompt"], req["fields"], name=step.id)
 
     def __call__(self, task: str, inputs: dict[str, Any], **_: Any) -> Any:
-        from . import _template
+        from . import template as _template
 
         scope: dict[str, Any] = {"inputs": inputs}
         routine = self.routine
@@ -361,7 +361,7 @@ def resume_routine(
     run's ``run.started`` event. Answers are validated against the prompt's fields
     (:class:`~engrain.RoutineInputError` naming the field).
     """
-    from ._durable import answer, steps_of
+    from .._durable.context import answer, steps_of
 
     j = journal or default_journal()
     events = j.read(run_id)

@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import EngrainError, RoutineError
+from .._errors import EngrainError, RoutineError
 
 #: Values too common to be evidence of provenance (``True``, ``0``, ``"id"``...).
 _MIN_STRING = 3
@@ -234,7 +234,7 @@ class _Provenance:
 
 def escape(text: str) -> str:
     """Recorded text as a template that renders back to itself (a literal ``{{`` is escaped)."""
-    from ._template import escape as _escape
+    from .template import escape as _escape
 
     return _escape(text)
 
@@ -388,9 +388,9 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     """
     import yaml
 
-    from . import _template
-    from ._routine import validate_routine
-    from ._trace import TRACE_FORMAT
+    from .._durable.trace import TRACE_FORMAT
+    from . import template as _template
+    from .model import validate_routine
 
     data = _read_trace(trace)
     if data.get("format") == TRACE_FORMAT or (data.get("events") and "kind" in (data["events"][0] or {})):

@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ._errors import TemplateError
+from .._errors import TemplateError
 
 __all__ = ["escape", "parse_path", "placeholder", "render", "variables"]
 

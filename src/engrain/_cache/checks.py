@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import CacheError
-from ._events import check_json
+from .._errors import CacheError
+from .._events import check_json
 
 __all__ = ["Check", "decode_snapshot", "encode_snapshot"]
 

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._errors import ExpressionError
+from .._errors import ExpressionError
 
 __all__ = ["BUILTINS", "FUNCTIONS", "MAX_BUILT", "MAX_DEPTH", "MAX_INT_BITS", "MAX_NODES", "MAX_SIZE", "MAX_SOURCE", "Expr", "compile_expr"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._errors import RunNotFoundError
-from ._journal import Journal
+from .._errors import RunNotFoundError
+from .._journal import Journal
 
 TRACE_FORMAT = "engrain.trace/1"
 

@@ -22,15 +22,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._batched import arun_batched, run_batched
-from ._cache_store import CacheStore, Entry, canonical_task, key, task_key, templatize
-from ._checks import Check, encode_snapshot
-from ._durable import current, default_journal, new_run_id, run, run_async
-from ._errors import CacheError
-from ._events import check_json
-from ._journal import Journal
-from ._replay import Continuation, PlannedStep, Session, StepDone, ToolSpec, current_session
-from ._tools import ToolRegistry, _binder, default_name, tool, validate_tool_name
+from .._durable.batched import arun_batched, run_batched
+from .._durable.context import current, default_journal, new_run_id, run, run_async
+from .._durable.tools import (
+    ToolRegistry,
+    _binder,
+    default_name,
+    tool,
+    validate_tool_name,
+)
+from .._errors import CacheError
+from .._events import check_json
+from .._journal import Journal
+from .checks import Check, encode_snapshot
+from .replay import (
+    Continuation,
+    PlannedStep,
+    Session,
+    StepDone,
+    ToolSpec,
+    current_session,
+)
+from .store import CacheStore, Entry, canonical_task, key, task_key, templatize
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import wasmtime
 
-from ._errors import SandboxError, SandboxLimitError
+from .._errors import SandboxError, SandboxLimitError
 
 __all__ = ["Limits", "SandboxUdfHost", "WasmTool", "load_module", "run_wasm"]
 

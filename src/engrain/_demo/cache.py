@@ -15,7 +15,7 @@ from typing import Any
 
 import engrain as eg
 
-from ._journal import Journal
+from .._journal import Journal
 
 #: Seconds a scripted "LLM decision" takes.
 DECISION_LATENCY = 0.2

@@ -22,8 +22,8 @@ from typing import Any
 
 import engrain as eg
 
-from ._durable import steps_of
-from ._journal import Journal
+from .._durable.context import steps_of
+from .._journal import Journal
 
 #: Seconds a scripted "LLM" call takes.
 LLM_LATENCY = 0.2
@@ -133,7 +133,7 @@ def _what(step: Any, udf_kinds: dict[str, str]) -> str:
 
 def routines_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str], None]) -> bool:
     """Part 3: record a run, compile it, validate it, run it with no LLM, pause at a prompt and resume."""
-    from ._trace import export_run
+    from .._durable.trace import export_run
 
     office = _Office()
     tools, agent = build(office)

@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._journal import Journal
+from .._journal import Journal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS engrain_cache_entries (

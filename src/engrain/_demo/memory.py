@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._journal import Journal
+from .._journal import Journal
 
 #: (skill, hint, observation); the repeated one is stored once.
 OBSERVATIONS = [
@@ -40,8 +40,8 @@ def _short(text: str, n: int = 64) -> str:
 
 def memory_section(journal: Journal, workdir: Any, out: Callable[[str], None]) -> bool:
     """Part 4: remember, recall by a paraphrase, consolidate into articles, stats."""
-    from ._memory import Memory
-    from ._memory.embed import default_embedder
+    from .._memory import Memory
+    from .._memory.embed import default_embedder
 
     out("4. Skill memory: remember observations, recall them by meaning, consolidate them into articles")
     out("   loading the local embedding model (all-MiniLM-L6-v2, int8 ONNX)…")

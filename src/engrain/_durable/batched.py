@@ -13,10 +13,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from . import _events as ev
-from ._durable import RunContext, RunResult, _current, _finish_error, _finish_ok, _Pending, check_args
-from ._events import NewEvent
-from ._journal import Journal
+from .. import _events as ev
+from .._events import NewEvent
+from .._journal import Journal
+from .context import (
+    RunContext,
+    RunResult,
+    _current,
+    _finish_error,
+    _finish_ok,
+    _Pending,
+    check_args,
+)
 
 
 class BufferedContext(RunContext):

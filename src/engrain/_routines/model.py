@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import RoutineError
+from .._errors import RoutineError
 
 ROUTINE_FILE = "routine.yaml"
 UDFS_FILE = "udfs.py"
@@ -118,7 +118,7 @@ class Routine:
         """A compiled check of ``schema`` (``value -> (path, message) | None``), built once per key."""
         v = self._validators.get(key)
         if v is None:
-            from ._schema import compile_schema
+            from .schema import compile_schema
 
             v = self._validators[key] = compile_schema(schema)
         return v
@@ -163,15 +163,15 @@ class _Checker:
         if not isinstance(value, dict):
             self.add(step, where, f"must be a JSON schema object, got {type(value).__name__}")
             return
-        from ._schema import schema_problem
+        from .schema import schema_problem
 
         problem = schema_problem(value)
         if problem:
             self.add(step, where, f"invalid JSON schema: {problem}")
 
     def template(self, value: Any, step: str, where: str, scope: set[str]) -> None:
-        from . import _template
-        from ._errors import EngrainError
+        from .._errors import EngrainError
+        from . import template as _template
 
         try:
             names = _template.variables(value)
@@ -182,8 +182,8 @@ class _Checker:
             self.add(step, where, f"undefined template variable {n!r} (defined: {', '.join(sorted(scope))})")
 
     def expression(self, text: Any, step: str, where: str, scope: set[str]) -> Any:
-        from . import _expr
-        from ._errors import EngrainError
+        from .._errors import EngrainError
+        from . import expr as _expr
 
         if not isinstance(text, str) or not text.strip():
             self.add(step, where, "must be a non-empty expression string")
@@ -372,7 +372,7 @@ def _fields(c: _Checker, sid: str, fields: list[Any], scope: set[str]) -> None:
         elif "options" in f:
             c.add(sid, f"{where}.options", f"options only apply to select fields, not {ftype}")
         if "default" in f and ftype in FIELD_TYPES:
-            from ._template import variables
+            from .template import variables
 
             if not variables(f["default"]):
                 ok = {"text": isinstance(f["default"], str), "number": isinstance(f["default"], (int, float)) and not isinstance(f["default"], bool), "boolean": isinstance(f["default"], bool), "select": True}[ftype]
@@ -472,7 +472,7 @@ def load_routine(path: str | os.PathLike[str]) -> Routine:
     data, udfs, issues, steps = _analyse(root, None)
     if issues:
         raise RoutineError(key, issues)
-    from . import _template
+    from . import template as _template
 
     for st in steps:
         value = st.spec.get("args", {}) if st.type in ("tool.call", "udf.call") else st.spec.get("value")

@@ -1,7 +1,7 @@
-"""Run leases: one live executor per run, and recovery of runs whose process died.
+"""Run leases: one live executor per run.
 
 A durable run holds a lease on its run id while it executes, so a recovery
-worker (:func:`recover`) never resumes a run that is still alive elsewhere.
+worker (:func:`~engrain._durable.recovery.recover`) never resumes a run that is still alive elsewhere.
 Owners are ``host:pid:token``: a lease left by a dead process on this host is
 taken over at once, so restarting a crashed agent right away works without
 waiting for the lease to expire.
@@ -19,14 +19,10 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._errors import LeaseHeldError
-from ._journal import Journal
-
-if TYPE_CHECKING:
-    from ._durable import RunResult
+from .._errors import LeaseHeldError
+from .._journal import Journal
 
 #: How long a lease lives without renewal (seconds). Renewed after a third of it.
 DEFAULT_TTL = 30.0
@@ -211,26 +207,3 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-
-
-def recover(
-    agent: Callable[..., Any],
-    *,
-    journal: Journal | None = None,
-    limit: int = 10,
-    ttl: float = DEFAULT_TTL,
-) -> list[RunResult]:
-    """Claim up to ``limit`` unfinished runs whose executor died and resume each with ``agent``.
-
-    Safe to call from many workers at once: each run is claimed by one of them.
-    Returns the results of the resumed runs.
-    """
-    from ._durable import default_journal, run
-
-    j = journal or default_journal()
-    results = []
-    for info in j.claim_runs(owner_id(), ttl, limit):
-        started = j.read(info.run_id, after=-1)[:1]
-        inputs = started[0].data.get("inputs", {}) if started else {}
-        results.append(run(agent, info.task, run_id=info.run_id, inputs=inputs, journal=j))
-    return results

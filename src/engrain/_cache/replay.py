@@ -17,15 +17,12 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from . import _events as ev
-from ._cache_store import Entry, canonical_task, task_key
-from ._checks import Check, decode_snapshot
-from ._durable import RunContext
-
-if TYPE_CHECKING:
-    from ._cache import Engine
+from .. import _events as ev
+from .._durable.context import RunContext
+from .checks import Check, decode_snapshot
+from .store import CacheStore, Entry, canonical_task, task_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +142,25 @@ class PlannedStep:
         """The arguments for this call (placeholders filled from ``params``)."""
         if not self.templated:
             return self.args
-        from ._template import render
+        from .._routines.template import render
 
         return render(self.args, {"params": params})
+
+
+class Engine(Protocol):
+    """What a replay uses of its :class:`~engrain._cache.engine.Engine`.
+
+    Declared here, not imported, so the engine module (which starts sessions)
+    and this one (which runs them) do not import each other.
+    """
+
+    store: CacheStore
+    evict_after: int
+    _plans: dict[str, tuple[PlannedStep, ...]]
+    _specs: dict[str, ToolSpec]
+    _context: Any
+
+    def set_context(self, obj: Any) -> Any: ...
 
 
 def plan(engine: Engine, e: Entry) -> tuple[PlannedStep, ...]:
@@ -195,7 +208,7 @@ class Session:
     def call_args(self, spec: ToolSpec) -> tuple[Any, ...]:
         """``(self,)`` for a method tool (the engine's context object), else nothing."""
         if spec.is_method:
-            from ._errors import CacheError
+            from .._errors import CacheError
 
             if self.engine._context is None:
                 raise CacheError(f"replaying the method tool {spec.name!r} needs engine.set_context(obj)")
@@ -352,7 +365,7 @@ class Session:
         if "step" in spec:
             return self.done[spec["step"]][2]
         if "template" in spec:
-            from ._template import render
+            from .._routines.template import render
 
             return render(spec["template"], {"params": self.params})
         return spec.get("value")

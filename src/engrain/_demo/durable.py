@@ -1,4 +1,4 @@
-"""``engrain demo``: a guided tour on the embedded store.
+"""``engrain demo`` part 1: durable runs.
 
 The agent here is a *scripted demo agent* (``ScriptedTripAgent``): its "LLM"
 is a fixed plan, so the tour runs offline and the same way every time. Its
@@ -8,8 +8,7 @@ effects file, so the tour can count what actually ran.
 Part 1, durable runs: the agent runs in a child process, which is killed
 with SIGKILL partway through; the run is started again with the same run id
 and the tour prints, step by step, what was replayed from the journal and
-what was executed (again). Later parts (behavior cache, routines, memory)
-are added by their own modules through :data:`SECTIONS`.
+what was executed (again).
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from typing import Any
 
 import engrain as eg
 
-from ._durable import steps_of
-from ._journal import Journal, open_journal
+from .._durable.context import steps_of
+from .._journal import Journal, open_journal
 
 #: Seconds each demo tool "works"; long enough for the kill to land mid-run.
 TOOL_LATENCY = 0.15
@@ -155,7 +154,7 @@ def durable_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str]
     out(f"   run {run_id}: {TASK!r} by ScriptedTripAgent (scripted demo agent, 8 steps)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]))
     child = subprocess.Popen(
-        [sys.executable, "-m", "engrain._demo", "--child", journal.url, run_id, str(effects)],
+        [sys.executable, "-m", "engrain._demo.durable", "--child", journal.url, run_id, str(effects)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
     )
     deadline = time.monotonic() + 60
@@ -219,58 +218,6 @@ def durable_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str]
     return bool(result) and not dup
 
 
-def _cache_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str], None]) -> bool:
-    from ._demo_cache import cache_section
-
-    return cache_section(journal, workdir, out)
-
-
-def _routines_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str], None]) -> bool:
-    from ._demo_routines import routines_section
-
-    return routines_section(journal, workdir, out)
-
-
-def _memory_section(journal: Journal, workdir: pathlib.Path, out: Callable[[str], None]) -> bool:
-    from ._demo_memory import memory_section
-
-    return memory_section(journal, workdir, out)
-
-
-#: The tour's parts, in order; each feature adds its own.
-SECTIONS: list[Callable[[Journal, pathlib.Path, Callable[[str], None]], bool]] = [
-    durable_section, _cache_section, _routines_section, _memory_section,
-]
-
-
-def main(url: str | None = None, out: Callable[[str], None] = print) -> int:
-    """Run the tour; returns the process exit code (0 when every part behaved)."""
-    if url is None:
-        workdir = pathlib.Path(".engrain") / "demo"
-        workdir.mkdir(parents=True, exist_ok=True)
-        db = workdir / "demo.db"
-        # The demo store is the demo's own, started afresh so its output reads the same every time.
-        for suffix in ("", "-wal", "-shm"):
-            pathlib.Path(f"{db}{suffix}").unlink(missing_ok=True)
-        url = f"sqlite:///{db}"
-    else:
-        workdir = pathlib.Path(".engrain") / "demo"
-        workdir.mkdir(parents=True, exist_ok=True)
-    journal = open_journal(url)
-    out(f"engrain demo — store {url}")
-    out("")
-    ok = True
-    try:
-        for section in SECTIONS:
-            ok = section(journal, workdir, out) and ok
-            out("")
-    finally:
-        journal.close()
-    out("demo finished" if ok else "demo finished with problems (see above)")
-    return 0 if ok else 1
-
-
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--child":
         sys.exit(_child(sys.argv[2], sys.argv[3], sys.argv[4]))
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else None))

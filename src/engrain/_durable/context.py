@@ -19,14 +19,20 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from . import _events as ev
-from ._errors import EngrainError, NondeterminismError, NotJSONError, RunFailedError, StepFailedError
-from ._events import NewEvent, check_json, is_json
-from ._journal import Journal, default_url, open_journal
-from ._lease import Lease
+from .. import _events as ev
+from .._errors import (
+    EngrainError,
+    NondeterminismError,
+    NotJSONError,
+    RunFailedError,
+    StepFailedError,
+)
+from .._events import NewEvent, check_json, is_json
+from .._journal import Journal, default_url, open_journal
+from .lease import Lease
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("engrain_run", default=None)
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
@@ -322,7 +328,7 @@ def ask(prompt: str, fields: list[dict[str, Any]] | None = None) -> Any:
 
 def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = None) -> None:
     """Record ``answers`` for the input a ``needs_input`` run waits for."""
-    from ._errors import RunNotFoundError
+    from .._errors import RunNotFoundError
 
     j = journal or default_journal()
     events = j.read(run_id)

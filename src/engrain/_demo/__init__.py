@@ -1,0 +1,52 @@
+"""``engrain demo``: a guided tour on the embedded store, one module per part.
+
+Part 1 durable runs (:mod:`.durable`), part 2 the behavior cache
+(:mod:`.cache`), part 3 routines (:mod:`.routines`), part 4 skill memory
+(:mod:`.memory`). Each part is a function ``(journal, workdir, out) -> ok``;
+:data:`SECTIONS` names them in order and :func:`main` runs them. Parts are
+imported when they run, so ``python -m engrain._demo.durable`` (the child
+process of part 1) does not import the rest.
+
+May import: anything below the surfaces (the pillars, and the public facade).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+from collections.abc import Callable
+
+#: The tour's parts, in order: (module, function).
+SECTIONS: list[tuple[str, str]] = [
+    (".durable", "durable_section"),
+    (".cache", "cache_section"),
+    (".routines", "routines_section"),
+    (".memory", "memory_section"),
+]
+
+
+def main(url: str | None = None, out: Callable[[str], None] = print) -> int:
+    """Run the tour; returns the process exit code (0 when every part behaved)."""
+    from .._journal import open_journal
+
+    workdir = pathlib.Path(".engrain") / "demo"
+    workdir.mkdir(parents=True, exist_ok=True)
+    if url is None:
+        db = workdir / "demo.db"
+        # The demo store is the demo's own, started afresh so its output reads the same every time.
+        for suffix in ("", "-wal", "-shm"):
+            pathlib.Path(f"{db}{suffix}").unlink(missing_ok=True)
+        url = f"sqlite:///{db}"
+    journal = open_journal(url)
+    out(f"engrain demo — store {url}")
+    out("")
+    ok = True
+    try:
+        for module, fn in SECTIONS:
+            section = getattr(importlib.import_module(module, __name__), fn)
+            ok = section(journal, workdir, out) and ok
+            out("")
+    finally:
+        journal.close()
+    out("demo finished" if ok else "demo finished with problems (see above)")
+    return 0 if ok else 1

@@ -1,0 +1,10 @@
+"""Durable runs: the pillar every other one runs on.
+
+Holds the run context (:mod:`.context`: ``run``, ``now``, ``ask``/``answer``,
+steps and their replay), run leases (:mod:`.lease`), recovery of orphaned runs
+(:mod:`.recovery`), the ``@tool``/``@llm`` decorators and tool registry
+(:mod:`.tools`), runs journaled in one transaction (:mod:`.batched`) and trace
+export (:mod:`.trace`).
+
+May import: ``_journal``, ``_events``, ``_errors``, and ``_sandbox`` (WASM tools).
+"""

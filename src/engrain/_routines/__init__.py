@@ -1,0 +1,10 @@
+"""Routines: a finished run compiled into a package that runs again with no LLM.
+
+Holds the routine model, loader and validator (:mod:`.model`), the trace
+compiler (:mod:`.compiler`), the durable runner (:mod:`.runner`), the sandboxed
+``when``/``assert`` evaluator (:mod:`.expr`), ``{{ path }}`` templates
+(:mod:`.template`, shared with the behavior cache) and input/output schemas
+(:mod:`.schema`).
+
+May import: ``_durable``, ``_sandbox``, ``_journal``, ``_events``, ``_errors``.
+"""
