@@ -1,0 +1,13 @@
+"""engrain under the agent frameworks people already use.
+
+One module per framework, each a thin adapter that implements the framework's
+own published interface over engrain's pillars (the journal, durable runs,
+memory, the cache). Import the module you need; each imports its framework,
+which is an optional extra:
+
+* ``engrain.integrations.langgraph``: ``EngrainCheckpointer`` (``pip install engrain[langgraph]``)
+* ``engrain.integrations.openai_agents``: ``EngrainSession`` (``pip install engrain[openai-agents]``)
+
+May import: the pillars and the base. Machinery an adapter needs goes into a
+pillar, not into the adapter.
+"""
