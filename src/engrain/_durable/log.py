@@ -48,23 +48,41 @@ class EntryLog:
 
     def append(self, entries: Sequence[tuple[str, dict[str, Any]]]) -> list[Event]:
         """Append ``(name, data)`` entries atomically, after whatever is there now."""
-        new = [NewEvent(LOG_ENTRY, name, data) for name, data in entries]
+        fixed = list(entries)
+        # Entries that do not depend on the log's state: append at the end as last seen (one round trip
+        # for a lone writer) and re-read only after losing a race.
+        return self._write(lambda _: fixed, optimistic=True)
+
+    def update(self, decide: Callable[[list[Event]], Sequence[tuple[str, dict[str, Any]]]]) -> list[Event]:
+        """Append the entries ``decide(current entries)`` returns, atomically against other writers.
+
+        If another writer appends first, ``decide`` runs again on the longer log,
+        so an entry that depends on what is there (a pop, a removal) is never
+        decided on a stale view. Returns the appended ``log.entry`` events.
+        """
+        return self._write(decide, optimistic=False)
+
+    def _write(self, decide: Callable[[list[Event]], Sequence[tuple[str, dict[str, Any]]]],
+               optimistic: bool) -> list[Event]:
         with self._lock:
             for attempt in range(MAX_RETRIES):
-                # A lone writer's view is current: append at once (one round trip), re-read only on a lost race.
-                if attempt:
+                if attempt or not optimistic:
                     self._refresh()
+                new = [NewEvent(LOG_ENTRY, name, data)
+                       for name, data in decide([e for e in self._events if e.kind == LOG_ENTRY])]
+                if not new:
+                    return []
                 seq = len(self._events)
                 batch = new if seq else [NewEvent(RUN_STARTED, "", self._start), *new]
                 try:
                     stored = self.journal.append(self.run_id, batch, seq)
                 except ConflictError:
-                    continue  # another writer appended first: read its entries and go after them
+                    continue  # another writer appended first: read its entries and decide again
                 if not seq:
                     self._created = None  # learn the new run's creation time on the next read
                 self._events.extend(stored)
                 return [e for e in stored if e.kind == LOG_ENTRY]
-        raise ConflictError(f"log {self.run_id!r}: {MAX_RETRIES} appends in a row lost a race")
+        raise ConflictError(self.run_id, len(self._events))  # MAX_RETRIES appends in a row lost a race
 
     def entries(self, where: Callable[[Event], bool] | None = None) -> list[Event]:
         """The log's ``log.entry`` events in order (only those ``where`` accepts)."""
