@@ -163,3 +163,31 @@ def test_streamed_runs_are_refused_inside_an_engrain_run(store_url):
         assert res.status == "failed"
         message = str(res.error)
     assert "streamed runs are not journaled" in message
+
+
+def test_behavior_cache_replays_an_sdk_agents_tools_with_zero_model_calls(store_url):
+    from engrain.integrations.openai_agents import cached
+
+    shipped: list[int] = []
+
+    @function_tool
+    def ship(order: int) -> str:
+        """Ship an order."""
+        shipped.append(order)
+        return f"order {order} shipped"
+
+    model = ScriptedModel([tool_call("ship", {"order": 42}), text("Shipped order 42.")])
+    engine = eg.Engine(journal=eg.open(store_url))
+    sdk_agent = cached(Agent(name="shipper", instructions="Ship orders.", model=model, tools=[ship]), engine)
+
+    async def run(task: str) -> str:
+        return (await Runner.run(sdk_agent, task)).final_output
+
+    engine.set_agent(run).finalize()
+    first = asyncio.run(engine("ship order 42"))
+    assert not first and first.agent_called and first.stored and model.calls == 2 and shipped == [42]
+    again = asyncio.run(engine("ship order 42"))
+    # A hit: the tool trajectory replays (the tool really runs again), the model is not called.
+    assert again and again.output == "Shipped order 42." and model.calls == 2 and shipped == [42, 42]
+    assert [s["source"] for s in again.steps] == ["replayed"]
+    engine.close()

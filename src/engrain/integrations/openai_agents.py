@@ -27,6 +27,10 @@ Extension points used, and why:
   from the journal, not run again. A tool result that is not JSON is journaled,
   and returned live, as its ``str()`` so that a replay gives the model the same text.
 
+* **Behavior cache**: :func:`cached` registers each ``FunctionTool`` as a tool of
+  an engrain :class:`~engrain.Engine`, so a repeated task replays its tool
+  trajectory with no model call at all (the engine never calls the agent).
+
 Outside an engrain run the wrappers pass every call through unchanged.
 Streamed runs (``Runner.run_streamed``) are not journaled: inside an engrain run
 they raise :class:`~engrain.EngrainError` rather than run without durability.
@@ -35,6 +39,7 @@ they raise :class:`~engrain.EngrainError` rather than run without durability.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -52,7 +57,7 @@ from .._errors import EngrainError
 from .._events import is_json
 from .._journal import Journal, open_journal
 
-__all__ = ["DurableModel", "EngrainSession", "durable"]
+__all__ = ["DurableModel", "EngrainSession", "cached", "durable"]
 
 RUN_PREFIX = "openai-agents:"
 TAG = "openai-agents"
@@ -231,3 +236,61 @@ def durable(agent: Agent, *, model_provider: ModelProvider | None = None) -> Age
         return clone
 
     return wrap(agent)
+
+
+# -- behavior cache -----------------------------------------------------------------------
+
+#: The SDK's ToolContext of the call in flight, so a tool run by the agent gets the real one.
+_tool_ctx: contextvars.ContextVar[Any] = contextvars.ContextVar("engrain_sdk_tool_ctx", default=None)
+
+
+def _engine_tool(tool: Any, engine: Any) -> Any:
+    if not isinstance(tool, FunctionTool):
+        return tool
+    invoke, name = tool.on_invoke_tool, tool.name
+
+    async def call(arguments: Any) -> Any:
+        from agents.tool_context import ToolContext
+
+        ctx = _tool_ctx.get()
+        raw = json.dumps(arguments)
+        if ctx is None:  # replayed by the engine: the agent (and its run context) is not running
+            ctx = ToolContext(context=None, tool_name=name, tool_call_id="engrain-replay", tool_arguments=raw)
+        out = await invoke(ctx, raw)
+        return out if is_json(out) else str(out)
+
+    call.__name__ = call.__qualname__ = name
+    recorded = engine.function(name=name)(call)
+
+    async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
+        try:
+            args: Any = json.loads(arguments) if arguments else {}
+        except ValueError:
+            args = arguments
+        token = _tool_ctx.set(ctx)
+        try:
+            return await recorded(args)
+        finally:
+            _tool_ctx.reset(token)
+
+    return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
+
+
+def cached(agent: Agent, engine: Any, *, model_provider: ModelProvider | None = None) -> Agent:
+    """A copy of ``agent`` whose tools are ``engine``'s tools and whose model calls are journaled.
+
+    Give the engine an agent that runs it, then call the engine::
+
+        engine = eg.Engine()
+        sdk_agent = cached(agent, engine)
+        async def run(task):
+            return (await Runner.run(sdk_agent, task)).final_output
+        engine.set_agent(run).finalize()
+        out = await engine("refund order 42")    # a hit replays the tools: 0 model calls
+
+    The first run of a task records its tool trajectory; a repeat replays the
+    tools (each checked by the engine's pre/post checks if declared) and
+    returns the recorded output without calling the model.
+    """
+    durable_agent = durable(agent, model_provider=model_provider)
+    return durable_agent.clone(tools=[_engine_tool(t, engine) for t in agent.tools])
