@@ -191,3 +191,26 @@ def test_behavior_cache_replays_an_sdk_agents_tools_with_zero_model_calls(store_
     assert again and again.output == "Shipped order 42." and model.calls == 2 and shipped == [42, 42]
     assert [s["source"] for s in again.steps] == ["replayed"]
     engine.close()
+
+
+def test_a_resumed_run_does_not_add_its_session_items_twice(store_url, tmp_path):
+    j = eg.open(store_url)
+    session = EngrainSession("resume-chat", journal=j)
+    model = ScriptedModel([text("Hello!")])
+    agent = durable(Agent(name="greeter", instructions="Greet.", model=model))
+    crash = {"on": True}
+
+    def chat(task: str) -> str:
+        out = Runner.run_sync(agent, task, session=session).final_output
+        if crash["on"]:
+            raise KeyboardInterrupt  # the process "dies" after the turn was saved
+        return out
+
+    with pytest.raises(KeyboardInterrupt):
+        eg.run(chat, "hi there", run_id="chat-run", journal=j)
+    crash["on"] = False
+    assert eg.run(chat, "hi there", run_id="chat-run", journal=j).output == "Hello!"
+    items = asyncio.run(EngrainSession("resume-chat", store_url).get_items())
+    assert [i.get("content") if i.get("role") == "user" else "reply" for i in items] == ["hi there", "reply"]
+    assert model.calls == 1  # the resumed run replayed the model call too
+    j.close()

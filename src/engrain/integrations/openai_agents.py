@@ -15,7 +15,9 @@ Extension points used, and why:
 * **Sessions**: the SDK's ``Session`` protocol (``get_items``, ``add_items``,
   ``pop_item``, ``clear_session``). A session is an engrain run
   (``openai-agents:<session_id>``) whose items are ``log.entry`` events, so it is
-  durable on SQLite or PostgreSQL and listed by ``engrain runs``.
+  durable on SQLite or PostgreSQL and listed by ``engrain runs``. Inside an
+  engrain run each session operation is also a step, so a resumed run sees the
+  history its first attempt saw and never adds its items twice.
 * **Model calls**: a ``Model`` wrapper (the SDK's model interface), because it is
   the one place every model call of every agent passes through with its full
   response in hand; tracing processors and hooks see calls but cannot answer
@@ -91,14 +93,23 @@ class EngrainSession:
         """The history in order; with ``limit``, its latest ``limit`` items."""
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
-        items = self._items_of(await asyncio.to_thread(self._log.entries))
-        return items if limit is None else items[-limit:] if limit > 0 else []
+
+        async def read() -> list[Any]:
+            items = self._items_of(await asyncio.to_thread(self._log.entries))
+            return items if limit is None else items[-limit:] if limit > 0 else []
+
+        return await self._step("get_items", {"limit": limit}, read)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` to the history (one atomic append)."""
-        if items:
-            data = {"items": _jsonable(list(items)), "summary": {"added": len(items)}}
+        if not items:
+            return
+        data = {"items": _jsonable(list(items)), "summary": {"added": len(items)}}
+
+        async def add() -> None:
             await asyncio.to_thread(self._log.append, [("items", data)])
+
+        await self._step("add_items", {"count": len(items)}, add)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item (``None`` when empty); two concurrent pops never return the same one."""
@@ -112,8 +123,11 @@ class EngrainSession:
             popped.append(live[-1])
             return [("pop", {"summary": {"popped": 1}})]
 
-        await asyncio.to_thread(self._log.update, decide)
-        return popped[0] if popped else None
+        async def pop() -> Any:
+            await asyncio.to_thread(self._log.update, decide)
+            return popped[0] if popped else None
+
+        return await self._step("pop_item", {}, pop)
 
     @staticmethod
     def _items_of(entries: list[Any]) -> list[Any]:
@@ -130,7 +144,18 @@ class EngrainSession:
 
     async def clear_session(self) -> None:
         """Forget every item (the record of what was said stays in the journal until ``engrain gc``)."""
-        await asyncio.to_thread(self._log.append, [("clear", {"summary": {"cleared": True}})])
+        async def clear() -> None:
+            await asyncio.to_thread(self._log.append, [("clear", {"summary": {"cleared": True}})])
+
+        await self._step("clear_session", {}, clear)
+
+    async def _step(self, op: str, args: dict[str, Any], thunk: Any) -> Any:
+        """Inside an engrain run a session operation is a step: a resumed run reads the history its
+        first attempt read and does not add its items twice. Outside a run it just runs."""
+        run = current()
+        if run is None:
+            return await thunk()
+        return await run.acall(f"session.{op}", "tool", {"session_id": self.session_id, **args}, thunk)
 
 
 # -- durable runs -------------------------------------------------------------------------
