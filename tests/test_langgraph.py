@@ -116,3 +116,13 @@ def test_killed_graph_resumes_from_the_engrain_checkpoint_without_rerunning_the_
     listed = subprocess.run([ENGRAIN, "runs", "--tag", "langgraph", "--json",
                              "--url", store_url], capture_output=True, text=True, timeout=60)
     assert [r["run_id"] for r in json.loads(listed.stdout)] == ["langgraph:order-42"]
+
+
+def test_the_example_runs_crashes_and_resumes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ex.db'}"
+    example = [sys.executable, str(HERE.parent / "examples/langgraph_agent/agent.py"), "--url", url]
+    crashed = subprocess.run([*example, "--crash"], capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == -9 and "refunding order 42" in crashed.stdout, crashed.stderr
+    resumed = subprocess.run([*example, "--resume"], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "refunding" not in resumed.stdout and "Done: refunded 19.99 on order 42." in resumed.stdout

@@ -214,3 +214,15 @@ def test_a_resumed_run_does_not_add_its_session_items_twice(store_url, tmp_path)
     assert [i.get("content") if i.get("role") == "user" else "reply" for i in items] == ["hi there", "reply"]
     assert model.calls == 1  # the resumed run replayed the model call too
     j.close()
+
+
+def test_the_example_runs_crashes_and_resumes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ex.db'}"
+    example = [sys.executable, str(HERE.parent / "examples/openai_agents/agent.py"), "--url", url]
+    crashed = subprocess.run([*example, "--crash"], capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == -9 and "refunding order 7" in crashed.stdout, crashed.stderr
+    resumed = subprocess.run(example, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "refunding" not in resumed.stdout and "ok Done: refunded 19.99 on order 7." in resumed.stdout
+    # Only the killed model turn ran again.
+    assert resumed.stdout.count("[model] call") == 1
