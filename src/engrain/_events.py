@@ -27,6 +27,8 @@ REPLAY_STARTED: Final = "replay.started"
 REPLAY_DIVERGED: Final = "replay.diverged"
 RUN_COMPLETED: Final = "run.completed"
 RUN_FAILED: Final = "run.failed"
+#: An entry of an adapter's log (a LangGraph checkpoint, an agent-SDK session item): see ``_durable/log.py``.
+LOG_ENTRY: Final = "log.entry"
 
 KINDS: Final = frozenset(
     {
@@ -41,6 +43,7 @@ KINDS: Final = frozenset(
         REPLAY_DIVERGED,
         RUN_COMPLETED,
         RUN_FAILED,
+        LOG_ENTRY,
     }
 )
 

@@ -71,6 +71,8 @@ def timeline(events: list) -> list[str]:
             lines.append(f"{at}  input received: {_short(d.get('answers'))}")
         elif e.kind == "run.completed":
             lines.append(f"{at}  run completed -> {_short(d.get('output'))}")
+        elif e.kind == "log.entry":  # an adapter's entry (a LangGraph checkpoint, a session item)
+            lines.append(f"{at}  {e.name} {_short(d.get('summary', {}))}")
         elif e.kind == "run.failed":
             lines.append(f"{at}  run FAILED: {_short(d.get('error', ''))}")
         else:

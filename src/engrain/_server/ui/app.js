@@ -16,7 +16,7 @@
   const TERMINAL = new Set(["run.completed", "run.failed"]);
   const EVENT_KINDS = [
     "run.started", "step.started", "step.completed", "step.failed", "check.failed", "input.requested",
-    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed",
+    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed", "log.entry",
   ];
 
   // Functions to call when leaving the current view (close SSE streams, timers).
@@ -122,7 +122,9 @@
       h("td", { class: "num" }, h("time", { title: fmtTime(e.ts), text: rel })),
       h("td", { class: "mono", text: e.kind }),
       h("td", { class: "mono", text: e.name }),
-      h("td", {}, hasData ? h("details", {}, h("summary", { text: short(e.data, 70) }), h("pre", { text: pretty(e.data) })) : null));
+      // An adapter's log entry (a LangGraph checkpoint, a session item) leads with its summary, not its payload.
+      h("td", {}, hasData ? h("details", {}, h("summary", { text: short(e.kind === "log.entry" && e.data.summary ? e.data.summary : e.data, 70) }),
+        h("pre", { text: pretty(e.data) })) : null));
   }
 
   function renderRun(data, container, reload) {
