@@ -38,6 +38,11 @@ from ._errors import (
     RunFailedError,
     RunNotFoundError,
     StepFailedError,
+    StorageError,
+    StoreCorruptError,
+    StoreNotFoundError,
+    StoreVersionError,
+    UnknownStatusError,
 )
 from ._events import Event, NewEvent, RunInfo
 from ._journal import Journal, default_url
@@ -133,7 +138,12 @@ __all__ = [
     "RunNotFoundError",
     "RunResult",
     "StepFailedError",
+    "StorageError",
+    "StoreCorruptError",
+    "StoreNotFoundError",
+    "StoreVersionError",
     "ToolRegistry",
+    "UnknownStatusError",
     "__version__",
     "answer",
     "ask",

@@ -24,7 +24,7 @@ def _short(value: Any, width: int = 60) -> str:
 @command
 def runs(
     url: UrlOption = None,
-    status: Annotated[str | None, typer.Option(help="Only runs in this status (running, completed, failed, needs_input).")] = None,
+    status: Annotated[str | None, typer.Option(help="Only runs in this status (ok, failed, needs_input, running, queued, cancelled).")] = None,
     tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many runs.")] = 50,
     json_out: JsonOption = False,
