@@ -122,7 +122,8 @@ def run_filters(
     where: list[str] = []
     args: list = []
     if status is not None:
-        statuses = [check_status(s) for s in ([status] if isinstance(status, str) else list(status))]
+        many = isinstance(status, (list, tuple, set, frozenset))
+        statuses = [check_status(s) for s in (status if many else [status])]
         where.append(f"status IN ({', '.join([placeholder] * len(statuses))})")
         args += statuses
     if task is not None:
