@@ -68,12 +68,13 @@ class StoreVersionError(ConfigError):
 class StoreNotFoundError(ConfigError):
     """A read-only command was pointed at a store that does not exist (often a typo in the URL)."""
 
-    def __init__(self, store: str):
+    def __init__(self, store: str, hint: str | None = None):
         self.store = store
-        super().__init__(
-            f"no store at {store}; check the URL (sqlite:///relative/path.db is relative to the current "
-            "directory, sqlite:////absolute/path.db is absolute) or run something first to create it"
+        hint = hint or (
+            "check the URL (sqlite:///relative/path.db is relative to the current directory, "
+            "sqlite:////absolute/path.db is absolute)"
         )
+        super().__init__(f"no store at {store}; {hint}, or run something first to create it")
 
 
 class ConflictError(EngrainError):

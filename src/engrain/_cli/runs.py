@@ -31,7 +31,7 @@ def runs(
 ) -> None:
     """List runs, most recently updated first."""
     with errors_as_exit():
-        j = open_store(url)
+        j = open_store(url, create=False)
         rows = j.runs(status=status, tag=tag, limit=limit)
     if json_out:
         print_json([r.to_dict() for r in rows])
@@ -88,7 +88,7 @@ def show(
     from .._durable.trace import export_run
 
     with errors_as_exit():
-        j = open_store(url)
+        j = open_store(url, create=False)
         trace = export_run(j, run_id)
     if json_out:
         print_json(trace)
@@ -110,5 +110,5 @@ def export(
     from .._durable.trace import export_run
 
     with errors_as_exit():
-        trace = export_run(open_store(url), run_id)
+        trace = export_run(open_store(url, create=False), run_id)
     print_json(trace)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError
+from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads_many
 from ._common import FINISHED, check_lease, prepare, run_filters
 from .base import Journal
@@ -83,7 +83,7 @@ class PostgresJournal(Journal):
 
     backend = "postgres"
 
-    def __init__(self, url: str, durability: str = "full"):
+    def __init__(self, url: str, durability: str = "full", *, create: bool = True):
         try:
             import psycopg
         except ImportError as e:  # pragma: no cover - psycopg is a dependency
@@ -104,6 +104,8 @@ class PostgresJournal(Journal):
                 # lose the last few ms, never corrupt); full: the server default.
                 if durability == "normal":
                     self._db.execute("SET synchronous_commit = off")
+                if not create and self._db.execute("SELECT to_regclass('engrain_runs')").fetchone()[0] is None:
+                    raise StoreNotFoundError(_redact(url), "that database (and search_path) has no engrain tables")
                 # Concurrent CREATE ... IF NOT EXISTS can still race on the catalog;
                 # the migration's advisory lock makes schema changes safe across workers.
                 migrate(self._db, _redact(url))
