@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
-from ._errors import NotJSONError
+from ._errors import NotJSONError, UnknownStatusError
 
 # Kinds. Keep this list short: every consumer (replay, compiler, cache, UI)
 # must understand every kind.
@@ -47,12 +47,31 @@ KINDS: Final = frozenset(
     }
 )
 
-# Run statuses, derived from the kinds appended (see ``status_after``).
-RUNNING: Final = "running"
-COMPLETED: Final = "completed"
+# Run statuses: one vocabulary for the store, the CLI, the API, the UI and
+# RunResult, the same names as em-core's. The journal derives a run's status
+# from the kinds appended (see ``status_after``); ``queued`` and ``cancelled``
+# are set by the run queue, not by an event kind.
+OK: Final = "ok"
 FAILED: Final = "failed"
 NEEDS_INPUT: Final = "needs_input"
-STATUSES: Final = frozenset({RUNNING, COMPLETED, FAILED, NEEDS_INPUT})
+RUNNING: Final = "running"
+QUEUED: Final = "queued"
+CANCELLED: Final = "cancelled"
+STATUSES: Final = (OK, FAILED, NEEDS_INPUT, RUNNING, QUEUED, CANCELLED)
+#: Old names still accepted where a status comes in (CLI, API, ``Journal.runs``).
+STATUS_ALIASES: Final = {"completed": OK}
+#: The old name of ``OK``; stores written before schema version 2 said "completed".
+COMPLETED: Final = OK
+
+
+def check_status(value: object) -> str:
+    """``value`` as a run status (aliases mapped), or :class:`UnknownStatusError` listing the valid ones."""
+    if isinstance(value, str):
+        name = value.strip().lower()
+        name = STATUS_ALIASES.get(name, name)
+        if name in STATUSES:
+            return name
+    raise UnknownStatusError(value, STATUSES)
 
 
 @dataclass(slots=True)
@@ -108,7 +127,8 @@ class RunInfo:
     """A run's summary, kept by the journal in the same transaction as its events.
 
     ``updated`` is the time of the run's last status change (start, input,
-    completion); ``next_seq`` is the number of events.
+    completion); ``next_seq`` is the number of events; ``lease_epoch`` counts the times the
+    lease changed hands (see ``Journal.take_lease``).
     """
 
     run_id: str
@@ -120,6 +140,7 @@ class RunInfo:
     next_seq: int
     lease_owner: str | None = None
     lease_until: float | None = None
+    lease_epoch: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a plain JSON-ready dict."""
@@ -141,7 +162,7 @@ def status_after(kinds: list[str], current: str | None) -> str:
     status = current or RUNNING
     for kind in kinds:
         if kind == RUN_COMPLETED:
-            status = COMPLETED
+            status = OK
         elif kind == RUN_FAILED:
             status = FAILED
         elif kind == INPUT_REQUESTED:

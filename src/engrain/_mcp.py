@@ -93,7 +93,7 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
     @server.tool()
     @_clear_errors
     def list_runs(status: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        """Recent runs (optionally only those in ``status``: running, completed, failed, needs_input)."""
+        """Recent runs (optionally only those in ``status``: ok, failed, needs_input, running, queued, cancelled)."""
         return [r.to_dict() for r in state.journal.runs(status=status, limit=max(1, min(limit, 500)))]
 
     return server

@@ -49,11 +49,11 @@ def errors_as_exit() -> Iterator[None]:
         raise fail(str(e), 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1) from None
 
 
-def open_store(url: str | None):
-    """Open the journal at ``url`` (or the default store)."""
+def open_store(url: str | None, *, create: bool = True):
+    """Open the journal at ``url`` (or the default store); ``create=False`` for commands that only read."""
     from .._journal import open_journal
 
-    return open_journal(url)
+    return open_journal(url, create=create)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:

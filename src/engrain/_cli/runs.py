@@ -24,14 +24,14 @@ def _short(value: Any, width: int = 60) -> str:
 @command
 def runs(
     url: UrlOption = None,
-    status: Annotated[str | None, typer.Option(help="Only runs in this status (running, completed, failed, needs_input).")] = None,
+    status: Annotated[str | None, typer.Option(help="Only runs in this status (ok, failed, needs_input, running, queued, cancelled).")] = None,
     tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many runs.")] = 50,
     json_out: JsonOption = False,
 ) -> None:
     """List runs, most recently updated first."""
     with errors_as_exit():
-        j = open_store(url)
+        j = open_store(url, create=False)
         rows = j.runs(status=status, tag=tag, limit=limit)
     if json_out:
         print_json([r.to_dict() for r in rows])
@@ -90,7 +90,7 @@ def show(
     from .._durable.trace import export_run
 
     with errors_as_exit():
-        j = open_store(url)
+        j = open_store(url, create=False)
         trace = export_run(j, run_id)
     if json_out:
         print_json(trace)
@@ -112,5 +112,5 @@ def export(
     from .._durable.trace import export_run
 
     with errors_as_exit():
-        trace = export_run(open_store(url), run_id)
+        trace = export_run(open_store(url, create=False), run_id)
     print_json(trace)

@@ -13,15 +13,18 @@ from .._events import (
     RUN_COMPLETED,
     RUN_FAILED,
     RUN_STARTED,
+    FAILED,
+    OK,
     NewEvent,
     check_json,
+    check_status,
     dumps,
     status_after,
 )
 
 _STATUS_KINDS = frozenset({RUN_STARTED, RUN_COMPLETED, RUN_FAILED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED})
 #: Statuses whose event drops the run's lease (see ``Journal.append``).
-FINISHED = frozenset({"completed", "failed"})
+FINISHED = frozenset({OK, FAILED})
 #: Event kinds that finish a run.
 FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED})
 
@@ -119,7 +122,8 @@ def run_filters(
     where: list[str] = []
     args: list = []
     if status is not None:
-        statuses = [status] if isinstance(status, str) else list(status)
+        many = isinstance(status, (list, tuple, set, frozenset))
+        statuses = [check_status(s) for s in (status if many else [status])]
         where.append(f"status IN ({', '.join([placeholder] * len(statuses))})")
         args += statuses
     if task is not None:

@@ -20,7 +20,9 @@ from .state import ApiError, state_of
 
 router = APIRouter(tags=["runs"])
 
-Status = Literal["running", "completed", "failed", "needs_input"]
+# The run statuses (see engrain._events.STATUSES) plus the old name "completed",
+# still accepted for "ok"; FastAPI answers 422 listing these for anything else.
+Status = Literal["ok", "failed", "needs_input", "running", "queued", "cancelled", "completed"]
 TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED)
 #: How often the SSE stream polls the journal for new events (seconds), and the idle keep-alive.
 POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
@@ -121,7 +123,8 @@ def list_runs(
     offset: int = Query(default=0, ge=0, le=10_000_000),
 ) -> list[dict[str, Any]]:
     """Runs matching every filter, most recently updated first."""
-    rows = state_of(request).journal.runs(status=status, tag=tag, task=task, limit=limit, offset=offset)
+    wanted = None if status is None else ev.check_status(status)
+    rows = state_of(request).journal.runs(status=wanted, tag=tag, task=task, limit=limit, offset=offset)
     return [r.to_dict() for r in rows]
 
 
@@ -185,7 +188,7 @@ async def stream(request: Request, run_id: str, after: int = Query(default=-1, g
                     delay, idle_since = POLL_MIN, time.monotonic()
                 else:
                     info = await run_in_threadpool(journal.get_run, run_id)
-                    if info is None or info.status in (ev.COMPLETED, ev.FAILED):
+                    if info is None or info.status in (ev.OK, ev.FAILED):
                         return  # finished before `after`: nothing more will come
                     if time.monotonic() - idle_since > KEEPALIVE:
                         idle_since = time.monotonic()
