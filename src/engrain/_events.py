@@ -44,6 +44,10 @@ KINDS: Final = frozenset(
     }
 )
 
+#: Tag the server adds to a run a client created with ``POST /api/runs/{id}/events``: such a
+#: run is the client's record, never resumed or trusted by the runtime (routines, agents).
+CLIENT_TAG: Final = "client"
+
 # Run statuses, derived from the kinds appended (see ``status_after``).
 RUNNING: Final = "running"
 COMPLETED: Final = "completed"

@@ -357,8 +357,12 @@ def resume_routine(
 ) -> RunResult:
     """Answer the prompt a ``needs_input`` routine run waits for, and continue it from the journal.
 
-    The routine folder, inputs, tool registry spec and sandbox mode come from the
-    run's ``run.started`` event. Answers are validated against the prompt's fields
+    The routine folder and inputs come from the run's ``run.started`` event; trust
+    never does: UDFs run in the sandbox when the routine is untrusted, when
+    ``sandbox=True``, or when the run was started sandboxed (the journal can only
+    tighten this), and ``tools`` is the caller's (a run started with a ``--tools``
+    spec must be resumed with one: no module named in the journal is imported).
+    Answers are validated against the prompt's fields
     (:class:`~engrain.RoutineInputError` naming the field).
     """
     from .._durable.context import answer, steps_of
@@ -369,8 +373,15 @@ def resume_routine(
         raise RunNotFoundError(run_id)
     started = events[0].data
     rec = started.get("inputs") or {}
-    if ROUTINE_TAG not in (started.get("tags") or []) or "routine" not in rec:
+    tags = started.get("tags") or []
+    if ROUTINE_TAG not in tags or ev.CLIENT_TAG in tags or not isinstance(rec, dict) or not isinstance(rec.get("routine"), str):
         raise EngrainError(f"run {run_id!r} is not a routine run (task {started.get('task')!r})")
+    if tools is None and rec.get("tools"):
+        raise RoutineInputError(
+            f"resume {run_id}", "tools",
+            f"the run was started with --tools {rec['tools']}; pass the same registry to resume it "
+            "(engrain loads no code named in the journal)",
+        )
     waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
     if not waiting:
         raise EngrainError(f"run {run_id!r} is not waiting for input")
@@ -381,8 +392,9 @@ def resume_routine(
     return run_routine(
         root,
         rec.get("inputs") or {},
-        tools=tools if tools is not None else rec.get("tools"),
+        tools=tools,
         run_id=run_id,
         journal=j,
-        sandbox=rec.get("sandbox") if sandbox is None else sandbox,
+        # Only the caller may switch the sandbox off; a recorded True merely keeps it on.
+        sandbox=sandbox if sandbox is not None else (True if rec.get("sandbox") is True else None),
     )

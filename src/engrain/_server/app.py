@@ -92,7 +92,8 @@ class HostGuard:
         if host is None or not self.allowed(host):
             resp = _error(421, "HostNotAllowed", f"Host header {host!r} is not a loopback name or address "
                           f"(localhost, 127.0.0.1, ::1): refused to block DNS rebinding; {hint}")
-        elif origin is not None and origin != "null" and not self.allowed(origin.partition("://")[2] or origin):
+        elif origin is not None and (origin.strip().lower() == "null" or not self.allowed(origin.partition("://")[2] or origin)):
+            # "null" is what sandboxed iframes, data: and file: pages send: a page, but not ours.
             resp = _error(403, "OriginNotAllowed", f"Origin {origin!r} is not this machine: cross-site request refused; {hint}")
         else:
             await self.app(scope, receive, send)
