@@ -26,6 +26,7 @@ from .._errors import (
     LeaseHeldError,
     NotJSONError,
     RunNotFoundError,
+    TraceError,
 )
 from .._journal import open_journal
 from .._version import __version__
@@ -114,6 +115,7 @@ _STATUS: list[tuple[type[BaseException], int]] = [
     (ConflictError, 409),
     (LeaseHeldError, 409),
     (NotJSONError, 422),
+    (TraceError, 422),
     (ConfigError, 400),
 ]
 

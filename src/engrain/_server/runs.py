@@ -9,14 +9,14 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from .. import _events as ev
 from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
-from .state import ApiError, state_of
+from .state import ApiError, Body, state_of
 
 router = APIRouter(tags=["runs"])
 
@@ -26,7 +26,7 @@ TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED)
 POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
 
 
-class StartRun(BaseModel):
+class StartRun(Body):
     """Start a run of a routine under the server's routines dir, or of a registered agent."""
 
     routine: str | None = Field(default=None, description="Routine name (a folder under the routines dir).")
@@ -38,7 +38,7 @@ class StartRun(BaseModel):
                         description="Agent runs: seconds to wait for the end or a prompt before answering status running.")
 
 
-class Answers(BaseModel):
+class Answers(Body):
     """Answers to the prompt a ``needs_input`` run waits for."""
 
     answers: dict[str, Any] = Field(description="Field name -> answer.")
@@ -46,13 +46,13 @@ class Answers(BaseModel):
                         description="Agent runs: seconds to wait for the resumed run before answering status running.")
 
 
-class AppendEvent(BaseModel):
+class AppendEvent(Body):
     kind: str = Field(description="Event kind, e.g. step.started (see DESIGN.md).")
     name: str = Field(default="", max_length=500)
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class Append(BaseModel):
+class Append(Body):
     """Low-level append with optimistic concurrency."""
 
     events: list[AppendEvent] = Field(min_length=1, max_length=1000)

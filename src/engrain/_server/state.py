@@ -10,8 +10,28 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from pydantic import BaseModel, model_validator
 
+from .._errors import JSONTooDeepError
+from .._events import MAX_DEPTH, check_depth
 from .._journal import Journal, open_journal
+
+
+class Body(BaseModel):
+    """Base of every request body: JSON nested deeper than ``MAX_DEPTH`` is refused (422) naming its path.
+
+    Checked before the fields are parsed, so a deep value never reaches a
+    recursive reader (pydantic, the journal, the encoder of a later response).
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        try:
+            check_depth(data, "request body", "body", MAX_DEPTH)
+        except JSONTooDeepError as e:
+            raise ValueError(str(e)) from None
+        return data
 
 
 class ApiError(Exception):
