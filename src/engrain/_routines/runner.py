@@ -29,6 +29,7 @@ from .._errors import (
     RoutineStepError,
     RunNotFoundError,
 )
+from .expr import Budget
 from .model import Routine, Step, load_routine
 
 #: Tag on every routine run; the run's recorded inputs name the routine folder.
@@ -128,6 +129,8 @@ class _RoutineRun:
         self.sandbox = sandbox
         self.answers = answers or {}
         self.prompted: str | None = None
+        #: Time all of this run's when/assert expressions may take together.
+        self.budget = Budget()
         self._functions: dict[str, Callable[..., Any]] | None = None
 
     def udf(self, name: str, args: dict[str, Any]) -> Any:
@@ -213,7 +216,7 @@ class _RoutineRun:
         for step in routine.steps:
             try:
                 if step.when_expr is not None and not step.when_expr.evaluate(
-                    scope, self.functions() if step.when_expr.calls else None, "when"
+                    scope, self.functions() if step.when_expr.calls else None, "when", self.budget
                 ):
                     continue
                 t = step.type
@@ -224,7 +227,7 @@ class _RoutineRun:
                     args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else step.spec.get("args") or {}
                     result = self.udf(step.spec["function"], args)
                 elif t == "assert":
-                    result = step.assert_expr.evaluate(scope, self.functions() if step.assert_expr.calls else None, "expr")
+                    result = step.assert_expr.evaluate(scope, self.functions() if step.assert_expr.calls else None, "expr", self.budget)
                     if not result:
                         msg = step.spec.get("message")
                         text = _template.render(msg, scope, f"step {step.id!r} field 'message'") if msg else f"assertion failed: {step.spec['expr']}"
