@@ -30,7 +30,7 @@ from .._errors import (
 )
 from .._journal import open_journal
 from .._version import __version__
-from .state import ApiError, ServerState
+from .state import ERROR_RESPONSES, ApiError, ServerState
 
 #: Largest request body accepted (bytes); bigger ones get 413.
 MAX_BODY = 2 * 1024 * 1024
@@ -131,6 +131,16 @@ def status_of(exc: BaseException) -> int:
     if name.endswith("NotFoundError"):
         return 404
     return 400
+
+
+def allowed_methods(app: Any, scope: Scope) -> list[str]:
+    """Every method some route of ``app`` serves at the request's path, sorted."""
+    from starlette.routing import Match, Mount
+
+    # Probed method by method: included routers only say whether they match as a whole.
+    return [m for m in ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+            if any(r.matches({**scope, "method": m})[0] == Match.FULL for r in app.router.routes
+                   if not isinstance(r, Mount))]  # the UI's static mount matches every path
 
 
 class BodyLimit:
@@ -274,6 +284,7 @@ def create_app(
         version=__version__,
         description="Durable runs, routines, a behavior cache and skill memory over one journal.",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
     )
     app.state.engrain = state
 
@@ -295,9 +306,16 @@ def create_app(
         return _error(422, "ValidationError", text, fields=fields)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         names = {404: "NotFound", 405: "MethodNotAllowed", 401: "Unauthorized"}
-        return _error(exc.status_code, names.get(exc.status_code, "HTTPError"), str(exc.detail))
+        resp = _error(exc.status_code, names.get(exc.status_code, "HTTPError"), str(exc.detail))
+        for name, value in (exc.headers or {}).items():  # WWW-Authenticate on a 401
+            resp.headers[name] = value
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route matching the path only; a path
+            # served by several routes (GET and POST /api/runs) allows all of theirs.
+            resp.headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
+        return resp
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
