@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,6 +57,21 @@ def open_store(url: str | None):
     return open_journal(url)
 
 
+_ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):`(~?)([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_doc(text: str | None) -> str | None:
+    """A docstring without reST markup, for help texts read by people and models.
+
+    ``x`` becomes 'x' and :class:`~engrain.RunResult` becomes RunResult.
+    """
+    if not text:
+        return text
+    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
+    return _LITERAL.sub(r"'\1'", text)
+
+
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Register ``fn`` as a top-level command of the app."""
-    return app.command()(fn)
+    """Register ``fn`` as a top-level command of the app (its docstring, without markup, is the help)."""
+    return app.command(help=plain_doc(fn.__doc__))(fn)

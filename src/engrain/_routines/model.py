@@ -389,7 +389,8 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue]]:
 
     issues: list[RoutineIssue] = []
     if not root.is_dir():
-        raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", "not a routine folder")])
+        why = "not a routine folder (no such folder)" if not root.exists() else "not a routine folder (not a folder)"
+        raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", why)])
     path = _safe_file(root, ROUTINE_FILE)
     try:
         text = path.read_text(encoding="utf-8")

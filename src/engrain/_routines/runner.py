@@ -68,10 +68,12 @@ def resolve_tools(tools: Any) -> Any:
                     spec.loader.exec_module(mod)  # the operator named this file on purpose
             else:
                 mod = importlib.import_module(mod_name)
-            obj = getattr(mod, attr)
         except (ImportError, AttributeError, OSError) as e:
             raise RoutineInputError("--tools", tools, f"cannot load the registry: {e}") from None
-        return obj
+        if not hasattr(mod, attr):
+            # Name the file or module as the operator wrote it, not our private module name.
+            raise RoutineInputError("--tools", tools, f"cannot load the registry: {mod_name} has no attribute {attr!r}")
+        return getattr(mod, attr)
     return tools
 
 
