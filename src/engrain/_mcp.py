@@ -17,6 +17,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from ._journal import open_journal
+from ._text import plain_doc
 from ._version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -59,8 +60,6 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
 
     def tool() -> Callable[[F], F]:
         """``server.tool()`` with the docstring, without reST markup, as the tool's description."""
-        from ._cli.common import plain_doc
-
         return lambda fn: _tool(description=plain_doc(fn.__doc__))(fn)  # type: ignore[return-value]
 
     @tool()

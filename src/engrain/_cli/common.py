@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
+
+from .._text import plain_doc
 
 #: ``--url`` option shared by every command that opens the store.
 UrlOption = Annotated[
@@ -55,21 +56,6 @@ def open_store(url: str | None):
     from .._journal import open_journal
 
     return open_journal(url)
-
-
-_ROLE = re.compile(r":(?:class|func|meth|data|attr|mod|exc|obj):`(~?)([^`]+)`")
-_LITERAL = re.compile(r"``([^`]+)``")
-
-
-def plain_doc(text: str | None) -> str | None:
-    """A docstring without reST markup, for help texts read by people and models.
-
-    ``x`` becomes 'x' and :class:`~engrain.RunResult` becomes RunResult.
-    """
-    if not text:
-        return text
-    text = _ROLE.sub(lambda m: m.group(2).rsplit(".", 1)[-1] if m.group(1) else m.group(2), text)
-    return _LITERAL.sub(r"'\1'", text)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
