@@ -99,3 +99,16 @@ def test_mcp_tools_over_stdio(store):
     j = eg.open(url)
     assert j.get_run(res["run_id"]).status == "ok"
     j.close()
+
+
+def test_tool_descriptions_have_no_docstring_markup(store):
+    """Models read these descriptions: ``x`` and :class:`~a.B` markup must not reach them (issue 12 #16)."""
+    from engrain._mcp import build_server
+
+    url, tmp = store
+    server = build_server(url, str(tmp / "routines"))
+    tools = anyio.run(server.list_tools)
+    descriptions = {t.name: t.description for t in tools}
+    assert descriptions["recall"] == "Records and articles most relevant to 'query', best first."
+    for name, text in descriptions.items():
+        assert "``" not in text and ":class:" not in text, (name, text)

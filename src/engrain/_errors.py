@@ -133,6 +133,22 @@ class NotJSONError(EngrainError, TypeError):
         )
 
 
+class JSONTooDeepError(NotJSONError):
+    """A JSON value is nested deeper than engrain accepts (``engrain._events.MAX_DEPTH`` levels).
+
+    Deep nesting is refused where data comes in, because every later reader
+    (replay, the API's encoder, the UI) walks it recursively.
+    """
+
+    def __init__(self, where: str, path: str, limit: int):
+        self.where = where
+        self.path = path
+        self.limit = limit
+        self.value_type = "nesting"
+        shown = path if len(path) <= 120 else path[:120] + "…"
+        EngrainError.__init__(self, f"{where}: {shown} is nested deeper than {limit} levels of lists/objects")
+
+
 class StepFailedError(EngrainError):
     """Replay of a step whose recorded failure cannot be re-raised as its original type."""
 
@@ -226,6 +242,19 @@ class RoutineError(EngrainError):
         self.issues = list(issues)
         lines = "\n".join(f"  {i}" for i in self.issues)
         super().__init__(f"routine {path!r} has {len(self.issues)} problem(s):\n{lines}")
+
+
+class TraceError(RoutineError):
+    """A trace given to the compiler is malformed; names the trace, the event index and the field.
+
+    ``field`` is a path such as ``events[3].data.call_id``.
+    """
+
+    def __init__(self, source: str, field: str, message: str):
+        self.path = self.source = source
+        self.field = field
+        self.issues = []
+        EngrainError.__init__(self, f"trace {source}: {field}: {message}")
 
 
 class RoutineInputError(EngrainError, ValueError):

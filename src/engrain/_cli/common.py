@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from .._text import plain_doc
+
 #: ``--url`` option shared by every command that opens the store.
 UrlOption = Annotated[
     str | None,
@@ -57,5 +59,5 @@ def open_store(url: str | None, *, create: bool = True):
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Register ``fn`` as a top-level command of the app."""
-    return app.command()(fn)
+    """Register ``fn`` as a top-level command of the app (its docstring, without markup, is the help)."""
+    return app.command(help=plain_doc(fn.__doc__))(fn)

@@ -14,11 +14,23 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _one_line(text: str) -> str:
+    """``text`` on one line: newlines and other control characters shown escaped, so one event is one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _short(value: Any, width: int = 60) -> str:
     import json
 
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = _one_line(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str))
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _full(value: Any) -> str:
+    """An error text in full (never cut: it is what the reader came for), on one line."""
+    return _one_line(str(value or ""))
 
 
 @command
@@ -57,14 +69,14 @@ def timeline(events: list) -> list[str]:
         elif e.kind == "step.started":
             started[d["call_id"]] = e
             if d.get("attempt", 1) > 1:
-                lines.append(f"{at}  step {d['call_id']:>3} {e.name}  retry (attempt {d['attempt']}) after a crash")
+                lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)}  retry (attempt {d['attempt']}) after a crash")
         elif e.kind == "step.completed":
             s = started.get(d["call_id"])
             dur = f"{(e.ts - s.ts) * 1000:.1f}ms" if s else "?"
             args = _short(s.data.get("args", {}), 40) if s else ""
-            lines.append(f"{at}  step {d['call_id']:>3} {e.name}({args}) -> {_short(d.get('result'), 40)}  [{dur}]")
+            lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)}({args}) -> {_short(d.get('result'), 40)}  [{dur}]")
         elif e.kind == "step.failed":
-            lines.append(f"{at}  step {d['call_id']:>3} {e.name} FAILED {d.get('error_type')}: {_short(d.get('message', ''))}")
+            lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)} FAILED {d.get('error_type')}: {_full(d.get('message'))}")
         elif e.kind == "input.requested":
             lines.append(f"{at}  waiting for input: {_short(d.get('prompt', ''))}")
         elif e.kind == "input.received":
@@ -74,9 +86,9 @@ def timeline(events: list) -> list[str]:
         elif e.kind == "log.entry":  # an adapter's entry (a LangGraph checkpoint, a session item)
             lines.append(f"{at}  {e.name} {_short(d.get('summary', {}))}")
         elif e.kind == "run.failed":
-            lines.append(f"{at}  run FAILED: {_short(d.get('error', ''))}")
+            lines.append(f"{at}  run FAILED: {_full(d.get('error'))}")
         else:
-            lines.append(f"{at}  {e.kind} {e.name} {_short(d)}")
+            lines.append(f"{at}  {e.kind} {_one_line(e.name)} {_short(d)}")
     return lines
 
 

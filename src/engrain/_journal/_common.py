@@ -9,6 +9,7 @@ from .._events import (
     INPUT_RECEIVED,
     INPUT_REQUESTED,
     KINDS,
+    MAX_DEPTH,
     REPLAY_STARTED,
     RUN_COMPLETED,
     RUN_FAILED,
@@ -19,6 +20,7 @@ from .._events import (
     check_json,
     check_status,
     dumps,
+    is_json,
     status_after,
 )
 
@@ -62,6 +64,10 @@ def _row(run_id: str, ev: NewEvent, seq: int, ts: float, i: int) -> tuple[str, i
         # dumps failed: let the strict checker name the offending field.
         check_json(data, f"event {i} ({kind} {ev.name})", "data")
         raise
+    # The encoder does not bound nesting; only text with enough brackets can be too deep,
+    # and counting them is cheap next to walking the value.
+    if text.count("{") + text.count("[") > MAX_DEPTH and not is_json(data):
+        check_json(data, f"event {i} ({kind} {ev.name})", "data")
     return (run_id, seq, ts, kind, ev.name, text)
 
 
