@@ -51,7 +51,7 @@ def _seg(value: str) -> str:
 
 def _run_info(d: dict[str, Any]) -> RunInfo:
     return RunInfo(d["run_id"], d["status"], d["task"], list(d.get("tags") or []), d["created"], d["updated"],
-                   d["events"], d.get("lease_owner"), d.get("lease_until"))
+                   d["events"], d.get("lease_owner"), d.get("lease_until"), d.get("agent"))
 
 
 def _run_result(d: dict[str, Any]) -> RunResult:

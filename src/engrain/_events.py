@@ -105,7 +105,8 @@ class RunInfo:
     """A run's summary, kept by the journal in the same transaction as its events.
 
     ``updated`` is the time of the run's last status change (start, input,
-    completion); ``next_seq`` is the number of events.
+    completion); ``next_seq`` is the number of events. ``agent`` is the agent
+    name its ``run.started`` recorded (``None`` for runs recorded without one).
     """
 
     run_id: str
@@ -117,6 +118,7 @@ class RunInfo:
     next_seq: int
     lease_owner: str | None = None
     lease_until: float | None = None
+    agent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a plain JSON-ready dict."""
@@ -130,6 +132,7 @@ class RunInfo:
             "events": self.next_seq,
             "lease_owner": self.lease_owner,
             "lease_until": self.lease_until,
+            "agent": self.agent,
         }
 
 

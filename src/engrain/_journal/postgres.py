@@ -10,11 +10,11 @@ times use the database clock so workers on machines with skewed clocks agree.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import FINISHED, check_lease, prepare, run_filters
+from ._common import FINISHED, agents_filter, check_lease, prepare, run_filters
 from .base import Journal
 
 _SCHEMA = """
@@ -36,11 +36,19 @@ CREATE TABLE IF NOT EXISTS engrain_runs (
     updated DOUBLE PRECISION NOT NULL,
     next_seq INTEGER NOT NULL,
     lease_owner TEXT,
-    lease_until DOUBLE PRECISION
+    lease_until DOUBLE PRECISION,
+    agent TEXT
 );
 CREATE INDEX IF NOT EXISTS engrain_runs_updated ON engrain_runs (updated);
 CREATE INDEX IF NOT EXISTS engrain_runs_status ON engrain_runs (status, lease_until);
 """
+# A store made before runs recorded their agent: old runs keep agent NULL. Run
+# only when the column is missing (ALTER TABLE locks the table even when it has nothing to do).
+_HAS_AGENT = (
+    "SELECT 1 FROM information_schema.columns"
+    " WHERE table_schema = current_schema() AND table_name = 'engrain_runs' AND column_name = 'agent'"
+)
+_ADD_AGENT = "ALTER TABLE engrain_runs ADD COLUMN IF NOT EXISTS agent TEXT"
 
 # One statement per append: the runs row is created (seq 0) or advanced only if
 # next_seq still equals expected_seq, and the events are inserted only if that
@@ -48,9 +56,10 @@ CREATE INDEX IF NOT EXISTS engrain_runs_status ON engrain_runs (status, lease_un
 # next_seq, and inserts nothing: its rowcount of 0 is the ConflictError.
 # A new run may be created leased (append's ``lease``: owner and ttl, else two
 # NULLs); an append that finishes a run drops its lease in the same statement.
+# The agent is set only on creation: a later run.started cannot hand the run to another agent.
 _CREATE = (
-    "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until)"
-    " VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8)"
+    "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until,"
+    " agent) VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8, %s)"
     " ON CONFLICT (run_id) DO NOTHING RETURNING 1)"
 )
 _ADVANCE = (
@@ -87,12 +96,12 @@ _APPEND_SQL = {
     for finish in (False, True)
 }
 
-_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until"
+_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until, agent"
 _DB_NOW = "extract(epoch from clock_timestamp())"
 
 
 def _run_info(row: tuple) -> RunInfo:
-    return RunInfo(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7], row[8])
+    return RunInfo(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7], row[8], row[9])
 
 
 class PostgresJournal(Journal):
@@ -125,6 +134,8 @@ class PostgresJournal(Journal):
             with self._db.transaction():
                 self._db.execute("SELECT pg_advisory_xact_lock(727401)")
                 self._db.execute(_SCHEMA)
+                if self._db.execute(_HAS_AGENT).fetchone() is None:
+                    self._db.execute(_ADD_AGENT)
 
     def append(
         self,
@@ -143,7 +154,7 @@ class PostgresJournal(Journal):
         if expected_seq == 0:
             status, task, tags = batch.status or "running", batch.task or "", batch.tags or "[]"
             owner, ttl = (None, None) if lease is None or finish else lease
-            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq, owner, ttl)
+            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq, owner, ttl, batch.agent)
         else:
             updated = ts if batch.status else None
             head = (batch.next_seq, updated, batch.status, batch.task, batch.tags, run_id, expected_seq)
@@ -180,15 +191,18 @@ class PostgresJournal(Journal):
                 (run_id, owner),
             )
 
-    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+    def claim_runs(
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+    ) -> list[RunInfo]:
+        which, names = ("", []) if agents is None else agents_filter(agents, "agent", "%s")
         with self._lock:
             rows = self._db.execute(
                 f"UPDATE engrain_runs SET lease_owner = %s, lease_until = {_DB_NOW} + %s"
                 " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
-                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW})"
+                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}){' AND ' + which if which else ''}"
                 " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
                 f" RETURNING {_RUN_COLS}",
-                (owner, ttl, limit),
+                (owner, ttl, *names, limit),
             ).fetchall()
         return sorted((_run_info(r) for r in rows), key=lambda r: r.updated)
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from .._errors import ConfigError, ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import FINISH_KINDS, FINISHED, check_lease, prepare, prepare_one, run_filters
+from ._common import FINISH_KINDS, FINISHED, agents_filter, check_lease, prepare, prepare_one, run_filters
 from .base import Journal
 
 # Kept up to date in existing files by _MIGRATE, so a change here reaches them.
@@ -41,6 +41,17 @@ BEGIN
         lease_until = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' THEN NULL ELSE lease_until END
     WHERE run_id = NEW.run_id;
 END"""
+# The agent is fixed when the run is created: a later run.started cannot hand
+# the run to another agent's recover().
+_CREATED_TRIGGER = """AFTER INSERT ON events WHEN NEW.seq = 0 BEGIN
+    INSERT INTO runs (run_id, status, task, tags, created, updated, agent) VALUES (
+        NEW.run_id, 'running',
+        CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE '' END,
+        CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE '[]' END,
+        NEW.ts, NEW.ts,
+        CASE WHEN NEW.kind = 'run.started' AND json_type(NEW.data, '$.agent') = 'text'
+            THEN NULLIF(json_extract(NEW.data, '$.agent'), '') END);
+END"""
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL,
@@ -59,7 +70,8 @@ CREATE TABLE IF NOT EXISTS runs (
     created REAL NOT NULL,
     updated REAL NOT NULL,
     lease_owner TEXT,
-    lease_until REAL
+    lease_until REAL,
+    agent TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated);
 CREATE INDEX IF NOT EXISTS runs_status ON runs (status, lease_until);
@@ -71,13 +83,7 @@ CREATE TRIGGER IF NOT EXISTS events_dense_seq BEFORE INSERT ON events BEGIN
     SELECT RAISE(ABORT, 'engrain:conflict')
     WHERE NEW.seq != COALESCE((SELECT MAX(seq) + 1 FROM events WHERE run_id = NEW.run_id), 0);
 END;
-CREATE TRIGGER IF NOT EXISTS events_run_created AFTER INSERT ON events WHEN NEW.seq = 0 BEGIN
-    INSERT INTO runs (run_id, status, task, tags, created, updated) VALUES (
-        NEW.run_id, 'running',
-        CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE '' END,
-        CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE '[]' END,
-        NEW.ts, NEW.ts);
-END;
+CREATE TRIGGER IF NOT EXISTS events_run_created {_CREATED_TRIGGER};
 CREATE TRIGGER IF NOT EXISTS events_run_status {_STATUS_TRIGGER};
 """
 # What sqlite_master holds for the current trigger (it drops IF NOT EXISTS).
@@ -91,6 +97,7 @@ DROP TRIGGER IF EXISTS events_run_status;
 {_STATUS_TRIGGER_SQL};
 COMMIT;
 """
+_CREATED_TRIGGER_SQL = f"CREATE TRIGGER events_run_created {_CREATED_TRIGGER}"
 _INSERT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
 _CHUNK = 64
 _INSERTS = {n: "INSERT INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _CHUNK + 1)}
@@ -98,12 +105,39 @@ _LEASE_NEW = "UPDATE runs SET lease_owner = ?, lease_until = ? WHERE run_id = ?"
 
 _RUN_COLS = (
     "run_id, status, task, tags, created, updated,"
-    " (SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE events.run_id = runs.run_id), lease_owner, lease_until"
+    " (SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE events.run_id = runs.run_id), lease_owner, lease_until, agent"
 )
 
 
 def _run_info(row: tuple) -> RunInfo:
-    return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8])
+    return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9])
+
+
+def _add_agent_column(db: sqlite3.Connection) -> None:
+    """Give a store made before runs recorded their agent the ``runs.agent`` column and its trigger.
+
+    Old runs keep ``agent`` NULL (their run.started names none). In one write
+    transaction, re-checked inside it, so concurrent openers take turns.
+    """
+    def current() -> tuple[bool, bool]:
+        cols = {r[1] for r in db.execute("PRAGMA table_info(runs)")}
+        row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_run_created'").fetchone()
+        return "agent" in cols, row is not None and row[0] == _CREATED_TRIGGER_SQL
+
+    if all(current()):
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        has_column, has_trigger = current()
+        if not has_column:
+            db.execute("ALTER TABLE runs ADD COLUMN agent TEXT")
+        if not has_trigger:
+            db.execute("DROP TRIGGER IF EXISTS events_run_created")
+            db.execute(_CREATED_TRIGGER_SQL)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 class SQLiteJournal(Journal):
@@ -130,6 +164,7 @@ class SQLiteJournal(Journal):
             row = self._db.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_run_status'").fetchone()
             if row is None or row[0] != _STATUS_TRIGGER_SQL:
                 self._db.executescript(_MIGRATE)
+            _add_agent_column(self._db)
         # A batch goes in multi-row INSERTs (faster than executemany) of at most
         # _CHUNK rows, which also bounds the distinct statements to prepare.
         self._chunk = max(1, min(_CHUNK, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 6))
@@ -228,9 +263,12 @@ class SQLiteJournal(Journal):
                 (run_id, owner),
             )
 
-    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+    def claim_runs(
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+    ) -> list[RunInfo]:
         now = self._now()
         db = self._db
+        which, names = ("", []) if agents is None else agents_filter(agents, "agent", "?")
         with self._lock:
             # BEGIN IMMEDIATE takes the database write lock, so two processes
             # claiming at once are serialized and never get the same run.
@@ -240,8 +278,9 @@ class SQLiteJournal(Journal):
                     r[0]
                     for r in db.execute(
                         "SELECT run_id FROM runs WHERE status = 'running'"
-                        " AND (lease_until IS NULL OR lease_until < ?) ORDER BY updated LIMIT ?",
-                        (now, limit),
+                        f" AND (lease_until IS NULL OR lease_until < ?){' AND ' + which if which else ''}"
+                        " ORDER BY updated LIMIT ?",
+                        (now, *names, limit),
                     )
                 ]
                 db.executemany(
