@@ -11,6 +11,7 @@ another agent is never leased, let alone called with the wrong function.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +57,12 @@ class Recovered:
 
     @property
     def replayed(self) -> int:
+        """Steps the resumed run answered from the journal."""
         return 0 if self.result is None else self.result.replayed
 
     @property
     def executed(self) -> int:
+        """Steps the resumed run called now."""
         return 0 if self.result is None else self.result.executed
 
     def __bool__(self) -> bool:
@@ -141,7 +144,7 @@ def _resume(j: Journal, info: ev.RunInfo, agent: Callable[..., Any], owner: str)
 
 def _unmatched(j: Journal, wanted: set[str | None], limit: int) -> list[Recovered]:
     """Orphaned runs (``running``, lease free or expired) whose agent is not in ``wanted``; read only."""
-    now = j._now()
+    now = time.time()  # PostgreSQL leases use the database clock: a listing may be off by the skew
     out: list[Recovered] = []
     for info in j.runs(status=ev.RUNNING, limit=_SCAN):
         if info.agent in wanted or (info.lease_until is not None and info.lease_until >= now):
