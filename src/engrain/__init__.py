@@ -26,7 +26,8 @@ from ._durable.context import (
     run,
     run_async,
 )
-from ._durable.recovery import recover
+from ._durable.outcome import agent_name
+from ._durable.recovery import Recovered, recover
 from ._durable.tools import ToolRegistry, llm, tool, tools
 from ._errors import (
     ConfigError,
@@ -143,6 +144,7 @@ __all__ = [
     "RunInfo",
     "RunNotFoundError",
     "RunResult",
+    "Recovered",
     "StepFailedError",
     "StorageError",
     "StoreCorruptError",
@@ -151,6 +153,7 @@ __all__ = [
     "ToolRegistry",
     "UnknownStatusError",
     "__version__",
+    "agent_name",
     "answer",
     "ask",
     "current",
