@@ -85,8 +85,8 @@ class Budget:
 
     __slots__ = ("left",)
 
-    def __init__(self, seconds: float = RUN_SECONDS):
-        self.left = seconds
+    def __init__(self, seconds: float | None = None):
+        self.left = RUN_SECONDS if seconds is None else seconds
 
 
 def _tick(env: list[Any]) -> None:
