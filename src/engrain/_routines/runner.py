@@ -379,7 +379,8 @@ def resume_routine(
     started = events[0].data
     rec = started.get("inputs") or {}
     tags = started.get("tags") or []
-    if not isinstance(tags, list) or ROUTINE_TAG not in tags or ev.CLIENT_TAG in tags or not isinstance(rec, dict) or not isinstance(rec.get("routine"), str):
+    is_routine = isinstance(tags, list) and ROUTINE_TAG in tags and ev.CLIENT_TAG not in tags
+    if not is_routine or not isinstance(rec, dict) or not isinstance(rec.get("routine"), str):
         raise EngrainError(f"run {run_id!r} is not a routine run (task {started.get('task')!r})")
     waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
     if not waiting:
