@@ -154,7 +154,11 @@ class Client:
                     data = []
 
     def append(self, run_id: str, events: list[dict[str, Any]], expected_seq: int) -> list[Event]:
-        """Append ``[{kind, name, data}]`` at ``expected_seq`` (:class:`ConflictError` if another writer won)."""
+        """Append ``[{kind, name, data}]`` at ``expected_seq`` (:class:`ConflictError` if another writer won).
+
+        Only into a run this client created (``run.started`` at 0; the server tags it
+        ``client``): runs engrain's runtime writes answer 403 ``RuntimeOnlyError``.
+        """
         body = {"events": events, "expected_seq": expected_seq}
         return [Event.from_dict(d) for d in self._call("POST", f"/runs/{_seg(run_id)}/events", json=body, run_id=run_id)]
 
