@@ -130,7 +130,7 @@ class Agent:
 
         agent_fn.__name__ = self.name
         return _run(agent_fn, task, run_id=run_id, journal=journal or self._journal(),
-                    tags=[f"agent:{self.name}", *(tags or [])])
+                    tags=[f"llm-agent:{self.name}", *(tags or [])])
 
     def chat(self, message: str, *, session: str, journal: Journal | None = None) -> Iterator[dict[str, Any]]:
         """Send ``message`` in ``session`` and iterate over the turn's events as they happen.
@@ -164,7 +164,7 @@ class Agent:
 
         turn_fn.__name__ = self.name
         return _run(turn_fn, message, run_id=sessions.turn_id(self.name, session, n), journal=j,
-                    tags=[f"agent:{self.name}", f"session:{session}"])
+                    tags=[f"llm-agent:{self.name}", f"session:{session}"])
 
     def _chat_worker(self, j: Journal, session: str, message: str, put: Callable[[Any], None]) -> None:
         try:
@@ -245,7 +245,7 @@ class Agent:
         from .._cache.store import key as _key
 
         now = time.time()
-        tags = [f"agent:{self.name}"]
+        tags = [f"llm-agent:{self.name}"]
         self._store(journal).put(Entry(
             id=os.urandom(8).hex(), task_key=key, tags_key=_key("engrain.agent", tags), task=task, tags=tags,
             steps=turns, output={"value": turns[-1]["reply"]["text"]}, run_id=run_id, created=now, last_used=now,

@@ -224,6 +224,7 @@ def make_provider(model: str, *, base_url: str | None = None, api_key: str | Non
         if client is None:
             import anthropic
 
+            base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL")
             key = api_key or os.environ.get("ANTHROPIC_API_KEY") or ("unused" if base_url else None)
             if key is None:
                 raise ConfigError(f"model {model!r} needs ANTHROPIC_API_KEY (or api_key=, or base_url= for a local server)")
