@@ -27,6 +27,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -172,6 +173,11 @@ class ScriptedModel:
 class _Handler(http.server.BaseHTTPRequestHandler):
     scripted: ScriptedModel
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        # Small writes (SSE chunks, headers then body) would otherwise wait on Nagle + delayed ACK: ~40 ms each.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, *args: Any) -> None:  # quiet: tests read stdout
         pass
