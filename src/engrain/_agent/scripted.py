@@ -19,7 +19,8 @@ requests, which is what lets tests assert "0 LLM calls on a cache hit" or
 
 The whole API: :class:`Reply` (built by :func:`say` and :func:`tool_call` /
 :func:`tool_calls`), :class:`ScriptedModel` (``start``/``stop``, ``url``,
-``openai_url``, ``anthropic_url``, ``calls``, ``requests``, ``script``).
+``openai_url``, ``anthropic_url``, ``calls``, ``requests``, ``script``,
+``first_text_sent``).
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class ScriptedModel:
         self.chunk_delay = chunk_delay
         self.first_token_delay = first_token_delay
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        #: ``time.monotonic()`` when each streamed reply's first text piece was flushed to the socket.
+        self.first_text_sent: list[float] = []
         self._lock = threading.Lock()
         self._port = port
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -223,6 +226,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         delay, first = self.scripted.chunk_delay, self.scripted.first_token_delay
+        texted = False
         try:
             for i, (name, data) in enumerate(events):
                 if i == 1 and first:
@@ -233,8 +237,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 payload = data if isinstance(data, str) else json.dumps(data)
                 self.wfile.write(f"{head}data: {payload}\n\n".encode())
                 self.wfile.flush()
+                if not texted and _is_text(data):
+                    texted = True
+                    self.scripted.first_text_sent.append(time.monotonic())
         except (BrokenPipeError, ConnectionResetError):  # the client went away mid-stream
             pass
+
+
+def _is_text(data: Any) -> bool:
+    """Whether a streamed event carries a piece of reply text (in any of the three formats)."""
+    if not isinstance(data, dict):
+        return False
+    if data.get("object") == "chat.completion.chunk":
+        return bool(data["choices"] and data["choices"][0]["delta"].get("content"))
+    return data.get("type") == "response.output_text.delta" or (
+        data.get("type") == "content_block_delta" and data["delta"].get("type") == "text_delta")
 
 
 def _id(prefix: str) -> str:
