@@ -9,6 +9,7 @@ prove "0 LLM calls on a cache hit" and "exactly N calls across a crash".
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -352,6 +354,7 @@ def test_wrap_sync_clients_journal_and_replay(model, journal):
     model.script.append(say("outside"))
     assert oc.chat.completions.create(model="m", messages=[]).choices[0].message.content == "outside"
     assert model.calls == 7 and oc.models is not None
+    assert type(oc.with_options(timeout=5)).__name__ == "Wrapped"
 
 
 def test_wrap_async_clients_journal_and_replay(model, journal):
@@ -439,3 +442,53 @@ def test_memory_is_recalled_into_context_and_outcomes_remembered(model, journal,
     found = mem.recall("refund 150 EUR order 77 manager", skill="support")
     assert any("Asked a manager to approve" in r.content for r in found)
     mem.close()
+
+
+def test_tool_schemas_from_type_hints():
+    from engrain._agent.toolspec import from_function
+
+    def search(query: str, limit: int = 5, tags: list[str] | None = None,
+               order: Literal["new", "old"] = "new", ratio: float = 0.5, exact: bool = False) -> list:
+        """Search the catalogue.
+
+        Longer explanation that the model does not need.
+        """
+
+    t = from_function(search)
+    assert t.description == "Search the catalogue."
+    p = t.parameters
+    assert p["required"] == ["query"] and p["additionalProperties"] is False
+    assert p["properties"]["limit"] == {"type": "integer", "default": 5}
+    assert p["properties"]["tags"]["anyOf"] == [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]
+    assert p["properties"]["order"] == {"enum": ["new", "old"], "default": "new"}
+    assert t.check('{"query": "x", "order": "old"}') == {"query": "x", "order": "old"}
+    for bad, why in [('{"limit": 1}', "'query' is a required property"), ("[1]", "must be a JSON object"),
+                     ('{"query": "x", "order": "mid"}', "argument order"), ("{nope", "not valid JSON"),
+                     ('{"query": "x", "evil": 1}', "Additional properties")]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            t.check(bad)
+
+
+def test_an_unfinished_turn_is_finished_before_the_next_message(model, journal):
+    class Crash(BaseException):
+        pass
+
+    calls: list[int] = []
+
+    def step(n: int) -> int:
+        """A step."""
+        calls.append(n)
+        if len(calls) == 1:
+            raise Crash  # not an Exception: like a kill, the turn stays unfinished
+        return n
+
+    model.script = [tool_call("step", n=1), say("Step 1 done."), say("Hello again.")]
+    a = _agent(model, "openai", journal, [step])
+    events = list(a.chat("do step 1", session="s"))
+    assert events[-1]["type"] == "done" and events[-1]["status"] == "running"  # the turn never finished
+    assert a.history("s") == []
+    events = list(a.chat("hello", session="s"))
+    assert events[-1]["text"] == "Hello again." and events[-1]["turn"] == 1
+    assert [m["content"] for m in a.history("s") if m["role"] != "tool"] == [
+        "do step 1", "", "Step 1 done.", "hello", "Hello again."]
+    assert calls == [1, 1] and model.calls == 3  # the model call before the crash was replayed

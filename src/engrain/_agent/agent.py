@@ -62,6 +62,8 @@ class Agent:
         memory_store: Any = None,
     ):
         validate_tool_name(name)
+        if len(name) > 64:  # it is part of run ids (chat:<agent>:<session>:<n>), which have a length limit
+            raise ConfigError(f"agent name {name[:20]!r}...: at most 64 characters")
         parse_model(model)
         if not isinstance(instructions, str):
             raise ConfigError(f"agent {name!r}: instructions must be a string")
@@ -184,6 +186,9 @@ class Agent:
         except Exception as e:  # reported in the stream: the consumer is in another thread
             put({"type": "error", "error": f"{type(e).__name__}: {e}"})
             put({"type": "done", "text": "", "status": "failed", "run_id": None, "session": session, "turn": None})
+        except BaseException as e:  # interrupted: the turn's run stays unfinished, resumed by the next chat
+            put({"type": "error", "error": f"interrupted ({type(e).__name__}); the turn resumes with the next message"})
+            put({"type": "done", "text": "", "status": "running", "run_id": None, "session": session, "turn": None})
         finally:
             put(_DONE)
 

@@ -4,7 +4,10 @@ Inside a durable run, ``chat.completions.create``, ``responses.create`` and
 ``messages.create`` become journaled LLM steps: the response (or, when
 ``stream=True``, every streamed event) is recorded, and on resume the recorded
 objects are rebuilt with the SDK's own types instead of calling the API again.
-Outside a run, and for every other attribute, the wrapper passes through.
+Outside a run, and for every other attribute, the wrapper passes through
+(``with_options``/``copy`` return a wrapped client). The ``.stream()`` helpers
+(``chat.completions.stream``, ``responses.stream``, ``messages.stream``) are
+not journaled: use ``create(..., stream=True)`` inside runs.
 
 A streamed call's step completes when the stream is read to its end; a stream
 cut short (a crash, or the caller stopping early) is called again on resume.
@@ -68,6 +71,9 @@ class Wrapped:
             return _method(attr, full, self._spec)
         if full in self._spec.prefixes:
             return Wrapped(attr, full, self._spec)
+        if full in ("with_options", "copy"):  # a configured copy of the client stays wrapped
+            spec = self._spec
+            return lambda *a, **kw: Wrapped(attr(*a, **kw), "", spec)
         return attr
 
     def __repr__(self) -> str:
