@@ -86,6 +86,8 @@ class AgentTool:
             import jsonschema
 
             self.validator = jsonschema.Draft202012Validator(self.parameters)
+        if self.validator.is_valid(args):  # the common case; collecting errors costs more
+            return args
         errors = sorted(self.validator.iter_errors(args), key=lambda e: list(e.path))
         if errors:
             e = errors[0]
