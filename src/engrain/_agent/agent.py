@@ -22,7 +22,6 @@ from .toolspec import AgentTool, from_function, from_registry
 _stores: dict[str, Any] = {}
 _memories: dict[str, Any] = {}
 _shared_lock = threading.Lock()
-_DONE = object()
 
 
 class Agent:
@@ -144,18 +143,26 @@ class Agent:
         turn is a durable run appended to the session; a turn a crash left
         unfinished is resumed first (its recorded steps are replayed).
         """
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.start_chat(message, session=session, on_event=q.put, journal=journal)
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            yield item
+
+    def start_chat(self, message: str, *, session: str, on_event: Callable[[dict[str, Any] | None], None],
+                   journal: Journal | None = None) -> threading.Thread:
+        """:meth:`chat` without the iterator: the turn runs in a thread that calls ``on_event(e)``
+        for each event and ``on_event(None)`` at the end (for servers bridging to their event loop)."""
         if not isinstance(message, str) or not message.strip():
             raise ConfigError(f"agent {self.name!r}: the message must be a non-empty string")
         sessions.check_session(session)
         j = journal or self._journal()
-        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        threading.Thread(target=self._chat_worker, args=(j, session, message, q.put), daemon=True,
-                         name=f"engrain-chat-{self.name}").start()
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            yield item
+        t = threading.Thread(target=self._chat_worker, args=(j, session, message, on_event), daemon=True,
+                             name=f"engrain-chat-{self.name}")
+        t.start()
+        return t
 
     def _turn(self, j: Journal, session: str, n: int, message: str, history: list[dict[str, Any]],
               emit: Callable[[dict[str, Any]], None]) -> RunResult:
@@ -190,7 +197,7 @@ class Agent:
             put({"type": "error", "error": f"interrupted ({type(e).__name__}); the turn resumes with the next message"})
             put({"type": "done", "text": "", "status": "running", "run_id": None, "session": session, "turn": None})
         finally:
-            put(_DONE)
+            put(None)
 
     def history(self, session: str, *, journal: Journal | None = None) -> list[dict[str, Any]]:
         """The session's messages in order, each with its original ``ts`` (finished turns only)."""

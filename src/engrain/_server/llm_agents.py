@@ -184,16 +184,30 @@ def run_agent(name: str, body: TaskRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/agents/{name}/chat", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}}})
-def chat(name: str, body: ChatRequest, request: Request) -> StreamingResponse:
+async def chat(name: str, body: ChatRequest, request: Request) -> StreamingResponse:
     """Send a message in a session: an SSE stream of ``text``, ``tool_call``, ``tool_result``, ..., ``done`` events."""
-    state = state_of(request)
-    agent = state.llm_agents.get(name)
-    events = agent.chat(body.message, session=body.session)
+    import asyncio
 
-    def stream() -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    state = state_of(request)
+    agent = await run_in_threadpool(state.llm_agents.get, name)
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def put(e: dict[str, Any] | None) -> None:
+        # Straight from the agent's thread onto the event loop: one hop per event, no thread pool.
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, e)
+        except RuntimeError:  # the loop is gone (server stopped); the turn still finishes in the journal
+            pass
+
+    agent.start_chat(body.message, session=body.session, on_event=put)
+
+    async def stream() -> Any:
         state.streams += 1
         try:
-            for e in events:
+            while (e := await q.get()) is not None:
                 yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
         finally:
             state.streams -= 1
