@@ -326,7 +326,8 @@ def test_wrap_sync_clients_journal_and_replay(model, journal):
         out = [oc.chat.completions.create(model="m", messages=[{"role": "user", "content": task}])
                .choices[0].message.content]
         stream = oc.chat.completions.create(model="m", messages=[{"role": "user", "content": task}], stream=True)
-        out.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+        head = [next(stream), next(stream)]  # the SDK's streams are iterators too
+        out.append("".join(c.choices[0].delta.content or "" for c in [*head, *stream] if c.choices))
         out.append(oc.responses.create(model="m", input=task).output_text)
         with oc.responses.create(model="m", input=task, stream=True) as s:
             out.append("".join(e.delta for e in s if e.type == "response.output_text.delta"))

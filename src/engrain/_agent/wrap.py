@@ -143,6 +143,7 @@ class _StreamBase:
         self._live, self._recorded, self._ctx, self._step = live, recorded, ctx, step
         self._events: list[Any] = []
         self._done = False
+        self._it: Any = None
         self.replayed = recorded is not None
 
     def _record(self, event: Any) -> Any:
@@ -169,6 +170,14 @@ class _Stream(_StreamBase):
     """The SDK's stream, recorded as it is read (or the recorded events, replayed)."""
 
     def __iter__(self) -> Any:
+        if self._it is None:  # one pass, shared by for-loops and next()
+            self._it = self._events_gen()
+        return self._it
+
+    def __next__(self) -> Any:
+        return next(iter(self))
+
+    def _events_gen(self) -> Any:
         if self._recorded is not None:
             yield from self._recorded
             return
@@ -195,7 +204,15 @@ class _Stream(_StreamBase):
 class _AsyncStream(_StreamBase):
     """Async :class:`_Stream`."""
 
-    async def __aiter__(self) -> Any:
+    def __aiter__(self) -> Any:
+        if self._it is None:
+            self._it = self._events_gen()
+        return self._it
+
+    async def __anext__(self) -> Any:
+        return await self.__aiter__().__anext__()
+
+    async def _events_gen(self) -> Any:
         if self._recorded is not None:
             for event in self._recorded:
                 yield event
