@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import json
 import re
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -154,6 +155,9 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
                 emit({"type": "text", "delta": piece})
                 if on_delta is not None:
                     on_delta(piece)
+                # Offer the GIL to the thread forwarding events: otherwise it waits while this one
+                # parses the rest of a burst of chunks, and the first token reaches the user late.
+                time.sleep(0)
 
             system = system_text(agent.instructions, extra)
             reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn},
