@@ -15,7 +15,7 @@ from .._durable.tools import ToolRegistry, tools as _default_tools, validate_too
 from .._errors import ConfigError
 from .._journal import Journal
 from . import sessions
-from .loop import converse
+from .loop import EVICT_AFTER, converse
 from .providers import Provider, make_provider, parse_model
 from .toolspec import AgentTool, from_function, from_registry
 
@@ -250,7 +250,7 @@ class Agent:
     def _cache_diverged(self, journal: Journal, entry_id: str) -> None:
         store = self._store(journal)
         store.bump("diverged")
-        store.record_divergence(entry_id, 3)
+        store.record_divergence(entry_id, EVICT_AFTER)
 
     def _cache_store(self, journal: Journal, key: str, task: str, turns: list[dict[str, Any]], run_id: str) -> None:
         from .._cache.store import Entry

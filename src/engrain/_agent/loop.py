@@ -34,7 +34,7 @@ Agent = Any
 
 Emit = Callable[[dict[str, Any]], None]
 MAX_RESULT = 64 * 1024  # characters of one tool result shown to the model
-EVICT_AFTER = 3
+EVICT_AFTER = 3  # divergences in a row that evict a cached trajectory
 
 
 class TurnLimitError(RuntimeError):
