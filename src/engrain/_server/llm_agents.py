@@ -23,12 +23,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from .. import _events as ev
 from .._errors import ConfigError, ConflictError
 from .._events import NewEvent
-from .state import ApiError, state_of
+from .state import ApiError, Body, state_of
 
 router = APIRouter(tags=["llm-agents"])
 
@@ -38,7 +38,7 @@ MAX_WORKERS = 8
 DEFAULT_WAIT, MAX_WAIT = 5.0, 60.0
 
 
-class AgentDefinition(BaseModel):
+class AgentDefinition(Body):
     """``POST /api/agents``: what an LLM agent is."""
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -50,12 +50,12 @@ class AgentDefinition(BaseModel):
     max_turns: int = Field(10, ge=1, le=100)
 
 
-class ChatRequest(BaseModel):
+class ChatRequest(Body):
     session: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
     message: str = Field(min_length=1, max_length=100_000)
 
 
-class TaskRequest(BaseModel):
+class TaskRequest(Body):
     task: str = Field(min_length=1, max_length=100_000)
     run_id: str | None = Field(None, min_length=1, max_length=200)
     wait: float = Field(DEFAULT_WAIT, ge=0, le=MAX_WAIT)
@@ -183,7 +183,7 @@ def run_agent(name: str, body: TaskRequest, request: Request) -> dict[str, Any]:
 
 
 @router.post("/agents/{name}/chat", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}}})
+             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
 async def chat(name: str, body: ChatRequest, request: Request) -> StreamingResponse:
     """Send a message in a session: an SSE stream of ``text``, ``tool_call``, ``tool_result``, ..., ``done`` events."""
     import asyncio
