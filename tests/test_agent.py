@@ -493,3 +493,51 @@ def test_an_unfinished_turn_is_finished_before_the_next_message(model, journal):
     assert [m["content"] for m in a.history("s") if m["role"] != "tool"] == [
         "do step 1", "", "Step 1 done.", "hello", "Hello again."]
     assert calls == [1, 1] and model.calls == 3  # the model call before the crash was replayed
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_never_pays_or_runs_twice(store_url, tmp_path):
+    """Kill the agent's process at a random moment, resume, and check the journal against the model and tools."""
+    import random
+
+    def respond(api, body):
+        done = sum(1 for m in body["messages"] if m["role"] == "tool")  # the conversation decides, not the count
+        return [tool_call("lookup", order_id=3), tool_call("charge", order_id=3, amount=12.5), say("Charged.")][done]
+
+    model = ScriptedModel(respond, first_token_delay=0.15).start()
+    rng = random.Random(7)
+    cut = 0
+    try:
+        for i in range(3):
+            effects = tmp_path / f"effects-{i}.log"
+            effects.touch()
+            run_id = f"rand-{i}"
+            child = Child(store_url, model, effects, "run", "charge order 3", run_id)
+            deadline = time.monotonic() + 30
+            while not model.requests and time.monotonic() < deadline:  # the run is under way
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.5))  # the three model calls take >= 0.45 s from here
+            child.kill()
+            j = eg.open(store_url)
+            cut += j.read(run_id)[-1].kind != "run.completed"
+            j.close()
+            res = Child(store_url, model, effects, "run", "charge order 3", run_id).finish()[-1]
+            assert res["status"] == "ok" and res["output"] == "Charged."
+            j = eg.open(store_url)
+            events = j.read(run_id)
+            j.close()
+            assert [e.seq for e in events] == list(range(len(events)))
+            steps = steps_of(events)
+            assert all(s.state == "completed" for s in steps.values())
+            for tool in ("lookup", "charge"):
+                (step,) = [s for s in steps.values() if s.name == tool]
+                ran = effects.read_text().split().count(tool)
+                assert 1 <= ran <= step.attempts  # a rerun only for a call the kill cut short
+            llm = [s for s in steps.values() if s.name == "agent.llm"]
+            assert len(llm) == 3
+            calls = [body for _, body in model.requests]
+            model.requests.clear()
+            assert 3 <= len(calls) <= sum(s.attempts for s in llm)  # no model call without a journaled start
+    finally:
+        model.stop()
+    assert cut >= 1  # at least one kill landed mid-run
