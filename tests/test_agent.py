@@ -250,7 +250,7 @@ def test_sigkill_during_a_streamed_reply_then_resume_the_session(store_url, tmp_
     effects.touch()
     long = "This reply streams slowly, word by word, so the test can kill it in the middle of the stream."
     model = ScriptedModel([tool_call("lookup", order_id=9), say(long), say(long), say("Yes, order 9.")],
-                          chunk_delay=0.05).start()
+                          chunk_delay=0.1).start()  # ~1.8 s of stream left to kill it in
     try:
         child = Child(store_url, model, effects, "chat", "What is in order 9?", "s-kill")
         seen = child.until(lambda e: e["type"] == "text")
