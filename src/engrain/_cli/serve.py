@@ -21,6 +21,9 @@ AgentsOption = Annotated[
     typer.Option("--agents", help="Agents POST /api/runs may start and answers resume: a dict name -> callable, "
                  "as module:attr or path/to/file.py:attr."),
 ]
+ToolsDirOption = Annotated[
+    str | None, typer.Option("--tools-dir", help="Folder of WASM tools (*.wasm) LLM agents may use, by file name.")
+]
 AllowHostOption = Annotated[
     list[str] | None,
     typer.Option("--allow-host", help="Extra Host name accepted on loopback without a token (repeatable; '*' any)."),
@@ -40,6 +43,7 @@ def serve(
     tools: ToolsOption = None,
     agents: AgentsOption = None,
     allow_host: AllowHostOption = None,
+    tools_dir: ToolsDirOption = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -47,7 +51,8 @@ def serve(
 
         from .._server import create_app
 
-        app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or ())
+        app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
+                         tools_dir=tools_dir)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]
