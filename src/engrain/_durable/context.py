@@ -1,21 +1,22 @@
 """Durable runs: journal every step so a killed run resumes without redoing work.
 
 Inside :func:`run`, the N-th journaled call (a tool, an LLM call, a UDF, a
-human answer or a clock read) is step N. Before the call, ``step.started`` is
-appended; after it, ``step.completed`` (or ``step.failed``). On a restart with
-the same ``run_id`` the agent runs again from the top, and each step whose
-completion is journaled returns the recorded result without being called. A
-step started but never completed (the process died mid-call) is called again
-with the same idempotency key (``run_id:N``) so external effects can dedupe.
+human answer or a clock read) is step N. After the call, ``step.completed`` (or
+``step.failed``) is appended: one commit per step. On a restart with the same
+``run_id`` the agent runs again from the top, and each step whose completion is
+journaled returns the recorded result without being called. A step running at
+a crash left nothing, so it is called again with the same idempotency key
+(``run_id:N``) and external effects can dedupe. An ``at_most_once`` tool also
+journals a durable ``step.started`` before the call; such a step started but
+not finished is never called again blindly: the run asks a human (see
+:mod:`.steps`).
 """
 
 from __future__ import annotations
 
-import builtins
 import contextvars
 import datetime as _dt
 import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +33,19 @@ from .._errors import (
 )
 from .._events import NewEvent, check_json, is_json
 from .._journal import Journal, default_url, open_journal
+from .attempts import StepWriter, _Pending, _question
 from .lease import Lease
+from .steps import (
+    DEFAULT_POLICY,
+    StepPolicy,
+    StepRecord,
+    check_at_most_once_answer,
+    replay,
+    steps_of,
+)
+
+# StepRecord, steps_of and _Pending are re-exported: callers import them from here.
+__all__ = ["RunContext", "RunResult", "StepPolicy", "StepRecord", "_Pending", "steps_of"]
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("engrain_run", default=None)
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
@@ -54,49 +67,6 @@ def default_journal() -> Journal:
 def new_run_id() -> str:
     """A fresh run id that sorts by creation time."""
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(6).hex()}"
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """What the journal says about one step (one ``call_id``)."""
-
-    call_id: int
-    name: str
-    type: str
-    args: dict[str, Any]
-    attempts: int = 1
-    state: str = "started"  # started | completed | failed | waiting (input requested) | answered
-    result: Any = None
-    error_type: str = ""
-    error_module: str = ""
-    message: str = ""
-
-
-def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
-    """Fold a run's events into one record per step."""
-    steps: dict[int, StepRecord] = {}
-    for e in events:
-        d = e.data
-        if e.kind == ev.STEP_STARTED:
-            rec = steps.get(d["call_id"])
-            if rec is None:
-                steps[d["call_id"]] = StepRecord(d["call_id"], e.name, d.get("type", "tool"), d.get("args") or {})
-            else:
-                rec.attempts += 1
-        elif e.kind == ev.STEP_COMPLETED:
-            rec = steps[d["call_id"]]
-            rec.state, rec.result = "completed", d.get("result")
-        elif e.kind == ev.STEP_FAILED:
-            rec = steps[d["call_id"]]
-            rec.state, rec.error_type, rec.message = "failed", d.get("error_type", ""), d.get("message", "")
-            rec.error_module = d.get("error_module", "")
-        elif e.kind == ev.INPUT_REQUESTED:
-            cid = d["call_id"]
-            steps[cid] = StepRecord(cid, e.name or "engrain.ask", "input", {"prompt": d.get("prompt"), "fields": d.get("fields")}, state="waiting")
-        elif e.kind == ev.INPUT_RECEIVED:
-            rec = steps[d["call_id"]]
-            rec.state, rec.result = "answered", d.get("answers")
-    return steps
 
 
 class _Suspend(BaseException):
@@ -147,15 +117,6 @@ class RunResult:
         }
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A step that must be executed now (not replayed)."""
-
-    call_id: int
-    name: str
-    key: str
-
-
 def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
     """Raise :class:`~engrain.NotJSONError` naming the step and argument when ``args`` is not JSON."""
     if not is_json(args):  # the slow walk only to name the culprit
@@ -164,7 +125,7 @@ def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
         check_json(args, f"{type_} {name!r}", "arguments")
 
 
-class RunContext:
+class RunContext(StepWriter):
     """The journal cursor of one run while its agent executes.
 
     Internal API shared by the durable runner, the routine runner and the cache:
@@ -188,75 +149,100 @@ class RunContext:
             self.journal.append(self.run_id, event, self.seq, durable=durable)
             self.seq += 1
 
-    def _begin(self, name: str, type_: str, args: dict[str, Any]) -> StepRecord | _Pending:
+    def _begin(self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy) -> StepRecord | _Pending:
         with self._lock:
             call_id = self.cursor
             self.cursor += 1
         rec = self.steps.get(call_id)
+        attempt = 1
         if rec is not None:
             if rec.name != name:
                 raise NondeterminismError(self.run_id, call_id, rec.name, name)
-            if rec.state in ("completed", "failed"):
+            state = rec.state
+            if state == "completed" or state == "failed":
                 self.replayed += 1
                 return rec
+            if state == "waiting":
+                raise _Suspend(_question(rec))
+            if state == "resolved":
+                self._resolve(rec)
+                self.replayed += 1
+                return rec
+            if state == "started" and rec.at_most_once:
+                # It may have happened: never call it again blindly.
+                request = _question(rec)
+                self.append(ev.INPUT_REQUESTED, name, request)
+                rec.state = "waiting"
+                raise _Suspend(request)
+            if state == "retrying":
+                wait = rec.retry_at - time.time()
+                if wait > 0:
+                    time.sleep(wait)
             attempt = rec.attempts + 1
         else:
             check_args(type_, name, args)
-            attempt = 1
-        # Not flushed on its own: the completion's flush covers it (one fsync per step).
-        self.append(
-            ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": attempt}, durable=False
-        )
+        p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, attempt)
+        if rec is not None and rec.errors:
+            p.errors = list(rec.errors)
+        if policy.at_most_once:
+            self._log_start(p)
+        else:
+            p.started = time.time()
         self.executed += 1
-        return _Pending(call_id, name, f"{self.run_id}:{call_id}")
+        return p
 
-    def _complete(self, p: _Pending, result: Any) -> Any:
-        if not is_json(result):
+    def call(
+        self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any], policy: StepPolicy = DEFAULT_POLICY
+    ) -> Any:
+        """Journal one step: return its recorded result, or run ``thunk`` (with ``policy``'s retries) and record it."""
+        step = self._begin(name, type_, args, policy)
+        if isinstance(step, StepRecord):
+            return replay(step)
+        while True:
+            token = _step_key.set(step.key)
             try:
-                check_json(result, f"step {p.name!r}", "result")
-            except NotJSONError as e:
-                self._fail(p, e)
-                raise
-        self.append(ev.STEP_COMPLETED, p.name, {"call_id": p.call_id, "result": result})
-        return result
+                result = thunk()
+            except Exception as e:
+                delay = self._failed(step, e, policy)
+                if delay is None:
+                    raise
+                err = e
+            else:
+                return self._complete(step, result)
+            finally:
+                _step_key.reset(token)
+            time.sleep(delay)
+            self._next_attempt(step, policy, err)
 
-    def _fail(self, p: _Pending, exc: BaseException) -> None:
-        t = type(exc)
-        self.append(
-            ev.STEP_FAILED,
-            p.name,
-            {"call_id": p.call_id, "error_type": t.__qualname__, "error_module": t.__module__, "message": str(exc)},
-        )
-
-    def call(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any]) -> Any:
-        """Journal one step: return its recorded result, or run ``thunk`` and record it."""
-        step = self._begin(name, type_, args)
-        if isinstance(step, StepRecord):
-            return _replay(step)
-        token = _step_key.set(step.key)
-        try:
-            result = thunk()
-        except Exception as e:
-            self._fail(step, e)
-            raise
-        finally:
-            _step_key.reset(token)
-        return self._complete(step, result)
-
-    async def acall(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Awaitable[Any]]) -> Any:
+    async def acall(
+        self,
+        name: str,
+        type_: str,
+        args: dict[str, Any],
+        thunk: Callable[[], Awaitable[Any]],
+        policy: StepPolicy = DEFAULT_POLICY,
+    ) -> Any:
         """Async :meth:`call`."""
-        step = self._begin(name, type_, args)
+        step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
-            return _replay(step)
-        token = _step_key.set(step.key)
-        try:
-            result = await thunk()
-        except Exception as e:
-            self._fail(step, e)
-            raise
-        finally:
-            _step_key.reset(token)
-        return self._complete(step, result)
+            return replay(step)
+        while True:
+            token = _step_key.set(step.key)
+            try:
+                result = await thunk()
+            except Exception as e:
+                delay = self._failed(step, e, policy)
+                if delay is None:
+                    raise
+                err = e
+            else:
+                return self._complete(step, result)
+            finally:
+                _step_key.reset(token)
+            import asyncio  # lazily: see run()
+
+            await asyncio.sleep(delay)
+            self._next_attempt(step, policy, err)
 
     def ask(self, prompt: str, fields: list[dict[str, Any]] | None, name: str = "engrain.ask") -> Any:
         """Return the recorded answers to this request, or journal the request and suspend."""
@@ -275,24 +261,6 @@ class RunContext:
             self.replayed += 1
             return rec.result
         raise _Suspend(request)
-
-
-def _replay(rec: StepRecord) -> Any:
-    """The recorded outcome of a finished step: its result, or its error raised again."""
-    if rec.state == "completed":
-        return rec.result
-    # Re-raise the original type only when it is already loaded: importing a
-    # module named by journal data would run code chosen by whoever wrote it.
-    mod = sys.modules.get(rec.error_module) if rec.error_module else None
-    cls = getattr(mod, rec.error_type, None) if mod else getattr(builtins, rec.error_type, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            exc = cls(rec.message)
-        except Exception:
-            exc = None
-        if exc is not None:
-            raise exc
-    raise StepFailedError(rec.name, rec.error_type, rec.message)
 
 
 def current() -> RunContext | None:
@@ -327,7 +295,12 @@ def ask(prompt: str, fields: list[dict[str, Any]] | None = None) -> Any:
 
 
 def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = None) -> None:
-    """Record ``answers`` for the input a ``needs_input`` run waits for."""
+    """Record ``answers`` for the input a ``needs_input`` run waits for.
+
+    An at-most-once step found started but unfinished asks "did this step
+    happen?": answer ``{"result": value}`` (it happened and returned ``value``),
+    ``{"retry": True}`` (call it again) or ``{"error": "message"}`` (fail it).
+    """
     from .._errors import RunNotFoundError
 
     j = journal or default_journal()
@@ -338,6 +311,8 @@ def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = No
     if not waiting:
         raise EngrainError(f"run {run_id!r} is not waiting for input")
     check_json(answers, f"answers to run {run_id!r}", "answers")
+    if waiting[-1].at_most_once:
+        check_at_most_once_answer(waiting[-1].name, answers)
     j.append(run_id, [NewEvent(ev.INPUT_RECEIVED, waiting[-1].name, {"call_id": waiting[-1].call_id, "answers": answers})], len(events))
 
 
@@ -358,7 +333,7 @@ def _start(
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
     last = events[-1]
-    steps = sum(1 for e in events if e.kind == ev.STEP_STARTED and e.data.get("attempt", 1) == 1)
+    steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
     if last.kind == ev.RUN_COMPLETED:
         return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:

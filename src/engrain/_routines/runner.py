@@ -185,6 +185,8 @@ class _RoutineRun:
                     raise RoutineStepError(step.id, "SchemaError", f"tool {name!r} result.{bad[0]}: {bad[1]}")
             return out
 
+        if meta and "policy" in meta:  # the tool's retries and at-most-once journaling apply here too
+            return _current.get().call(name, kind, args, thunk, meta["policy"])
         return _current.get().call(name, kind, args, thunk)
 
     def ask(self, step: Step, scope: dict[str, Any]) -> Any:
