@@ -26,6 +26,7 @@ from ._durable.context import (
     run,
     run_async,
 )
+from ._durable.operate import cancel, fork, gc
 from ._durable.recovery import recover
 from ._durable.tools import ToolRegistry, llm, tool, tools
 from ._errors import (
@@ -139,6 +140,9 @@ __all__ = [
     "__version__",
     "answer",
     "ask",
+    "cancel",
+    "fork",
+    "gc",
     "current",
     "default_journal",
     "default_url",

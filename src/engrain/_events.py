@@ -27,6 +27,7 @@ REPLAY_STARTED: Final = "replay.started"
 REPLAY_DIVERGED: Final = "replay.diverged"
 RUN_COMPLETED: Final = "run.completed"
 RUN_FAILED: Final = "run.failed"
+RUN_CANCELLED: Final = "run.cancelled"
 
 KINDS: Final = frozenset(
     {
@@ -41,6 +42,7 @@ KINDS: Final = frozenset(
         REPLAY_DIVERGED,
         RUN_COMPLETED,
         RUN_FAILED,
+        RUN_CANCELLED,
     }
 )
 
@@ -49,7 +51,9 @@ RUNNING: Final = "running"
 COMPLETED: Final = "completed"
 FAILED: Final = "failed"
 NEEDS_INPUT: Final = "needs_input"
-STATUSES: Final = frozenset({RUNNING, COMPLETED, FAILED, NEEDS_INPUT})
+CANCELLED: Final = "cancelled"
+QUEUED: Final = "queued"
+STATUSES: Final = frozenset({RUNNING, COMPLETED, FAILED, NEEDS_INPUT, CANCELLED, QUEUED})
 
 
 @dataclass(slots=True)
@@ -141,6 +145,8 @@ def status_after(kinds: list[str], current: str | None) -> str:
             status = COMPLETED
         elif kind == RUN_FAILED:
             status = FAILED
+        elif kind == RUN_CANCELLED:
+            status = CANCELLED
         elif kind == INPUT_REQUESTED:
             status = NEEDS_INPUT
         elif kind in (INPUT_RECEIVED, RUN_STARTED, REPLAY_STARTED):

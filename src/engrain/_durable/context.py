@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import _events as ev
 from .._errors import (
+    ConflictError,
     EngrainError,
     NondeterminismError,
     NotJSONError,
@@ -69,6 +70,10 @@ def new_run_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(6).hex()}"
 
 
+class _Cancelled(BaseException):
+    """Unwinds the agent of a run cancelled elsewhere (``run.cancelled`` took its next seq)."""
+
+
 class _Suspend(BaseException):
     """Unwinds the agent when it waits for human input.
 
@@ -83,7 +88,7 @@ class _Suspend(BaseException):
 class RunResult:
     """The outcome of :func:`run`: truthy when the run completed.
 
-    ``status`` is ``"ok"``, ``"failed"`` or ``"needs_input"``; ``replayed`` counts
+    ``status`` is ``"ok"``, ``"failed"``, ``"needs_input"`` or ``"cancelled"``; ``replayed`` counts
     steps returned from the journal, ``executed`` steps actually called now.
     """
 
@@ -146,7 +151,13 @@ class RunContext(StepWriter):
         """Append one event to this run (serialized across the run's threads)."""
         event = (NewEvent(kind, name, data or {}),)
         with self._lock:
-            self.journal.append(self.run_id, event, self.seq, durable=durable)
+            try:
+                self.journal.append(self.run_id, event, self.seq, durable=durable)
+            except ConflictError:
+                # The step boundary where a cancel (engrain.cancel) is noticed, at no cost per step.
+                if any(e.kind == ev.RUN_CANCELLED for e in self.journal.read(self.run_id, after=self.seq - 1)):
+                    raise _Cancelled() from None
+                raise
             self.seq += 1
 
     def _begin(self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy) -> StepRecord | _Pending:
@@ -338,6 +349,8 @@ def _start(
         return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:
         return events, RunResult(run_id, "failed", error=last.data.get("error"), replayed=steps)
+    if last.kind == ev.RUN_CANCELLED:  # never resumed
+        return events, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
     return events, None
 
 
@@ -386,16 +399,31 @@ class _Execution:
     def finished(self, output: Any) -> RunResult:
         """The result of an agent that returned ``output``, journaled."""
         self._lease.stop()
-        res = _finish_ok(self.ctx, output)
+        try:
+            res = _finish_ok(self.ctx, output)
+        except _Cancelled:
+            res = self._cancelled()
         self._lease.dropped()
         return res
 
+    def _cancelled(self) -> RunResult:
+        # run.cancelled dropped the lease in the journal.
+        self._lease.stop()
+        self._lease.dropped()
+        c = self.ctx
+        return RunResult(c.run_id, ev.CANCELLED, error="cancelled", replayed=c.replayed, executed=c.executed)
+
     def failed(self, exc: BaseException) -> RunResult:
         """The result of an agent that raised ``exc``; KeyboardInterrupt and SystemExit propagate."""
+        if isinstance(exc, _Cancelled):
+            return self._cancelled()
         if not isinstance(exc, (Exception, _Suspend)):
             raise exc  # the process is going away: the run stays resumable
         self._lease.stop()
-        res = _finish_error(self.ctx, exc)
+        try:
+            res = _finish_error(self.ctx, exc)
+        except _Cancelled:
+            return self._cancelled()
         if res.status == "failed":
             self._lease.dropped()
         return res

@@ -10,6 +10,7 @@ from .._events import (
     INPUT_REQUESTED,
     KINDS,
     REPLAY_STARTED,
+    RUN_CANCELLED,
     RUN_COMPLETED,
     RUN_FAILED,
     RUN_STARTED,
@@ -19,11 +20,13 @@ from .._events import (
     status_after,
 )
 
-_STATUS_KINDS = frozenset({RUN_STARTED, RUN_COMPLETED, RUN_FAILED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED})
+_STATUS_KINDS = frozenset(
+    {RUN_STARTED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED}
+)
 #: Statuses whose event drops the run's lease (see ``Journal.append``).
-FINISHED = frozenset({"completed", "failed"})
+FINISHED = frozenset({"completed", "failed", "cancelled"})
 #: Event kinds that finish a run.
-FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED})
+FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
 
 
 @dataclass(slots=True)

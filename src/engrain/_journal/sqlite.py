@@ -26,19 +26,23 @@ from .base import Journal
 # finish drops its lease in the same write (see Journal.append).
 _STATUS_TRIGGER = """AFTER INSERT ON events
 WHEN NEW.seq > 0 AND (NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'input.requested'
-    OR NEW.kind = 'input.received' OR NEW.kind = 'replay.started' OR NEW.kind = 'run.started')
+    OR NEW.kind = 'input.received' OR NEW.kind = 'replay.started' OR NEW.kind = 'run.started'
+    OR NEW.kind = 'run.cancelled')
 BEGIN
     UPDATE runs SET
         updated = NEW.ts,
         status = CASE NEW.kind
             WHEN 'run.completed' THEN 'completed'
             WHEN 'run.failed' THEN 'failed'
+            WHEN 'run.cancelled' THEN 'cancelled'
             WHEN 'input.requested' THEN 'needs_input'
             ELSE 'running' END,
         task = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE task END,
         tags = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE tags END,
-        lease_owner = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' THEN NULL ELSE lease_owner END,
-        lease_until = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' THEN NULL ELSE lease_until END
+        lease_owner = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'run.cancelled'
+            THEN NULL ELSE lease_owner END,
+        lease_until = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'run.cancelled'
+            THEN NULL ELSE lease_until END
     WHERE run_id = NEW.run_id;
 END"""
 _SCHEMA = f"""

@@ -20,7 +20,7 @@ from .state import ApiError, state_of
 
 router = APIRouter(tags=["runs"])
 
-Status = Literal["running", "completed", "failed", "needs_input"]
+Status = Literal["running", "completed", "ok", "failed", "needs_input", "cancelled", "queued"]
 TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED)
 #: How often the SSE stream polls the journal for new events (seconds), and the idle keep-alive.
 POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
@@ -295,3 +295,24 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
     info = state.journal.get_run(run_id)
     return {"run_id": run_id, "status": info.status if info else "running", "output": None, "error": None,
             "prompt": None, "replayed": 0, "executed": 0, "resumed": False}
+
+
+class Cancel(BaseModel):
+    """Cancel a run."""
+
+    reason: str = Field(default="", max_length=2000, description="Why, recorded with the cancellation.")
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel_run(request: Request, run_id: str, body: Cancel | None = None) -> dict[str, Any]:
+    """Cancel a run: it stops at its next step boundary, ends ``cancelled`` and is never resumed.
+
+    ``cancelled`` is false when the run had already finished.
+    """
+    from .._durable.operate import cancel
+
+    state = state_of(request)
+    _require(request, run_id)
+    done = cancel(run_id, reason=body.reason if body else "", journal=state.journal)
+    info = state.journal.get_run(run_id)
+    return {"run_id": run_id, "cancelled": done, "status": info.status if info else None}
