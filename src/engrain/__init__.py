@@ -27,6 +27,8 @@ from ._durable.context import (
     run_async,
 )
 from ._durable.operate import cancel, fork, gc
+from ._durable.patching import patched
+from ._durable.sleep import sleep, sleep_until
 from ._durable.recovery import recover
 from ._durable.tools import ToolRegistry, llm, tool, tools
 from ._errors import (
@@ -151,9 +153,12 @@ __all__ = [
     "new_run_id",
     "now",
     "open",
+    "patched",
     "recover",
     "run",
     "run_async",
+    "sleep",
+    "sleep_until",
     "tool",
     "tools",
 ]

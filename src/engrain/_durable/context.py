@@ -74,6 +74,13 @@ class _Cancelled(BaseException):
     """Unwinds the agent of a run cancelled elsewhere (``run.cancelled`` took its next seq)."""
 
 
+class _Park(BaseException):
+    """Unwinds the agent of a run that sleeps past ``RunContext.park_after``: a worker claims it again at ``until``."""
+
+    def __init__(self, until: float):
+        self.until = until
+
+
 class _Suspend(BaseException):
     """Unwinds the agent when it waits for human input.
 
@@ -145,7 +152,19 @@ class RunContext(StepWriter):
         self.cursor = 0
         self.replayed = 0
         self.executed = 0
+        self.unpatched: list[str] = []  # patches this run replays the old branch of (see patching.py)
+        self.park_after: float | None = None  # sleeps longer than this park the run (set by workers)
         self._lock = threading.Lock()
+
+    def _mismatch(self, call_id: int, rec: StepRecord, name: str) -> NondeterminismError:
+        """The error for a step called where the journal recorded another, naming the patches involved."""
+        recorded = f"patch {rec.args.get('name')!r}" if rec.type == "patch" else rec.name
+        err = NondeterminismError(self.run_id, call_id, recorded, name)
+        if self.unpatched:
+            names = ", ".join(repr(p) for p in self.unpatched)
+            err.args = (f"{err.args[0]}; this run started before patch {names} and replays the old branch: keep it"
+                        " in the code until no such run is in flight",)
+        return err
 
     def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
         """Append one event to this run (serialized across the run's threads)."""
@@ -168,7 +187,7 @@ class RunContext(StepWriter):
         attempt = 1
         if rec is not None:
             if rec.name != name:
-                raise NondeterminismError(self.run_id, call_id, rec.name, name)
+                raise self._mismatch(call_id, rec, name)
             state = rec.state
             if state == "completed" or state == "failed":
                 self.replayed += 1
@@ -267,7 +286,7 @@ class RunContext(StepWriter):
             self.append(ev.INPUT_REQUESTED, name, request)
             raise _Suspend(request)
         if rec.name != name:
-            raise NondeterminismError(self.run_id, call_id, rec.name, name)
+            raise self._mismatch(call_id, rec, name)
         if rec.state == "answered":
             self.replayed += 1
             return rec.result
