@@ -44,6 +44,7 @@ from ._errors import (
     StepFailedError,
 )
 from ._events import Event, NewEvent, RunInfo
+from ._workers.queues import enqueue, queue, queues
 from ._journal import Journal, default_url
 from ._journal import open_journal as open
 from ._version import __version__
@@ -148,12 +149,15 @@ __all__ = [
     "current",
     "default_journal",
     "default_url",
+    "enqueue",
     "idempotency_key",
     "llm",
     "new_run_id",
     "now",
     "open",
     "patched",
+    "queue",
+    "queues",
     "recover",
     "run",
     "run_async",

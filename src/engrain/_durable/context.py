@@ -50,6 +50,8 @@ __all__ = ["RunContext", "RunResult", "StepPolicy", "StepRecord", "_Pending", "s
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("engrain_run", default=None)
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
+# Set by a worker around engrain.run: sleeps longer than this park the run (see sleep.py).
+_park_after: contextvars.ContextVar[float | None] = contextvars.ContextVar("engrain_park_after", default=None)
 
 _default_journals: dict[str, Journal] = {}
 _default_lock = threading.Lock()
@@ -153,7 +155,7 @@ class RunContext(StepWriter):
         self.replayed = 0
         self.executed = 0
         self.unpatched: list[str] = []  # patches this run replays the old branch of (see patching.py)
-        self.park_after: float | None = None  # sleeps longer than this park the run (set by workers)
+        self.park_after: float | None = _park_after.get()  # sleeps longer than this park the run (workers)
         self._lock = threading.Lock()
 
     def _mismatch(self, call_id: int, rec: StepRecord, name: str) -> NondeterminismError:
