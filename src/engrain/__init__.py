@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from ._durable.context import (
     RunResult,
-    answer,
-    ask,
     current,
     default_journal,
     idempotency_key,
     new_run_id,
-    now,
     run,
     run_async,
 )
+from ._durable.human import answer, ask, now
 from ._durable.operate import cancel, fork, gc
 from ._durable.patching import patched
 from ._durable.sleep import sleep, sleep_until
@@ -78,6 +76,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "MemoryInputError": ("._errors", "MemoryInputError"),
     "SynthesisError": ("._errors", "SynthesisError"),
     "Client": ("._client", "Client"),
+    "instrument_otel": ("._durable.otel", "instrument"),
+    "uninstrument_otel": ("._durable.otel", "uninstrument"),
     "RemoteError": ("._errors", "RemoteError"),
 }
 
@@ -98,6 +98,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "instrument_otel",
+    "uninstrument_otel",
     "compile_trace",
     "run_routine",
     "resume_routine",

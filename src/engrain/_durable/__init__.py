@@ -1,6 +1,9 @@
 """Durable runs: the pillar every other one runs on.
 
-Holds the run context (:mod:`.context`: ``run``, ``now``, ``ask``/``answer``,
+Holds the run context (:mod:`.context`: ``run``, replay, cancellation), the
+clock and human input (:mod:`.human`: ``now``, ``ask``/``answer``), sleep
+(:mod:`.sleep`), versioning (:mod:`.patching`), cancel/fork/gc
+(:mod:`.operate`), observers for exporters (:mod:`.observe`, :mod:`.otel`),
 steps (:mod:`.steps`: the fold of events into steps, per-tool policy, replay),
 run leases (:mod:`.lease`), recovery of orphaned runs
 (:mod:`.recovery`), the ``@tool``/``@llm`` decorators and tool registry

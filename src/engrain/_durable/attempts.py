@@ -15,6 +15,7 @@ from typing import Any
 from .. import _events as ev
 from .._errors import NotJSONError, RetriesExhaustedError
 from .._events import check_json, is_json
+from . import observe
 from .steps import AT_MOST_ONCE_FIELDS, AT_MOST_ONCE_PROMPT, StepPolicy, StepRecord
 
 
@@ -64,6 +65,7 @@ class StepWriter:
         """Journal a durable ``step.started``: on resume, a start without an outcome asks a human."""
         data = {"call_id": p.call_id, "type": p.type, "args": p.args, "attempt": p.attempt, "at_most_once": True}
         self.append(ev.STEP_STARTED, p.name, data)
+        p.started = time.time()
         p.logged = True
 
     def _outcome(self, p: _Pending, data: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +84,16 @@ class StepWriter:
                 self._fail(p, e)
                 raise
         self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, {"call_id": p.call_id, "result": result}))
+        if observe.observers:
+            self._observe(p, result, None)
         return result
+
+    def _observe(self, p: _Pending, result: Any, exc: BaseException | None) -> None:
+        view = observe.StepView(p.call_id, p.name, p.type, p.args or {}, p.started, time.time(), p.key, p.attempt,
+                                result=result)
+        if exc is not None:
+            view.error_type, view.message = type(exc).__name__, str(exc)
+        observe.notify("step_ended", self, view)
 
     def _fail(self, p: _Pending, exc: BaseException, **extra: Any) -> None:
         t = type(exc)
@@ -97,6 +108,8 @@ class StepWriter:
         """
         if not policy.retries or not isinstance(exc, policy.retry_on) or isinstance(exc, NotJSONError):
             self._fail(p, exc)
+            if observe.observers:
+                self._observe(p, None, exc)
             return None
         if p.attempt <= policy.retries:
             delay = policy.delay(p.attempt)
@@ -113,6 +126,8 @@ class StepWriter:
                 "message": final.message, "attempt_errors": errors,
             }),
         )
+        if observe.observers:
+            self._observe(p, None, final)
         raise final from exc
 
     def _next_attempt(self, p: _Pending, policy: StepPolicy, exc: Exception) -> None:

@@ -15,7 +15,6 @@ not finished is never called again blindly: the run asks a human (see
 from __future__ import annotations
 
 import contextvars
-import datetime as _dt
 import os
 import threading
 import time
@@ -35,12 +34,12 @@ from .._errors import (
 from .._events import NewEvent, check_json, is_json
 from .._journal import Journal, default_url, open_journal
 from .attempts import StepWriter, _Pending, _question
+from . import observe
 from .lease import Lease
 from .steps import (
     DEFAULT_POLICY,
     StepPolicy,
     StepRecord,
-    check_at_most_once_answer,
     replay,
     steps_of,
 )
@@ -229,6 +228,8 @@ class RunContext(StepWriter):
         """Journal one step: return its recorded result, or run ``thunk`` (with ``policy``'s retries) and record it."""
         step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
+            if observe.observers:
+                _observe_replay(self, step)
             return replay(step)
         while True:
             token = _step_key.set(step.key)
@@ -257,6 +258,8 @@ class RunContext(StepWriter):
         """Async :meth:`call`."""
         step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
+            if observe.observers:
+                _observe_replay(self, step)
             return replay(step)
         while True:
             token = _step_key.set(step.key)
@@ -295,6 +298,15 @@ class RunContext(StepWriter):
         raise _Suspend(request)
 
 
+def _observe_replay(ctx: RunContext, rec: StepRecord) -> None:
+    t = time.time()
+    view = observe.StepView(rec.call_id, rec.name, rec.type, rec.args, t, t, f"{ctx.run_id}:{rec.call_id}",
+                            rec.attempts, replayed=True, result=rec.result)
+    if rec.state == "failed":
+        view.error_type, view.message = rec.error_type, rec.message
+    observe.notify("step_ended", ctx, view)
+
+
 def current() -> RunContext | None:
     """The run the calling code executes in, or ``None`` outside :func:`run`."""
     return _current.get()
@@ -303,49 +315,6 @@ def current() -> RunContext | None:
 def idempotency_key() -> str | None:
     """``"run_id:N"`` while a journaled step executes (stable across retries), else ``None``."""
     return _step_key.get()
-
-
-def now() -> _dt.datetime:
-    """The current UTC time; inside a run, journaled, so a replay sees the recorded time."""
-    ctx = _current.get()
-    if ctx is None:
-        return _dt.datetime.now(_dt.timezone.utc)
-    iso = ctx.call("engrain.now", "clock", {}, lambda: _dt.datetime.now(_dt.timezone.utc).isoformat())
-    return _dt.datetime.fromisoformat(iso)
-
-
-def ask(prompt: str, fields: list[dict[str, Any]] | None = None) -> Any:
-    """Ask a human; inside a run, the run pauses with status ``needs_input``.
-
-    After :func:`answer` the run is started again with the same ``run_id``, and
-    this call returns the recorded answers.
-    """
-    ctx = _current.get()
-    if ctx is None:
-        raise EngrainError("engrain.ask() needs a durable run: call it inside engrain.run()")
-    return ctx.ask(prompt, fields)
-
-
-def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = None) -> None:
-    """Record ``answers`` for the input a ``needs_input`` run waits for.
-
-    An at-most-once step found started but unfinished asks "did this step
-    happen?": answer ``{"result": value}`` (it happened and returned ``value``),
-    ``{"retry": True}`` (call it again) or ``{"error": "message"}`` (fail it).
-    """
-    from .._errors import RunNotFoundError
-
-    j = journal or default_journal()
-    events = j.read(run_id)
-    if not events:
-        raise RunNotFoundError(run_id)
-    waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
-    if not waiting:
-        raise EngrainError(f"run {run_id!r} is not waiting for input")
-    check_json(answers, f"answers to run {run_id!r}", "answers")
-    if waiting[-1].at_most_once:
-        check_at_most_once_answer(waiting[-1].name, answers)
-    j.append(run_id, [NewEvent(ev.INPUT_RECEIVED, waiting[-1].name, {"call_id": waiting[-1].call_id, "answers": answers})], len(events))
 
 
 def _start(
@@ -398,6 +367,7 @@ class _Execution:
     def __init__(
         self, task: str, run_id: str | None, inputs: dict[str, Any] | None, tags: list[str] | None, journal: Journal | None
     ):
+        self.task = task
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
@@ -408,11 +378,18 @@ class _Execution:
     def __enter__(self) -> _Execution:
         self._lease.__enter__()
         self._token = _current.set(self.ctx)
+        self.result: RunResult | None = None
+        if observe.observers:
+            observe.notify("run_started", self.ctx, self.task)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         _current.reset(self._token)
         self._lease.__exit__(*exc)
+        if observe.observers:
+            r = self.result
+            status = r.status if r is not None else ("parked" if isinstance(exc[1], _Park) else "interrupted")
+            observe.notify("run_ended", self.ctx, status, r.error if r is not None else None)
 
     # The event that finishes a run drops its lease in the journal (see
     # Journal.append), so renewal stops before it and no release follows it.
@@ -425,6 +402,7 @@ class _Execution:
         except _Cancelled:
             res = self._cancelled()
         self._lease.dropped()
+        self.result = res
         return res
 
     def _cancelled(self) -> RunResult:
@@ -432,7 +410,8 @@ class _Execution:
         self._lease.stop()
         self._lease.dropped()
         c = self.ctx
-        return RunResult(c.run_id, ev.CANCELLED, error="cancelled", replayed=c.replayed, executed=c.executed)
+        self.result = RunResult(c.run_id, ev.CANCELLED, error="cancelled", replayed=c.replayed, executed=c.executed)
+        return self.result
 
     def failed(self, exc: BaseException) -> RunResult:
         """The result of an agent that raised ``exc``; KeyboardInterrupt and SystemExit propagate."""
@@ -447,6 +426,7 @@ class _Execution:
             return self._cancelled()
         if res.status == "failed":
             self._lease.dropped()
+        self.result = res
         return res
 
 

@@ -363,7 +363,8 @@ def resume_routine(
     run's ``run.started`` event. Answers are validated against the prompt's fields
     (:class:`~engrain.RoutineInputError` naming the field).
     """
-    from .._durable.context import answer, steps_of
+    from .._durable.context import steps_of
+    from .._durable.human import answer
 
     j = journal or default_journal()
     events = j.read(run_id)

@@ -266,7 +266,7 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
 
     A resumed agent run is waited for up to ``body.wait`` seconds (then ``status: "running"``).
     """
-    from .._durable.context import answer
+    from .._durable.human import answer
 
     state = state_of(request)
     _require(request, run_id)
