@@ -155,6 +155,9 @@ class RunContext(StepWriter):
         self.executed = 0
         self.unpatched: list[str] = []  # patches this run replays the old branch of (see patching.py)
         self.park_after: float | None = _park_after.get()  # sleeps longer than this park the run (workers)
+        # An existing run executed again (after a crash, an answer, a park): the first event this
+        # execution appends says when it resumed, so timelines can mark the boundary at no extra commit.
+        self._resumed: float | None = time.time() if len(events) > 1 else None
         self._lock = threading.Lock()
 
     def _mismatch(self, call_id: int, rec: StepRecord, name: str) -> NondeterminismError:
@@ -169,6 +172,9 @@ class RunContext(StepWriter):
 
     def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
         """Append one event to this run (serialized across the run's threads)."""
+        if self._resumed is not None:
+            data = {**(data or {}), "resumed": self._resumed}
+            self._resumed = None
         event = (NewEvent(kind, name, data or {}),)
         with self._lock:
             try:
