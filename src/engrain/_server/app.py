@@ -301,9 +301,9 @@ def create_app(
         return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
 
     from . import agents as agents_routes
-    from . import cache, memory, routines, runs
+    from . import cache, memory, operate, routines, runs
 
-    for module in (runs, routines, agents_routes, cache, memory):
+    for module in (runs, operate, routines, agents_routes, cache, memory):
         app.include_router(module.router, prefix="/api")
 
     @app.get("/api/health", tags=["health"])
