@@ -103,8 +103,9 @@ class StepWriter:
     def _failed(self, p: _Pending, exc: Exception, policy: StepPolicy) -> float | None:
         """Journal a failed attempt; the delay before the next one, or ``None`` when the step has failed.
 
-        After the last attempt the step fails with :class:`RetriesExhaustedError`
-        (raised by the caller) naming every attempt's error.
+        ``None`` means the caller re-raises ``exc``. After the last of a tool's
+        retries this raises :class:`RetriesExhaustedError` itself, naming every
+        attempt's error.
         """
         if not policy.retries or not isinstance(exc, policy.retry_on) or isinstance(exc, NotJSONError):
             self._fail(p, exc)
