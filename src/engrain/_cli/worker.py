@@ -26,10 +26,14 @@ def worker(
     with errors_as_exit():
         try:
             table = load_agents(agents)
-        except ConfigError:
+        except ConfigError as e:
+            from .._errors import RoutineInputError
             from .._routines.runner import resolve_tools
 
-            fn = resolve_tools(agents)
+            try:
+                fn = resolve_tools(agents)  # one agent function rather than a dict
+            except RoutineInputError:
+                raise e from None
             if not callable(fn):
                 raise
             table = {getattr(fn, "__name__", "agent"): fn}
