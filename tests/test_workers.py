@@ -272,3 +272,10 @@ def test_queued_runs_show_in_the_cli_and_the_api(store_url, tmp_path):
             assert [r["run_id"] for r in rows] == [rid]
     finally:
         j.close()
+
+
+def test_worker_cli_errors_are_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    out = subprocess.run([ENGRAIN, "worker", "--agents", "no_such_module:AGENTS", "--url", url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--agents 'no_such_module:AGENTS'" in out.stderr and "Traceback" not in out.stderr
