@@ -9,14 +9,16 @@ step), on PostgreSQL (``full``: the server's synchronous commit; ``normal``:
 N ``@DBOS.step`` calls. DBOS runs in its own virtualenv (``bench/.peers/dbos``,
 created here on first use) in a child process that prints JSON.
 
-Floor: the design writes ``step.started`` before the call and ``step.completed``
-after it, so a step is two SQLite commits. The "sqlite3 floor" rows time raw
-``sqlite3`` (no engrain code) doing exactly that, its repetitions alternating
-with engrain's so both see the same load: engrain's schema and pragmas, two autocommit INSERTs of pre-built rows per step (with
-``full``, the first one unsynced, as engrain does). engrain's figure minus the
-floor is engrain's own overhead.
+Floor: a default step journals only its completion (``step.completed`` with
+its type, arguments and start time), so a step is one SQLite commit, like
+DBOS. The "sqlite3 floor" rows time raw ``sqlite3`` (no engrain code) doing
+exactly that, its repetitions alternating with engrain's so both see the same
+load: engrain's schema and pragmas, one autocommit INSERT of a pre-built row
+per step. engrain's figure minus the floor is engrain's own overhead. The
+``at_most_once`` rows time tools that also journal a durable ``step.started``
+before the call (two commits per step).
 
-Resume: a run with 4,999 completed steps (9,999 events) and no end is resumed:
+Resume: a run with 9,998 completed steps (9,999 events) and no end is resumed:
 open the journal, read it, replay every step through ``engrain.run`` and append
 ``run.completed`` (the 10,000th event). DBOS: a workflow with 4,999 completed
 steps whose process died before it returned is run again under its workflow id.
@@ -50,8 +52,8 @@ PEER = ROOT / "bench" / ".peers" / "dbos"
 QUICK = "--quick" in sys.argv
 REPS = 3 if QUICK else 5
 BUDGET = 0.25 if QUICK else 0.6  # seconds per repetition, which sets N per backend
-RESUME_STEPS = 4_999  # 1 run.started + 2 x 4,999 step events = 9,999; run.completed makes 10,000
-TARGETS = {"sqlite normal": 30.0, "fsync'd": 250.0, "resume": 50.0}
+RESUME_STEPS = 9_998  # 1 run.started + 9,998 step completions = 9,999; run.completed makes 10,000
+TARGETS = {"sqlite normal": 30.0, "fsync'd": 150.0, "resume": 50.0}
 
 PEER_SCRIPT = r"""
 import json, os, sqlite3, statistics, sys, time
@@ -122,10 +124,10 @@ DBOS.destroy()
 # -- engrain -----------------------------------------------------------------------------
 
 
-def _tool_and_agent():
+def _tool_and_agent(at_most_once: bool = False):
     registry = eg.ToolRegistry()
 
-    @eg.tool(registry=registry, name="inc")
+    @eg.tool(registry=registry, name="inc", at_most_once=at_most_once)
     def inc(x: int) -> int:
         return x + 1
 
@@ -138,14 +140,14 @@ def _tool_and_agent():
     return agent
 
 
-def per_step(url: str, floor: Floor | None = None) -> tuple[int, list[float], list[float]]:
+def per_step(url: str, floor: Floor | None = None, at_most_once: bool = False) -> tuple[int, list[float], list[float]]:
     """(N, µs/step of each repetition, floor µs/step of each) for a durable run of N trivial steps on ``url``.
 
     With ``floor`` (SQLite), each engrain repetition is followed by one of the
     floor with the same N, so both see the same machine load.
     """
     journal = eg.open(url)
-    agent = _tool_and_agent()
+    agent = _tool_and_agent(at_most_once)
 
     def timed(n: int) -> float:
         t0 = time.perf_counter()
@@ -178,11 +180,10 @@ def per_step(url: str, floor: Floor | None = None) -> tuple[int, list[float], li
 
 
 class Floor:
-    """Raw sqlite3 writing a step's two events: what SQLite itself costs for the design.
+    """Raw sqlite3 writing a step's completion: what SQLite itself costs for the design.
 
-    engrain's schema (with its triggers) and pragmas, two autocommit INSERTs per
-    step (with ``full``, the first one unsynced, as engrain does), rows built
-    before the clock starts: no engrain code runs.
+    engrain's schema (with its triggers) and pragmas, one autocommit INSERT per
+    step, rows built before the clock starts: no engrain code runs.
     """
 
     INSERT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
@@ -201,22 +202,14 @@ class Floor:
         db.execute(insert, (rid, 0, ts, "run.started", "", json.dumps({"task": "bench", "inputs": {"n": n}})))
         steps = [
             (
-                (rid, 2 * i + 1, ts, "step.started", "inc", f'{{"call_id":{i},"type":"tool","args":{{"x":{i}}},"attempt":1}}'),
-                (rid, 2 * i + 2, ts, "step.completed", "inc", f'{{"call_id":{i},"result":{i + 1}}}'),
+                rid, i + 1, ts, "step.completed", "inc",
+                f'{{"call_id":{i},"result":{i + 1},"type":"tool","args":{{"x":{i}}},"started":{ts}}}',
             )
             for i in range(n)
         ]
         t0 = time.perf_counter()
-        if self.full:
-            for started, completed in steps:
-                db.execute("PRAGMA synchronous=NORMAL")  # step.started: no fsync of its own
-                db.execute(insert, started)
-                db.execute("PRAGMA synchronous=FULL")
-                db.execute(insert, completed)
-        else:
-            for started, completed in steps:
-                db.execute(insert, started)
-                db.execute(insert, completed)
+        for completed in steps:
+            db.execute(insert, completed)
         return (time.perf_counter() - t0) / n * 1e6
 
     def close(self) -> None:
@@ -228,11 +221,10 @@ def _record_unfinished(url: str, run_id: str, steps: int) -> None:
     journal = eg.open(url)
     try:
         events = [NewEvent("run.started", "", {"task": "bench", "inputs": {"n": steps}, "tags": []})]
+        ts = time.time()
         for i in range(steps):
-            events.append(
-                NewEvent("step.started", "inc", {"call_id": i, "type": "tool", "args": {"x": i}, "attempt": 1})
-            )
-            events.append(NewEvent("step.completed", "inc", {"call_id": i, "result": i + 1}))
+            data = {"call_id": i, "result": i + 1, "type": "tool", "args": {"x": i}, "started": ts}
+            events.append(NewEvent("step.completed", "inc", data))
         for start in range(0, len(events), 1000):
             journal.append(run_id, events[start : start + 1000], start)
     finally:
@@ -252,7 +244,7 @@ def resume(url: str) -> list[float]:
         result = eg.run(agent, "bench", run_id=run_id, inputs={"n": RESUME_STEPS}, journal=journal)
         took = time.perf_counter() - t0
         assert result.output == RESUME_STEPS and result.replayed == RESUME_STEPS and result.executed == 0, result
-        assert len(journal.read(run_id)) == 2 * RESUME_STEPS + 2
+        assert len(journal.read(run_id)) == RESUME_STEPS + 2
         journal.close()
         out.append(took * 1e3)
     return out
@@ -386,9 +378,11 @@ def main() -> None:
             url = f"sqlite:///{tmp / f'steps-{dur}.db'}?durability={dur}"
             n, us, raw = per_step(url, Floor(tmp / f"floor-{dur}.db", dur))
             add(f"engrain sqlite {dur}", f"N={n}, {REPS} runs", us, target, "µs/step")
-            detail = f"N={n}, {REPS} runs alternating with engrain's: raw sqlite3, 2 autocommit INSERTs/step"
+            detail = f"N={n}, {REPS} runs alternating with engrain's: raw sqlite3, 1 autocommit INSERT/step"
             add(f"sqlite3 floor {dur}", detail, raw, None, "µs/step")
             overhead[dur] = statistics.median(us) - statistics.median(raw)
+            n, us, _ = per_step(f"sqlite:///{tmp / f'amo-{dur}.db'}?durability={dur}", at_most_once=True)
+            add(f"engrain sqlite {dur} at_most_once", f"N={n}, {REPS} runs, durable start + completion", us, None, "µs/step")
         pg = postgres_url()
         if pg:
             for dur, target in (("full", TARGETS["fsync'd"]), ("normal", None)):
@@ -412,14 +406,14 @@ def main() -> None:
 
         add(
             "engrain resume sqlite normal",
-            f"{2 * RESUME_STEPS + 2} events",
+            f"{RESUME_STEPS + 2} events",
             resume(f"sqlite:///{tmp / 'resume.db'}"),
             TARGETS["resume"],
             "ms",
         )
         if pg:
             with PgSchema(pg) as url:
-                add("engrain resume postgres", f"{2 * RESUME_STEPS + 2} events", resume(url), TARGETS["resume"], "ms")
+                add("engrain resume postgres", f"{RESUME_STEPS + 2} events", resume(url), TARGETS["resume"], "ms")
         if peer:
             launch = statistics.median(peer["launch_ms"])
             add(

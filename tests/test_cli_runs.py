@@ -54,7 +54,7 @@ def test_runs_lists_and_filters(recorded):
     rows = json.loads(cli("runs", "--json", "--status", "failed", url=recorded).stdout)
     assert [r["run_id"] for r in rows] == ["run-bad"]
     rows = json.loads(cli("runs", "--json", "--tag", "weather", url=recorded).stdout)
-    assert [(r["run_id"], r["events"], r["tags"]) for r in rows] == [("run-ok", 6, ["weather"])]
+    assert [(r["run_id"], r["events"], r["tags"]) for r in rows] == [("run-ok", 4, ["weather"])]
 
 
 def test_show_is_a_readable_timeline(recorded):
@@ -66,7 +66,7 @@ def test_show_is_a_readable_timeline(recorded):
     assert any("fail_once FAILED ConnectionError: upstream down" in l for l in lines)
     assert any("run completed -> Oslo: 21C" in l for l in lines)
     data = json.loads(cli("show", "run-ok", "--json", url=recorded).stdout)
-    assert data["run"]["status"] == "ok" and len(data["events"]) == 6
+    assert data["run"]["status"] == "ok" and len(data["events"]) == 4
 
 
 def test_export_is_the_full_trace(recorded):
@@ -74,7 +74,7 @@ def test_export_is_the_full_trace(recorded):
     trace = json.loads(out.stdout)
     assert trace["format"] == "engrain.trace/1"
     assert trace["run"]["inputs"] == {"city": "Oslo"} and trace["run"]["task"] == "weather report"
-    assert [e["seq"] for e in trace["events"]] == list(range(6))
+    assert [e["seq"] for e in trace["events"]] == list(range(4))
     assert trace["events"][1]["data"]["args"] == {"city": "Oslo"}
 
 

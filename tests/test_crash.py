@@ -2,16 +2,22 @@
 
 For every run (on each backend): the child (``tests/crash_agent.py``) starts
 the run and is killed after a random delay, one to three times, then a
-finisher child resumes it to the end. The test then checks, from the journal
-and from the side-effect file the tool appends to:
+finisher child resumes it to the end. Even steps journal only their completion;
+odd steps are at-most-once (a durable start before the call). When a resumed
+run pauses asking whether an at-most-once step happened, the test answers from
+the side-effect file (``{"result": ...}`` if the effect is there, else
+``{"retry": true}``), as an operator would from the payment provider's records,
+and resumes it. The test then checks, from the journal and from the
+side-effect file the tools append to:
 
 - every run completed with the right output, and every step has its result;
-- no event was lost: seqs are dense, each step has exactly one completion and
-  no start after it, the run ends with ``run.completed``;
-- no completed step ran again: a step's side effect happens at most once per
-  journaled start (a kill between the side effect and the completion may
-  legitimately cause one retry, with the same idempotency key), at most once
-  per process, and exactly once for a step started only once.
+- no event was lost: seqs are dense, each step has exactly one completion, the
+  run ends with ``run.completed``; default steps journal no start, and an
+  at-most-once step's starts all come before its completion;
+- no completed step ran again: no side effect is later than its step's
+  journaled completion, and a step's effect happens at most once per process;
+- a default step running at a kill may run again, with the same idempotency
+  key; an at-most-once step's effect happens exactly once, whatever the kills.
 
 ``ENGRAIN_CRASH_ITERATIONS`` (default 30) sets the number of runs per backend.
 """
@@ -142,25 +148,37 @@ def _expected(steps: int) -> dict:
     return {"results": results, "sum": sum(results)}
 
 
-def _run_to_end(child: Child, run_id: str) -> dict:
-    child.send(run_id)
-    assert child.readline() == f"go {run_id}"
-    return json.loads(child.readline())
+def _run_to_end(child: Child, run_id: str, journal=None, side: Path | None = None, asked: list | None = None) -> dict:
+    """Resume ``run_id`` in ``child`` until it ends, answering at-most-once questions from the side-effect file."""
+    while True:
+        child.send(run_id)
+        assert child.readline() == f"go {run_id}"
+        result = json.loads(child.readline())
+        if result["status"] != "needs_input" or journal is None:
+            return result
+        prompt = result["prompt"]
+        assert prompt.get("at_most_once") and "did this step happen?" in prompt["prompt"], prompt
+        n = prompt["call_id"]
+        assert n % 2 == 1, f"default step {n} asked a question"
+        happened = f"{run_id}:{n}" in _side_effects(side)
+        eg.answer(run_id, {"result": n * n + 1} if happened else {"retry": True}, journal=journal)
+        if asked is not None:
+            asked.append(happened)
 
 
-def _side_effects(path: Path) -> dict[str, list[int]]:
-    """Idempotency key -> pids of the processes that performed that step's effect."""
-    out: dict[str, list[int]] = collections.defaultdict(list)
-    if path.exists():
+def _side_effects(path: Path | None) -> dict[str, list[tuple[int, float]]]:
+    """Idempotency key -> (pid, time) of each execution of that step's effect."""
+    out: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
+    if path is not None and path.exists():
         for line in path.read_text().splitlines():
-            key, n, pid = line.split()
+            key, n, pid, t = line.split()
             assert key.endswith(f":{n}"), line
-            out[key].append(int(pid))
+            out[key].append((int(pid), float(t)))
     return out
 
 
-def _check_run(journal, run_id: str, effects: dict[str, list[int]]) -> tuple[int, int]:
-    """Assert the invariants for one run; return (retried starts, repeated effects)."""
+def _check_run(journal, run_id: str, effects: dict[str, list[tuple[int, float]]]) -> tuple[int, int]:
+    """Assert the invariants for one run; return (repeated effects of default steps, at-most-once starts retried)."""
     events = journal.read(run_id)
     assert [e.seq for e in events] == list(range(len(events))), f"{run_id}: seq not dense"
     kinds = [e.kind for e in events]
@@ -175,27 +193,31 @@ def _check_run(journal, run_id: str, effects: dict[str, list[int]]) -> tuple[int
             starts[e.data["call_id"]].append(e.seq)
         elif e.kind == "step.completed":
             completions[e.data["call_id"]].append(e.seq)
-    assert sorted(starts) == list(range(STEPS)) and sorted(completions) == list(range(STEPS))
+    assert sorted(completions) == list(range(STEPS))
+    # Only at-most-once (odd) steps journal a start.
+    assert sorted(starts) == [n for n in range(STEPS) if n % 2], f"{run_id}: starts of {sorted(starts)}"
     steps = steps_of(events)
-    retried = repeated = 0
+    repeated = retried = 0
     for n in range(STEPS):
         assert steps[n].state == "completed" and steps[n].result == n * n + 1
         assert len(completions[n]) == 1, f"{run_id} step {n} completed {len(completions[n])} times"
-        assert max(starts[n]) < completions[n][0], f"{run_id} step {n} started again after it completed"
-        # Steps run in order: step n+1 starts only after step n completed.
+        done_seq = completions[n][0]
+        # Steps run in order: step n+1 begins only after step n completed.
         if n + 1 < STEPS:
-            assert completions[n][0] < min(starts[n + 1])
-        pids = effects.get(f"{run_id}:{n}", [])
-        assert pids, f"{run_id} step {n}: no side effect although it completed"
-        # An effect needs a journaled start before it: more effects than starts means a
-        # completed (replayed) step was executed again.
-        assert len(pids) <= len(starts[n]), f"{run_id} step {n}: {len(pids)} effects, {len(starts[n])} starts"
+            assert done_seq < min(starts.get(n + 1, completions[n + 1]))
+        runs = effects.get(f"{run_id}:{n}", [])
+        assert runs, f"{run_id} step {n}: no side effect although it completed"
+        pids = [p for p, _ in runs]
         assert len(set(pids)) == len(pids), f"{run_id} step {n} executed twice in one process: {pids}"
-        if len(starts[n]) == 1:
-            assert len(pids) == 1
-        retried += len(starts[n]) - 1
-        repeated += len(pids) - 1
-    return retried, repeated
+        # A replayed (completed) step never runs again: no effect after its completion.
+        assert max(t for _, t in runs) <= events[done_seq].ts, f"{run_id} step {n} ran after it completed"
+        if n % 2:
+            assert max(starts[n]) < done_seq, f"{run_id} step {n} started again after it completed"
+            assert len(runs) == 1, f"{run_id} at-most-once step {n} happened {len(runs)} times"
+            retried += len(starts[n]) - 1
+        else:
+            repeated += len(runs) - 1
+    return repeated, retried
 
 
 @pytest.mark.slow
@@ -208,9 +230,10 @@ def test_sigkill_at_random_points_then_resume(store_url: str, tmp_path: Path) ->
     journal = eg.open(store_url)
     finisher = Child(store_url, side, log)
     kills = in_flight = mid_run = 0
+    asked: list[bool] = []  # per at-most-once question: did the effect happen?
     try:
         t0 = time.monotonic()
-        warm = _run_to_end(finisher, "warmup")
+        warm = _run_to_end(finisher, "warmup", journal, side)
         span = time.monotonic() - t0
         assert warm["status"] == "ok" and warm["output"] == _expected(STEPS)
         run_ids = [f"crash-{i:03d}" for i in range(ITERATIONS)]
@@ -231,7 +254,7 @@ def test_sigkill_at_random_points_then_resume(store_url: str, tmp_path: Path) ->
                     child.kill()
                 kills += 1
                 in_flight += not ended
-            result = _run_to_end(finisher, run_id)
+            result = _run_to_end(finisher, run_id, journal, side, asked)
             assert result["status"] == "ok", result
             assert result["output"] == _expected(STEPS)
             if 0 < result["replayed"] < STEPS:  # killed after some steps completed, before the last
@@ -242,8 +265,8 @@ def test_sigkill_at_random_points_then_resume(store_url: str, tmp_path: Path) ->
         retried = repeated = 0
         for run_id in ["warmup", *run_ids]:
             r, p = _check_run(journal, run_id, effects)
-            retried += r
-            repeated += p
+            repeated += r
+            retried += p
         # Every effect belongs to a run of this test.
         assert set(effects) == {f"{r}:{n}" for r in ["warmup", *run_ids] for n in range(STEPS)}
         info = {
@@ -252,15 +275,18 @@ def test_sigkill_at_random_points_then_resume(store_url: str, tmp_path: Path) ->
             "kills": kills,
             "kills in flight": in_flight,
             "finisher resumed mid-run": mid_run,
-            "retried starts": retried,
-            "repeated effects (retried, same key)": repeated,
+            "default steps run again (same key)": repeated,
+            "at-most-once questions": len(asked),
+            "answered happened": sum(asked),
+            "answered retry": len(asked) - sum(asked),
+            "at-most-once starts retried": retried,
             "run span ms": round(span * 1000, 1),
         }
         print(f"\ncrash test on {journal.backend}: {info}")
         # The kills must have hit runs in flight (and some between a step's effect and its
         # journaled completion), or the test proved nothing. Too few runs to be sure below 10.
         if ITERATIONS >= 10:
-            assert in_flight > kills // 4 and mid_run > 0 and repeated > 0, info
+            assert in_flight > kills // 4 and mid_run > 0 and repeated > 0 and asked, info
     finally:
         finisher.kill()
         journal.close()

@@ -46,8 +46,10 @@ def test_steps_replay_without_reexecution(journal, calls):
     again = eg.run(agent, "sum", run_id="r1", inputs={"x": 1}, journal=journal)
     assert again.output == 12 and again.executed == 0 and len(calls) == 2
     events = journal.read("r1")
-    assert [e.kind for e in events] == ["run.started"] + ["step.started", "step.completed"] * 2 + ["run.completed"]
+    # One event per step: its completion, carrying type, arguments and start time.
+    assert [e.kind for e in events] == ["run.started"] + ["step.completed"] * 2 + ["run.completed"]
     assert events[1].data["args"] == {"a": 1, "b": 10}  # defaults recorded by name
+    assert events[1].data["type"] == "tool" and events[1].data["started"] <= events[1].ts
 
 
 def test_resume_after_crash_mid_run(journal, calls):
@@ -67,7 +69,7 @@ def test_resume_after_crash_mid_run(journal, calls):
     assert result.output == 16 and result.replayed == 1 and result.executed == 1
     assert calls == [("add", 15, 1, "r2:1")]  # same idempotency key as the crashed attempt
     retry = journal.read("r2")[4]
-    assert retry.kind == "step.started" and retry.data["attempt"] == 2
+    assert retry.kind == "step.completed" and retry.data["attempt"] == 2 and retry.data["args"] == {"a": 15, "b": 1}
 
 
 def test_nondeterminism_names_both_steps(journal, calls):
@@ -145,7 +147,7 @@ def test_tool_arguments_are_bound_like_a_plain_call(journal):
 
     r = eg.run(lambda task: [f(1), f(1, 5), f(a=1, c=9), f(1, b=4)], "bind", journal=journal)
     assert r.output == [[1, 2, 3], [1, 5, 3], [1, 2, 9], [1, 4, 3]]
-    recorded = [e.data["args"] for e in journal.read(r.run_id) if e.kind == "step.started"]
+    recorded = [e.data["args"] for e in journal.read(r.run_id) if e.kind == "step.completed"]
     assert recorded == [{"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 5, "c": 3}, {"a": 1, "b": 2, "c": 9}, {"a": 1, "b": 4, "c": 3}]
     # What a plain call rejects, a journaled call rejects too, before any step is written:
     # c is keyword-only, a given twice, d unknown, a missing.

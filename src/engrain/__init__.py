@@ -16,18 +16,19 @@ from __future__ import annotations
 
 from ._durable.context import (
     RunResult,
-    answer,
-    ask,
     current,
     default_journal,
     idempotency_key,
     new_run_id,
-    now,
     run,
     run_async,
 )
+from ._durable.human import answer, ask, now
+from ._durable.operate import cancel, fork, gc
 from ._durable.outcome import agent_name
+from ._durable.patching import patched
 from ._durable.recovery import Recovered, recover
+from ._durable.sleep import sleep, sleep_until
 from ._durable.tools import ToolRegistry, llm, tool, tools
 from ._errors import (
     ConfigError,
@@ -38,6 +39,7 @@ from ._errors import (
     LeaseLostError,
     NondeterminismError,
     NotJSONError,
+    RetriesExhaustedError,
     RunFailedError,
     RunNotFoundError,
     StepFailedError,
@@ -48,6 +50,7 @@ from ._errors import (
     UnknownStatusError,
 )
 from ._events import Event, NewEvent, RunInfo
+from ._workers.queues import enqueue, queue, queues
 from ._journal import Journal, default_url
 from ._journal import open_journal as open
 from ._version import __version__
@@ -84,6 +87,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Agent": ("._agent.agent", "Agent"),
     "wrap": ("._agent.wrap", "wrap"),
     "Client": ("._client", "Client"),
+    "instrument_otel": ("._durable.otel", "instrument"),
+    "uninstrument_otel": ("._durable.otel", "uninstrument"),
     "RemoteError": ("._errors", "RemoteError"),
 }
 
@@ -106,6 +111,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "Agent",
     "wrap",
+    "instrument_otel",
+    "uninstrument_otel",
     "compile_trace",
     "run_routine",
     "resume_routine",
@@ -144,6 +151,7 @@ __all__ = [
     "NondeterminismError",
     "JSONTooDeepError",
     "NotJSONError",
+    "RetriesExhaustedError",
     "RunFailedError",
     "RunInfo",
     "RunNotFoundError",
@@ -160,17 +168,26 @@ __all__ = [
     "agent_name",
     "answer",
     "ask",
+    "cancel",
+    "fork",
+    "gc",
     "current",
     "default_journal",
     "default_url",
+    "enqueue",
     "idempotency_key",
     "llm",
     "new_run_id",
     "now",
     "open",
+    "patched",
+    "queue",
+    "queues",
     "recover",
     "run",
     "run_async",
+    "sleep",
+    "sleep_until",
     "tool",
     "tools",
 ]

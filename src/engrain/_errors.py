@@ -159,6 +159,18 @@ class StepFailedError(EngrainError):
         super().__init__(f"step {name!r} failed with {error_type}: {message}")
 
 
+class RetriesExhaustedError(StepFailedError):
+    """A step with ``retries`` failed on every attempt; ``attempts`` holds each attempt's error."""
+
+    def __init__(self, name: str, attempts: list[str]):
+        self.attempts = list(attempts)
+        self.name = name
+        self.error_type = "RetriesExhaustedError"
+        listed = "; ".join(f"attempt {i}: {a}" for i, a in enumerate(self.attempts, 1))
+        self.message = f"failed after {len(self.attempts)} attempts ({listed})"
+        EngrainError.__init__(self, f"step {name!r} {self.message}")
+
+
 class RunFailedError(EngrainError):
     """The run was recorded as failed; it is not run again."""
 

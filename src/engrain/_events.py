@@ -29,6 +29,7 @@ RUN_COMPLETED: Final = "run.completed"
 RUN_FAILED: Final = "run.failed"
 #: An entry of an adapter's log (a LangGraph checkpoint, an agent-SDK session item): see ``_durable/log.py``.
 LOG_ENTRY: Final = "log.entry"
+RUN_CANCELLED: Final = "run.cancelled"
 
 KINDS: Final = frozenset(
     {
@@ -44,6 +45,7 @@ KINDS: Final = frozenset(
         RUN_COMPLETED,
         RUN_FAILED,
         LOG_ENTRY,
+        RUN_CANCELLED,
     }
 )
 
@@ -172,6 +174,8 @@ def status_after(kinds: list[str], current: str | None) -> str:
             status = OK
         elif kind == RUN_FAILED:
             status = FAILED
+        elif kind == RUN_CANCELLED:
+            status = CANCELLED
         elif kind == INPUT_REQUESTED:
             status = NEEDS_INPUT
         elif kind in (INPUT_RECEIVED, RUN_STARTED, REPLAY_STARTED):

@@ -25,7 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .._durable.context import RunContext, StepRecord, _current, _step_key, now
+from .._durable.context import RunContext, StepRecord, _current, _step_key
+from .._durable.human import now
 from .._errors import NotJSONError
 from .providers import system_text, utc_iso
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .._durable.context import RunContext, StepRecord, _Pending, _replay, current
+from .._durable.context import RunContext, StepRecord, _Pending, current
+from .._durable.steps import replay as _replay
 from .._errors import ConfigError
 from .._events import is_json
 

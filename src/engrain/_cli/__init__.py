@@ -14,6 +14,8 @@ from .common import app
 
 # Registration happens on import; order is the order in --help.
 from . import runs as _runs  # noqa: E402,F401
+from . import operate as _operate  # noqa: E402,F401
+from . import worker as _worker  # noqa: E402,F401
 from . import routines as _routines  # noqa: E402,F401
 from . import cache as _cache  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401

@@ -72,9 +72,16 @@ def timeline(events: list) -> list[str]:
                 lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)}  retry (attempt {d['attempt']}) after a crash")
         elif e.kind == "step.completed":
             s = started.get(d["call_id"])
-            dur = f"{(e.ts - s.ts) * 1000:.1f}ms" if s else "?"
-            args = _short(s.data.get("args", {}), 40) if s else ""
+            # A completion-only step (the default) carries its arguments and start time itself.
+            t0 = d.get("started") if "started" in d else (s.ts if s else None)
+            dur = f"{(e.ts - t0) * 1000:.1f}ms" if isinstance(t0, (int, float)) else "?"
+            args = _short(d["args"] if "args" in d else (s.data.get("args", {}) if s else ""), 40)
             lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)}({args}) -> {_short(d.get('result'), 40)}  [{dur}]")
+        elif e.kind == "step.failed" and "retry_in" in d:
+            lines.append(
+                f"{at}  step {d['call_id']:>3} {_one_line(e.name)} attempt {d.get('attempt', 1)} failed"
+                f" {d.get('error_type')}: {_short(d.get('message', ''))}; retry in {d['retry_in']:.2f}s"
+            )
         elif e.kind == "step.failed":
             lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)} FAILED {d.get('error_type')}: {_full(d.get('message'))}")
         elif e.kind == "input.requested":

@@ -1,8 +1,8 @@
 """Runs journaled in one transaction at their end, for replay-heavy hot paths.
 
-A durable run (:func:`engrain.run`) writes ``step.started`` before every call
-so a crash mid-call is seen on restart. The behavior cache can trade that
-for speed: with ``durability="run"`` the events of one engine call are kept
+A durable run (:func:`engrain.run`) commits each step's completion as it
+happens. The behavior cache can trade that for speed: with
+``durability="run"`` the events of one engine call are kept
 in memory and appended in a single transaction when the call ends, so a
 crash loses the record of the call in flight (its steps may then run again),
 never a finished one. ``durability="off"`` keeps no record at all.
@@ -10,6 +10,7 @@ never a finished one. ``durability="off"`` keeps no record at all.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from .context import (
     check_args,
 )
 from .outcome import agent_name
+from .steps import DEFAULT_POLICY, StepPolicy
 
 
 class BufferedContext(RunContext):
@@ -48,16 +50,16 @@ class BufferedContext(RunContext):
         if self.write:
             self.pending.append(NewEvent(kind, name, data or {}))
 
-    def _begin(self, name: str, type_: str, args: dict[str, Any]) -> _Pending:
-        # Never a StepRecord: nothing is read back, so every step runs.
+    def _begin(self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy = DEFAULT_POLICY) -> _Pending:
+        # Never a StepRecord: nothing is read back, so every step runs. No
+        # step.started even for at-most-once tools: the whole call is one
+        # transaction, so a crash leaves no step to ask about.
         with self._lock:
             call_id = self.cursor
             self.cursor += 1
         check_args(type_, name, args)
         self.executed += 1
-        if self.write:  # with write=False not even the event is built
-            self.pending.append(NewEvent(ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": 1}))
-        return _Pending(call_id, name, f"{self.run_id}:{call_id}")
+        return _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, 1, False, time.time())
 
     def flush(self) -> None:
         """Append every buffered event in one transaction."""

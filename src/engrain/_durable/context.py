@@ -1,21 +1,21 @@
 """Durable runs: journal every step so a killed run resumes without redoing work.
 
 Inside :func:`run`, the N-th journaled call (a tool, an LLM call, a UDF, a
-human answer or a clock read) is step N. Before the call, ``step.started`` is
-appended; after it, ``step.completed`` (or ``step.failed``). On a restart with
-the same ``run_id`` the agent runs again from the top, and each step whose
-completion is journaled returns the recorded result without being called. A
-step started but never completed (the process died mid-call) is called again
-with the same idempotency key (``run_id:N``) so external effects can dedupe.
+human answer or a clock read) is step N. After the call, ``step.completed`` (or
+``step.failed``) is appended: one commit per step. On a restart with the same
+``run_id`` the agent runs again from the top, and each step whose completion is
+journaled returns the recorded result without being called. A step running at
+a crash left nothing, so it is called again with the same idempotency key
+(``run_id:N``) and external effects can dedupe. An ``at_most_once`` tool also
+journals a durable ``step.started`` before the call; such a step started but
+not finished is never called again blindly: the run asks a human (see
+:mod:`.steps`).
 """
 
 from __future__ import annotations
 
-import builtins
 import contextvars
-import datetime as _dt
 import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -35,12 +35,26 @@ from .._errors import (
 )
 from .._events import NewEvent, check_json, is_json
 from .._journal import Journal, default_url, open_journal
+from .attempts import StepWriter, _Pending, _question
+from . import observe
 from .lease import Lease
 from .outcome import agent_name as _name_of
 from .outcome import check_agent_name, failure
+from .steps import (
+    DEFAULT_POLICY,
+    StepPolicy,
+    StepRecord,
+    replay,
+    steps_of,
+)
+
+# StepRecord, steps_of and _Pending are re-exported: callers import them from here.
+__all__ = ["RunContext", "RunResult", "StepPolicy", "StepRecord", "_Pending", "steps_of"]
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("engrain_run", default=None)
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
+# Set by a worker around engrain.run: sleeps longer than this park the run (see sleep.py).
+_park_after: contextvars.ContextVar[float | None] = contextvars.ContextVar("engrain_park_after", default=None)
 
 _default_journals: dict[str, Journal] = {}
 _default_lock = threading.Lock()
@@ -61,47 +75,15 @@ def new_run_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(6).hex()}"
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """What the journal says about one step (one ``call_id``)."""
-
-    call_id: int
-    name: str
-    type: str
-    args: dict[str, Any]
-    attempts: int = 1
-    state: str = "started"  # started | completed | failed | waiting (input requested) | answered
-    result: Any = None
-    error_type: str = ""
-    error_module: str = ""
-    message: str = ""
+class _Cancelled(BaseException):
+    """Unwinds the agent of a run cancelled elsewhere (``run.cancelled`` took its next seq)."""
 
 
-def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
-    """Fold a run's events into one record per step."""
-    steps: dict[int, StepRecord] = {}
-    for e in events:
-        d = e.data
-        if e.kind == ev.STEP_STARTED:
-            rec = steps.get(d["call_id"])
-            if rec is None:
-                steps[d["call_id"]] = StepRecord(d["call_id"], e.name, d.get("type", "tool"), d.get("args") or {})
-            else:
-                rec.attempts += 1
-        elif e.kind == ev.STEP_COMPLETED:
-            rec = steps[d["call_id"]]
-            rec.state, rec.result = "completed", d.get("result")
-        elif e.kind == ev.STEP_FAILED:
-            rec = steps[d["call_id"]]
-            rec.state, rec.error_type, rec.message = "failed", d.get("error_type", ""), d.get("message", "")
-            rec.error_module = d.get("error_module", "")
-        elif e.kind == ev.INPUT_REQUESTED:
-            cid = d["call_id"]
-            steps[cid] = StepRecord(cid, e.name or "engrain.ask", "input", {"prompt": d.get("prompt"), "fields": d.get("fields")}, state="waiting")
-        elif e.kind == ev.INPUT_RECEIVED:
-            rec = steps[d["call_id"]]
-            rec.state, rec.result = "answered", d.get("answers")
-    return steps
+class _Park(BaseException):
+    """Unwinds the agent of a run that sleeps past ``RunContext.park_after``: a worker claims it again at ``until``."""
+
+    def __init__(self, until: float):
+        self.until = until
 
 
 class _Suspend(BaseException):
@@ -118,7 +100,7 @@ class _Suspend(BaseException):
 class RunResult:
     """The outcome of :func:`run`: truthy when the run completed.
 
-    ``status`` is ``"ok"``, ``"failed"`` or ``"needs_input"``; ``replayed`` counts
+    ``status`` is ``"ok"``, ``"failed"``, ``"needs_input"`` or ``"cancelled"``; ``replayed`` counts
     steps returned from the journal, ``executed`` steps actually called now.
     """
 
@@ -152,15 +134,6 @@ class RunResult:
         }
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A step that must be executed now (not replayed)."""
-
-    call_id: int
-    name: str
-    key: str
-
-
 def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
     """Raise :class:`~engrain.NotJSONError` naming the step and argument when ``args`` is not JSON."""
     if not is_json(args):  # the slow walk only to name the culprit
@@ -169,7 +142,7 @@ def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
         check_json(args, f"{type_} {name!r}", "arguments")
 
 
-class RunContext:
+class RunContext(StepWriter):
     """The journal cursor of one run while its agent executes.
 
     Internal API shared by the durable runner, the routine runner and the cache:
@@ -184,14 +157,32 @@ class RunContext:
         self.cursor = 0
         self.replayed = 0
         self.executed = 0
+        self.unpatched: list[str] = []  # patches this run replays the old branch of (see patching.py)
+        self.park_after: float | None = _park_after.get()  # sleeps longer than this park the run (workers)
+        # An existing run executed again (after a crash, an answer, a park): the first event this
+        # execution appends says when it resumed, so timelines can mark the boundary at no extra commit.
+        self._resumed: float | None = time.time() if len(events) > 1 else None
         self._lock = threading.Lock()
         #: The lease epoch appends are fenced with (None: unfenced), see ``Journal.append``.
         self.fence: int | None = None
         #: The first storage failure of this run: it is not the agent's, so the run must not be marked failed.
         self.storage_error: StorageError | None = None
 
+    def _mismatch(self, call_id: int, rec: StepRecord, name: str) -> NondeterminismError:
+        """The error for a step called where the journal recorded another, naming the patches involved."""
+        recorded = f"patch {rec.args.get('name')!r}" if rec.type == "patch" else rec.name
+        err = NondeterminismError(self.run_id, call_id, recorded, name)
+        if self.unpatched:
+            names = ", ".join(repr(p) for p in self.unpatched)
+            err.args = (f"{err.args[0]}; this run started before patch {names} and replays the old branch: keep it"
+                        " in the code until no such run is in flight",)
+        return err
+
     def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
         """Append one event to this run (serialized across the run's threads)."""
+        if self._resumed is not None:
+            data = {**(data or {}), "resumed": self._resumed}
+            self._resumed = None
         event = (NewEvent(kind, name, data or {}),)
         with self._lock:
             try:
@@ -203,77 +194,113 @@ class RunContext:
                 if self.storage_error is None:
                     self.storage_error = e
                 raise
+            except ConflictError:
+                # The step boundary where a cancel (engrain.cancel) is noticed, at no cost per step.
+                if any(e.kind == ev.RUN_CANCELLED for e in self.journal.read(self.run_id, after=self.seq - 1)):
+                    raise _Cancelled() from None
+                raise
             self.seq += 1
 
-    def _begin(self, name: str, type_: str, args: dict[str, Any]) -> StepRecord | _Pending:
+    def _begin(
+        self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy = DEFAULT_POLICY
+    ) -> StepRecord | _Pending:
         with self._lock:
             call_id = self.cursor
             self.cursor += 1
         rec = self.steps.get(call_id)
+        attempt = 1
         if rec is not None:
             if rec.name != name:
-                raise NondeterminismError(self.run_id, call_id, rec.name, name)
-            if rec.state in ("completed", "failed"):
+                raise self._mismatch(call_id, rec, name)
+            state = rec.state
+            if state == "completed" or state == "failed":
                 self.replayed += 1
                 return rec
+            if state == "waiting":
+                raise _Suspend(_question(rec))
+            if state == "resolved":
+                self._resolve(rec)
+                self.replayed += 1
+                return rec
+            if state == "started" and rec.at_most_once:
+                # It may have happened: never call it again blindly.
+                request = _question(rec)
+                self.append(ev.INPUT_REQUESTED, name, request)
+                rec.state = "waiting"
+                raise _Suspend(request)
+            if state == "retrying":
+                wait = rec.retry_at - time.time()
+                if wait > 0:
+                    time.sleep(wait)
             attempt = rec.attempts + 1
         else:
             check_args(type_, name, args)
-            attempt = 1
-        # Not flushed on its own: the completion's flush covers it (one fsync per step).
-        self.append(
-            ev.STEP_STARTED, name, {"call_id": call_id, "type": type_, "args": args, "attempt": attempt}, durable=False
-        )
+        p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, attempt)
+        if rec is not None and rec.errors:
+            p.errors = list(rec.errors)
+        if policy.at_most_once:
+            self._log_start(p)
+        else:
+            p.started = time.time()
         self.executed += 1
-        return _Pending(call_id, name, f"{self.run_id}:{call_id}")
+        return p
 
-    def _complete(self, p: _Pending, result: Any) -> Any:
-        if not is_json(result):
+    def call(
+        self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any], policy: StepPolicy = DEFAULT_POLICY
+    ) -> Any:
+        """Journal one step: return its recorded result, or run ``thunk`` (with ``policy``'s retries) and record it."""
+        step = self._begin(name, type_, args, policy)
+        if isinstance(step, StepRecord):
+            if observe.observers:
+                _observe_replay(self, step)
+            return replay(step)
+        while True:
+            token = _step_key.set(step.key)
             try:
-                check_json(result, f"step {p.name!r}", "result")
-            except NotJSONError as e:
-                self._fail(p, e)
-                raise
-        self.append(ev.STEP_COMPLETED, p.name, {"call_id": p.call_id, "result": result})
-        return result
+                result = thunk()
+            except Exception as e:
+                delay = self._failed(step, e, policy)
+                if delay is None:
+                    raise
+                err = e
+            else:
+                return self._complete(step, result)
+            finally:
+                _step_key.reset(token)
+            time.sleep(delay)
+            self._next_attempt(step, policy, err)
 
-    def _fail(self, p: _Pending, exc: BaseException) -> None:
-        t = type(exc)
-        self.append(
-            ev.STEP_FAILED,
-            p.name,
-            {"call_id": p.call_id, "error_type": t.__qualname__, "error_module": t.__module__, "message": str(exc)},
-        )
-
-    def call(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any]) -> Any:
-        """Journal one step: return its recorded result, or run ``thunk`` and record it."""
-        step = self._begin(name, type_, args)
-        if isinstance(step, StepRecord):
-            return _replay(step)
-        token = _step_key.set(step.key)
-        try:
-            result = thunk()
-        except Exception as e:
-            self._fail(step, e)
-            raise
-        finally:
-            _step_key.reset(token)
-        return self._complete(step, result)
-
-    async def acall(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Awaitable[Any]]) -> Any:
+    async def acall(
+        self,
+        name: str,
+        type_: str,
+        args: dict[str, Any],
+        thunk: Callable[[], Awaitable[Any]],
+        policy: StepPolicy = DEFAULT_POLICY,
+    ) -> Any:
         """Async :meth:`call`."""
-        step = self._begin(name, type_, args)
+        step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
-            return _replay(step)
-        token = _step_key.set(step.key)
-        try:
-            result = await thunk()
-        except Exception as e:
-            self._fail(step, e)
-            raise
-        finally:
-            _step_key.reset(token)
-        return self._complete(step, result)
+            if observe.observers:
+                _observe_replay(self, step)
+            return replay(step)
+        while True:
+            token = _step_key.set(step.key)
+            try:
+                result = await thunk()
+            except Exception as e:
+                delay = self._failed(step, e, policy)
+                if delay is None:
+                    raise
+                err = e
+            else:
+                return self._complete(step, result)
+            finally:
+                _step_key.reset(token)
+            import asyncio  # lazily: see run()
+
+            await asyncio.sleep(delay)
+            self._next_attempt(step, policy, err)
 
     def ask(self, prompt: str, fields: list[dict[str, Any]] | None, name: str = "engrain.ask") -> Any:
         """Return the recorded answers to this request, or journal the request and suspend."""
@@ -287,29 +314,20 @@ class RunContext:
             self.append(ev.INPUT_REQUESTED, name, request)
             raise _Suspend(request)
         if rec.name != name:
-            raise NondeterminismError(self.run_id, call_id, rec.name, name)
+            raise self._mismatch(call_id, rec, name)
         if rec.state == "answered":
             self.replayed += 1
             return rec.result
         raise _Suspend(request)
 
 
-def _replay(rec: StepRecord) -> Any:
-    """The recorded outcome of a finished step: its result, or its error raised again."""
-    if rec.state == "completed":
-        return rec.result
-    # Re-raise the original type only when it is already loaded: importing a
-    # module named by journal data would run code chosen by whoever wrote it.
-    mod = sys.modules.get(rec.error_module) if rec.error_module else None
-    cls = getattr(mod, rec.error_type, None) if mod else getattr(builtins, rec.error_type, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            exc = cls(rec.message)
-        except Exception:
-            exc = None
-        if exc is not None:
-            raise exc
-    raise StepFailedError(rec.name, rec.error_type, rec.message)
+def _observe_replay(ctx: RunContext, rec: StepRecord) -> None:
+    t = time.time()
+    view = observe.StepView(rec.call_id, rec.name, rec.type, rec.args, t, t, f"{ctx.run_id}:{rec.call_id}",
+                            rec.attempts, replayed=True, result=rec.result)
+    if rec.state == "failed":
+        view.error_type, view.message = rec.error_type, rec.message
+    observe.notify("step_ended", ctx, view)
 
 
 def current() -> RunContext | None:
@@ -320,42 +338,6 @@ def current() -> RunContext | None:
 def idempotency_key() -> str | None:
     """``"run_id:N"`` while a journaled step executes (stable across retries), else ``None``."""
     return _step_key.get()
-
-
-def now() -> _dt.datetime:
-    """The current UTC time; inside a run, journaled, so a replay sees the recorded time."""
-    ctx = _current.get()
-    if ctx is None:
-        return _dt.datetime.now(_dt.timezone.utc)
-    iso = ctx.call("engrain.now", "clock", {}, lambda: _dt.datetime.now(_dt.timezone.utc).isoformat())
-    return _dt.datetime.fromisoformat(iso)
-
-
-def ask(prompt: str, fields: list[dict[str, Any]] | None = None) -> Any:
-    """Ask a human; inside a run, the run pauses with status ``needs_input``.
-
-    After :func:`answer` the run is started again with the same ``run_id``, and
-    this call returns the recorded answers.
-    """
-    ctx = _current.get()
-    if ctx is None:
-        raise EngrainError("engrain.ask() needs a durable run: call it inside engrain.run()")
-    return ctx.ask(prompt, fields)
-
-
-def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = None) -> None:
-    """Record ``answers`` for the input a ``needs_input`` run waits for."""
-    from .._errors import RunNotFoundError
-
-    j = journal or default_journal()
-    events = j.read(run_id)
-    if not events:
-        raise RunNotFoundError(run_id)
-    waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
-    if not waiting:
-        raise EngrainError(f"run {run_id!r} is not waiting for input")
-    check_json(answers, f"answers to run {run_id!r}", "answers")
-    j.append(run_id, [NewEvent(ev.INPUT_RECEIVED, waiting[-1].name, {"call_id": waiting[-1].call_id, "answers": answers})], len(events))
 
 
 def _start(
@@ -386,11 +368,13 @@ def _start(
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
     last = events[-1]
-    steps = sum(1 for e in events if e.kind == ev.STEP_STARTED and e.data.get("attempt", 1) == 1)
+    steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
     if last.kind == ev.RUN_COMPLETED:
         return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:
         return events, RunResult(run_id, "failed", error=last.data.get("error"), replayed=steps)
+    if last.kind == ev.RUN_CANCELLED:  # never resumed
+        return events, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
     return events, None
 
 
@@ -433,6 +417,7 @@ class _Execution:
         journal: Journal | None,
         agent: str,
     ):
+        self.task = task
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
@@ -455,11 +440,18 @@ class _Execution:
     def __enter__(self) -> _Execution:
         self._lease.__enter__()
         self._token = _current.set(self.ctx)
+        self.result: RunResult | None = None
+        if observe.observers:
+            observe.notify("run_started", self.ctx, self.task)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         _current.reset(self._token)
         self._lease.__exit__(*exc)
+        if observe.observers:
+            r = self.result
+            status = r.status if r is not None else ("parked" if isinstance(exc[1], _Park) else "interrupted")
+            observe.notify("run_ended", self.ctx, status, r.error if r is not None else None)
 
     # The event that finishes a run drops its lease in the journal (see
     # Journal.append), so renewal stops before it and no release follows it.
@@ -469,12 +461,26 @@ class _Execution:
         if self.ctx.storage_error is not None:
             raise self.ctx.storage_error  # a step went unrecorded: the run stays resumable, not ok
         self._lease.stop()
-        res = _finish_ok(self.ctx, output)
+        try:
+            res = _finish_ok(self.ctx, output)
+        except _Cancelled:
+            res = self._cancelled()
         self._lease.dropped()
+        self.result = res
         return res
+
+    def _cancelled(self) -> RunResult:
+        # run.cancelled dropped the lease in the journal.
+        self._lease.stop()
+        self._lease.dropped()
+        c = self.ctx
+        self.result = RunResult(c.run_id, ev.CANCELLED, error="cancelled", replayed=c.replayed, executed=c.executed)
+        return self.result
 
     def failed(self, exc: BaseException) -> RunResult:
         """The result of an agent that raised ``exc``; KeyboardInterrupt and SystemExit propagate."""
+        if isinstance(exc, _Cancelled):
+            return self._cancelled()
         if not isinstance(exc, (Exception, _Suspend)):
             raise exc  # the process is going away: the run stays resumable
         if self.ctx.storage_error is not None:
@@ -484,9 +490,13 @@ class _Execution:
                 raise exc
             raise self.ctx.storage_error from exc
         self._lease.stop()
-        res = _finish_error(self.ctx, exc)
+        try:
+            res = _finish_error(self.ctx, exc)
+        except _Cancelled:
+            return self._cancelled()
         if res.status == "failed":
             self._lease.dropped()
+        self.result = res
         return res
 
 

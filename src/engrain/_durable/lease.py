@@ -24,8 +24,16 @@ from typing import Any
 from .._errors import LeaseHeldError
 from .._journal import Journal
 
-#: How long a lease lives without renewal (seconds). Renewed after a third of it.
-DEFAULT_TTL = 30.0
+def _ttl_from_env() -> float:
+    try:
+        ttl = float(os.environ.get("ENGRAIN_LEASE_TTL", "10"))
+    except ValueError:
+        return 10.0
+    return ttl if 0.5 <= ttl <= 3600 else 10.0
+
+
+#: How long a lease lives without renewal (seconds; ``$ENGRAIN_LEASE_TTL``, default 10). Renewed after a third of it.
+DEFAULT_TTL = _ttl_from_env()
 
 _HOST = os.uname().nodename  # what socket.gethostname() returns, without importing socket
 _OWNER: str | None = None

@@ -17,8 +17,10 @@ from typing import Any, TypeVar, overload
 
 from .._errors import EngrainError
 from .context import _current
+from .steps import DEFAULT_POLICY, StepPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
+builtins_type = type  # ``tool`` has a parameter named ``type``
 
 STEP_TYPES = ("tool", "llm", "udf")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
@@ -167,7 +169,16 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
 def tool(fn: F) -> F: ...
 @overload
 def tool(
-    fn: None = None, *, name: str | None = None, type: str = "tool", registry: ToolRegistry | None = None
+    fn: None = None,
+    *,
+    name: str | None = None,
+    type: str = "tool",
+    registry: ToolRegistry | None = None,
+    at_most_once: bool = False,
+    retries: int = 0,
+    backoff: float = 0.5,
+    max_backoff: float = 30.0,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
 ) -> Callable[[F], F]: ...
 
 
@@ -177,6 +188,11 @@ def tool(
     name: str | None = None,
     type: str = "tool",
     registry: ToolRegistry | None = None,
+    at_most_once: bool = False,
+    retries: int = 0,
+    backoff: float = 0.5,
+    max_backoff: float = 30.0,
+    retry_on: tuple[type[BaseException], ...] | type[BaseException] = (Exception,),
 ) -> Any:
     """Make ``fn`` a journaled step. Use as ``@tool`` or ``@tool(name=..., type="llm")``.
 
@@ -184,9 +200,26 @@ def tool(
     so the compiler and the UI can tell LLM calls from tool calls. Arguments and
     results must be JSON; a non-JSON value raises :class:`~engrain.NotJSONError`
     naming the tool and the argument.
+
+    A step journals only its completion, so a call running at a crash runs
+    again (with the same :func:`engrain.idempotency_key`). ``at_most_once=True``
+    journals a durable start before the call instead: after a crash mid-call
+    the run pauses ``needs_input`` asking whether the step happened (answer
+    with :func:`engrain.answer`). Use it for payments and other effects that
+    cannot be deduplicated.
+
+    ``retries=N`` calls again up to N times when the call raises one of
+    ``retry_on``, waiting ``backoff * 2**k`` seconds (capped at ``max_backoff``,
+    with jitter); every failed attempt is journaled, and after the last one the
+    step fails with :class:`~engrain.RetriesExhaustedError` naming each attempt.
     """
     if type not in STEP_TYPES:
         raise ValueError(f"type must be one of {STEP_TYPES}, got {type!r}")
+    if isinstance(retry_on, builtins_type):
+        retry_on = (retry_on,)
+    policy = StepPolicy(bool(at_most_once), retries, backoff, max_backoff, tuple(retry_on))
+    if policy == DEFAULT_POLICY:
+        policy = DEFAULT_POLICY
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         import inspect
@@ -201,7 +234,7 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
-                return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs))
+                return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
 
             wrapper: Callable[..., Any] = awrapper
         else:
@@ -211,10 +244,10 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs))
+                return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
 
             wrapper = swrapper
-        wrapper.__engrain_step__ = {"name": step_name, "type": type}  # type: ignore[attr-defined]
+        wrapper.__engrain_step__ = {"name": step_name, "type": type, "policy": policy}  # type: ignore[attr-defined]
         (registry if registry is not None else tools).register(step_name, wrapper)
         return wrapper
 

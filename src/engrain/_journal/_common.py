@@ -11,9 +11,11 @@ from .._events import (
     KINDS,
     MAX_DEPTH,
     REPLAY_STARTED,
+    RUN_CANCELLED,
     RUN_COMPLETED,
     RUN_FAILED,
     RUN_STARTED,
+    CANCELLED,
     FAILED,
     OK,
     NewEvent,
@@ -24,11 +26,13 @@ from .._events import (
     status_after,
 )
 
-_STATUS_KINDS = frozenset({RUN_STARTED, RUN_COMPLETED, RUN_FAILED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED})
+_STATUS_KINDS = frozenset(
+    {RUN_STARTED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED}
+)
 #: Statuses whose event drops the run's lease (see ``Journal.append``).
-FINISHED = frozenset({OK, FAILED})
+FINISHED = frozenset({OK, FAILED, CANCELLED})
 #: Event kinds that finish a run.
-FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED})
+FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
 
 
 @dataclass(slots=True)

@@ -63,8 +63,12 @@ def _v4_agent(db: Any) -> None:
     db.execute("ALTER TABLE engrain_runs ADD COLUMN IF NOT EXISTS agent TEXT")
 
 
+def _v5_cancelled(db: Any) -> None:
+    """``run.cancelled`` finishes a run. The append derives statuses in code (``status_after``): nothing to change."""
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: list[Callable[[Any], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent]
+MIGRATIONS: list[Callable[[Any], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent, _v5_cancelled]
 VERSION = len(MIGRATIONS)
 
 

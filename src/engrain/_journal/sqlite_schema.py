@@ -125,8 +125,39 @@ def _v4_agent(db: sqlite3.Connection) -> None:
     )
 
 
+_STATUS_TRIGGER_V5 = """CREATE TRIGGER events_run_status AFTER INSERT ON events
+WHEN NEW.seq > 0 AND (NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'input.requested'
+    OR NEW.kind = 'input.received' OR NEW.kind = 'replay.started' OR NEW.kind = 'run.started'
+    OR NEW.kind = 'run.cancelled')
+BEGIN
+    UPDATE runs SET
+        updated = NEW.ts,
+        status = CASE NEW.kind
+            WHEN 'run.completed' THEN 'ok'
+            WHEN 'run.failed' THEN 'failed'
+            WHEN 'run.cancelled' THEN 'cancelled'
+            WHEN 'input.requested' THEN 'needs_input'
+            ELSE 'running' END,
+        task = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE task END,
+        tags = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE tags END,
+        lease_owner = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'run.cancelled'
+            THEN NULL ELSE lease_owner END,
+        lease_until = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'run.cancelled'
+            THEN NULL ELSE lease_until END
+    WHERE run_id = NEW.run_id;
+END"""
+
+
+def _v5_cancelled(db: sqlite3.Connection) -> None:
+    """``run.cancelled`` finishes a run: status ``cancelled``, lease dropped, never resumed."""
+    db.execute("DROP TRIGGER IF EXISTS events_run_status")
+    db.execute(_STATUS_TRIGGER_V5)
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent, _v5_cancelled,
+]
 VERSION = len(MIGRATIONS)
 
 

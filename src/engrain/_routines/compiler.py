@@ -89,9 +89,16 @@ def _from_engrain(data: dict[str, Any]) -> _Trace:
     for e in events:
         kind, d = e.get("kind"), e.get("data") or {}
         cid = d.get("call_id")
+        if kind in ("step.completed", "step.failed") and cid not in calls and "args" in d:
+            # A completion-only step (the default): its outcome carries its type and arguments.
+            if d.get("type") in ("clock", "patch", "sleep"):
+                continue
+            calls[cid] = _Call("udf" if d.get("type") in ("udf", "llm") else "tool", e.get("name", ""), d.get("args") or {})
+            calls[cid].result = _MISSING
+            order.append(cid)
         if kind == "step.started" and cid not in calls:
             stype = d.get("type", "tool")
-            if stype == "clock":
+            if stype in ("clock", "patch", "sleep"):
                 continue  # engrain.now(): the routine reads the real clock
             kind_ = "udf" if stype in ("udf", "llm") else "tool"
             calls[cid] = _Call(kind_, e.get("name", ""), d.get("args") or {})

@@ -190,6 +190,8 @@ class _RoutineRun:
                     raise RoutineStepError(step.id, "SchemaError", f"tool {name!r} result.{bad[0]}: {bad[1]}")
             return out
 
+        if meta and "policy" in meta:  # the tool's retries and at-most-once journaling apply here too
+            return _current.get().call(name, kind, args, thunk, meta["policy"])
         return _current.get().call(name, kind, args, thunk)
 
     def ask(self, step: Step, scope: dict[str, Any]) -> Any:
@@ -370,7 +372,8 @@ def resume_routine(
     Answers are validated against the prompt's fields
     (:class:`~engrain.RoutineInputError` naming the field).
     """
-    from .._durable.context import answer, steps_of
+    from .._durable.context import steps_of
+    from .._durable.human import answer
 
     j = journal or default_journal()
     events = j.read(run_id)

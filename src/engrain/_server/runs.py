@@ -82,6 +82,8 @@ def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
             else:
                 rec["attempts"] += 1
                 rec["started"] = e.ts
+        elif e.kind == ev.INPUT_REQUESTED and d.get("at_most_once") and d.get("call_id") in steps:
+            steps[d["call_id"]]["state"] = "waiting"  # "did this step happen?"
         elif e.kind == ev.INPUT_REQUESTED and isinstance(d.get("call_id"), int):
             steps[d["call_id"]] = {
                 "call_id": d["call_id"], "name": e.name or "engrain.ask", "type": "input",
@@ -90,6 +92,19 @@ def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
             }
         elif e.kind in (ev.STEP_COMPLETED, ev.STEP_FAILED, ev.INPUT_RECEIVED):
             rec = steps.get(d.get("call_id"))  # type: ignore[arg-type]
+            if e.kind != ev.INPUT_RECEIVED and "args" in d and isinstance(d.get("call_id"), int):
+                # A completion-only step (the default): the outcome carries type, arguments and start time.
+                t0 = d.get("started") if isinstance(d.get("started"), (int, float)) else e.ts
+                if rec is None:
+                    rec = steps[d["call_id"]] = {
+                        "call_id": d["call_id"], "name": e.name, "type": d.get("type", "tool"), "args": d.get("args") or {},
+                        "state": "started", "result": None, "error": None, "started": t0, "ended": None,
+                        "duration_ms": None, "attempts": 1, "replayed": replaying,
+                    }
+                else:
+                    rec["started"] = t0
+                if isinstance(d.get("attempt"), int):
+                    rec["attempts"] = d["attempt"]
             if rec is None:
                 continue
             rec["ended"] = e.ts
@@ -97,7 +112,7 @@ def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
             if e.kind == ev.STEP_COMPLETED:
                 rec["state"], rec["result"] = "completed", d.get("result")
             elif e.kind == ev.STEP_FAILED:
-                rec["state"] = "failed"
+                rec["state"] = "retrying" if "retry_in" in d else "failed"
                 rec["error"] = {"type": d.get("error_type", ""), "message": d.get("message", "")}
             else:
                 rec["state"], rec["result"] = "answered", d.get("answers")
@@ -106,11 +121,14 @@ def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
 
 def pending_prompt(events: list[Event]) -> dict[str, Any] | None:
     """The ``input.requested`` data a run waits on, or None."""
-    answered = {e.data.get("call_id") for e in events if e.kind == ev.INPUT_RECEIVED}
-    for e in reversed(events):
-        if e.kind == ev.INPUT_REQUESTED and e.data.get("call_id") not in answered:
-            return dict(e.data)
-    return None
+    # In order: an at-most-once step may ask again after an earlier answer (a second crash).
+    waiting: dict[Any, dict[str, Any]] = {}
+    for e in events:
+        if e.kind == ev.INPUT_REQUESTED:
+            waiting[e.data.get("call_id")] = dict(e.data)
+        elif e.kind == ev.INPUT_RECEIVED:
+            waiting.pop(e.data.get("call_id"), None)
+    return next(reversed(waiting.values()), None)
 
 
 @router.get("/runs")
@@ -301,7 +319,7 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
 
     A resumed agent run is waited for up to ``body.wait`` seconds (then ``status: "running"``).
     """
-    from .._durable.context import answer
+    from .._durable.human import answer
 
     state = state_of(request)
     _require(request, run_id)
@@ -330,3 +348,24 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
     info = state.journal.get_run(run_id)
     return {"run_id": run_id, "status": info.status if info else "running", "output": None, "error": None,
             "prompt": None, "replayed": 0, "executed": 0, "resumed": False}
+
+
+class Cancel(Body):
+    """Cancel a run."""
+
+    reason: str = Field(default="", max_length=2000, description="Why, recorded with the cancellation.")
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel_run(request: Request, run_id: str, body: Cancel | None = None) -> dict[str, Any]:
+    """Cancel a run: it stops at its next step boundary, ends ``cancelled`` and is never resumed.
+
+    ``cancelled`` is false when the run had already finished.
+    """
+    from .._durable.operate import cancel
+
+    state = state_of(request)
+    _require(request, run_id)
+    done = cancel(run_id, reason=body.reason if body else "", journal=state.journal)
+    info = state.journal.get_run(run_id)
+    return {"run_id": run_id, "cancelled": done, "status": info.status if info else None}

@@ -13,10 +13,10 @@
   const tokenInput = document.getElementById("token-input");
   const tokenForget = document.getElementById("token-forget");
   const serverInfo = document.getElementById("server-info");
-  const TERMINAL = new Set(["run.completed", "run.failed"]);
+  const TERMINAL = new Set(["run.completed", "run.failed", "run.cancelled"]);
   const EVENT_KINDS = [
     "run.started", "step.started", "step.completed", "step.failed", "check.failed", "input.requested",
-    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed", "log.entry",
+    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed", "run.cancelled", "log.entry",
   ];
 
   // Functions to call when leaving the current view (close SSE streams, timers).
@@ -157,7 +157,9 @@
     }
     if (run.status === "ok") nodes.push(h("section", { "aria-labelledby": "run-output" }, h("h2", { id: "run-output", text: "Output" }), h("pre", { class: "output", text: pretty(data.output) })));
     if (data.prompt) nodes.push(promptPanel(run.run_id, data.prompt, () => reload()));
+    nodes.push(runActions(run, data.steps || [], reload));
     const steps = data.steps || [];
+    nodes.push(waterfall(steps, events));
     nodes.push(h("h2", { text: `Steps (${steps.length})` }));
     nodes.push(steps.length
       ? table([["#", "num"], "Step", "Type", "State", "Source", ["Duration", "num"], ["Attempts", "num"], "Details"], steps.map(stepRow))
@@ -165,6 +167,114 @@
     nodes.push(h("h2", { text: `Events (${events.length})` }));
     nodes.push(table([["Seq", "num"], ["Time", "num"], "Kind", "Name", "Data"], events.map((e) => eventRow(e, t0))));
     container.replaceChildren(...nodes);
+  }
+
+  // Cancel and fork: journal operations on this run (POST /api/runs/{id}/cancel, /fork).
+  function runActions(run, steps, reload) {
+    const live = ["running", "needs_input", "queued"].includes(run.status);
+    const out = h("div", { class: "toolbar", role: "group", "aria-label": "Run actions" });
+    if (live) {
+      out.append(h("button", {
+        type: "button", id: "cancel-run", class: "danger",
+        onclick: async () => {
+          if (!confirm(`Cancel run ${run.run_id}? It stops at its next step and is never resumed.`)) return;
+          try {
+            const r = await api("POST", `/api/runs/${enc(run.run_id)}/cancel`, { reason: "cancelled from the web UI" });
+            setStatus(r.cancelled ? "Run cancelled." : "The run had already finished.");
+            reload();
+          } catch (e) {
+            setStatus(e.message, true);
+          }
+        },
+      }, "Cancel run"));
+    }
+    const at = h("input", { id: "fork-at", class: "narrow", type: "number", min: "0", max: String(steps.length), value: String(Math.max(0, steps.length - 1)) });
+    out.append(h("div", { class: "field" }, h("label", { for: "fork-at", text: "Fork at step" }), at),
+      h("button", {
+        type: "button", id: "fork-run",
+        onclick: async () => {
+          try {
+            const r = await api("POST", `/api/runs/${enc(run.run_id)}/fork`, { at_step: Number(at.value) });
+            setStatus(`Forked as ${r.run_id}: resume it with its agent to execute from step ${r.at_step}.`);
+            location.hash = `#/runs/${enc(r.run_id)}`;
+          } catch (e) {
+            setStatus(e.message, true);
+          }
+        },
+      }, "Fork"));
+    return out;
+  }
+
+  // Positions go through the CSSOM: the server's CSP allows no inline style attributes.
+  function place(el, left, width) {
+    el.style.left = left;
+    if (width !== null) el.style.width = width;
+    return el;
+  }
+
+  // The run's life at a glance: one bar per step on a time axis (executed, replayed from the
+  // cache, retried, failed), sleeps and waits for input drawn to their end, resumes marked.
+  function waterfall(steps, events) {
+    const timed = steps.filter((s) => typeof s.started === "number");
+    if (!events.length) return null;
+    const t0 = events[0].ts;
+    let t1 = events[events.length - 1].ts;
+    const sleeps = [];
+    for (const s of timed) {
+      if (s.type === "sleep" && s.result && typeof s.result.until === "number") {
+        sleeps.push({ from: s.ended || s.started, to: s.result.until, step: s.call_id });
+      }
+      t1 = Math.max(t1, s.ended || s.started);
+    }
+    const resumes = events.filter((e) => e.data && typeof e.data.resumed === "number").map((e) => e.data.resumed);
+    const span = Math.max(t1 - t0, 1e-3);
+    const pct = (t) => `${Math.min(100, Math.max(0, ((t - t0) / span) * 100)).toFixed(3)}%`;
+    const width = (a, b) => `${Math.max(0.4, Math.min(100, ((Math.min(b, t1) - a) / span) * 100)).toFixed(3)}%`;
+    const kind = (s) => s.state === "failed" ? "failed" : s.attempts > 1 || s.state === "retrying" ? "retried"
+      : s.replayed ? "replayed" : s.type === "input" ? "input" : s.type === "sleep" ? "sleep" : "executed";
+    const rows = timed.map((s) => {
+      const end = s.ended || t1;
+      const k = kind(s);
+      const bar = place(h("span", {
+        class: `wf-bar ${k}`, title: `step ${s.call_id} ${s.name}: ${k}, ${fmtMs((end - s.started) * 1000)}`,
+      }), pct(s.started), width(s.started, end));
+      const extra = sleeps.filter((z) => z.step === s.call_id).map((z) => place(h("span", {
+        class: "wf-bar sleeping", title: `sleeping until ${fmtTime(z.to)}`,
+      }), pct(z.from), width(z.from, z.to)));
+      return h("li", { class: "wf-row", "data-step": s.call_id, "data-kind": k },
+        h("span", { class: "wf-label mono", text: `${s.call_id} ${s.name}` }),
+        h("span", { class: "wf-track" }, bar, ...extra));
+    });
+    const marks = resumes.map((t) => place(h("span", { class: "wf-resume", title: `resumed at ${fmtTime(t)}` }), pct(t), null));
+    const legend = ["executed", "replayed", "retried", "failed", "sleep", "input"].map((k) =>
+      h("span", { class: "wf-key" }, h("span", { class: `wf-swatch ${k}` }), k));
+    return h("section", { "aria-labelledby": "wf-title", class: "waterfall", id: "waterfall" },
+      h("h2", { id: "wf-title", text: "Timeline" }),
+      h("p", { class: "wf-legend muted" }, ...legend, h("span", { class: "wf-key" }, h("span", { class: "wf-swatch resume" }), "resumed"),
+        ` · ${fmtMs(span * 1000)} in all`),
+      h("div", { class: "wf-body" }, h("ol", { class: "wf" }, ...rows), h("div", { class: "wf-marks", "aria-hidden": "true" }, ...marks)));
+  }
+
+  async function queuesView() {
+    const data = await api("GET", "/api/queues");
+    const qrows = data.queues.map((q) => h("tr", { "data-queue": q.name },
+      h("td", { class: "mono", text: q.name }),
+      h("td", { class: "num", text: q.concurrency === null ? "—" : q.concurrency }),
+      h("td", { text: q.rate ? `${q.rate[0]} / ${q.rate[1]} s` : "—" }),
+      h("td", { class: "num" }, h("a", { href: "#/runs?status=queued", text: String(q.queued) })),
+      h("td", { class: "num", text: q.running })));
+    const wrows = data.workers.map((w) => h("tr", { "data-worker": w.owner },
+      h("td", { class: "mono", text: w.owner }),
+      h("td", { class: "num", text: w.runs.length }),
+      h("td", {}, ...w.runs.slice(0, 10).map((r) => h("a", { href: `#/runs/${enc(r)}`, class: "mono", text: `${short(r, 14)} ` })))));
+    return [
+      h("h1", { text: "Queues" }),
+      data.queues.length ? table(["Queue", ["Concurrency", "num"], "Rate", ["Queued", "num"], ["Running", "num"]], qrows)
+        : h("p", { class: "muted", text: "No queues yet: runs are queued with engrain.enqueue()." }),
+      h("h2", { text: "Workers" }),
+      data.workers.length ? table(["Lease owner (host:pid)", ["Runs", "num"], "Running now"], wrows)
+        : h("p", { class: "muted", text: "No process holds a run right now." }),
+    ];
   }
 
   async function runView(runId) {
@@ -489,6 +599,7 @@
     else if (section === "routines" && parts[1]) render = () => routineView(parts[1]);
     else if (section === "routines") render = () => routinesView();
     else if (section === "cache") render = () => cacheView();
+    else if (section === "queues") render = () => queuesView();
     else if (section === "memory") render = () => memoryView(params);
     else if (section === "chat" && parts[1]) render = () => window.engrainChat.chatView(parts[1], params);
     else if (section === "chat") render = () => window.engrainChat.agentsView();

@@ -1,0 +1,198 @@
+"""Steps: what the journal records about each call of a durable run, and the per-tool policy.
+
+A step journals only its completion by default (``step.completed`` carries the
+call's type, arguments and start time along with its result): one commit per
+step. A step that was running at a crash left nothing, so it runs again with
+the same idempotency key. A tool declared ``at_most_once`` journals a durable
+``step.started`` before the call; a start with no completion then means "it may
+have happened", and the run asks a human instead of calling it again.
+
+A failed attempt that will be retried is a ``step.failed`` with ``retry_in``
+(seconds until the next attempt): it is not the step's outcome, only the last
+``step.failed`` without ``retry_in`` is.
+"""
+
+from __future__ import annotations
+
+import builtins
+import random
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _events as ev
+from .._errors import EngrainError, RetriesExhaustedError, StepFailedError
+
+#: The question an at-most-once step asks when its run resumes after a crash mid-call.
+AT_MOST_ONCE_PROMPT = (
+    "did this step happen? step {call_id} ({name}) was started and the process stopped before it finished;"
+    " answer {{\"result\": <what it returned>}} if it happened, {{\"retry\": true}} to call it again,"
+    " or {{\"error\": \"...\"}} to fail it"
+)
+#: The fields of that question, for forms (UI, CLI).
+AT_MOST_ONCE_FIELDS = [
+    {"name": "result", "type": "json", "description": "the step happened: its result"},
+    {"name": "retry", "type": "boolean", "description": "it did not happen: call it again"},
+    {"name": "error", "type": "string", "description": "fail the step with this message"},
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPolicy:
+    """How a tool's calls are journaled and retried (see :func:`engrain.tool`)."""
+
+    at_most_once: bool = False
+    retries: int = 0
+    backoff: float = 0.5
+    max_backoff: float = 30.0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.retries, int) or isinstance(self.retries, bool) or not 0 <= self.retries <= 1000:
+            raise EngrainError(f"retries must be an integer from 0 to 1000, got {self.retries!r}")
+        for field in ("backoff", "max_backoff"):
+            v = getattr(self, field)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 86400:
+                raise EngrainError(f"{field} must be a number of seconds from 0 to 86400, got {v!r}")
+        if not self.retry_on or not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.retry_on):
+            raise EngrainError(f"retry_on must be a tuple of exception classes, got {self.retry_on!r}")
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based): exponential, capped, with full jitter."""
+        cap = min(self.max_backoff, self.backoff * (2 ** min(attempt - 1, 60)))
+        # Jitter in [cap/2, cap]: retries of many runs spread out, and never wait 0.
+        return cap / 2 + random.random() * cap / 2
+
+
+DEFAULT_POLICY = StepPolicy()
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """What the journal says about one step (one ``call_id``).
+
+    ``state``: ``started`` (a durable start, no outcome), ``completed``, ``failed``,
+    ``retrying`` (an attempt failed and another is due), ``waiting`` (input
+    requested), ``answered``; for an at-most-once step asked "did this step
+    happen?": ``retry`` (call it again) or ``resolved`` (the answer gives its
+    outcome, journaled as the step's completion or failure when the run resumes).
+    """
+
+    call_id: int
+    name: str
+    type: str
+    args: dict[str, Any]
+    attempts: int = 1
+    state: str = "started"
+    result: Any = None
+    error_type: str = ""
+    error_module: str = ""
+    message: str = ""
+    at_most_once: bool = False
+    retry_at: float = 0.0  # wall time of the next attempt while ``retrying``
+    errors: list[str] | None = None  # "Type: message" of each failed attempt
+
+
+def _record(steps: dict[int, StepRecord], e: ev.Event) -> StepRecord:
+    """The record of ``e``'s step, created from the event when it is the first one (completion-only steps)."""
+    d = e.data
+    cid = d["call_id"]
+    rec = steps.get(cid)
+    if rec is None:
+        rec = steps[cid] = StepRecord(cid, e.name, d.get("type", "tool"), d.get("args") or {}, attempts=0)
+    return rec
+
+
+def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
+    """Fold a run's events into one record per step."""
+    steps: dict[int, StepRecord] = {}
+    for e in events:
+        d = e.data
+        kind = e.kind
+        if kind == ev.STEP_COMPLETED:
+            rec = _record(steps, e)
+            rec.state, rec.result = "completed", d.get("result")
+            rec.attempts = max(rec.attempts, d.get("attempt", 1))
+        elif kind == ev.STEP_STARTED:
+            rec = steps.get(d["call_id"])
+            if rec is None:
+                steps[d["call_id"]] = StepRecord(
+                    d["call_id"], e.name, d.get("type", "tool"), d.get("args") or {},
+                    attempts=d.get("attempt", 1), at_most_once=bool(d.get("at_most_once")),
+                )
+            else:
+                rec.attempts = max(rec.attempts + 1, d.get("attempt", 1))
+                rec.state = "started"
+                rec.at_most_once = rec.at_most_once or bool(d.get("at_most_once"))
+        elif kind == ev.STEP_FAILED:
+            rec = _record(steps, e)
+            rec.attempts = max(rec.attempts, d.get("attempt", 1))
+            rec.error_type, rec.message = d.get("error_type", ""), d.get("message", "")
+            rec.error_module = d.get("error_module", "")
+            if rec.errors is None:
+                rec.errors = []
+            rec.errors.append(f"{rec.error_type}: {rec.message}")
+            if "retry_in" in d:
+                rec.state, rec.retry_at = "retrying", e.ts + float(d["retry_in"])
+            else:
+                rec.state = "failed"
+                if isinstance(d.get("attempt_errors"), list):
+                    rec.errors = [str(x) for x in d["attempt_errors"]]
+        elif kind == ev.INPUT_REQUESTED:
+            cid = d["call_id"]
+            rec = steps.get(cid)
+            if rec is not None and rec.at_most_once:
+                rec.state = "waiting"  # the "did this step happen?" question
+            else:
+                steps[cid] = StepRecord(cid, e.name or "engrain.ask", "input", {"prompt": d.get("prompt"), "fields": d.get("fields")}, state="waiting")
+        elif kind == ev.INPUT_RECEIVED:
+            rec = steps[d["call_id"]]
+            answers = d.get("answers")
+            if rec.type != "input" and rec.at_most_once and isinstance(answers, dict):
+                _answered_at_most_once(rec, answers)
+            else:
+                rec.state, rec.result = "answered", answers
+    return steps
+
+
+def _answered_at_most_once(rec: StepRecord, answers: dict[str, Any]) -> None:
+    if answers.get("retry"):
+        rec.state = "retry"
+    elif "error" in answers:
+        rec.state, rec.error_type, rec.message = "resolved", "StepFailedError", str(answers["error"])
+        rec.error_module = "engrain._errors"
+    else:
+        rec.state, rec.result, rec.error_type = "resolved", answers.get("result"), ""
+
+
+def check_at_most_once_answer(name: str, answers: Any) -> None:
+    """Raise :class:`EngrainError` unless ``answers`` is one valid answer to the at-most-once question."""
+    keys = set(answers) if isinstance(answers, dict) else set()
+    if len(keys) != 1 or not keys <= {"result", "retry", "error"} or ("retry" in keys and answers["retry"] is not True):
+        raise EngrainError(
+            f"step {name!r} asks whether it happened: answer with exactly one of"
+            f" {{'result': ...}}, {{'retry': True}} or {{'error': 'message'}}, got {answers!r}"
+        )
+
+
+def replay(rec: StepRecord) -> Any:
+    """The recorded outcome of a finished step: its result, or its error raised again."""
+    if rec.state == "completed":
+        return rec.result
+    if rec.error_module == "engrain._errors":
+        if rec.error_type == "RetriesExhaustedError":
+            raise RetriesExhaustedError(rec.name, rec.errors or [])
+        if rec.error_type == "StepFailedError":  # an operator's answer to the at-most-once question
+            raise StepFailedError(rec.name, "error", rec.message)
+    # Re-raise the original type only when it is already loaded: importing a
+    # module named by journal data would run code chosen by whoever wrote it.
+    mod = sys.modules.get(rec.error_module) if rec.error_module else None
+    cls = getattr(mod, rec.error_type, None) if mod else getattr(builtins, rec.error_type, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            exc = cls(rec.message)
+        except Exception:
+            exc = None
+        if exc is not None:
+            raise exc
+    raise StepFailedError(rec.name, rec.error_type, rec.message)

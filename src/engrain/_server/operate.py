@@ -1,0 +1,47 @@
+"""``/api/runs/{id}/fork`` and ``/api/queues``: time travel and the queues/workers view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import Field
+
+from .runs import _require
+from .state import Body, state_of
+
+router = APIRouter(tags=["runs"])
+
+
+class Fork(Body):
+    """Fork a run at a step."""
+
+    at_step: int = Field(ge=0, le=10_000_000, description="Reuse steps 0..at_step-1, execute from at_step.")
+    run_id: str | None = Field(default=None, min_length=1, max_length=200, description="Id of the new run.")
+
+
+@router.post("/runs/{run_id}/fork")
+def fork_run(request: Request, run_id: str, body: Fork) -> dict[str, Any]:
+    """A new run reusing the recorded results of the first ``at_step`` steps; resume it with its agent."""
+    from .._durable.operate import fork
+
+    state = state_of(request)
+    _require(request, run_id)
+    new = fork(run_id, body.at_step, run_id=body.run_id, journal=state.journal)
+    return {"run_id": new, "source": run_id, "at_step": body.at_step}
+
+
+@router.get("/queues", tags=["queues"])
+def list_queues(request: Request) -> dict[str, Any]:
+    """Queues (limits, queued and running counts) and workers (live lease holders and their runs)."""
+    from .._workers.queues import queues
+
+    journal = state_of(request).journal
+    workers: dict[str, list[str]] = {}
+    for r in journal.runs(status="running", limit=1000):
+        if r.lease_owner:
+            workers.setdefault(r.lease_owner, []).append(r.run_id)
+    return {
+        "queues": [q.to_dict() for q in queues(journal=journal)],
+        "workers": [{"owner": o, "runs": sorted(ids)} for o, ids in sorted(workers.items())],
+    }

@@ -1,0 +1,277 @@
+"""Queue tables next to the journal, and the claims workers make on them.
+
+A queued run is a journal run (``run.started`` records its task, inputs and
+``queue``) whose summary row says ``queued``, plus a row in ``engrain_queue``
+(queue, agent name, priority, when it is available, when it was first
+claimed). Queue limits live in ``engrain_queues``. A claim, in one
+transaction serialized per store (SQLite's write lock) or per queue
+(a PostgreSQL advisory lock, with ``FOR UPDATE SKIP LOCKED`` on the rows),
+counts the queue's executing runs and its recent starts, then moves up to the
+free number of available runs to ``running`` under the worker's lease, so the
+limits hold across any number of workers. A run whose executor died
+(``running``, lease expired) is claimed again without counting as a new start.
+A run sleeping past the worker's threshold is parked: ``queued`` again with
+``available`` set to its wake-up time.
+
+The tables are created idempotently here (``CREATE TABLE IF NOT EXISTS``); once
+the journal has a schema-version migration list they belong there.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _events as ev
+from .._errors import EngrainError
+from .._events import NewEvent, check_json
+from .._journal import Journal
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+
+_SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS engrain_queue (
+    run_id TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    available REAL NOT NULL,
+    first_claimed REAL
+);
+CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available);
+CREATE TABLE IF NOT EXISTS engrain_queues (
+    name TEXT PRIMARY KEY,
+    concurrency INTEGER,
+    rate_limit INTEGER,
+    rate_period REAL
+);
+"""
+_PG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS engrain_queue (
+    run_id TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 0,
+    available DOUBLE PRECISION NOT NULL,
+    first_claimed DOUBLE PRECISION
+);
+CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available);
+CREATE TABLE IF NOT EXISTS engrain_queues (
+    name TEXT PRIMARY KEY,
+    concurrency INTEGER,
+    rate_limit INTEGER,
+    rate_period DOUBLE PRECISION
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue's limits and current counts."""
+
+    name: str
+    concurrency: int | None
+    rate: tuple[int, float] | None
+    queued: int = 0
+    running: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"name": self.name, "concurrency": self.concurrency, "rate": list(self.rate) if self.rate else None,
+                "queued": self.queued, "running": self.running}
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A run a worker claimed: what it needs to execute it."""
+
+    run_id: str
+    agent: str
+    queue: str
+
+
+def check_queue_name(name: str) -> str:
+    """``name`` if it is a valid queue name, else :class:`EngrainError`."""
+    if not isinstance(name, str) or not _QUEUE_NAME.match(name):
+        raise EngrainError(f"queue name must be 1-100 letters, digits, '_', '.' or '-', got {name!r}")
+    return name
+
+
+class QueueStore:
+    """The queue tables of one journal (SQLite file or PostgreSQL database)."""
+
+    def __init__(self, journal: Journal):
+        self.journal = journal
+        self.pg = journal.backend == "postgres"
+        self._db = journal._db  # type: ignore[attr-defined]  # same connection: same file/database, same lock
+        self._lock = journal._lock  # type: ignore[attr-defined]
+        self.ph = "%s" if self.pg else "?"
+        self.runs = "engrain_runs" if self.pg else "runs"
+        with self._lock:
+            if self.pg:
+                with self._db.transaction():
+                    self._db.execute("SELECT pg_advisory_xact_lock(727402)")
+                    self._db.execute(_PG_SCHEMA)
+            else:
+                self._db.executescript(_SQLITE_SCHEMA)
+
+    # -- transactions --------------------------------------------------------------
+
+    def _tx(self, fn: Any, queue_lock: str | None = None) -> Any:
+        with self._lock:
+            db = self._db
+            if self.pg:
+                with db.transaction():
+                    if queue_lock is not None:
+                        db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ("engrain-queue:" + queue_lock,))
+                    return fn(lambda sql, args=(): db.execute(sql, args))
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(lambda sql, args=(): db.execute(sql, args))
+                db.execute("COMMIT")
+                return out
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def _now(self, q: Any) -> float:
+        if self.pg:
+            return float(q("SELECT extract(epoch from clock_timestamp())").fetchone()[0])
+        return time.time()
+
+    # -- queues ------------------------------------------------------------------------
+
+    def declare(self, name: str, concurrency: int | None = None, rate: tuple[int, float] | None = None) -> QueueInfo:
+        """Create or change queue ``name``'s limits (shared by every worker on the store)."""
+        check_queue_name(name)
+        if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
+                                        or not 1 <= concurrency <= 100_000):
+            raise EngrainError(f"queue {name!r}: concurrency must be an integer from 1 to 100000, got {concurrency!r}")
+        if rate is not None:
+            ok = (isinstance(rate, (tuple, list)) and len(rate) == 2 and isinstance(rate[0], int)
+                  and not isinstance(rate[0], bool) and isinstance(rate[1], (int, float)) and rate[0] >= 1
+                  and 0 < rate[1] <= 86400 * 366)
+            if not ok:
+                raise EngrainError(f"queue {name!r}: rate must be (runs, seconds), e.g. (100, 60), got {rate!r}")
+            rate = (int(rate[0]), float(rate[1]))
+        p = self.ph
+        n, per = rate if rate else (None, None)
+
+        def write(q: Any) -> None:
+            q(f"DELETE FROM engrain_queues WHERE name = {p}", (name,))
+            q(f"INSERT INTO engrain_queues VALUES ({p}, {p}, {p}, {p})", (name, concurrency, n, per))
+
+        self._tx(write)
+        return QueueInfo(name, concurrency, rate)
+
+    def queues(self) -> list[QueueInfo]:
+        """Every declared or used queue with its limits and counts."""
+        r = self.runs
+        with self._lock:
+            limits = {row[0]: row[1:] for row in self._db.execute("SELECT name, concurrency, rate_limit, rate_period FROM engrain_queues").fetchall()}
+            counts = self._db.execute(
+                f"SELECT q.queue, SUM(CASE WHEN r.status = 'queued' THEN 1 ELSE 0 END),"
+                f" SUM(CASE WHEN r.status = 'running' THEN 1 ELSE 0 END)"
+                f" FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id GROUP BY q.queue"
+            ).fetchall()
+        by = {c[0]: (int(c[1] or 0), int(c[2] or 0)) for c in counts}
+        out = []
+        for name in sorted(set(limits) | set(by)):
+            lim = limits.get(name, (None, None, None))
+            rate = (int(lim[1]), float(lim[2])) if lim[1] is not None else None
+            queued, running = by.get(name, (0, 0))
+            out.append(QueueInfo(name, lim[0], rate, queued, running))
+        return out
+
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def enqueue(self, run_id: str, agent: str, task: str, queue: str, inputs: dict[str, Any], priority: int,
+                tags: list[str], owner: str) -> None:
+        """Create run ``run_id`` as ``queued`` in ``queue``, to be executed by agent ``agent``."""
+        check_queue_name(queue)
+        if not isinstance(priority, int) or isinstance(priority, bool) or not -1_000_000 <= priority <= 1_000_000:
+            raise EngrainError(f"priority must be an integer from -1000000 to 1000000, got {priority!r}")
+        data = {"task": task, "inputs": inputs, "tags": tags, "queue": queue, "agent": agent}
+        check_json(data, f"run {run_id!r}", "inputs")
+        # Created leased to us, so no recovery claims it as an orphan before it is marked queued.
+        self.journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=(owner, 60.0))
+        p, r = self.ph, self.runs
+
+        def write(q: Any) -> None:
+            now = self._now(q)
+            q(f"INSERT INTO engrain_queue VALUES ({p}, {p}, {p}, {p}, {p}, NULL)", (run_id, queue, agent, priority, now))
+            q(f"UPDATE {r} SET status = 'queued', lease_owner = NULL, lease_until = NULL WHERE run_id = {p}", (run_id,))
+
+        self._tx(write)
+
+    # -- claims --------------------------------------------------------------------------------
+
+    def claim(self, queue: str, owner: str, ttl: float, limit: int) -> list[Claimed]:
+        """Lease up to ``limit`` runs of ``queue``: orphans first, then available queued runs, within its limits."""
+        p, r = self.ph, self.runs
+        skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
+
+        def pick(q: Any) -> list[Claimed]:
+            now = self._now(q)
+            lim = q(f"SELECT concurrency, rate_limit, rate_period FROM engrain_queues WHERE name = {p}", (queue,)).fetchone()
+            conc, rate_n, rate_per = lim if lim else (None, None, None)
+            got: list[Claimed] = []
+            # Orphans: executing runs whose lease expired; they already count as running.
+            orphans = q(
+                f"SELECT q.run_id, q.agent FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
+                f" WHERE q.queue = {p} AND r.status = 'running' AND (r.lease_until IS NULL OR r.lease_until < {p})"
+                f" ORDER BY q.priority DESC, q.available LIMIT {p}{skip}",
+                (queue, now, limit),
+            ).fetchall()
+            for rid, agent in orphans:
+                q(f"UPDATE {r} SET lease_owner = {p}, lease_until = {p} WHERE run_id = {p}", (owner, now + ttl, rid))
+                got.append(Claimed(rid, agent, queue))
+            free = limit - len(got)
+            if conc is not None:
+                running = q(
+                    f"SELECT COUNT(*) FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
+                    f" WHERE q.queue = {p} AND r.status = 'running'", (queue,)
+                ).fetchone()[0]
+                free = min(free, conc - running)
+            if rate_n is not None:
+                started = q(
+                    f"SELECT COUNT(*) FROM engrain_queue WHERE queue = {p} AND first_claimed >= {p}",
+                    (queue, now - rate_per),
+                ).fetchone()[0]
+                free = min(free, rate_n - started)
+            if free <= 0:
+                return got
+            rows = q(
+                f"SELECT q.run_id, q.agent, q.first_claimed FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
+                f" WHERE q.queue = {p} AND r.status = 'queued' AND q.available <= {p}"
+                f" ORDER BY q.priority DESC, q.available LIMIT {p}{skip}",
+                (queue, now, free),
+            ).fetchall()
+            for rid, agent, first in rows:
+                q(f"UPDATE {r} SET status = 'running', lease_owner = {p}, lease_until = {p}, updated = {p} WHERE run_id = {p}",
+                  (owner, now + ttl, now, rid))
+                if first is None:
+                    q(f"UPDATE engrain_queue SET first_claimed = {p} WHERE run_id = {p}", (now, rid))
+                got.append(Claimed(rid, agent, queue))
+            return got
+
+        return self._tx(pick, queue_lock=queue)
+
+    def park(self, run_id: str, until: float, owner: str) -> None:
+        """Put an executing run back in its queue until ``until`` (a durable sleep), dropping ``owner``'s lease."""
+        p, r = self.ph, self.runs
+
+        def write(q: Any) -> None:
+            q(f"UPDATE engrain_queue SET available = {p} WHERE run_id = {p}", (until, run_id))
+            q(f"UPDATE {r} SET status = 'queued', lease_owner = NULL, lease_until = NULL"
+              f" WHERE run_id = {p} AND status = 'running'", (run_id,))
+
+        self._tx(write)
+
+    def queue_of(self, run_id: str) -> str | None:
+        """The queue ``run_id`` was enqueued on, or ``None``."""
+        with self._lock:
+            row = self._db.execute(f"SELECT queue FROM engrain_queue WHERE run_id = {self.ph}", (run_id,)).fetchone()
+        return row[0] if row else None

@@ -1,0 +1,158 @@
+"""The worker loop: claim runs of some queues within their limits, execute them, park long sleeps.
+
+One :class:`Worker` per process (``engrain worker``). Each pass claims, per
+queue, as many runs as it has free threads (:meth:`QueueStore.claim` applies
+the queue's shared concurrency and rate limits), and executes each with
+:func:`engrain.run` in a thread; the run's lease is renewed by the durable
+runner's renewal thread. A run that sleeps longer than ``park_after`` seconds
+is parked: back in its queue until its wake-up time, holding no thread.
+``stop()`` (SIGTERM) stops claiming, lets runs in flight finish for ``grace``
+seconds, and leaves the rest to be claimed again once their lease expires.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._durable import context as _ctx
+from .._durable.lease import DEFAULT_TTL, owner_id
+from .._errors import EngrainError
+from .._journal import Journal
+from .queues import store_of
+from .store import Claimed
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What a worker did: runs finished by outcome, parked, failed to start."""
+
+    finished: dict[str, int] = field(default_factory=dict)
+    parked: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Worker:
+    """Executes queued and orphaned runs of ``queues`` with ``agents`` (name -> callable)."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        agents: dict[str, Callable[..., Any]],
+        queues: list[str],
+        *,
+        concurrency: int = 4,
+        poll: float = 0.2,
+        ttl: float = DEFAULT_TTL,
+        park_after: float = 5.0,
+    ):
+        if not agents:
+            raise EngrainError("a worker needs at least one agent (--agents module:attr)")
+        if not queues:
+            raise EngrainError("a worker needs at least one queue (--queue NAME)")
+        if not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
+            raise EngrainError(f"worker concurrency must be from 1 to 1000, got {concurrency!r}")
+        self.journal = journal
+        self.store = store_of(journal)
+        self.agents = agents
+        self.queues = queues
+        self.concurrency = concurrency
+        self.poll = poll
+        self.ttl = ttl
+        self.park_after = park_after
+        self.stats = WorkerStats()
+        self._stop = threading.Event()
+        self._active: dict[str, Future[Any]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="engrain-worker")
+
+    def stop(self) -> None:
+        """Stop claiming; :meth:`run` returns once runs in flight finish (or the grace period ends)."""
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the worker gracefully (main thread only)."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def run(self, *, until_idle: bool = False, grace: float = 30.0) -> WorkerStats:
+        """Claim and execute until :meth:`stop` (or, with ``until_idle``, until nothing is left to claim)."""
+        owner = owner_id()
+        try:
+            while not self._stop.is_set():
+                claimed = 0
+                for queue in self.queues:
+                    free = self.concurrency - self._busy()
+                    if free <= 0:
+                        break
+                    for c in self.store.claim(queue, owner, self.ttl, free):
+                        self._start(c)
+                        claimed += 1
+                if until_idle and not claimed and not self._busy() and not self._waiting():
+                    break
+                self._stop.wait(self.poll if not claimed else 0.01)
+        finally:
+            self._drain(grace)
+        return self.stats
+
+    def _waiting(self) -> bool:
+        """Runs of our queues still queued or parked (for ``until_idle``)."""
+        return any(q.queued or q.running for q in self.store.queues() if q.name in self.queues)
+
+    def _busy(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def _start(self, c: Claimed) -> None:
+        with self._lock:
+            self._active[c.run_id] = self._pool.submit(self._execute, c)
+
+    def _execute(self, c: Claimed) -> None:
+        try:
+            agent = self.agents.get(c.agent)
+            if agent is None:
+                raise EngrainError(f"run {c.run_id!r} needs agent {c.agent!r}, not given to this worker")
+            events = self.journal.read(c.run_id, after=-1)[:1]
+            data = events[0].data if events else {}
+            result = _run_parked(self, agent, data.get("task", ""), c.run_id, data.get("inputs") or {})
+            if result is not None:
+                with self._lock:
+                    self.stats.finished[result.status] = self.stats.finished.get(result.status, 0) + 1
+        except _ctx._Park as park:
+            self.store.park(c.run_id, park.until, owner_id())
+            with self._lock:
+                self.stats.parked += 1
+        except Exception as e:  # noqa: BLE001 - one bad run must not stop the worker; the run stays resumable
+            with self._lock:
+                self.stats.errors.append(f"{c.run_id}: {type(e).__name__}: {e}")
+            try:
+                self.journal.release_lease(c.run_id, owner_id())
+            except Exception:  # noqa: BLE001 - the lease expires by itself
+                pass
+        finally:
+            with self._lock:
+                self._active.pop(c.run_id, None)
+
+    def _drain(self, grace: float) -> None:
+        deadline = time.monotonic() + grace
+        while self._busy() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Threads still running hold leases that expire; another worker takes their runs over.
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _run_parked(worker: Worker, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any]) -> Any:
+    """``engrain.run`` with long sleeps parking the run (``RunContext.park_after``)."""
+    token = _park_after.set(worker.park_after)
+    try:
+        return _ctx.run(agent, task, run_id=run_id, inputs=inputs, journal=worker.journal)
+    finally:
+        _park_after.reset(token)
+
+
+_park_after = _ctx._park_after

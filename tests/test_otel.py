@@ -1,0 +1,95 @@
+"""OpenTelemetry export: one trace per run, one span per step, GenAI attributes; the real SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+import engrain as eg
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observer = eg.instrument_otel(provider)
+    yield exporter, provider
+    eg.uninstrument_otel(observer)
+
+
+def _agent():
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg)
+    def search(q: str) -> list:
+        return [q, q + "!"]
+
+    @eg.llm(registry=reg)
+    def complete(model: str, prompt: str) -> dict:
+        # A scripted model: the shape the OpenAI SDK's response.model_dump() has.
+        return {"model": model + "-2026", "text": prompt.upper(), "usage": {"prompt_tokens": 12, "completion_tokens": 3}}
+
+    @eg.tool(registry=reg)
+    def flaky() -> None:
+        raise ValueError("nope")
+
+    def agent(task):
+        hits = search(task)
+        try:
+            flaky()
+        except ValueError:
+            pass
+        return complete("gpt-test", hits[0])["text"]
+
+    return agent
+
+
+def test_one_trace_per_run_one_span_per_step(journal, spans):
+    exporter, provider = spans
+    tracer = provider.get_tracer("caller")
+    with tracer.start_as_current_span("request") as caller:
+        res = eg.run(_agent(), "find", run_id="o1", journal=journal)
+    assert res.output == "FIND"
+    got = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(got) == {"request", "invoke_agent", "execute_tool search", "execute_tool flaky", "chat gpt-test"}
+    run = got["invoke_agent"]
+    # Parented under the caller's span, in its trace; steps under the run.
+    assert run.parent.span_id == caller.get_span_context().span_id
+    assert {s.context.trace_id for s in got.values()} == {caller.get_span_context().trace_id}
+    for name in ("execute_tool search", "execute_tool flaky", "chat gpt-test"):
+        assert got[name].parent.span_id == run.context.span_id
+        assert run.start_time <= got[name].start_time <= got[name].end_time <= run.end_time
+    tool = got["execute_tool search"].attributes
+    assert tool["gen_ai.operation.name"] == "execute_tool" and tool["gen_ai.tool.name"] == "search"
+    assert tool["gen_ai.tool.call.id"] == "o1:0" and tool["engrain.step.replayed"] is False
+    llm = got["chat gpt-test"].attributes
+    assert llm["gen_ai.operation.name"] == "chat" and llm["gen_ai.request.model"] == "gpt-test"
+    assert llm["gen_ai.response.model"] == "gpt-test-2026"
+    assert llm["gen_ai.usage.input_tokens"] == 12 and llm["gen_ai.usage.output_tokens"] == 3
+    failed = got["execute_tool flaky"]
+    assert failed.status.status_code == StatusCode.ERROR and failed.attributes["error.type"] == "ValueError"
+    assert run.attributes["engrain.run_id"] == "o1" and run.attributes["engrain.status"] == "ok"
+
+
+def test_replayed_steps_and_a_run_without_caller(journal, spans):
+    exporter, _ = spans
+    agent = _agent()
+
+    def crashing(task):
+        agent(task)
+        raise KeyboardInterrupt  # the process dies after the steps
+
+    with pytest.raises(KeyboardInterrupt):
+        eg.run(crashing, "find", run_id="o2", journal=journal)
+    exporter.clear()
+    assert eg.run(agent, "find", run_id="o2", journal=journal)
+    spans_ = exporter.get_finished_spans()
+    run = [s for s in spans_ if s.name == "invoke_agent"][0]
+    assert run.parent is None  # no caller span: the run is its own trace
+    steps = [s for s in spans_ if s.name != "invoke_agent"]
+    assert len(steps) == 3 and all(s.attributes["engrain.step.replayed"] for s in steps)
+    assert all(s.context.trace_id == run.context.trace_id for s in steps)
