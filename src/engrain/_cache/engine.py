@@ -43,7 +43,8 @@ from .replay import (
     ToolSpec,
     current_session,
 )
-from .store import CacheStore, Entry, canonical_task, key, task_key, templatize
+from .binding import bind, entry_key, shape_key
+from .store import CacheStore, Entry, canonical_task, key, task_key
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 
@@ -248,34 +249,30 @@ class Engine:
         """Store a successful run's tool calls as an entry; empty trajectories are never stored."""
         if not s.trajectory:
             return None
-        steps = []
-        for t in s.trajectory:
-            try:
-                args, templated = templatize(t["args"], s.params)
-            except ValueError:
-                args, templated = t["args"], False
-            pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (t["pre"], t["post"]))
-            steps.append({"name": t["name"], "args": args, "templated": templated, "pre": pre, "post": post})
-        out_spec: dict[str, Any] = {"value": output}
         producers = [i for i, t in enumerate(s.trajectory) if t["result"] == output and output not in (None, True, False, "")]
+        values = [t["args"] for t in s.trajectory]
+        if not producers:
+            values.append(output)
+        # Each param is bound in every argument that used its value, or pinned into the key (see binding.py).
+        b = bind(values, s.params)
+        steps = []
+        for i, t in enumerate(s.trajectory):
+            pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (t["pre"], t["post"]))
+            steps.append({"name": t["name"], "args": b.values[i], "templated": b.templated[i], "pre": pre, "post": post})
         if producers:
-            out_spec = {"step": producers[-1]}
+            out_spec: dict[str, Any] = {"step": producers[-1]}
         else:
-            try:
-                tmpl, changed = templatize(output, s.params)
-                if changed:
-                    out_spec = {"template": tmpl}
-            except ValueError:
-                pass
-        canon = canonical_task(s.task, s.params)
+            out_spec = {"template": b.values[-1]} if b.templated[-1] else {"value": output}
+        canon, shape = (canonical_task(s.task, {}), None) if not s.params else shape_key(s.task, s.tags, s.params)
+        ekey = task_key(canon, s.tags) if shape is None else entry_key(shape, s.params, b.pinned)
         now = time.time()
         entry = Entry(
-            id=new_run_id(), task_key=task_key(canon, s.tags), tags_key=key(s.tags), task=canon, tags=s.tags,
+            id=new_run_id(), task_key=ekey, tags_key=key(s.tags), task=canon, tags=s.tags,
             steps=steps, output=out_spec, run_id=run_id, created=now, last_used=now,
         )
         if self.embedder is not None:
             entry.embedding = [float(x) for x in self._embed(canon)]
-        self.store.put(entry)
+        self.store.put(entry, shape, b.pinned)
         return entry.id
 
     def _embed(self, text: str) -> Any:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from .. import _events as ev
 from .._durable.context import RunContext
 from .checks import Check, decode_snapshot
+from .binding import entry_key, shape_key
 from .store import CacheStore, Entry, canonical_task, task_key
 
 
@@ -240,7 +241,16 @@ class Session:
         eng, store = self.engine, self.engine.store
         store.bump("lookups")
         canon = self.canon or canonical_task(self.task, self.params)
-        cands = store.candidates(task_key(canon, self.tags), eng.max_candidates)
+        if self.params:
+            _, shape = shape_key(self.task, self.tags, self.params)
+            cands = []
+            for pinned in store.pinsets(shape):
+                if set(pinned) <= self.params.keys():
+                    cands += store.candidates(entry_key(shape, self.params, pinned), eng.max_candidates)
+            cands.sort(key=lambda e: (-e.successes, -e.last_used))
+            del cands[eng.max_candidates :]
+        else:
+            cands = store.candidates(task_key(canon, self.tags), eng.max_candidates)
         how = "exact"
         if not cands and eng.embedder is not None:
             cands, how = eng._semantic(canon, self.tags), "semantic"
