@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Binding", "bind", "canonical_task", "entry_key", "key", "shape_key", "strong", "usable"]
+__all__ = ["Binding", "bind", "canonical_task", "entry_key", "json_type", "key", "shape_key", "strong", "text_of", "usable"]
 
 
 def key(*parts: Any) -> str:
@@ -46,7 +46,12 @@ def _placeholder(name: str) -> str:
     return "{{ params." + name + " }}"
 
 
-def _text(v: Any) -> str | None:
+def json_type(v: Any) -> str:
+    """The type name a bound param must keep for a hit (int and float stay apart: str() differs)."""
+    return type(v).__name__
+
+
+def text_of(v: Any) -> str | None:
     """The text a value becomes inside a rendered string (``None``: it cannot be bound inside text)."""
     if isinstance(v, str):
         return v if v and "{{" not in v and "}}" not in v else None
@@ -72,9 +77,9 @@ def _forms(v: Any) -> set[str]:
 def strong(v: Any) -> bool:
     """A value distinctive enough to template out of the task text."""
     if isinstance(v, str):
-        return len(v) >= 3 and _text(v) is not None
+        return len(v) >= 3 and text_of(v) is not None
     if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return abs(v) >= 2 and _text(v) is not None
+        return abs(v) >= 2 and text_of(v) is not None
     return False
 
 
@@ -107,7 +112,7 @@ def _in_text(text: str, params: dict[str, Any]) -> dict[str, str]:
     """Strong usable params found at word boundaries in ``text`` whose text no other such param shares."""
     found: dict[str, str] = {}
     for name, v in params.items():
-        t = _text(v)
+        t = text_of(v)
         if usable(name) and strong(v) and t is not None and any(_bounded(text, i, j) for i, j in _occurrences(text, t)):
             found[name] = t
     texts = list(found.values())
@@ -172,7 +177,7 @@ class _Scan:
     def __init__(self, params: dict[str, Any]):
         self.params = {n: v for n, v in params.items() if usable(n)}
         self.forms = {n: ({v} if isinstance(v, str) else _forms(v)) - {""} for n, v in self.params.items()}
-        self.texts = {n: _text(v) for n, v in self.params.items()}
+        self.texts = {n: text_of(v) for n, v in self.params.items()}
         self.bad: set[str] = set()
 
     def whole(self, x: Any) -> set[str]:
@@ -235,7 +240,7 @@ def _templatize(x: Any, params: dict[str, Any]) -> tuple[Any, bool]:
             return _placeholder(n), True
     if isinstance(x, str):
         spans = sorted(
-            (i, j, n) for n, v in params.items() if (t := _text(v)) is not None for i, j in _occurrences(x, t) if _bounded(x, i, j)
+            (i, j, n) for n, v in params.items() if (t := text_of(v)) is not None for i, j in _occurrences(x, t) if _bounded(x, i, j)
         )
         if not spans:
             return escape(x), False

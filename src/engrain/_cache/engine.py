@@ -43,7 +43,7 @@ from .replay import (
     ToolSpec,
     current_session,
 )
-from .binding import bind, entry_key, shape_key
+from .binding import bind, entry_key, json_type, shape_key
 from .store import CacheStore, Entry, canonical_task, key, task_key
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
@@ -263,6 +263,9 @@ class Engine:
             out_spec: dict[str, Any] = {"step": producers[-1]}
         else:
             out_spec = {"template": b.values[-1]} if b.templated[-1] else {"value": output}
+        # A hit needs each bound param with the type it had: "{{ params.x }}" renders a new type as is,
+        # while the agent may have formatted the value into text.
+        out_spec["param_types"] = {n: json_type(s.params[n]) for n in b.bound}
         canon, shape = (canonical_task(s.task, {}), None) if not s.params else shape_key(s.task, s.tags, s.params)
         ekey = task_key(canon, s.tags) if shape is None else entry_key(shape, s.params, b.pinned)
         now = time.time()

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from .. import _events as ev
 from .._durable.context import RunContext
 from .checks import Check, decode_snapshot
+from .binding import json_type, text_of
 from .binding import entry_key, shape_key
 from .store import CacheStore, Entry, canonical_task, task_key
 
@@ -75,19 +76,40 @@ class Diverged(Exception):
 
 
 _PARAM_RE = re.compile(r"\{\{ params\.(\w+) \}\}")
-_param_names: dict[str, frozenset[str]] = {}
+_WHOLE_RE = re.compile(r"\{\{ params\.\w+ \}\}")
+_param_names: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
 _UNSET: Any = object()
 
 
-def param_names(e: Entry) -> frozenset[str]:
-    """The ``params`` an entry's templates need (cached: entries never change)."""
+def _strings(x: Any) -> list[str]:
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, dict):
+        return [s for v in x.values() for s in _strings(v)]
+    if isinstance(x, list):
+        return [s for v in x for s in _strings(v)]
+    return []
+
+
+def param_names(e: Entry) -> tuple[frozenset[str], frozenset[str]]:
+    """The ``params`` an entry's templates need, and those of them it puts inside text (cached: entries never change)."""
     names = _param_names.get(e.id)
     if names is None:
         if len(_param_names) >= 65536:  # evicted entries leave ids behind: keep the memo bounded
             _param_names.clear()
-        text = json.dumps([s["args"] for s in e.steps if s.get("templated")] + [e.output])
-        names = _param_names[e.id] = frozenset(_PARAM_RE.findall(text))
+        texts = _strings([s["args"] for s in e.steps if s.get("templated")] + [e.output.get("template")])
+        inline = {n for t in texts if not _WHOLE_RE.fullmatch(t) for n in _PARAM_RE.findall(t)}
+        names = _param_names[e.id] = (frozenset(n for t in texts for n in _PARAM_RE.findall(t)), frozenset(inline))
     return names
+
+
+def fits(e: Entry, params: dict[str, Any]) -> bool:
+    """Whether ``params`` can fill ``e``'s templates: every name given, and text-bound ones as the same text Python's str() gives."""
+    names, inline = param_names(e)
+    if not names <= params.keys() or not all(text_of(params[n]) is not None for n in inline):
+        return False
+    types = e.output.get("param_types")
+    return types is None or all(json_type(params[n]) == types.get(n) for n in names)
 
 
 def _decoded(stored: dict[str, Any] | None) -> Any:
@@ -256,7 +278,7 @@ class Session:
             cands, how = eng._semantic(canon, self.tags), "semantic"
         if not cands:
             return {"entry": None, "alternatives": [], "reason": "miss: no cached trajectory for this task and tags"}
-        fit = [e for e in cands if param_names(e) <= self.params.keys()]
+        fit = [e for e in cands if fits(e, self.params)]
         # Captures are shared only when several candidates may ask for the same one.
         seen: dict[str, Any] | None = {} if len(fit) > 1 else None
         for n, e in enumerate(fit):
