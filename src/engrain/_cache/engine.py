@@ -13,9 +13,14 @@ A run that ends well with at least one tool call is stored as a new entry.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import inspect
+import json
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,8 +38,9 @@ from .._durable.tools import (
 )
 from .._errors import CacheError
 from .._events import check_json
-from .._journal import Journal
+from .._journal import Journal, open_journal
 from .checks import Check, encode_snapshot
+from .metrics import Metrics
 from .replay import (
     Continuation,
     PlannedStep,
@@ -91,6 +97,15 @@ class Engine:
     resumes without running a finished step twice; ``"run"``, in one
     transaction when the call ends (fast; a crash loses the call in flight);
     ``"off"``, not at all.
+
+    ``url`` opens a store of its own (``":memory:"``: a private one that starts
+    empty and is removed on :meth:`close`); ``namespace`` keeps this engine's
+    entries apart from other engines' in the same store. ``match="tags"`` keys
+    trajectories by tags alone, as muscle-mem does (default: task text and
+    tags). ``store_empty`` also caches runs that made no tool call;
+    ``refresh_snapshots`` stores a hit's fresh snapshots, so time-window
+    checks slide instead of expiring. :mod:`engrain.muscle_mem` turns the
+    muscle-mem behaviours on.
     """
 
     def __init__(
@@ -102,11 +117,35 @@ class Engine:
         evict_after: int = 3,
         max_candidates: int = 10,
         durability: str = "step",
+        url: str | None = None,
+        namespace: str | None = None,
+        match: str = "task",
+        store_empty: bool = False,
+        refresh_snapshots: bool = False,
     ):
         if durability not in ("step", "run", "off"):
             raise CacheError(f"durability must be 'step', 'run' or 'off', got {durability!r}")
+        if match not in ("task", "tags"):
+            raise CacheError(f"match must be 'task' (task text and tags) or 'tags' (tags only), got {match!r}")
+        if journal is not None and url is not None:
+            raise CacheError("give Engine either a journal or a url, not both")
+        if namespace is not None and (not isinstance(namespace, str) or not namespace or len(namespace) > 200):
+            raise CacheError(f"namespace must be a non-empty string of at most 200 characters, got {namespace!r}")
         self.durability = durability
+        self._scratch: str | None = None
+        if url == ":memory:":
+            # A private store that starts empty and is removed when the engine closes (or the process exits).
+            self._scratch = tempfile.mkdtemp(prefix="engrain-cache-")
+            atexit.register(shutil.rmtree, self._scratch, True)
+            journal = open_journal(os.path.join(self._scratch, "cache.db"))
+        elif url is not None:
+            journal = open_journal(url)
         self._journal = journal
+        self.namespace = namespace
+        self.match = match
+        self.store_empty = store_empty
+        self.refresh_snapshots = refresh_snapshots
+        self.metrics = Metrics()
         self._store: CacheStore | None = None
         self._store_lock = threading.Lock()
         self.tools = ToolRegistry()
@@ -246,8 +285,8 @@ class Engine:
         return result
 
     def _store_trajectory(self, s: Session, output: Any, run_id: str) -> str | None:
-        """Store a successful run's tool calls as an entry; empty trajectories are never stored."""
-        if not s.trajectory:
+        """Store a successful run's tool calls as an entry (one without tool calls only with ``store_empty``)."""
+        if not s.trajectory and not self.store_empty:
             return None
         producers = [i for i, t in enumerate(s.trajectory) if t["result"] == output and output not in (None, True, False, "")]
         values = [t["args"] for t in s.trajectory]
@@ -321,7 +360,7 @@ class Engine:
                 return value
             cont = value
         agent, kwargs = self._start_agent(s, cont)
-        return agent(s.task, **kwargs)
+        return agent(*s.agent_args, **s.agent_kwargs, **kwargs)
 
     async def _adrive(self, s: Session) -> Any:
         s.ctx = current()
@@ -333,21 +372,33 @@ class Engine:
                 return value
             cont = value
         agent, kwargs = self._start_agent(s, cont)
-        return await agent(s.task, **kwargs)
+        return await agent(*s.agent_args, **s.agent_kwargs, **kwargs)
 
     # -- calling -----------------------------------------------------------
 
-    def __call__(self, task: str, tags: list[str] | None = None, params: dict[str, Any] | None = None, *, run_id: str | None = None) -> Any:
-        """Perform ``task``: replay a cached trajectory, or call the agent. Returns an :class:`Outcome`.
+    def __call__(
+        self, task: Any, *args: Any, tags: list[str] | None = None, params: dict[str, Any] | None = None,
+        run_id: str | None = None, **kwargs: Any,
+    ) -> Any:
+        """Perform ``task``: replay a cached trajectory, or call ``agent(task, *args, **kwargs)``. Returns an :class:`Outcome`.
 
-        With an async agent this returns a coroutine to await.
+        ``task`` is a string or any JSON value (a list of messages, say), keyed
+        by its JSON text; ``args``/``kwargs`` go to the agent as they are and
+        are not part of the key. With an async agent this returns a coroutine to await.
         """
         if self._agent is None:
             raise CacheError("the engine has no agent: call engine.set_agent(agent) (and finalize())")
         tags_l = sorted(set(tags or []))
         params_d = dict(params or {})
         check_json(params_d, "engine call", "params")
-        s = Session(self, task, params_d, tags_l)
+        if isinstance(task, str):
+            text = task
+        else:
+            check_json(task, "engine call", "task")
+            text = json.dumps(task, sort_keys=True)
+        key_tags = [*tags_l, f"engrain.namespace={self.namespace}"] if self.namespace else tags_l
+        s = Session(self, "" if self.match == "tags" else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs)
+        task = text
         rid = run_id or new_run_id()
         run_tags = ["engrain.cache", *tags_l]
         if self._agent_async:
@@ -383,11 +434,27 @@ class Engine:
     def _outcome(self, s: Session, res: Any) -> Outcome:
         if res.status == "ok" and not s.hit:
             s.stored = self._store_trajectory(s, res.output, res.run_id)
+        elif res.status == "ok" and self.refresh_snapshots and s.entry_id is not None:
+            self._refresh(s)
         reason = s.reason if res.status == "ok" else f"{s.reason}; agent failed: {res.error}" if s.reason else str(res.error)
         return Outcome(
             hit=s.hit and res.status == "ok", output=res.output, run_id=res.run_id, steps=s.steps, reason=reason,
             status=res.status, error=res.error, entry_id=s.entry_id, agent_called=s.agent_called, stored=s.stored,
         )
+
+    def _refresh(self, s: Session) -> None:
+        """After a hit, store the snapshots just taken in place of the recorded ones (time windows slide)."""
+        entry = self.store.cached(s.entry_id)  # type: ignore[arg-type]
+        if entry is None or len(entry.steps) != len(s.trajectory):
+            return
+        steps = []
+        for i, (old, t) in enumerate(zip(entry.steps, s.trajectory)):
+            pre = s.first_pre if i == 0 and s.first_pre is not None else t["pre"]
+            pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (pre, t["post"]))
+            steps.append({**old, "pre": pre, "post": post})
+        if steps != entry.steps:
+            self.store.refresh(entry.id, steps)
+            self._plans.pop(entry.id, None)
 
     # -- inspection ------------------------------------------------------------
 
@@ -404,7 +471,11 @@ class Engine:
         return self.store.evict(entry_id)
 
     def close(self) -> None:
-        """Close the entry store (the journal stays open)."""
+        """Close the entry store (the journal stays open, except the private one of ``url=":memory:"``)."""
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._scratch is not None and self._journal is not None:
+            self._journal.close()
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._journal, self._scratch = None, None

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from .. import _events as ev
 from .._durable.context import RunContext
 from .checks import Check, decode_snapshot
+from .metrics import Metrics
 from .binding import json_type, text_of
 from .binding import entry_key, shape_key
 from .store import CacheStore, Entry, canonical_task, task_key
@@ -115,7 +116,7 @@ def fits(e: Entry, params: dict[str, Any]) -> bool:
 def _decoded(stored: dict[str, Any] | None) -> Any:
     # A plain JSON snapshot decodes to the same value whatever the fresh one is,
     # so it is decoded once; a dataclass or model one needs the fresh type each time.
-    if stored is None or "dataclass" in stored or "model" in stored:
+    if stored is None or "dataclass" in stored or "model" in stored or stored.get("tagged"):
         return _UNSET
     return stored.get("value")
 
@@ -179,6 +180,7 @@ class Engine(Protocol):
 
     store: CacheStore
     evict_after: int
+    metrics: Metrics
     _plans: dict[str, tuple[PlannedStep, ...]]
     _specs: dict[str, ToolSpec]
     _context: Any
@@ -199,6 +201,9 @@ def plan(engine: Engine, e: Entry) -> tuple[PlannedStep, ...]:
 
 
 _NO_ARGS: tuple[Any, ...] = ()
+_FILTER_CAPTURE, _FILTER_COMPARE = ("filter", "capture"), ("filter", "compare")
+_PRE_CAPTURE, _PRE_COMPARE = ("runtime", "precheck", "capture"), ("runtime", "precheck", "compare")
+_POST_CAPTURE, _POST_COMPARE = ("runtime", "postcheck", "capture"), ("runtime", "postcheck", "compare")
 
 
 @dataclass(slots=True)
@@ -225,6 +230,9 @@ class Session:
     entry_id: str | None = None
     stored: str | None = None
     canon: str = ""
+    agent_args: tuple[Any, ...] = ()
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+    first_pre: Any = None  # (snapshot, where) of the chosen entry's first pre-check, taken at lookup
 
     # -- lookup -----------------------------------------------------------------
 
@@ -238,7 +246,7 @@ class Session:
             return (self.engine._context,)
         return _NO_ARGS
 
-    def _pre_passes(self, st: PlannedStep, seen: dict[str, Any] | None) -> bool:
+    def _pre_passes(self, st: PlannedStep, seen: dict[str, Any] | None, first: bool = False) -> bool:
         """Whether ``st`` passes its pre-check now (captures shared within one lookup through ``seen``)."""
         spec = st.spec
         if spec is None:
@@ -248,31 +256,26 @@ class Session:
         pre = spec.pre
         assert pre is not None
         args = st.render(self.params)
+        m = self.engine.metrics
         if seen is None:
-            snap = pre.capture(*self.call_args(spec), **args)
+            snap = m.timed(_FILTER_CAPTURE, pre.capture, *self.call_args(spec), **args)
         else:
             k = st.seen_key or _seen_key(st.name, args)
             if k in seen:
                 snap = seen[k]
             else:
-                snap = seen[k] = pre.capture(*self.call_args(spec), **args)
-        return pre.passes(snap, _expected(st.pre, st.pre_value, snap))
+                snap = seen[k] = m.timed(_FILTER_CAPTURE, pre.capture, *self.call_args(spec), **args)
+        ok = m.timed(_FILTER_COMPARE, pre.passes, snap, _expected(st.pre, st.pre_value, snap))
+        if ok and first:
+            self.first_pre = (snap, spec.pre_where)
+        return ok
 
     def lookup(self) -> dict[str, Any]:
         """Choose an entry: the best candidate whose first pre-check passes now."""
         eng, store = self.engine, self.engine.store
         store.bump("lookups")
         canon = self.canon or canonical_task(self.task, self.params)
-        if self.params:
-            _, shape = shape_key(self.task, self.tags, self.params)
-            cands = []
-            for pinned in store.pinsets(shape):
-                if set(pinned) <= self.params.keys():
-                    cands += store.candidates(entry_key(shape, self.params, pinned), eng.max_candidates)
-            cands.sort(key=lambda e: (-e.successes, -e.last_used))
-            del cands[eng.max_candidates :]
-        else:
-            cands = store.candidates(task_key(canon, self.tags), eng.max_candidates)
+        cands = eng.metrics.timed(("query",), self._candidates, canon)
         how = "exact"
         if not cands and eng.embedder is not None:
             cands, how = eng._semantic(canon, self.tags), "semantic"
@@ -283,12 +286,26 @@ class Session:
         seen: dict[str, Any] | None = {} if len(fit) > 1 else None
         for n, e in enumerate(fit):
             steps = plan(eng, e)
-            if steps and self._pre_passes(steps[0], seen):
+            if not steps or self._pre_passes(steps[0], seen, first=True):
                 return {
                     "entry": e.id, "alternatives": [a.id for a in fit[n + 1 :]],
                     "reason": f"hit ({how} match, {e.successes} successes)",
                 }
         return {"entry": None, "alternatives": [], "reason": f"miss: pre-checks failed for all {len(cands)} cached trajectories"}
+
+    def _candidates(self, canon: str) -> list[Entry]:
+        """Entries filed under this call's key (for a call with params: under each pinned-name set of its shape)."""
+        eng, store = self.engine, self.engine.store
+        if self.params:
+            _, shape = shape_key(self.task, self.tags, self.params)
+            cands = []
+            for pinned in store.pinsets(shape):
+                if set(pinned) <= self.params.keys():
+                    cands += store.candidates(entry_key(shape, self.params, pinned), eng.max_candidates)
+            cands.sort(key=lambda e: (-e.successes, -e.last_used))
+            del cands[eng.max_candidates :]
+            return cands
+        return store.candidates(task_key(canon, self.tags), eng.max_candidates)
 
     def begin(self) -> Entry | None:
         """Run the journaled lookup; the entry to replay, or ``None`` on a miss."""
@@ -325,8 +342,9 @@ class Session:
             if ctx is None or ctx.steps.get(ctx.cursor) is None:  # a step the journal answers is not checked again
                 check = spec.pre
                 assert check is not None
-                snap = check.capture(*call, **args)
-                if not check.passes(snap, _expected(st.pre, st.pre_value, snap)):
+                m = self.engine.metrics
+                snap = m.timed(_PRE_CAPTURE, check.capture, *call, **args)
+                if not m.timed(_PRE_COMPARE, check.passes, snap, _expected(st.pre, st.pre_value, snap)):
                     raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
                 pre = (snap, spec.pre_where)  # encoded only if this trajectory gets stored
         return spec, call, args, pre
@@ -342,8 +360,9 @@ class Session:
         if st.check_post:
             check = spec.post
             assert check is not None
-            snap = check.capture(*call, **args)
-            ok = check.passes(snap, _expected(st.post, st.post_value, snap))
+            m = self.engine.metrics
+            snap = m.timed(_POST_CAPTURE, check.capture, *call, **args)
+            ok = m.timed(_POST_COMPARE, check.passes, snap, _expected(st.post, st.post_value, snap))
             post = (snap, spec.post_where)
         self.trajectory.append({"name": spec.name, "args": args, "result": result, "pre": pre, "post": post})
         if not ok:

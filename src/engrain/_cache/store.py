@@ -10,6 +10,7 @@ placeholders, upserts and connection handling differ.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -227,6 +228,13 @@ class CacheStore:
             ),
         )
         self.bump("stored")
+
+    def refresh(self, entry_id: str, steps: list[dict[str, Any]]) -> None:
+        """Replace an entry's steps (the same calls with fresh snapshots, after a hit)."""
+        self._exec("UPDATE engrain_cache_entries SET steps = ? WHERE id = ?", (json.dumps(steps), entry_id))
+        e = self._parsed.get(entry_id)
+        if e is not None:
+            self._parsed[entry_id] = dataclasses.replace(e, steps=steps)
 
     def record_hit(self, entry_id: str) -> None:
         """A full replay: one more success, used now, divergence streak reset; counts a hit (written in batches)."""
