@@ -359,6 +359,8 @@ class Engine:
             if hit:
                 return value
             cont = value
+        elif s.suggest:
+            cont = s.suggestion()
         agent, kwargs = self._start_agent(s, cont)
         return agent(*s.agent_args, **s.agent_kwargs, **kwargs)
 
@@ -371,6 +373,8 @@ class Engine:
             if hit:
                 return value
             cont = value
+        elif s.suggest:
+            cont = s.suggestion()
         agent, kwargs = self._start_agent(s, cont)
         return await agent(*s.agent_args, **s.agent_kwargs, **kwargs)
 

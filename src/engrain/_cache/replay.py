@@ -37,15 +37,33 @@ class StepDone:
     result: Any
 
 
+@dataclass(frozen=True, slots=True)
+class SuggestedStep:
+    """A tool call of a similar task's trajectory, offered to the agent and never run by the cache."""
+
+    name: str
+    args: dict[str, Any]
+
+
 @dataclass(slots=True)
 class Continuation:
-    """What a diverged replay hands the agent: the steps already done, and why replay stopped."""
+    """What the agent gets when the cache cannot finish a task alone.
+
+    After a diverged replay: the steps already done (``steps``), where and why
+    replay stopped. After a semantic match (a similar task, not this one):
+    nothing done (``diverged_at == 0``) and ``plan``, the similar task's tool
+    calls as a suggestion for the agent to confirm or edit call by call; the
+    cache never runs them itself, since a similar text may differ in the one
+    entity, date or amount that matters.
+    """
 
     task: str
     diverged_at: int
     reason: str
     steps: list[StepDone]
     entry_id: str
+    plan: list[SuggestedStep] = field(default_factory=list)
+    similar_task: str | None = None
 
 
 @dataclass(slots=True)
@@ -233,6 +251,7 @@ class Session:
     agent_args: tuple[Any, ...] = ()
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     first_pre: Any = None  # (snapshot, where) of the chosen entry's first pre-check, taken at lookup
+    suggest: str | None = None  # a semantically similar entry whose plan the agent is offered
 
     # -- lookup -----------------------------------------------------------------
 
@@ -278,10 +297,18 @@ class Session:
         cands = eng.metrics.timed(("query",), self._candidates, canon)
         how = "exact"
         if not cands and eng.embedder is not None:
-            cands, how = eng._semantic(canon, self.tags), "semantic"
+            similar = eng._semantic(canon, self.tags)
+            if similar:
+                # Never replayed: a similar text is not the same task (see Continuation.plan).
+                return {
+                    "entry": None, "alternatives": [], "suggest": similar[0].id,
+                    "reason": f"miss: no exact match; the trajectory of a similar task is suggested to the agent ({similar[0].task!r})",
+                }
         if not cands:
             return {"entry": None, "alternatives": [], "reason": "miss: no cached trajectory for this task and tags"}
         fit = [e for e in cands if fits(e, self.params)]
+        if not fit:
+            return {"entry": None, "alternatives": [], "reason": "miss: the cached trajectories need params of other names or types"}
         # Captures are shared only when several candidates may ask for the same one.
         seen: dict[str, Any] | None = {} if len(fit) > 1 else None
         for n, e in enumerate(fit):
@@ -315,6 +342,7 @@ class Session:
         choice = ctx.call("engrain.cache.lookup", "cache", {"task": self.canon, "tags": self.tags}, self.lookup)
         self.reason = choice["reason"]
         self.alternatives = list(choice.get("alternatives", []))
+        self.suggest = choice.get("suggest")
         store = self.engine.store
         entry = store.cached(choice["entry"]) if choice["entry"] else None
         if choice["entry"] and entry is None:
@@ -407,6 +435,21 @@ class Session:
         store.record_divergence(entry.id, self.engine.evict_after)
         self.used.clear()  # the agent may now repeat done steps: they are answered, not run again
         return Continuation(self.task, d.at, d.reason, [StepDone(*t) for t in self.done], entry.id)
+
+    def suggestion(self) -> Continuation | None:
+        """The agent's continuation after a semantic match: the similar entry's calls as a plan, nothing run."""
+        entry = self.engine.store.cached(self.suggest) if self.suggest else None
+        if entry is None:
+            return None
+        self.engine.store.bump("suggested")
+        calls = []
+        for st in plan(self.engine, entry):
+            try:
+                args = st.render(self.params) if fits(entry, self.params) else st.args
+            except Exception:  # a template these params cannot fill: show it as recorded
+                args = st.args
+            calls.append(SuggestedStep(st.name, args))
+        return Continuation(self.task, 0, self.reason, [], entry.id, calls, entry.task)
 
     def output(self, entry: Entry) -> Any:
         """The replayed call's output: a step's result, a template over params, or the recorded value."""

@@ -70,7 +70,7 @@ def task_key(task: str, tags: list[str]) -> str:
 _COLUMNS = "id, task_key, tags_key, task, tags, steps, output, run_id, successes, divergences, created, last_used, embedding"
 
 #: Counters kept in ``engrain_cache_stats``.
-STAT_NAMES = ("lookups", "hits", "misses", "diverged", "switched", "agent_calls", "evicted", "stored")
+STAT_NAMES = ("lookups", "hits", "misses", "diverged", "switched", "suggested", "agent_calls", "evicted", "stored")
 
 
 @dataclass(slots=True)
