@@ -485,3 +485,23 @@ def test_numpy_bytes_and_codec_snapshots():
     bad.set_agent(lambda task: poke()).finalize()
     with pytest.raises(CacheError, match=r"Opaque at snapshot cannot be stored.*Check.register_codec\(Opaque"):
         bad("poke")
+
+
+def test_tools_with_keywords_and_positional_only_replay_the_same_call():
+    engine = Engine(url=":memory:")
+    calls = []
+
+    @engine.function(pre_check=Check(lambda first, **opts: [first, opts], lambda a, b: a == b))
+    def send(first: str, **opts: int) -> str:
+        calls.append((first, opts))
+        return "sent"
+
+    @engine.function()
+    def pos_only(a: int, /, b: int) -> int:
+        calls.append((a, b))
+        return a + b
+
+    engine.set_agent(lambda task: [send("a", retries=2), pos_only(1, b=2)]).finalize()
+    assert not engine("send it")
+    assert engine("send it")
+    assert calls[2:] == calls[:2] == [("a", {"retries": 2}), (1, 2)]

@@ -80,11 +80,50 @@ class ToolSpec:
     bind: Callable[[tuple, dict], dict[str, Any]]
     pre_where: str = ""
     post_where: str = ""
+    split: Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         # Where a snapshot that is not JSON is reported (built once, not per step).
         self.pre_where = f"tool {self.name!r} pre_check"
         self.post_where = f"tool {self.name!r} post_check"
+        self.split = _splitter(self.fn)
+
+    def arguments(self, args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The recorded ``{name: value}`` arguments as a call's ``(*args, **kwargs)``."""
+        return ((), args) if self.split is None else self.split(args)
+
+
+def _splitter(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None:
+    """``None`` for a plain signature (record == keywords); else how to rebuild ``*args``/``**kwargs``/positional-only."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return None
+    if params and params[0].name in ("self", "cls"):
+        params = params[1:]
+
+    def split(args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        pos: list[Any] = []
+        kw: dict[str, Any] = {}
+        for p in params:
+            if p.name not in args:
+                continue
+            v = args[p.name]
+            if p.kind is p.VAR_POSITIONAL:
+                pos.extend(v)
+            elif p.kind is p.VAR_KEYWORD:
+                kw.update(v)
+            elif p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and any(q.kind is q.VAR_POSITIONAL for q in params)):
+                pos.append(v)
+            else:
+                kw[p.name] = v
+        return tuple(pos), kw
+
+    return split
 
 
 class Diverged(Exception):
@@ -279,13 +318,15 @@ class Session:
         m = self.engine.metrics
         capture = pre.capture if not m.enabled else functools.partial(m.timed, _FILTER_CAPTURE, pre.capture)
         if seen is None:
-            snap = capture(*self.call_args(spec), **args)
+            pos, kw = spec.arguments(args)
+            snap = capture(*self.call_args(spec), *pos, **kw)
         else:
             k = st.seen_key or _seen_key(st.name, args)
             if k in seen:
                 snap = seen[k]
             else:
-                snap = seen[k] = capture(*self.call_args(spec), **args)
+                pos, kw = spec.arguments(args)
+                snap = seen[k] = capture(*self.call_args(spec), *pos, **kw)
         expected = _expected(st.pre, st.pre_value, snap)
         ok = pre.passes(snap, expected) if not m.enabled else m.timed(_FILTER_COMPARE, pre.passes, snap, expected)
         if ok and first:
@@ -360,13 +401,17 @@ class Session:
 
     # -- replay -----------------------------------------------------------------
 
-    def prepare(self, st: PlannedStep) -> tuple[ToolSpec, tuple[Any, ...], dict[str, Any], Any]:
-        """Check step ``st`` before it runs (not step 0, which the lookup checked); what to call."""
+    def prepare(self, st: PlannedStep) -> tuple[ToolSpec, tuple[Any, ...], dict[str, Any], dict[str, Any], Any]:
+        """Check step ``st`` before it runs (not step 0, which the lookup checked); ``(spec, *args, **kwargs, record, pre)``."""
         spec = st.spec
         if spec is None:
             raise Diverged(st.i, f"step {st.i} calls {st.name!r}, which this engine has no tool for")
         args = st.render(self.params)
         call = self.call_args(spec) if spec.is_method else _NO_ARGS
+        kw = args
+        if spec.split is not None:
+            pos, kw = spec.split(args)
+            call = (*call, *pos)
         pre: Any = st.pre
         if st.check_pre and st.i > 0:
             ctx = self.ctx
@@ -375,17 +420,17 @@ class Session:
                 assert check is not None
                 m = self.engine.metrics
                 if not m.enabled:  # the hot path of a hit: no timing wrapper
-                    snap = check.capture(*call, **args)
+                    snap = check.capture(*call, **kw)
                     ok = check.passes(snap, _expected(st.pre, st.pre_value, snap))
                 else:
-                    snap = m.timed(_PRE_CAPTURE, check.capture, *call, **args)
+                    snap = m.timed(_PRE_CAPTURE, check.capture, *call, **kw)
                     ok = m.timed(_PRE_COMPARE, check.passes, snap, _expected(st.pre, st.pre_value, snap))
                 if not ok:
                     raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
                 pre = (snap, spec.pre_where)  # encoded only if this trajectory gets stored
-        return spec, call, args, pre
+        return spec, call, kw, args, pre
 
-    def finish(self, st: PlannedStep, spec: ToolSpec, call: tuple[Any, ...], args: dict[str, Any], pre: Any, result: Any) -> None:
+    def finish(self, st: PlannedStep, spec: ToolSpec, call: tuple[Any, ...], kw: dict[str, Any], args: dict[str, Any], pre: Any, result: Any) -> None:
         """Record step ``st`` as done and run its post-check."""
         done = self.done
         self.used.add(len(done))
@@ -398,10 +443,10 @@ class Session:
             assert check is not None
             m = self.engine.metrics
             if not m.enabled:
-                snap = check.capture(*call, **args)
+                snap = check.capture(*call, **kw)
                 ok = check.passes(snap, _expected(st.post, st.post_value, snap))
             else:
-                snap = m.timed(_POST_CAPTURE, check.capture, *call, **args)
+                snap = m.timed(_POST_CAPTURE, check.capture, *call, **kw)
                 ok = m.timed(_POST_COMPARE, check.passes, snap, _expected(st.post, st.post_value, snap))
             post = (snap, spec.post_where)
         self.trajectory.append({"name": spec.name, "args": args, "result": result, "pre": pre, "post": post})
@@ -484,10 +529,10 @@ class Session:
         while True:
             try:
                 for st in plan(self.engine, entry)[start:]:
-                    spec, call, args, pre = self.prepare(st)
+                    spec, call, kw, args, pre = self.prepare(st)
                     fn = spec.fn
-                    result = ctx.call(st.name, "tool", args, lambda: fn(*call, **args))  # noqa: B023 - called at once
-                    self.finish(st, spec, call, args, pre, result)
+                    result = ctx.call(st.name, "tool", args, lambda: fn(*call, **kw))  # noqa: B023 - called at once
+                    self.finish(st, spec, call, kw, args, pre, result)
                 return True, self.output(entry)
             except Diverged as d:
                 alt = self.switch(entry, d)
@@ -503,14 +548,14 @@ class Session:
         while True:
             try:
                 for st in plan(self.engine, entry)[start:]:
-                    spec, call, args, pre = self.prepare(st)
+                    spec, call, kw, args, pre = self.prepare(st)
                     fn = spec.fn
-                    thunk = lambda: fn(*call, **args)  # noqa: B023 - called at once
+                    thunk = lambda: fn(*call, **kw)  # noqa: B023 - called at once
                     if spec.is_async:
                         result = await ctx.acall(st.name, "tool", args, thunk)
                     else:
                         result = ctx.call(st.name, "tool", args, thunk)
-                    self.finish(st, spec, call, args, pre, result)
+                    self.finish(st, spec, call, kw, args, pre, result)
                 return True, self.output(entry)
             except Diverged as d:
                 alt = self.switch(entry, d)
