@@ -96,6 +96,11 @@ def test_binding_rules():
     from engrain._routines.template import render
 
     assert render(b.values[0], {"params": {"who": "ann"}}) == {"x": "{{ raw }} for ann"}
+    # Past the scan bounds nothing is bound (pinned is always safe).
+    from engrain._cache import binding
+
+    assert bind([{"x": "bob " * (binding.MAX_SCAN_BYTES // 4)}], {"who": "bob"}).pinned == ["who"]
+    assert bind([{"x": 5}], {f"p{i}": i for i in range(binding.MAX_PARAMS + 1)}).bound == []
     # Only strong values found at word boundaries leave the task text.
     assert canonical_task("add 1 to order 30", {"n": 1, "o": 30}) == "add 1 to order {{ params.o }}"
     assert canonical_task("price 1.5 each", {"n": 5}) == "price 1.5 each"

@@ -32,6 +32,11 @@ from typing import Any
 __all__ = ["Binding", "bind", "canonical_task", "entry_key", "json_type", "key", "shape_key", "strong", "text_of", "usable"]
 
 
+#: Past these, a trajectory binds no param (each is pinned into the key instead).
+MAX_PARAMS = 64
+MAX_SCAN_BYTES = 1 << 20
+
+
 def key(*parts: Any) -> str:
     """A stable 32-hex key of JSON ``parts``."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
@@ -268,6 +273,9 @@ def bind(values: list[Any], params: dict[str, Any]) -> Binding:
     """Bind the params whose every use in ``values`` can be a placeholder; pin the others."""
     from .._routines.template import render
 
+    if len(params) > MAX_PARAMS or len(json.dumps(values, default=str)) > MAX_SCAN_BYTES:
+        # Scanning is quadratic-ish in text and params: past these bounds every param is pinned (always safe).
+        return Binding(list(values), [False] * len(values), sorted(params), [])
     scan = _Scan(params)
     for v in values:
         scan.visit(v)
