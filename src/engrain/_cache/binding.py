@@ -144,8 +144,31 @@ def _fill(text: str, names: dict[str, str]) -> str:
     return "".join(seg for seg, _ in parts)
 
 
+_shapes: dict[Any, tuple[str, str]] = {}
+
+
 def shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, str]:
-    """``(canonical task, shape key)`` of a call: the key also names the params and those templated into the text."""
+    """``(canonical task, shape key)`` of a call: the key also names the params and those templated into the text.
+
+    Memoized for scalar params (every lookup with params needs it); the memo
+    key holds each value's type, as 2 and 2.0 shape a task differently.
+    """
+    try:
+        memo: Any = (task, tuple(tags), tuple((k, type(v), v) for k, v in params.items()))
+        hit = _shapes.get(memo)
+    except TypeError:  # a list or dict param: not hashable, computed each time
+        memo, hit = None, None
+    if hit is not None:
+        return hit
+    out = _shape_key(task, tags, params)
+    if memo is not None:
+        if len(_shapes) >= 4096:
+            _shapes.clear()
+        _shapes[memo] = out
+    return out
+
+
+def _shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, str]:
     canon = canonical_task(task, params)
     if not params:
         return canon, key(canon, tags)  # no params: the key entries have always had
@@ -154,11 +177,27 @@ def shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, 
     return canon, key(canon, tags, sorted(params), placed)
 
 
+_entry_keys: dict[Any, str] = {}
+
+
 def entry_key(shape: str, params: dict[str, Any], pinned: list[str]) -> str:
-    """The key of an entry under ``shape`` whose ``pinned`` params have these values."""
+    """The key of an entry under ``shape`` whose ``pinned`` params have these values (memoized like :func:`shape_key`)."""
     if not params:
         return shape
-    return key(shape, {n: params[n] for n in pinned})
+    if not pinned:
+        memo: Any = shape
+    else:
+        try:
+            memo = (shape, tuple((n, type(params[n]), params[n]) for n in pinned))
+            hash(memo)
+        except TypeError:
+            return key(shape, {n: params[n] for n in pinned})
+    k = _entry_keys.get(memo)
+    if k is None:
+        if len(_entry_keys) >= 4096:
+            _entry_keys.clear()
+        k = _entry_keys[memo] = key(shape, {n: params[n] for n in pinned})
+    return k
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from .. import _events as ev
 from .._durable.context import RunContext
+from .._routines.template import render
 from .checks import Check, decode_snapshot
 from .metrics import Metrics
 from .binding import json_type, text_of
@@ -224,8 +225,6 @@ class PlannedStep:
         """The arguments for this call (placeholders filled from ``params``)."""
         if not self.templated:
             return self.args
-        from .._routines.template import render
-
         return render(self.args, {"params": params})
 
 
@@ -292,6 +291,7 @@ class Session:
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
     first_pre: Any = None  # (snapshot, where) of the chosen entry's first pre-check, taken at lookup
     suggest: str | None = None  # a semantically similar entry whose plan the agent is offered
+    shape: str = ""  # the shape key of a call with params (see binding.shape_key)
 
     # -- lookup -----------------------------------------------------------------
 
@@ -368,11 +368,14 @@ class Session:
         """Entries filed under this call's key (for a call with params: under each pinned-name set of its shape)."""
         eng, store = self.engine, self.engine.store
         if self.params:
-            _, shape = shape_key(self.task, self.tags, self.params)
+            shape = self.shape or shape_key(self.task, self.tags, self.params)[1]
             cands = []
-            for pinned in store.pinsets(shape):
-                if set(pinned) <= self.params.keys():
-                    cands += store.candidates(entry_key(shape, self.params, pinned), eng.max_candidates)
+            for fresh in (False, True):
+                for pinned in store.pinsets(shape, fresh=fresh):
+                    if set(pinned) <= self.params.keys():
+                        cands += store.candidates(entry_key(shape, self.params, pinned), eng.max_candidates)
+                if cands:
+                    break  # else another process may have filed this shape under new pinned names: read them again
             cands.sort(key=lambda e: (-e.successes, -e.last_used))
             del cands[eng.max_candidates :]
             return cands
@@ -382,7 +385,10 @@ class Session:
         """Run the journaled lookup; the entry to replay, or ``None`` on a miss."""
         ctx = self.ctx
         assert ctx is not None
-        self.canon = canonical_task(self.task, self.params)
+        if self.params:
+            self.canon, self.shape = shape_key(self.task, self.tags, self.params)
+        else:
+            self.canon = canonical_task(self.task, self.params)
         choice = ctx.call("engrain.cache.lookup", "cache", {"task": self.canon, "tags": self.tags}, self.lookup)
         self.reason = choice["reason"]
         self.alternatives = list(choice.get("alternatives", []))
@@ -516,8 +522,6 @@ class Session:
         if "step" in spec:
             return self.done[spec["step"]][2]
         if "template" in spec:
-            from .._routines.template import render
-
             return render(spec["template"], {"params": self.params})
         return spec.get("value")
 

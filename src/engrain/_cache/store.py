@@ -131,6 +131,7 @@ class CacheStore:
         self._lock = threading.Lock()
         # Parsed entries by id: a hit then costs one indexed query returning ids and counters.
         self._parsed: dict[str, Entry] = {}
+        self._pinsets: dict[str, list[list[str]]] = {}
         # Counters and hit bookkeeping are advisory: they are batched, not written per call.
         self._counts: dict[str, int] = {}
         self._hits: dict[str, tuple[int, float]] = {}
@@ -208,9 +209,19 @@ class CacheStore:
         self._parsed[entry_id] = e
         return e
 
-    def pinsets(self, shape_key: str) -> list[list[str]]:
-        """The sets of pinned param names that entries of this call shape were stored with (see :mod:`.binding`)."""
-        return [json.loads(r[0]) for r in self._exec("SELECT pinned FROM engrain_cache_shapes WHERE shape_key = ?", (shape_key,))]
+    def pinsets(self, shape_key: str, fresh: bool = False) -> list[list[str]]:
+        """The sets of pinned param names that entries of this call shape were stored with (see :mod:`.binding`).
+
+        Read once per shape and kept (rows are never removed); ``fresh`` reads
+        again, for sets another process may have added since.
+        """
+        sets = None if fresh else self._pinsets.get(shape_key)
+        if sets is None:
+            rows = self._exec("SELECT pinned FROM engrain_cache_shapes WHERE shape_key = ?", (shape_key,))
+            if len(self._pinsets) >= 4096:
+                self._pinsets.clear()
+            sets = self._pinsets[shape_key] = [json.loads(r[0]) for r in rows]
+        return sets
 
     def put(self, e: Entry, shape_key: str | None = None, pinned: list[str] | None = None) -> None:
         """Store a new entry (``shape_key``/``pinned``: the call shape it was filed under, for calls with params)."""
@@ -219,6 +230,7 @@ class CacheStore:
                 "INSERT INTO engrain_cache_shapes (shape_key, pinned) VALUES (?, ?) ON CONFLICT DO NOTHING",
                 (shape_key, json.dumps(sorted(pinned or []))),
             )
+            self._pinsets.pop(shape_key, None)
         self._exec(
             f"INSERT INTO engrain_cache_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
