@@ -41,15 +41,9 @@ from .._events import check_json
 from .._journal import Journal, open_journal
 from .checks import Check, encode_snapshot
 from .metrics import Metrics
-from .replay import (
-    Continuation,
-    PlannedStep,
-    Session,
-    StepDone,
-    ToolSpec,
-    current_session,
-)
 from .binding import bind, entry_key, json_type, shape_key
+from .plan import PlannedStep, ToolSpec
+from .replay import Continuation, Session, StepDone, current_session
 from .store import CacheStore, Entry, canonical_task, key, task_key
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
