@@ -7,7 +7,9 @@ stored and the hit is timed again: a flat lookup keeps the figure unchanged.
 
 engrain is measured with each journaling mode of ``Engine(durability=...)``:
 ``step`` (a durable run: every step journaled before and after it runs),
-``run`` (one transaction per call) and ``off`` (no journal, like muscle-mem).
+``run`` (one transaction per call) and ``off`` (no journal, like muscle-mem);
+and ``off`` with two ``params`` bound in every call (the lookup then also reads
+the pinned-name sets of the call's shape).
 muscle-mem runs in its own virtualenv (``bench/.peers/muscle-mem``, created here)
 and keeps its trajectories in memory; its 10k entries are other trajectories in
 its default bucket (it files by tags, not by task) whose first pre-check fails.
@@ -111,13 +113,13 @@ def run_peer() -> dict | None:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_engrain(durability: str, workdir: pathlib.Path) -> dict:
+def run_engrain(durability: str, workdir: pathlib.Path, with_params: bool = False) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     import engrain as eg
     from engrain._cache.store import Entry, key
     from engrain._events import NewEvent
 
-    db = workdir / f"cache-{durability}.db"
+    db = workdir / f"cache-{durability}{'-params' if with_params else ''}.db"
     engine = eg.Engine(eg.open(f"sqlite:///{db}"), durability=durability)
     env = {"v": "home"}
 
@@ -129,14 +131,16 @@ def run_engrain(durability: str, workdir: pathlib.Path) -> dict:
         return tool
 
     tools = [make(n) for n in range(9)]
-    engine.set_agent(lambda task: [t(1) for t in tools]).finalize()
-    assert not engine("nine steps")
+    # With params: the task names a customer and each call takes the customer's id (bound, re-filled on a hit).
+    task, params = ("nine steps for Ada Lovelace", {"who": "Ada Lovelace", "id": 4242}) if with_params else ("nine steps", None)
+    engine.set_agent(lambda task: [t(params["id"] if params else 1) for t in tools]).finalize()
+    assert not engine(task, params=params)
 
     def timed(n: int) -> float:
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
-            hit = engine("nine steps")
+            hit = engine(task, params=params)
             out.append(time.perf_counter() - t0)
             assert hit, hit.reason
         return statistics.median(out) * 1e6
@@ -146,11 +150,11 @@ def run_engrain(durability: str, workdir: pathlib.Path) -> dict:
     (real,) = engine.entries()
     now = time.time()
     for i in range(FILL):
-        task = f"task number {i}"
-        engine.store.put(Entry(f"fill{i}", key(task, []), key([]), task, [], real.steps, real.output, real.run_id,
+        other = f"task number {i}"
+        engine.store.put(Entry(f"fill{i}", key(other, []), key([]), other, [], real.steps, real.output, real.run_id,
                                created=now, last_used=now))
     full = timed(max(20, HITS // 10))
-    hit = engine("nine steps")
+    hit = engine(task, params=params)
     events = [NewEvent(e.kind, e.name, e.data) for e in engine.journal.read(hit.run_id)]
     engine.close()
     return {"hit_us": base, "hit_10k_us": full, "events": events}
@@ -192,6 +196,7 @@ def main() -> None:
         for d in ("step", "run", "off"):
             r = run_engrain(d, pathlib.Path(tmp))
             rows.append((f"engrain durability={d}", r))
+        rows.append(("engrain durability=off, 2 params", run_engrain("off", pathlib.Path(tmp), with_params=True)))
         events = rows[0][1]["events"]
         floor = journal_costs(pathlib.Path(tmp), events)
     peer = run_peer()

@@ -225,8 +225,11 @@ class SandboxLimitError(SandboxError):
         self.tool = tool
 
 
-class CacheError(EngrainError):
-    """The behavior cache was misused: an engine not finalized, a missing agent or context, a bad Check."""
+class CacheError(EngrainError, ValueError):
+    """The behavior cache was misused: an engine not finalized, a missing agent or context, a bad Check.
+
+    A ``ValueError`` too, as muscle-mem raises for the same mistakes, so code written for it catches these.
+    """
 
 
 class EmbeddingError(EngrainError):

@@ -2,20 +2,23 @@
 
 A :class:`Check` captures a snapshot of what matters around a tool call and
 compares it with the snapshot stored in the cache entry. Snapshots are stored
-as JSON; a dataclass or pydantic snapshot is rebuilt with the type of the
-fresh snapshot (never with a type named by stored data) before ``compare``.
+as JSON; bytes, numpy arrays, tuples and types with a registered codec are
+stored as tagged JSON objects (never pickled). A dataclass or pydantic
+snapshot is rebuilt with the type of the fresh snapshot (never with a type
+named by stored data) before ``compare``.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from .._errors import CacheError
-from .._events import check_json
+from .._events import check_json, is_json
 
-__all__ = ["Check", "decode_snapshot", "encode_snapshot"]
+__all__ = ["Check", "decode_snapshot", "encode_snapshot", "register_codec"]
 
 
 class Check:
@@ -37,6 +40,11 @@ class Check:
         self.compare = compare
         self.threshold = threshold
 
+    @staticmethod
+    def register_codec(cls: type, encode: Callable[[Any], Any], decode: Callable[[Any], Any], name: str | None = None) -> None:
+        """Make snapshots of type ``cls`` storable: ``encode(obj)`` returns JSON, ``decode(json)`` rebuilds it (never pickle)."""
+        register_codec(cls, encode, decode, name)
+
     def passes(self, current: Any, candidate: Any) -> bool:
         """Whether ``current`` matches ``candidate`` according to ``compare``."""
         r = self.compare(current, candidate)
@@ -49,21 +57,114 @@ class Check:
         raise CacheError(f"Check compare returned {type(r).__name__}: return a bool or a score in [0, 1]")
 
 
+_TAG = "__engrain__"
+# Snapshot types stored through a codec the program registered: {type: (name, encode, decode)}.
+_codecs: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = {}
+_by_name: dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {}
+
+
+def register_codec(cls: type, encode: Callable[[Any], Any], decode: Callable[[Any], Any], name: str | None = None) -> None:
+    """Store snapshots of type ``cls`` as ``encode(obj)`` (JSON) and rebuild them with ``decode(json)``.
+
+    Never pickle: the decoder is code the program registered, chosen by the
+    name it was registered under, so stored data cannot pick what runs.
+    """
+    if not isinstance(cls, type) or not callable(encode) or not callable(decode):
+        raise CacheError("register_codec(cls, encode, decode): cls must be a type, encode and decode callables")
+    key = name or f"{cls.__module__}.{cls.__qualname__}"
+    _codecs[cls] = (key, encode, decode)
+    _by_name[key] = (encode, decode)
+
+
+def _codec(x: Any) -> tuple[str, Callable[[Any], Any], Callable[[Any], Any]] | None:
+    for t in type(x).__mro__:
+        c = _codecs.get(t)
+        if c is not None:
+            return c
+    return None
+
+
+def _encode(x: Any, where: str, path: str) -> Any:
+    """``x`` as JSON, with bytes, numpy arrays and registered types as tagged objects."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, dict):
+        out = {}
+        for k, v in x.items():
+            if not isinstance(k, str):
+                raise CacheError(f"{where}: the snapshot's key {k!r} at {path} is not a string; snapshot keys must be strings")
+            out[k] = _encode(v, where, f"{path}.{k}")
+        return {_TAG: "dict", "items": out} if _TAG in out else out
+    if isinstance(x, list):
+        return [_encode(v, where, f"{path}[{i}]") for i, v in enumerate(x)]
+    c = _codec(x)
+    if c is not None:
+        return {_TAG: "codec", "name": c[0], "value": _encode(c[1](x), where, path)}
+    if isinstance(x, (bytes, bytearray)):
+        return {_TAG: "bytes", "b64": base64.b64encode(bytes(x)).decode("ascii")}
+    if type(x).__module__ == "numpy" and type(x).__name__ == "ndarray":
+        if x.dtype.hasobject:
+            raise CacheError(f"{where}: the numpy array at {path} holds Python objects; only numeric arrays are stored")
+        return {_TAG: "ndarray", "dtype": x.dtype.str, "shape": list(x.shape), "b64": base64.b64encode(x.tobytes()).decode("ascii")}
+    if type(x).__module__ == "numpy" and hasattr(x, "item"):  # a numpy scalar
+        return _encode(x.item(), where, path)
+    if isinstance(x, tuple):
+        return {_TAG: "tuple", "items": [_encode(v, where, f"{path}[{i}]") for i, v in enumerate(x)]}
+    raise CacheError(
+        f"{where}: the snapshot's {type(x).__name__} at {path} cannot be stored. Return JSON, a dataclass, a pydantic "
+        f"model, bytes or a numpy array, or register a codec: Check.register_codec({type(x).__name__}, encode, decode)"
+    )
+
+
+def _decode(x: Any) -> Any:
+    if isinstance(x, list):
+        return [_decode(v) for v in x]
+    if not isinstance(x, dict):
+        return x
+    tag = x.get(_TAG)
+    if tag is None:
+        return {k: _decode(v) for k, v in x.items()}
+    if tag == "dict":
+        return {k: _decode(v) for k, v in x["items"].items()}
+    if tag == "tuple":
+        return tuple(_decode(v) for v in x["items"])
+    if tag == "bytes":
+        return base64.b64decode(x["b64"])
+    if tag == "ndarray":
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(x["b64"]), dtype=np.dtype(x["dtype"])).reshape(x["shape"]).copy()
+    if tag == "codec":
+        c = _by_name.get(x["name"])
+        if c is None:
+            raise CacheError(f"a stored snapshot needs the codec {x['name']!r}: register it with Check.register_codec")
+        return c[1](_decode(x["value"]))
+    raise CacheError(f"a stored snapshot has the unknown tag {tag!r}")
+
+
 def encode_snapshot(snapshot: Any, where: str) -> dict[str, Any]:
     if dataclasses.is_dataclass(snapshot) and not isinstance(snapshot, type):
-        value = {"dataclass": dataclasses.asdict(snapshot)}
-    elif hasattr(snapshot, "model_dump"):
-        value = {"model": snapshot.model_dump(mode="json")}
+        kind, payload = "dataclass", dataclasses.asdict(snapshot)
+    elif hasattr(snapshot, "model_dump") and _codec(snapshot) is None:
+        kind, payload = "model", snapshot.model_dump(mode="json")
     else:
-        value = {"value": snapshot}
+        kind, payload = "value", snapshot
+    if is_json(payload):
+        value = {kind: payload}
+    else:
+        # "tagged": decode the tagged objects back; a plain JSON snapshot never is, so its dicts stay as they are.
+        value = {kind: _encode(payload, where, "snapshot"), "tagged": True}
     check_json(value, where, "snapshot")
     return value
 
 
 def decode_snapshot(stored: dict[str, Any], like: Any) -> Any:
     # The stored snapshot is rebuilt with the type of the fresh one, never a type named by stored data.
+    tagged = stored.get("tagged", False)
     if "dataclass" in stored and dataclasses.is_dataclass(like):
-        return type(like)(**stored["dataclass"])
+        payload = _decode(stored["dataclass"]) if tagged else stored["dataclass"]
+        return type(like)(**payload)
     if "model" in stored and hasattr(type(like), "model_validate"):
         return type(like).model_validate(stored["model"])
-    return stored.get("dataclass", stored.get("model", stored.get("value")))
+    value = stored.get("dataclass", stored.get("model", stored.get("value")))
+    return _decode(value) if tagged else value

@@ -13,9 +13,14 @@ A run that ends well with at least one tool call is stored as a new entry.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import inspect
+import json
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -33,17 +38,13 @@ from .._durable.tools import (
 )
 from .._errors import CacheError
 from .._events import check_json
-from .._journal import Journal
+from .._journal import Journal, open_journal
 from .checks import Check, encode_snapshot
-from .replay import (
-    Continuation,
-    PlannedStep,
-    Session,
-    StepDone,
-    ToolSpec,
-    current_session,
-)
-from .store import CacheStore, Entry, canonical_task, key, task_key, templatize
+from .metrics import Metrics
+from .binding import bind, entry_key, json_type, shape_key
+from .plan import PlannedStep, ToolSpec
+from .replay import Continuation, Session, StepDone, current_session
+from .store import CacheStore, Entry, canonical_task, key, task_key
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 
@@ -90,6 +91,15 @@ class Engine:
     resumes without running a finished step twice; ``"run"``, in one
     transaction when the call ends (fast; a crash loses the call in flight);
     ``"off"``, not at all.
+
+    ``url`` opens a store of its own (``":memory:"``: a private one that starts
+    empty and is removed on :meth:`close`); ``namespace`` keeps this engine's
+    entries apart from other engines' in the same store. ``match="tags"`` keys
+    trajectories by tags alone, as muscle-mem does (default: task text and
+    tags). ``store_empty`` also caches runs that made no tool call;
+    ``refresh_snapshots`` stores a hit's fresh snapshots, so time-window
+    checks slide instead of expiring. :mod:`engrain.muscle_mem` turns the
+    muscle-mem behaviours on.
     """
 
     def __init__(
@@ -101,11 +111,35 @@ class Engine:
         evict_after: int = 3,
         max_candidates: int = 10,
         durability: str = "step",
+        url: str | None = None,
+        namespace: str | None = None,
+        match: str = "task",
+        store_empty: bool = False,
+        refresh_snapshots: bool = False,
     ):
         if durability not in ("step", "run", "off"):
             raise CacheError(f"durability must be 'step', 'run' or 'off', got {durability!r}")
+        if match not in ("task", "tags"):
+            raise CacheError(f"match must be 'task' (task text and tags) or 'tags' (tags only), got {match!r}")
+        if journal is not None and url is not None:
+            raise CacheError("give Engine either a journal or a url, not both")
+        if namespace is not None and (not isinstance(namespace, str) or not namespace or len(namespace) > 200):
+            raise CacheError(f"namespace must be a non-empty string of at most 200 characters, got {namespace!r}")
         self.durability = durability
+        self._scratch: str | None = None
+        if url == ":memory:":
+            # A private store that starts empty and is removed when the engine closes (or the process exits).
+            self._scratch = tempfile.mkdtemp(prefix="engrain-cache-")
+            atexit.register(shutil.rmtree, self._scratch, True)
+            journal = open_journal(os.path.join(self._scratch, "cache.db"))
+        elif url is not None:
+            journal = open_journal(url)
         self._journal = journal
+        self.namespace = namespace
+        self.match = match
+        self.store_empty = store_empty
+        self.refresh_snapshots = refresh_snapshots
+        self.metrics = Metrics()
         self._store: CacheStore | None = None
         self._store_lock = threading.Lock()
         self.tools = ToolRegistry()
@@ -245,37 +279,36 @@ class Engine:
         return result
 
     def _store_trajectory(self, s: Session, output: Any, run_id: str) -> str | None:
-        """Store a successful run's tool calls as an entry; empty trajectories are never stored."""
-        if not s.trajectory:
+        """Store a successful run's tool calls as an entry (one without tool calls only with ``store_empty``)."""
+        if not s.trajectory and not self.store_empty:
             return None
-        steps = []
-        for t in s.trajectory:
-            try:
-                args, templated = templatize(t["args"], s.params)
-            except ValueError:
-                args, templated = t["args"], False
-            pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (t["pre"], t["post"]))
-            steps.append({"name": t["name"], "args": args, "templated": templated, "pre": pre, "post": post})
-        out_spec: dict[str, Any] = {"value": output}
         producers = [i for i, t in enumerate(s.trajectory) if t["result"] == output and output not in (None, True, False, "")]
+        values = [t["args"] for t in s.trajectory]
+        if not producers:
+            values.append(output)
+        # Each param is bound in every argument that used its value, or pinned into the key (see binding.py).
+        b = bind(values, s.params)
+        steps = []
+        for i, t in enumerate(s.trajectory):
+            pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (t["pre"], t["post"]))
+            steps.append({"name": t["name"], "args": b.values[i], "templated": b.templated[i], "pre": pre, "post": post})
         if producers:
-            out_spec = {"step": producers[-1]}
+            out_spec: dict[str, Any] = {"step": producers[-1]}
         else:
-            try:
-                tmpl, changed = templatize(output, s.params)
-                if changed:
-                    out_spec = {"template": tmpl}
-            except ValueError:
-                pass
-        canon = canonical_task(s.task, s.params)
+            out_spec = {"template": b.values[-1]} if b.templated[-1] else {"value": output}
+        # A hit needs each bound param with the type it had: "{{ params.x }}" renders a new type as is,
+        # while the agent may have formatted the value into text.
+        out_spec["param_types"] = {n: json_type(s.params[n]) for n in b.bound}
+        canon, shape = (canonical_task(s.task, {}), None) if not s.params else shape_key(s.task, s.tags, s.params)
+        ekey = task_key(canon, s.tags) if shape is None else entry_key(shape, s.params, b.pinned)
         now = time.time()
         entry = Entry(
-            id=new_run_id(), task_key=task_key(canon, s.tags), tags_key=key(s.tags), task=canon, tags=s.tags,
+            id=new_run_id(), task_key=ekey, tags_key=key(s.tags), task=canon, tags=s.tags,
             steps=steps, output=out_spec, run_id=run_id, created=now, last_used=now,
         )
         if self.embedder is not None:
             entry.embedding = [float(x) for x in self._embed(canon)]
-        self.store.put(entry)
+        self.store.put(entry, shape, b.pinned)
         return entry.id
 
     def _embed(self, text: str) -> Any:
@@ -320,8 +353,10 @@ class Engine:
             if hit:
                 return value
             cont = value
+        elif s.suggest:
+            cont = s.suggestion()
         agent, kwargs = self._start_agent(s, cont)
-        return agent(s.task, **kwargs)
+        return agent(*s.agent_args, **s.agent_kwargs, **kwargs)
 
     async def _adrive(self, s: Session) -> Any:
         s.ctx = current()
@@ -332,22 +367,36 @@ class Engine:
             if hit:
                 return value
             cont = value
+        elif s.suggest:
+            cont = s.suggestion()
         agent, kwargs = self._start_agent(s, cont)
-        return await agent(s.task, **kwargs)
+        return await agent(*s.agent_args, **s.agent_kwargs, **kwargs)
 
     # -- calling -----------------------------------------------------------
 
-    def __call__(self, task: str, tags: list[str] | None = None, params: dict[str, Any] | None = None, *, run_id: str | None = None) -> Any:
-        """Perform ``task``: replay a cached trajectory, or call the agent. Returns an :class:`Outcome`.
+    def __call__(
+        self, task: Any, *args: Any, tags: list[str] | None = None, params: dict[str, Any] | None = None,
+        run_id: str | None = None, **kwargs: Any,
+    ) -> Any:
+        """Perform ``task``: replay a cached trajectory, or call ``agent(task, *args, **kwargs)``. Returns an :class:`Outcome`.
 
-        With an async agent this returns a coroutine to await.
+        ``task`` is a string or any JSON value (a list of messages, say), keyed
+        by its JSON text; ``args``/``kwargs`` go to the agent as they are and
+        are not part of the key. With an async agent this returns a coroutine to await.
         """
         if self._agent is None:
             raise CacheError("the engine has no agent: call engine.set_agent(agent) (and finalize())")
         tags_l = sorted(set(tags or []))
         params_d = dict(params or {})
         check_json(params_d, "engine call", "params")
-        s = Session(self, task, params_d, tags_l)
+        if isinstance(task, str):
+            text = task
+        else:
+            check_json(task, "engine call", "task")
+            text = json.dumps(task, sort_keys=True)
+        key_tags = [*tags_l, f"engrain.namespace={self.namespace}"] if self.namespace else tags_l
+        s = Session(self, "" if self.match == "tags" else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs)
+        task = text
         rid = run_id or new_run_id()
         run_tags = ["engrain.cache", *tags_l]
         if self._agent_async:
@@ -383,11 +432,27 @@ class Engine:
     def _outcome(self, s: Session, res: Any) -> Outcome:
         if res.status == "ok" and not s.hit:
             s.stored = self._store_trajectory(s, res.output, res.run_id)
+        elif res.status == "ok" and self.refresh_snapshots and s.entry_id is not None:
+            self._refresh(s)
         reason = s.reason if res.status == "ok" else f"{s.reason}; agent failed: {res.error}" if s.reason else str(res.error)
         return Outcome(
             hit=s.hit and res.status == "ok", output=res.output, run_id=res.run_id, steps=s.steps, reason=reason,
             status=res.status, error=res.error, entry_id=s.entry_id, agent_called=s.agent_called, stored=s.stored,
         )
+
+    def _refresh(self, s: Session) -> None:
+        """After a hit, store the snapshots just taken in place of the recorded ones (time windows slide)."""
+        entry = self.store.cached(s.entry_id)  # type: ignore[arg-type]
+        if entry is None or len(entry.steps) != len(s.trajectory):
+            return
+        steps = []
+        for i, (old, t) in enumerate(zip(entry.steps, s.trajectory)):
+            pre = s.first_pre if i == 0 and s.first_pre is not None else t["pre"]
+            pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (pre, t["post"]))
+            steps.append({**old, "pre": pre, "post": post})
+        if steps != entry.steps:
+            self.store.refresh(entry.id, steps)
+            self._plans.pop(entry.id, None)
 
     # -- inspection ------------------------------------------------------------
 
@@ -404,7 +469,11 @@ class Engine:
         return self.store.evict(entry_id)
 
     def close(self) -> None:
-        """Close the entry store (the journal stays open)."""
+        """Close the entry store (the journal stays open, except the private one of ``url=":memory:"``)."""
         if self._store is not None:
             self._store.close()
             self._store = None
+        if self._scratch is not None and self._journal is not None:
+            self._journal.close()
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._journal, self._scratch = None, None

@@ -10,7 +10,7 @@ placeholders, upserts and connection handling differ.
 from __future__ import annotations
 
 import atexit
-import hashlib
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._journal import Journal
+from .binding import canonical_task, key
+
+__all__ = ["STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS engrain_cache_entries (
@@ -39,63 +42,16 @@ CREATE TABLE IF NOT EXISTS engrain_cache_entries (
 );
 CREATE INDEX IF NOT EXISTS engrain_cache_by_task ON engrain_cache_entries (task_key, successes DESC, last_used DESC);
 CREATE INDEX IF NOT EXISTS engrain_cache_by_tags ON engrain_cache_entries (tags_key);
+CREATE TABLE IF NOT EXISTS engrain_cache_shapes (
+    shape_key TEXT NOT NULL,
+    pinned TEXT NOT NULL,
+    PRIMARY KEY (shape_key, pinned)
+);
 CREATE TABLE IF NOT EXISTS engrain_cache_stats (
     name TEXT PRIMARY KEY,
     value BIGINT NOT NULL
 );
 """
-
-def _usable(name: str) -> bool:
-    # A param that a template path cannot name is left out of templating (its values stay literal).
-    return name.isidentifier() and not name.startswith("_")
-
-
-def _placeholder(name: str) -> str:
-    return "{{ params." + name + " }}"
-
-
-def templatize(value: Any, params: dict[str, Any]) -> tuple[Any, bool]:
-    """Replace values that came from ``params`` by placeholders (whole values and substrings)."""
-    params = {k: v for k, v in params.items() if _usable(k)}
-    if isinstance(value, str):
-        if "{{" in value or "}}" in value:
-            raise ValueError("literal braces")  # would read as a placeholder: keep this step literal
-        for name, pv in params.items():
-            if isinstance(pv, str) and pv and value == pv:
-                return _placeholder(name), True
-        out, changed = value, False
-        for name, pv in sorted(params.items(), key=lambda kv: -len(str(kv[1]))):
-            if isinstance(pv, str) and len(pv) >= 3 and pv in out:
-                out, changed = out.replace(pv, _placeholder(name)), True
-        return out, changed
-    if isinstance(value, dict):
-        pairs = [(k, templatize(v, params)) for k, v in value.items()]
-        return {k: v for k, (v, _) in pairs}, any(c for _, (_, c) in pairs)
-    if isinstance(value, list):
-        items = [templatize(v, params) for v in value]
-        return [v for v, _ in items], any(c for _, c in items)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        for name, pv in params.items():
-            if type(pv) is type(value) and pv == value and abs(value) >= 2:
-                return _placeholder(name), True
-    return value, False
-
-
-def canonical_task(task: str, params: dict[str, Any]) -> str:
-    """The task with parameter values replaced by placeholders and whitespace collapsed."""
-    text = " ".join(task.split())
-    usable = {k: v for k, v in params.items() if _usable(k)}
-    for name, pv in sorted(usable.items(), key=lambda kv: -len(str(kv[1]))):
-        s = str(pv)
-        if s and not isinstance(pv, bool):
-            text = text.replace(s, _placeholder(name))
-    return text
-
-
-def key(*parts: Any) -> str:
-    """A stable 32-hex key of JSON ``parts``."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-
 
 _task_keys: dict[tuple[str, tuple[str, ...]], str] = {}
 
@@ -114,7 +70,7 @@ def task_key(task: str, tags: list[str]) -> str:
 _COLUMNS = "id, task_key, tags_key, task, tags, steps, output, run_id, successes, divergences, created, last_used, embedding"
 
 #: Counters kept in ``engrain_cache_stats``.
-STAT_NAMES = ("lookups", "hits", "misses", "diverged", "switched", "agent_calls", "evicted", "stored")
+STAT_NAMES = ("lookups", "hits", "misses", "diverged", "switched", "suggested", "agent_calls", "evicted", "stored")
 
 
 @dataclass(slots=True)
@@ -175,6 +131,7 @@ class CacheStore:
         self._lock = threading.Lock()
         # Parsed entries by id: a hit then costs one indexed query returning ids and counters.
         self._parsed: dict[str, Entry] = {}
+        self._pinsets: dict[str, list[list[str]]] = {}
         # Counters and hit bookkeeping are advisory: they are batched, not written per call.
         self._counts: dict[str, int] = {}
         self._hits: dict[str, tuple[int, float]] = {}
@@ -252,8 +209,28 @@ class CacheStore:
         self._parsed[entry_id] = e
         return e
 
-    def put(self, e: Entry) -> None:
-        """Store a new entry."""
+    def pinsets(self, shape_key: str, fresh: bool = False) -> list[list[str]]:
+        """The sets of pinned param names that entries of this call shape were stored with (see :mod:`.binding`).
+
+        Read once per shape and kept (rows are never removed); ``fresh`` reads
+        again, for sets another process may have added since.
+        """
+        sets = None if fresh else self._pinsets.get(shape_key)
+        if sets is None:
+            rows = self._exec("SELECT pinned FROM engrain_cache_shapes WHERE shape_key = ?", (shape_key,))
+            if len(self._pinsets) >= 4096:
+                self._pinsets.clear()
+            sets = self._pinsets[shape_key] = [json.loads(r[0]) for r in rows]
+        return sets
+
+    def put(self, e: Entry, shape_key: str | None = None, pinned: list[str] | None = None) -> None:
+        """Store a new entry (``shape_key``/``pinned``: the call shape it was filed under, for calls with params)."""
+        if shape_key is not None:
+            self._exec(
+                "INSERT INTO engrain_cache_shapes (shape_key, pinned) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (shape_key, json.dumps(sorted(pinned or []))),
+            )
+            self._pinsets.pop(shape_key, None)
         self._exec(
             f"INSERT INTO engrain_cache_entries ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -263,6 +240,13 @@ class CacheStore:
             ),
         )
         self.bump("stored")
+
+    def refresh(self, entry_id: str, steps: list[dict[str, Any]]) -> None:
+        """Replace an entry's steps (the same calls with fresh snapshots, after a hit)."""
+        self._exec("UPDATE engrain_cache_entries SET steps = ? WHERE id = ?", (json.dumps(steps), entry_id))
+        e = self._parsed.get(entry_id)
+        if e is not None:
+            self._parsed[entry_id] = dataclasses.replace(e, steps=steps)
 
     def record_hit(self, entry_id: str) -> None:
         """A full replay: one more success, used now, divergence streak reset; counts a hit (written in batches)."""

@@ -1,0 +1,330 @@
+"""Which call ``params`` a cached trajectory may re-bind, and the task key that says so.
+
+A hit replays recorded tool arguments with placeholders filled from the
+current ``params``. That is only right when every place a param's value went
+into an argument is a placeholder; a value left literal would replay the old
+value under a new param. So when a trajectory is stored each param is either
+
+* **bound**: every use of its value in the arguments and output (a whole
+  value of the same type, or text at word boundaries inside a string) is a
+  placeholder, so a hit re-binds all of them; or
+* **pinned**: some use cannot be bound (inside a word, in a dict key, as
+  another type, overlapping another param's value), so its value becomes part
+  of the key and only a call with the same value can hit.
+
+The task text of a call is canonicalized at lookup, before any trajectory is
+known: a *strong* param value (text of 3+ characters, a number with |v| >= 2)
+found at word boundaries in the task is replaced by its placeholder, so
+"order 3 boxes" and "order 7 boxes" share a shape. Weak values (0, 1,
+booleans, short text) stay literal in the key, since such values are also
+common constants an agent did not take from the task. The entry's key is the
+shape plus its pinned values; each shape remembers which sets of names were
+pinned under it, so a lookup tries exactly those keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Binding", "bind", "canonical_task", "entry_key", "json_type", "key", "shape_key", "strong", "text_of", "usable"]
+
+
+#: Past these, a trajectory binds no param (each is pinned into the key instead).
+MAX_PARAMS = 64
+MAX_SCAN_BYTES = 1 << 20
+
+
+def key(*parts: Any) -> str:
+    """A stable 32-hex key of JSON ``parts``."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def usable(name: str) -> bool:
+    """Whether a template path can name the param (others are always pinned)."""
+    return name.isidentifier() and not name.startswith("_")
+
+
+def _placeholder(name: str) -> str:
+    return "{{ params." + name + " }}"
+
+
+def json_type(v: Any) -> str:
+    """The type name a bound param must keep for a hit (int and float stay apart: str() differs)."""
+    return type(v).__name__
+
+
+def text_of(v: Any) -> str | None:
+    """The text a value becomes inside a rendered string (``None``: it cannot be bound inside text)."""
+    if isinstance(v, str):
+        return v if v and "{{" not in v and "}}" not in v else None
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        s = str(v)
+        return s if s == json.dumps(v) else None
+    return None
+
+
+def _forms(v: Any) -> set[str]:
+    """Every text a value may leave in a string (any of them found there is a use)."""
+    out = {str(v)}
+    try:
+        out.add(json.dumps(v, sort_keys=True))
+        out.add(json.dumps(v))
+    except (TypeError, ValueError):
+        pass
+    return {f for f in out if f}
+
+
+def strong(v: Any) -> bool:
+    """A value distinctive enough to template out of the task text."""
+    if isinstance(v, str):
+        return len(v) >= 3 and text_of(v) is not None
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return abs(v) >= 2 and text_of(v) is not None
+    return False
+
+
+def _word(c: str) -> bool:
+    # '.', '-' and '+' bind to a neighbouring number ("1.5", "-5", "+3"): a value next to them is not a whole token.
+    return c.isalnum() or c in "_.-+"
+
+
+def _bounded(s: str, i: int, j: int) -> bool:
+    return (i == 0 or not _word(s[i - 1])) and (j == len(s) or not _word(s[j]))
+
+
+def _occurrences(s: str, needle: str) -> list[tuple[int, int]]:
+    out, i = [], s.find(needle)
+    while i >= 0:
+        out.append((i, i + len(needle)))
+        i = s.find(needle, i + 1)
+    return out
+
+
+def canonical_task(task: str, params: dict[str, Any]) -> str:
+    """The task with strong param values replaced by placeholders and whitespace collapsed (the lookup shape)."""
+    text = " ".join(task.split())
+    if "{{" in text or "}}" in text:
+        return text  # a placeholder could not be told from the text; the key says "no placeholders"
+    return _fill(text, _in_text(text, params))
+
+
+def _in_text(text: str, params: dict[str, Any]) -> dict[str, str]:
+    """Strong usable params found at word boundaries in ``text`` whose text no other such param shares."""
+    found: dict[str, str] = {}
+    for name, v in params.items():
+        t = text_of(v)
+        if usable(name) and strong(v) and t is not None and any(_bounded(text, i, j) for i, j in _occurrences(text, t)):
+            found[name] = t
+    texts = list(found.values())
+    return {n: t for n, t in found.items() if texts.count(t) == 1}
+
+
+def _fill(text: str, names: dict[str, str]) -> str:
+    # Longest value first, never inside a placeholder already put in.
+    parts: list[tuple[str, bool]] = [(text, False)]
+    for name, t in sorted(names.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        nxt: list[tuple[str, bool]] = []
+        for seg, done in parts:
+            if done:
+                nxt.append((seg, done))
+                continue
+            last = 0
+            for i, j in _occurrences(seg, t):
+                if i >= last and _bounded(seg, i, j):
+                    nxt.append((seg[last:i], False))
+                    nxt.append((_placeholder(name), True))
+                    last = j
+            nxt.append((seg[last:], False))
+        parts = nxt
+    return "".join(seg for seg, _ in parts)
+
+
+_shapes: dict[Any, tuple[str, str]] = {}
+
+
+def shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, str]:
+    """``(canonical task, shape key)`` of a call: the key also names the params and those templated into the text.
+
+    Memoized for scalar params (every lookup with params needs it); the memo
+    key holds each value's type, as 2 and 2.0 shape a task differently.
+    """
+    try:
+        memo: Any = (task, tuple(tags), tuple((k, type(v), v) for k, v in params.items()))
+        hit = _shapes.get(memo)
+    except TypeError:  # a list or dict param: not hashable, computed each time
+        memo, hit = None, None
+    if hit is not None:
+        return hit
+    out = _shape_key(task, tags, params)
+    if memo is not None:
+        if len(_shapes) >= 4096:
+            _shapes.clear()
+        _shapes[memo] = out
+    return out
+
+
+def _shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, str]:
+    canon = canonical_task(task, params)
+    if not params:
+        return canon, key(canon, tags)  # no params: the key entries have always had
+    text = " ".join(task.split())
+    placed = [] if "{{" in text or "}}" in text else sorted(_in_text(text, params))
+    return canon, key(canon, tags, sorted(params), placed)
+
+
+_entry_keys: dict[Any, str] = {}
+
+
+def entry_key(shape: str, params: dict[str, Any], pinned: list[str]) -> str:
+    """The key of an entry under ``shape`` whose ``pinned`` params have these values (memoized like :func:`shape_key`)."""
+    if not params:
+        return shape
+    if not pinned:
+        memo: Any = shape
+    else:
+        try:
+            memo = (shape, tuple((n, type(params[n]), params[n]) for n in pinned))
+            hash(memo)
+        except TypeError:
+            return key(shape, {n: params[n] for n in pinned})
+    k = _entry_keys.get(memo)
+    if k is None:
+        if len(_entry_keys) >= 4096:
+            _entry_keys.clear()
+        k = _entry_keys[memo] = key(shape, {n: params[n] for n in pinned})
+    return k
+
+
+@dataclass(slots=True)
+class Binding:
+    """How one trajectory's values relate to its call's params.
+
+    ``values`` are the arguments (and output) with bound params' uses
+    replaced by placeholders (literal text escaped where a value has one);
+    ``templated[i]`` says whether value ``i`` holds any placeholder.
+    """
+
+    values: list[Any]
+    templated: list[bool]
+    pinned: list[str]
+    bound: list[str]
+
+
+class _Scan:
+    """One pass over the values: every use of each param, and whether it can be bound."""
+
+    def __init__(self, params: dict[str, Any]):
+        self.params = {n: v for n, v in params.items() if usable(n)}
+        self.forms = {n: ({v} if isinstance(v, str) else _forms(v)) - {""} for n, v in self.params.items()}
+        self.texts = {n: text_of(v) for n, v in self.params.items()}
+        self.bad: set[str] = set()
+
+    def whole(self, x: Any) -> set[str]:
+        """Params whose value ``x`` is as a whole (same type); a cross-type equal value is a bad use."""
+        out = set()
+        for n, v in self.params.items():
+            if type(x) is type(v) and x == v:
+                out.add(n)
+            elif not isinstance(x, str) and not isinstance(v, str) and x == v:
+                self.bad.add(n)  # True == 1 == 1.0: re-binding would change the type
+        if len(out) > 1:
+            self.bad.update(out)  # two params with this value: which one it came from is unknown
+        return out
+
+    def spans(self, s: str) -> set[str]:
+        """Params used inside ``s``; marks unbindable and overlapping uses bad."""
+        found: list[tuple[int, int, str]] = []
+        used = set()
+        for n, forms in self.forms.items():
+            t, v = self.texts[n], self.params[n]
+            for f in forms:
+                for i, j in _occurrences(s, f):
+                    used.add(n)
+                    if f == t and _bounded(s, i, j) and not (i == 0 and j == len(s) and not isinstance(v, str)):
+                        found.append((i, j, n))
+                    else:
+                        self.bad.add(n)  # inside a word, another type's text, or a number's text as a whole string
+        for a in found:
+            for b in found:
+                if a is not b and a[0] < b[1] and b[0] < a[1]:
+                    self.bad.update((a[2], b[2]))
+        return used
+
+    def visit(self, x: Any) -> set[str]:
+        """Mark the uses in ``x``; returns the params used in it."""
+        if isinstance(x, str):
+            return self.spans(x)
+        if isinstance(x, (dict, list)):
+            whole = self.whole(x)
+            inner: set[str] = set()
+            for k, v in (x.items() if isinstance(x, dict) else enumerate(x)):
+                if isinstance(x, dict):
+                    for n, forms in self.forms.items():
+                        if k == self.params[n] or any(f in str(k) for f in forms):
+                            self.bad.add(n)  # keys are never templated
+                            inner.add(n)
+                inner |= self.visit(v)
+            if whole and inner - whole:
+                self.bad |= whole | inner  # a bound container holding another param's value: ambiguous
+            return whole | inner
+        return self.whole(x)
+
+
+def _templatize(x: Any, params: dict[str, Any]) -> tuple[Any, bool]:
+    """``x`` with uses of ``params`` (all bindable, checked by :class:`_Scan`) as placeholders, other text escaped."""
+    from .._routines.template import escape
+
+    for n, v in params.items():
+        if type(x) is type(v) and x == v:
+            return _placeholder(n), True
+    if isinstance(x, str):
+        spans = sorted(
+            (i, j, n) for n, v in params.items() if (t := text_of(v)) is not None for i, j in _occurrences(x, t) if _bounded(x, i, j)
+        )
+        if not spans:
+            return escape(x), False
+        out, last = [], 0
+        for i, j, n in spans:
+            out.append(escape(x[last:i]))
+            out.append(_placeholder(n))
+            last = j
+        out.append(escape(x[last:]))
+        return "".join(out), True
+    if isinstance(x, dict):
+        pairs = {k: _templatize(v, params) for k, v in x.items()}
+        return {k: v for k, (v, _) in pairs.items()}, any(c for _, c in pairs.values())
+    if isinstance(x, list):
+        items = [_templatize(v, params) for v in x]
+        return [v for v, _ in items], any(c for _, c in items)
+    return x, False
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def bind(values: list[Any], params: dict[str, Any]) -> Binding:
+    """Bind the params whose every use in ``values`` can be a placeholder; pin the others."""
+    from .._routines.template import render
+
+    if len(params) > MAX_PARAMS or len(json.dumps(values, default=str)) > MAX_SCAN_BYTES:
+        # Scanning is quadratic-ish in text and params: past these bounds every param is pinned (always safe).
+        return Binding(list(values), [False] * len(values), sorted(params), [])
+    scan = _Scan(params)
+    for v in values:
+        scan.visit(v)
+    bound = {n: v for n, v in scan.params.items() if n not in scan.bad}
+    out, flags = [], []
+    for v in values:
+        t, changed = _templatize(v, bound) if bound else (v, False)
+        if changed and not _same(render(t, {"params": params}), v):
+            # Never store a template that does not give back what ran: pin every param instead.
+            return Binding(list(values), [False] * len(values), sorted(params), [])
+        out.append(t if changed else v)
+        flags.append(changed)
+    return Binding(out, flags, sorted(n for n in params if n not in bound), sorted(bound))

@@ -1,0 +1,204 @@
+"""An entry's steps resolved against an engine's tools, and whether a call's params can fill them.
+
+:class:`ToolSpec` is an engine tool with its checks; :class:`PlannedStep` is
+step ``i`` of a cached entry resolved against those tools once (entries never
+change, so plans are memoized per engine). :func:`fits` says whether a call's
+``params`` can fill an entry's templates (names, inline text, types).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .._routines.template import render
+from .binding import json_type, text_of
+from .checks import Check, decode_snapshot
+from .metrics import Metrics
+from .store import CacheStore, Entry
+
+__all__ = ["Engine", "PlannedStep", "ToolSpec", "fits", "param_names", "plan"]
+
+
+@dataclass(slots=True)
+class ToolSpec:
+    """An engine tool: the undecorated function and its checks."""
+
+    name: str
+    fn: Callable[..., Any]
+    is_method: bool
+    pre: Check | None
+    post: Check | None
+    is_async: bool
+    bind: Callable[[tuple, dict], dict[str, Any]]
+    pre_where: str = ""
+    post_where: str = ""
+    split: Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+
+    def __post_init__(self) -> None:
+        # Where a snapshot that is not JSON is reported (built once, not per step).
+        self.pre_where = f"tool {self.name!r} pre_check"
+        self.post_where = f"tool {self.name!r} post_check"
+        self.split = _splitter(self.fn)
+
+    def arguments(self, args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The recorded ``{name: value}`` arguments as a call's ``(*args, **kwargs)``."""
+        return ((), args) if self.split is None else self.split(args)
+
+
+def _splitter(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None:
+    """``None`` for a plain signature (record == keywords); else how to rebuild ``*args``/``**kwargs``/positional-only."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return None
+    if params and params[0].name in ("self", "cls"):
+        params = params[1:]
+
+    def split(args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        pos: list[Any] = []
+        kw: dict[str, Any] = {}
+        for p in params:
+            if p.name not in args:
+                continue
+            v = args[p.name]
+            if p.kind is p.VAR_POSITIONAL:
+                pos.extend(v)
+            elif p.kind is p.VAR_KEYWORD:
+                kw.update(v)
+            elif p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and any(q.kind is q.VAR_POSITIONAL for q in params)):
+                pos.append(v)
+            else:
+                kw[p.name] = v
+        return tuple(pos), kw
+
+    return split
+
+
+_PARAM_RE = re.compile(r"\{\{ params\.(\w+) \}\}")
+_WHOLE_RE = re.compile(r"\{\{ params\.\w+ \}\}")
+_param_names: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+_UNSET: Any = object()
+
+
+def _strings(x: Any) -> list[str]:
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, dict):
+        return [s for v in x.values() for s in _strings(v)]
+    if isinstance(x, list):
+        return [s for v in x for s in _strings(v)]
+    return []
+
+
+def param_names(e: Entry) -> tuple[frozenset[str], frozenset[str]]:
+    """The ``params`` an entry's templates need, and those of them it puts inside text (cached: entries never change)."""
+    names = _param_names.get(e.id)
+    if names is None:
+        if len(_param_names) >= 65536:  # evicted entries leave ids behind: keep the memo bounded
+            _param_names.clear()
+        texts = _strings([s["args"] for s in e.steps if s.get("templated")] + [e.output.get("template")])
+        inline = {n for t in texts if not _WHOLE_RE.fullmatch(t) for n in _PARAM_RE.findall(t)}
+        names = _param_names[e.id] = (frozenset(n for t in texts for n in _PARAM_RE.findall(t)), frozenset(inline))
+    return names
+
+
+def fits(e: Entry, params: dict[str, Any]) -> bool:
+    """Whether ``params`` can fill ``e``'s templates: every name given, and text-bound ones as the same text Python's str() gives."""
+    names, inline = param_names(e)
+    if not names <= params.keys() or not all(text_of(params[n]) is not None for n in inline):
+        return False
+    types = e.output.get("param_types")
+    return types is None or all(json_type(params[n]) == types.get(n) for n in names)
+
+
+def _decoded(stored: dict[str, Any] | None) -> Any:
+    # A plain JSON snapshot decodes to the same value whatever the fresh one is,
+    # so it is decoded once; a dataclass or model one needs the fresh type each time.
+    if stored is None or "dataclass" in stored or "model" in stored or stored.get("tagged"):
+        return _UNSET
+    return stored.get("value")
+
+
+def _expected(stored: dict[str, Any] | None, decoded: Any, snap: Any) -> Any:
+    """The recorded snapshot to compare the fresh ``snap`` with: decoded once when it can be (see :func:`_decoded`)."""
+    return decode_snapshot(stored, snap) if decoded is _UNSET else decoded  # type: ignore[arg-type]
+
+
+def _seen_key(name: str, args: Any) -> str:
+    return json.dumps([name, args], sort_keys=True, default=str)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedStep:
+    """Step ``i`` of an entry resolved against the engine's tools (once per entry: entries never change).
+
+    ``pre``/``post`` are the stored snapshots; ``check_pre``/``check_post``
+    say whether this engine's tool has the check to run against them.
+    """
+
+    i: int
+    name: str
+    spec: ToolSpec | None
+    args: dict[str, Any]
+    templated: bool
+    pre: dict[str, Any] | None
+    post: dict[str, Any] | None
+    check_pre: bool
+    check_post: bool
+    pre_value: Any
+    post_value: Any
+    seen_key: str | None  # the capture-sharing key of untemplated arguments
+
+    @staticmethod
+    def of(i: int, step: dict[str, Any], spec: ToolSpec | None) -> PlannedStep:
+        templated = bool(step.get("templated"))
+        pre, post = step.get("pre"), step.get("post")
+        return PlannedStep(
+            i, step["name"], spec, step["args"], templated, pre, post,
+            spec is not None and spec.pre is not None and pre is not None,
+            spec is not None and spec.post is not None and post is not None,
+            _decoded(pre), _decoded(post), None if templated else _seen_key(step["name"], step["args"]),
+        )
+
+    def render(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The arguments for this call (placeholders filled from ``params``)."""
+        if not self.templated:
+            return self.args
+        return render(self.args, {"params": params})
+
+
+class Engine(Protocol):
+    """What a replay uses of its :class:`~engrain._cache.engine.Engine`.
+
+    Declared here, not imported, so the engine module (which starts sessions)
+    and this one (which runs them) do not import each other.
+    """
+
+    store: CacheStore
+    evict_after: int
+    metrics: Metrics
+    _plans: dict[str, tuple[PlannedStep, ...]]
+    _specs: dict[str, ToolSpec]
+    _context: Any
+
+    def set_context(self, obj: Any) -> Any: ...
+
+
+def plan(engine: Engine, e: Entry) -> tuple[PlannedStep, ...]:
+    """The planned steps of ``e`` for ``engine`` (memoized per engine; cleared when a tool is added)."""
+    plans = engine._plans
+    p = plans.get(e.id)
+    if p is None:
+        if len(plans) >= 4096:  # evicted entries leave plans behind: keep the memo bounded
+            plans.clear()
+        specs = engine._specs
+        p = plans[e.id] = tuple(PlannedStep.of(i, s, specs.get(s["name"])) for i, s in enumerate(e.steps))
+    return p
