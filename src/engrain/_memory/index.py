@@ -92,6 +92,7 @@ class VectorIndex:
         self._n = 0
         self._mat = np.zeros((0, 0), dtype=np.float32)
         self._ids: list[str] = []
+        self._pos: dict[str, int] = {}
         self._skill_codes = np.zeros(0, dtype=np.int32)
         self._skills: dict[str, int] = {}
         self._expires = np.zeros(0, dtype=np.float64)
@@ -227,12 +228,19 @@ class VectorIndex:
                 with contextlib.suppress(OSError):  # already renamed, or never written
                     os.unlink(tmp)
 
-    def search(self, vec: np.ndarray, k: int, skill: str | None, now: float) -> list[tuple[str, float]]:
-        """Up to ``k`` ``(id, cosine)`` pairs, best first, of live rows (optionally of one skill)."""
+    def search(self, vec: np.ndarray, k: int, skill: str | None, now: float,
+               allow: set[str] | None = None) -> list[tuple[str, float]]:
+        """Up to ``k`` ``(id, cosine)`` pairs, best first, of live rows (optionally of one skill).
+
+        ``allow`` limits the search to these ids (a metadata filter's matches):
+        an exact scan of just those rows.
+        """
         with self._lock:
             n = self._n
             if n == 0 or k <= 0:
                 return []
+            if allow is not None:
+                return self._exact_among(vec, k, allow, now)
             code = None
             if skill is not None:
                 code = self._skills.get(skill)
@@ -243,6 +251,19 @@ class VectorIndex:
                 if hits is not None:
                     return hits
             return self._exact(vec, k, code, now)
+
+    def _exact_among(self, vec: np.ndarray, k: int, allow: set[str], now: float) -> list[tuple[str, float]]:
+        if len(self._pos) != self._n:
+            self._pos = {rid: p for p, rid in enumerate(self._ids)}
+        pos = np.fromiter((p for rid in allow if (p := self._pos.get(rid)) is not None), dtype=np.int64)
+        pos = pos[self._expires[pos] > now]
+        if not len(pos):
+            return []
+        sims = self._mat[pos] @ vec
+        kk = min(k, len(pos))
+        top = np.argpartition(-sims, kk - 1)[:kk]
+        top = top[np.argsort(-sims[top])]
+        return [(self._ids[int(pos[t])], float(sims[t])) for t in top]
 
     def _live(self, pos: np.ndarray, code: int | None, now: float) -> np.ndarray:
         ok = self._expires[pos] > now

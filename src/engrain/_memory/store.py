@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from . import filters as _filters
 from .items import Article, BufferItem, Record, _article, _record, from_blob, to_blob
 
 _SQLITE_SCHEMA = """
@@ -38,12 +39,12 @@ CREATE TABLE IF NOT EXISTS engrain_mem_records (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
     metadata TEXT NOT NULL, digest TEXT NOT NULL, created REAL NOT NULL, expires REAL,
-    article_id TEXT, embedding BLOB NOT NULL, UNIQUE (skill, digest));
+    article_id TEXT, embedding BLOB NOT NULL, importance REAL, UNIQUE (skill, digest));
 CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
     sources TEXT NOT NULL, metadata TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
-    version INTEGER NOT NULL, synthesizer TEXT NOT NULL, embedding BLOB NOT NULL);
+    version INTEGER NOT NULL, synthesizer TEXT NOT NULL, embedding BLOB NOT NULL, importance REAL);
 CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created REAL NOT NULL,
@@ -58,7 +59,7 @@ CREATE TABLE IF NOT EXISTS engrain_mem_records (
     seq BIGSERIAL PRIMARY KEY,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
     metadata TEXT NOT NULL, digest TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
-    expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL,
+    expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', hint || ' ' || content)) STORED,
     UNIQUE (skill, digest));
 CREATE INDEX IF NOT EXISTS engrain_mem_records_tsv ON engrain_mem_records USING GIN (tsv);
@@ -67,7 +68,7 @@ CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
     sources TEXT NOT NULL, metadata TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
     updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL, synthesizer TEXT NOT NULL,
-    embedding BYTEA NOT NULL,
+    embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', title || ' ' || content)) STORED);
 CREATE INDEX IF NOT EXISTS engrain_mem_articles_tsv ON engrain_mem_articles USING GIN (tsv);
 CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
@@ -77,8 +78,9 @@ CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
 CREATE TABLE IF NOT EXISTS engrain_mem_state (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
 """
 
-_REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding"
-_ART_COLS = "seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding"
+_REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding, importance"
+_ART_COLS = ("seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding,"
+             " importance")
 _WORD = re.compile(r"\w+", re.UNICODE)
 _STOP = frozenset(
     "a an and are as at be by for from has have how i in is it its of on or that the this to was were what when "
@@ -118,6 +120,9 @@ class MemoryStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SQLITE_SCHEMA)
+            for table in ("engrain_mem_records", "engrain_mem_articles"):  # stores made before importance existed
+                if "importance" not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN importance REAL")
         else:
             import psycopg
 
@@ -128,6 +133,8 @@ class MemoryStore:
                 for stmt in _PG_SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
+                for table in ("engrain_mem_records", "engrain_mem_articles"):  # stores made before importance
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS importance DOUBLE PRECISION")
                 self.pgvector = self._setup_pgvector()
 
     def _setup_pgvector(self) -> bool:
@@ -240,17 +247,45 @@ class MemoryStore:
                         self._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (r["expires"], got[0]))
                     out.append((got[0], False))
                     continue
-                vcol, vmark, vval = self._vec_insert(r["embedding"])
-                seq = self._x(
-                    "INSERT INTO engrain_mem_records (id, skill, content, hint, metadata, digest, created, expires,"
-                    f" embedding{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
-                    (r["id"], r["skill"], r["content"], r["hint"], json.dumps(r["metadata"]), r["digest"], now,
-                     r["expires"], to_blob(r["embedding"]), *vval)).fetchone()[0]
-                self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"])
-                self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('deposit', ?, ?, '{}', ?)",
-                        (r["skill"], r["id"], now))
+                self.insert_record(r, now)
                 out.append((r["id"], True))
         return out
+
+    def insert_record(self, r: dict[str, Any], now: float) -> int:
+        """Insert one record row (inside :meth:`tx`); a deposit too unless ``r["article_id"]`` is set. Returns its seq."""
+        vcol, vmark, vval = self._vec_insert(r["embedding"])
+        seq = int(self._x(
+            "INSERT INTO engrain_mem_records (id, skill, content, hint, metadata, digest, created, expires,"
+            f" embedding, importance, article_id{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
+            (r["id"], r["skill"], r["content"], r["hint"], json.dumps(r["metadata"]), r["digest"],
+             r.get("created", now), r["expires"], to_blob(r["embedding"]), r.get("importance"), r.get("article_id"),
+             *vval)).fetchone()[0])
+        self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"])
+        if not r.get("article_id"):  # an imported record is already consolidated: nothing to process
+            self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('deposit', ?, ?, '{}', ?)",
+                    (r["skill"], r["id"], now))
+        return seq
+
+    def put_article(self, a: Article) -> None:
+        """Insert or replace one article (inside :meth:`tx`); a rewrite gets a new seq so index refreshes see it."""
+        self.delete_article(a.id)
+        vcol, vmark, vval = self._vec_insert(a.embedding)
+        a.seq = int(self._x(
+            "INSERT INTO engrain_mem_articles (id, skill, title, content, sources, metadata, created, updated,"
+            f" version, synthesizer, embedding, importance{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{vmark})"
+            " RETURNING seq",
+            (a.id, a.skill, a.title, a.content, json.dumps(a.sources), json.dumps(a.metadata), a.created,
+             a.updated, a.version, a.synthesizer, to_blob(a.embedding), a.importance, *vval)).fetchone()[0])
+        self._fts_put(-a.seq, f"{a.title} {a.content}", a.skill)
+
+    def delete_article(self, aid: str) -> bool:
+        """Delete one article and its full-text row (inside :meth:`tx`); False when there was none."""
+        old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (aid,)).fetchone()
+        if old is None:
+            return False
+        self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (aid,))
+        self._fts_del([-old[0]])
+        return True
 
     def add_recall_event(self, skill: str | None, data: dict[str, Any], now: float) -> None:
         """Leave a recall event (query and hits) in the buffer."""
@@ -312,7 +347,8 @@ class MemoryStore:
                if rows else np.zeros((0, 0), dtype=np.float32))
         return seqs, [r[1] for r in rows], [r[2] for r in rows], exp, mat
 
-    def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int) -> list[tuple[str, float]]:
+    def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
+                         where: dict[str, Any] | None = None) -> list[tuple[str, float]]:
         """pgvector search: up to ``limit`` ``(id, cosine)`` of live rows (of ``skill`` if given), nearest first."""
         table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
         sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE vec IS NOT NULL"
@@ -320,6 +356,9 @@ class MemoryStore:
         if tier == "record":
             sql += " AND (expires IS NULL OR expires > ?)"
             params.append(now)
+            cond, cp = _filters.sql(self.backend, where)
+            sql += cond
+            params += cp
         if skill is not None:
             sql += " AND skill = ?"
             params.append(skill)
@@ -348,14 +387,26 @@ class MemoryStore:
                 keep.append(t)
         return keep
 
+    def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
+        """Ids of live records matching the metadata filter ``where`` (of ``skill`` if given)."""
+        cond, params = _filters.sql(self.backend, where)
+        sql = f"SELECT id FROM engrain_mem_records WHERE (expires IS NULL OR expires > ?){cond}"
+        if skill is not None:
+            sql += " AND skill = ?"
+            params.append(skill)
+        with self._lock:
+            return {r[0] for r in self._x(sql, (now, *params))}
+
     def text_search(self, text: str, skill: str | None, now: float, limit: int,
-                    max_df: int | None = 1000) -> list[tuple[str, str, float]]:
+                    max_df: int | None = 1000, where: dict[str, Any] | None = None) -> list[tuple[str, str, float]]:
         """Full-text hits ``[(tier, id, rank)]``, best first (rank: higher is better).
 
         Any query word matches (OR). Words found in more than ``max_df`` rows
         are not matched (see :meth:`_selective`); None matches every word.
+        ``where`` filters records by metadata (articles are filtered by the caller).
         """
         terms = query_terms(text)
+        cond, cparams = _filters.sql(self.backend, where)
         out: list[tuple[str, str, float]] = []
         with self._lock:
             if terms and max_df is not None:
@@ -369,6 +420,9 @@ class MemoryStore:
                 if skill is not None:
                     sql += " AND skill = ?"
                     params.append(skill)
+                if cond:  # records matching the filter, or any article
+                    sql += f" AND (rowid < 0 OR rowid IN (SELECT seq FROM engrain_mem_records WHERE 1 = 1{cond}))"
+                    params += cparams
                 hits = self._db.execute(sql + " ORDER BY rank LIMIT ?", (*params, limit)).fetchall()
                 rec = {r for r, _ in hits if r > 0}
                 art = {-r for r, _ in hits if r < 0}
@@ -390,11 +444,12 @@ class MemoryStore:
             sp = [skill] if skill is not None else []
             sql = (
                 "(SELECT 'record', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_records, to_tsquery('english', %s) q "
-                f"WHERE tsv @@ q AND (expires IS NULL OR expires > %s){skill_sql} ORDER BY r DESC LIMIT %s) UNION ALL "
+                f"WHERE tsv @@ q AND (expires IS NULL OR expires > %s){skill_sql}{cond.replace('?', '%s')} "
+                "ORDER BY r DESC LIMIT %s) UNION ALL "
                 "(SELECT 'article', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_articles, to_tsquery('english', %s) q "
                 f"WHERE tsv @@ q{skill_sql} ORDER BY r DESC LIMIT %s)"
             )
-            rows = self._db.execute(sql, [tsq, now, *sp, limit, tsq, *sp, limit]).fetchall()
+            rows = self._db.execute(sql, [tsq, now, *sp, *cparams, limit, tsq, *sp, limit]).fetchall()
         rows.sort(key=lambda r: -r[2])
         return [(r[0], r[1], float(r[2])) for r in rows[:limit]]
 
@@ -415,6 +470,18 @@ class MemoryStore:
                 self._x(f"UPDATE engrain_mem_buffer SET claim = ?, claimed_at = ? WHERE seq IN ({','.join('?' * len(chunk))})",
                         (token, now, *chunk))
         return [BufferItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def renew_claim(self, token: str, now: float) -> None:
+        """Extend the lease on the rows claimed with ``token`` (see :mod:`.consolidate`)."""
+        with self.tx():
+            self._x("UPDATE engrain_mem_buffer SET claimed_at = ? WHERE claim = ?", (now, token))
+
+    def previous_record(self, skill: str, seq: int) -> Record | None:
+        """The record of ``skill`` stored just before ``seq``, if any."""
+        with self._lock:
+            row = self._x(f"SELECT {_REC_COLS} FROM engrain_mem_records WHERE skill = ? AND seq < ? "
+                          "ORDER BY seq DESC LIMIT 1", (skill, seq)).fetchone()
+        return _record(row) if row else None
 
     def release(self, token: str, seqs: Sequence[int]) -> None:
         """Give claimed rows back to the buffer (their cluster failed; a later run retries them)."""
@@ -457,23 +524,9 @@ class MemoryStore:
                     raise EngrainError(f"{len(chunk) - cur.rowcount} claimed buffer row(s) were taken over by another "
                                        "consolidation (claim went stale); nothing was written")
             for a in upserts:
-                old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (a.id,)).fetchone()
-                if old is not None:  # rewritten: a new seq so index refreshes see it
-                    self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (a.id,))
-                    self._fts_del([-old[0]])
-                vcol, vmark, vval = self._vec_insert(a.embedding)
-                seq = self._x(
-                    "INSERT INTO engrain_mem_articles (id, skill, title, content, sources, metadata, created, updated,"
-                    f" version, synthesizer, embedding{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
-                    (a.id, a.skill, a.title, a.content, json.dumps(a.sources), json.dumps(a.metadata), a.created,
-                     a.updated, a.version, a.synthesizer, to_blob(a.embedding), *vval)).fetchone()[0]
-                a.seq = seq
-                self._fts_put(-seq, f"{a.title} {a.content}", a.skill)
+                self.put_article(a)
             for aid in deletes:
-                old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (aid,)).fetchone()
-                if old is not None:
-                    self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (aid,))
-                    self._fts_del([-old[0]])
+                self.delete_article(aid)
             for rid, aid in assign.items():
                 self._x("UPDATE engrain_mem_records SET article_id = ? WHERE id = ?", (aid, rid))
             if purge:
