@@ -10,8 +10,9 @@ records, articles and buffer rows.
 ``update`` rewrites one record (new content, re-embedded; its article is
 rewritten like after a forget) or one article (its text replaced by hand).
 
-Every write is one transaction and bumps the tier's generation so the
-in-process vector indexes of every process reload the changed rows.
+Every write is one transaction and bumps the tier's deletion counter (rows
+gone: indexes reload their mirror, keep their graph) or generation (a vector
+rewritten: indexes rebuild) so every process sees the change.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def forget(mem: Memory, id: str | None, skill: str | None) -> dict[str, int]:
             for (aid,) in st._x("SELECT id FROM engrain_mem_articles WHERE skill = ?", (skill,)).fetchall():
                 out["articles"] += st.delete_article(aid)
             st._x("DELETE FROM engrain_mem_buffer WHERE skill = ?", (skill,))
-            st._bump("records_gen")
+            st._bump("records_del")
             st._bump("articles_gen")
         return out
     if not isinstance(id, str) or not id:
@@ -87,7 +88,7 @@ def forget(mem: Memory, id: str | None, skill: str | None) -> dict[str, int]:
     if rec is not None:
         with st.tx():
             out["records"] = _delete_records(mem, [id])
-            st._bump("records_gen")
+            st._bump("records_del")
         if rec.article_id:
             out["rewritten"], out["articles"] = _rewrite(mem, {rec.article_id}, now)
         return out
@@ -97,7 +98,7 @@ def forget(mem: Memory, id: str | None, skill: str | None) -> dict[str, int]:
     with st.tx():
         out["records"] = _delete_records(mem, arts[0].sources)
         out["articles"] = int(st.delete_article(id))
-        st._bump("records_gen")
+        st._bump("records_del")
         st._bump("articles_gen")
     return out
 

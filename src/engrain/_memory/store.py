@@ -21,6 +21,7 @@ from the bytes for older rows) is searched in SQL instead, exactly (no ANN index
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import threading
@@ -201,11 +202,19 @@ class MemoryStore:
         with self.tx():
             names = [n for (n,) in self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ?",
                                                     ("embedder:%",)).fetchall()]
+            if not self._x("SELECT 1 FROM engrain_mem_state WHERE name LIKE ?", ("store:%",)).fetchone():
+                self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, 0)", ("store:" + os.urandom(8).hex(),))
             if not names:
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?)", (f"embedder:{name}", dim))
             elif names != [f"embedder:{name}"]:
                 raise ConfigError(f"this memory store was embedded with {names[0][9:]!r}; the embedder {name!r} "
                                   "cannot search it (use the same embedder, or a new store)")
+
+    def identity(self) -> str:
+        """A random name this store got when it was created (tells a cached file from another store's)."""
+        with self._lock:
+            row = self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ?", ("store:%",)).fetchone()
+        return row[0][6:] if row else ""
 
     def state(self) -> dict[str, int]:
         """All counters of ``engrain_mem_state``."""
@@ -533,9 +542,9 @@ class MemoryStore:
                 for i in range(0, len(purge), 500):
                     chunk = list(purge[i:i + 500])
                     self._x(f"DELETE FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
-                # No records_gen bump: in-process indexes already mask these rows by
-                # their expiry time, and a bump would force a full reload.
+                # Deleted, not rewritten: indexes reload their mirror but keep their graph.
                 self._fts_del(purge)
+                self._bump("records_del")
             if upserts or deletes:
                 self._bump("articles_gen")
             self._bump("consolidations")
