@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .store import MemoryStore
+from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
 #: Rows past which an hnswlib graph replaces the exact scan.
 ANN_THRESHOLD = 50_000
@@ -47,7 +47,7 @@ ANN_THRESHOLD = 50_000
 SAVE_SLACK = 0.05
 
 _FORMAT = 2
-_M, _EF_CONSTRUCTION, _EF = 16, 100, 96
+_M, _EF_CONSTRUCTION, _EF = HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF
 
 log = logging.getLogger("engrain.memory")
 

@@ -15,7 +15,9 @@ Three tiers and two helper tables:
 
 Vectors are float32 bytes (BLOB / BYTEA) searched in numpy by :mod:`.index`;
 with the ``vector`` extension (pgvector) on the server, a ``vec`` column (filled
-from the bytes for older rows) is searched in SQL instead, exactly (no ANN index).
+from the bytes for older rows) is searched in SQL instead, through an HNSW index
+with the in-process graph's parameters (iterative scans keep filtered searches
+full).
 """
 
 from __future__ import annotations
@@ -89,6 +91,10 @@ _STOP = frozenset(
 )
 
 
+#: HNSW parameters, shared by pgvector's index and the in-process hnswlib graph.
+HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 96
+
+
 def _vec_literal(vec: np.ndarray) -> str:
     """pgvector's text form of a vector (9 significant digits round-trip float32)."""
     return "[" + ",".join(f"{x:.9g}" for x in np.asarray(vec, dtype=np.float32).tolist()) + "]"
@@ -112,6 +118,7 @@ class MemoryStore:
         self.url = url
         self.pgvector = False
         self._vtype, self._vdist = "vector", "<=>"  # pgvector's type and operator (schema-qualified once found)
+        self._ns = "public"
         self._lock = threading.RLock()
         if backend == "sqlite":
             assert self.path is not None
@@ -160,7 +167,31 @@ class MemoryStore:
                 with self._db.cursor() as cur:
                     cur.executemany(f"UPDATE {table} SET vec = %s::{self._vtype} WHERE seq = %s", [
                         (_vec_literal(from_blob(e)), q) for q, e in cur.execute(f"SELECT seq, embedding FROM {table}")])
+        self._ns = ns
+        self._hnsw_session()
         return True
+
+    def _pg_vector_index(self, dim: int) -> None:
+        """Give ``vec`` the embedder's dimension and an HNSW index (inside the bind transaction)."""
+        for table in ("engrain_mem_records", "engrain_mem_articles"):
+            typ = self._x("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = ?::regclass "
+                          "AND attname = 'vec'", (table,)).fetchone()[0]
+            if not typ.endswith(f"({dim})"):
+                self._x(f"ALTER TABLE {table} ALTER COLUMN vec TYPE {self._vtype}({int(dim)})")
+            # The graph the in-process index uses (same M and ef_construction), so both paths recall alike.
+            self._x(f"CREATE INDEX IF NOT EXISTS {table}_vec ON {table} USING hnsw (vec {self._ns}.vector_cosine_ops)"
+                    f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})")
+
+    def _hnsw_session(self) -> None:
+        """Search settings of this connection: the in-process ef, and filtered scans that keep going."""
+        import psycopg
+
+        self._db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
+        try:  # pgvector >= 0.8: a filter (skill, TTL, metadata) does not starve the LIMIT
+            with self._db.transaction():
+                self._db.execute("SET hnsw.iterative_scan = relaxed_order")
+        except psycopg.Error:
+            pass
 
     # -- plumbing -------------------------------------------------------------
 
@@ -206,6 +237,8 @@ class MemoryStore:
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, 0)", ("store:" + os.urandom(8).hex(),))
             if not names:
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?)", (f"embedder:{name}", dim))
+            if self.pgvector and (not names or names == [f"embedder:{name}"]):
+                self._pg_vector_index(dim)
             elif names != [f"embedder:{name}"]:
                 raise ConfigError(f"this memory store was embedded with {names[0][9:]!r}; the embedder {name!r} "
                                   "cannot search it (use the same embedder, or a new store)")
@@ -371,8 +404,9 @@ class MemoryStore:
         if skill is not None:
             sql += " AND skill = ?"
             params.append(skill)
-        with self._lock:
-            return [(r[0], 1.0 - float(r[1])) for r in self._x(sql + " ORDER BY d, seq LIMIT ?", (*params, limit))]
+        with self._lock:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted here
+            rows = self._x(sql + " ORDER BY d LIMIT ?", (*params, limit)).fetchall()
+        return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
     def _selective(self, terms: list[str], cap: int) -> list[str]:
         """The terms that match at most ``cap`` rows (each count stops at ``cap + 1``).
