@@ -175,3 +175,16 @@ def test_folded_record_does_not_crowd_out_its_article(mem):
     assert hits[0].tier == "article" and hits[0].provenance["via"][0] == ids[0]
     assert hits[0].score >= before[0].score - 0.06  # it ranks at least as its best record did (minus recency)
     assert not {h.id for h in hits} & set(ids)
+
+
+def test_labels_keep_subjects_apart(tmp_path, embedder):
+    """Deploy days and rollbacks are alike in wording; the depositor's labels say they are two topics."""
+    facts = [("deploy day", "Production deploys happen on Tuesday mornings."),
+             ("deploy day", "We deploy to production every Tuesday morning after the stand-up."),
+             ("rollback", "Roll back a bad deploy with make rollback; it takes about four minutes."),
+             ("rollback", "To undo a broken deploy, run make rollback (about four minutes).")]
+    for labelled in (True, False):
+        with Memory(f"sqlite:///{tmp_path / f'{labelled}.db'}", embedder=embedder,
+                    synthesizer=ExtractiveSynthesizer()) as m:
+            m.remember_many([{"data": t, "label": lab if labelled else None} for lab, t in facts])
+            assert m.consolidate().formed == (2 if labelled else 1)

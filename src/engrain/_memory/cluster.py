@@ -16,6 +16,10 @@ is related. Average linkage (not single) keeps one borderline pair from
 chaining two subjects together; the cut applies to the mean, so every group
 is on average more alike than unrelated text.
 
+A label given at deposit (``remember(..., label="refunds")``) is the
+depositor's own statement of topic: groups whose records carry different
+labels never merge (a cannot-link constraint), however alike their wording.
+
 A record that opens with a pronoun ("It receives 7 million visitors a year")
 has no subject of its own: it continues the record deposited just before it
 in the same skill. Its clustering vector is its own plus that record's, the
@@ -125,7 +129,7 @@ def context_vectors(texts: Sequence[str], vecs: np.ndarray, times: Sequence[floa
     return out
 
 
-def average_linkage(vecs: np.ndarray, cut: float) -> list[list[int]]:
+def average_linkage(vecs: np.ndarray, cut: float, labels: Sequence[str] | None = None) -> list[list[int]]:
     """Groups of row indices: merge the pair of groups with the highest mean cosine while it is >= ``cut``.
 
     Quadratic in the number of groups per merge; a pass clusters one skill's
@@ -141,10 +145,16 @@ def average_linkage(vecs: np.ndarray, cut: float) -> list[list[int]]:
     between = sim.copy()
     sizes = np.ones(n)
     alive = np.ones(n, dtype=bool)
+    tags = [{labels[i].strip().lower()} - {""} if labels else set() for i in range(n)]
+    apart = np.zeros((n, n), dtype=bool)  # cannot-link: both groups labelled, with no label in common
+    for i in range(n):
+        for j in range(i + 1, n):
+            apart[i, j] = apart[j, i] = bool(tags[i] and tags[j] and not tags[i] & tags[j])
     while alive.sum() > 1:
         mean = between / np.outer(sizes, sizes)
         mean[~alive, :] = -np.inf
         mean[:, ~alive] = -np.inf
+        mean[apart] = -np.inf
         np.fill_diagonal(mean, -np.inf)
         a, b = np.unravel_index(int(np.argmax(mean)), mean.shape)
         if mean[a, b] < cut:
@@ -156,6 +166,10 @@ def average_linkage(vecs: np.ndarray, cut: float) -> list[list[int]]:
         between[:, a] += between[:, b]
         sizes[a] += sizes[b]
         alive[b] = False
+        if tags[b]:
+            tags[a] |= tags[b]
+            for c in range(n):
+                apart[a, c] = apart[c, a] = bool(tags[a] and tags[c] and not tags[a] & tags[c])
     return [sorted(g) for g in groups if g]
 
 
@@ -163,12 +177,13 @@ def average_linkage(vecs: np.ndarray, cut: float) -> list[list[int]]:
 MAX_AGGLOMERATE = 400
 
 
-def greedy(vecs: np.ndarray, cut: float) -> list[list[int]]:
+def greedy(vecs: np.ndarray, cut: float, labels: Sequence[str] | None = None) -> list[list[int]]:
     """One pass: each row joins the group whose centre is most similar (>= ``cut``), else starts one."""
     groups: list[list[int]] = []
     centres: list[np.ndarray] = []
+    tag = [labels[i].strip().lower() if labels else "" for i in range(len(vecs))]
     for i, v in enumerate(vecs):
-        sims = [float(c @ v) for c in centres]
+        sims = [-1.0 if tag[i] and tag[g[0]] and tag[i] != tag[g[0]] else float(c @ v) for g, c in zip(groups, centres)]
         j = int(np.argmax(sims)) if sims else -1
         if j >= 0 and sims[j] >= cut:
             groups[j].append(i)
@@ -179,6 +194,8 @@ def greedy(vecs: np.ndarray, cut: float) -> list[list[int]]:
     return groups
 
 
-def cluster(vecs: np.ndarray, cut: float) -> list[list[int]]:
-    """Groups of related rows (average linkage, or greedy for very large batches)."""
-    return average_linkage(vecs, cut) if len(vecs) <= MAX_AGGLOMERATE else greedy(vecs, cut)
+def cluster(vecs: np.ndarray, cut: float, labels: Sequence[str] | None = None) -> list[list[int]]:
+    """Groups of related rows (average linkage, or greedy for very large batches); see the module docstring."""
+    if len(vecs) <= MAX_AGGLOMERATE:
+        return average_linkage(vecs, cut, labels)
+    return greedy(vecs, cut, labels)

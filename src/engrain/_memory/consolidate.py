@@ -291,7 +291,8 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
         else:
             joined.setdefault(best, []).append(r)
 
-    clusters = [[deps[loose[j]] for j in g] for g in _cluster.cluster(ctx[loose], cut)] if loose else []
+    clusters = [[deps[loose[j]] for j in g]
+                for g in _cluster.cluster(ctx[loose], cut, [deps[j].hint for j in loose])] if loose else []
 
     written: list[Article] = []
     for aid, new in joined.items():

@@ -237,11 +237,11 @@ class MemoryStore:
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, 0)", ("store:" + os.urandom(8).hex(),))
             if not names:
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?)", (f"embedder:{name}", dim))
-            if self.pgvector and (not names or names == [f"embedder:{name}"]):
-                self._pg_vector_index(dim)
             elif names != [f"embedder:{name}"]:
                 raise ConfigError(f"this memory store was embedded with {names[0][9:]!r}; the embedder {name!r} "
                                   "cannot search it (use the same embedder, or a new store)")
+            if self.pgvector:
+                self._pg_vector_index(dim)
 
     def identity(self) -> str:
         """A random name this store got when it was created (tells a cached file from another store's)."""
