@@ -23,6 +23,7 @@ full).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sqlite3
@@ -408,27 +409,24 @@ class MemoryStore:
             rows = self._x(sql + " ORDER BY d LIMIT ?", (*params, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
-    def _selective(self, terms: list[str], cap: int) -> list[str]:
-        """The terms that match at most ``cap`` rows (each count stops at ``cap + 1``).
+    def _frequencies(self, terms: list[str], cap: int) -> list[tuple[str, int]]:
+        """``(term, rows matching it)`` with each count stopping at ``cap + 1`` (one round trip on PostgreSQL).
 
-        Ranking costs one score per matching row, so a word found in most rows
-        would make every search linear in the store's size while adding almost
-        nothing to BM25 (its IDF is near zero); such words are left to the
-        vector side.
+        Ranking costs one score per matching row, so a word found in more than
+        ``cap`` rows would make every search linear in the store's size while
+        adding almost nothing to BM25 (its IDF is near zero); :meth:`text_search`
+        leaves such words to the vector side.
         """
-        keep = []
-        for t in terms:
-            if self.backend == "sqlite":
-                n = self._db.execute("SELECT count(*) FROM (SELECT rowid FROM engrain_mem_fts WHERE engrain_mem_fts "
-                                     "MATCH ? LIMIT ?)", (f'"{t}"', cap + 1)).fetchone()[0]
-            else:
-                n = self._db.execute(
-                    "SELECT (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_records WHERE tsv @@ q LIMIT %s) r)"
-                    " + (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_articles WHERE tsv @@ q LIMIT %s) a)"
-                    " FROM to_tsquery('english', %s) q", (cap + 1, cap + 1, t)).fetchone()[0]
-            if n <= cap:
-                keep.append(t)
-        return keep
+        if self.backend == "sqlite":
+            return [(t, int(self._db.execute("SELECT count(*) FROM (SELECT rowid FROM engrain_mem_fts WHERE "
+                                             "engrain_mem_fts MATCH ? LIMIT ?)", (f'"{t}"', cap + 1)).fetchone()[0]))
+                    for t in terms]
+        rows = self._db.execute(
+            "SELECT t, (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_records WHERE tsv @@ to_tsquery('english', t)"
+            " LIMIT %s) r) + (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_articles WHERE tsv @@ "
+            "to_tsquery('english', t) LIMIT %s) a) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i",
+            (cap + 1, cap + 1, terms)).fetchall()
+        return [(t, int(n)) for t, n in rows]
 
     def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
         """Ids of live records matching the metadata filter ``where`` (of ``skill`` if given)."""
@@ -445,15 +443,17 @@ class MemoryStore:
         """Full-text hits ``[(tier, id, rank)]``, best first (rank: higher is better).
 
         Any query word matches (OR). Words found in more than ``max_df`` rows
-        are not matched (see :meth:`_selective`); None matches every word.
+        are not matched (see :meth:`_frequencies`); None matches every word.
         ``where`` filters records by metadata (articles are filtered by the caller).
         """
         terms = query_terms(text)
         cond, cparams = _filters.sql(self.backend, where)
         out: list[tuple[str, str, float]] = []
         with self._lock:
+            freq: dict[str, int] | None = None
             if terms and max_df is not None:
-                terms = self._selective(terms, max_df)
+                freq = dict(self._frequencies(terms, max_df))
+                terms = [t for t in terms if freq[t] <= max_df]
             if not terms:
                 return []
             if self.backend == "sqlite":
@@ -482,17 +482,29 @@ class MemoryStore:
                     if key in ids:
                         out.append((key[0], ids[key], float(score)))
                 return out
+            # No ts_rank_cd over every match: each matched word adds its BM25 IDF (from the counts just
+            # taken), so scoring a row is a few @@ tests on its stored tsvector. Records are short: a word's
+            # frequency within one is nearly always 1, which is what BM25's tf part would weigh.
+            if freq is None:
+                freq = dict(self._frequencies(terms, 1 << 62))
+            total = max(float(self._db.execute(
+                "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'engrain_mem_records'::regclass"
+            ).fetchone()[0]), float(sum(freq.values())), 1.0)
+            weights = [math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms]
+            score = " + ".join("(CASE WHEN tsv @@ to_tsquery('english', %s) THEN %s ELSE 0 END)" for _ in terms)
+            sparams = [x for t, w in zip(terms, weights) for x in (t, w)]
             tsq = " | ".join(terms)
             skill_sql = " AND skill = %s" if skill is not None else ""
             sp = [skill] if skill is not None else []
             sql = (
-                "(SELECT 'record', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_records, to_tsquery('english', %s) q "
-                f"WHERE tsv @@ q AND (expires IS NULL OR expires > %s){skill_sql}{cond.replace('?', '%s')} "
-                "ORDER BY r DESC LIMIT %s) UNION ALL "
-                "(SELECT 'article', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_articles, to_tsquery('english', %s) q "
-                f"WHERE tsv @@ q{skill_sql} ORDER BY r DESC LIMIT %s)"
+                f"(SELECT 'record', id, {score} AS r FROM engrain_mem_records "
+                f"WHERE tsv @@ to_tsquery('english', %s) AND (expires IS NULL OR expires > %s){skill_sql}"
+                f"{cond.replace('?', '%s')} ORDER BY r DESC LIMIT %s) UNION ALL "
+                f"(SELECT 'article', id, {score} AS r FROM engrain_mem_articles "
+                f"WHERE tsv @@ to_tsquery('english', %s){skill_sql} ORDER BY r DESC LIMIT %s)"
             )
-            rows = self._db.execute(sql, [tsq, now, *sp, *cparams, limit, tsq, *sp, limit]).fetchall()
+            rows = self._db.execute(sql, [*sparams, tsq, now, *sp, *cparams, limit,
+                                          *sparams, tsq, *sp, limit]).fetchall()
         rows.sort(key=lambda r: -r[2])
         return [(r[0], r[1], float(r[2])) for r in rows[:limit]]
 
