@@ -28,6 +28,7 @@ import os
 import re
 import sqlite3
 import threading
+import time as _time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,6 +121,8 @@ class MemoryStore:
         self.pgvector = False
         self._vtype, self._vdist = "vector", "<=>"  # pgvector's type and operator (schema-qualified once found)
         self._ns = "public"
+        self._pg_stats: tuple[float, dict[str, tuple[dict[str, float], float, float]]] | None = None
+        self._lex: dict[str, str] = {}
         self._lock = threading.RLock()
         if backend == "sqlite":
             assert self.path is not None
@@ -421,12 +424,67 @@ class MemoryStore:
             return [(t, int(self._db.execute("SELECT count(*) FROM (SELECT rowid FROM engrain_mem_fts WHERE "
                                              "engrain_mem_fts MATCH ? LIMIT ?)", (f'"{t}"', cap + 1)).fetchone()[0]))
                     for t in terms]
+        est = self._pg_estimates(terms)
+        if est is not None:
+            return est
         rows = self._db.execute(
             "SELECT t, (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_records WHERE tsv @@ to_tsquery('english', t)"
             " LIMIT %s) r) + (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_articles WHERE tsv @@ "
             "to_tsquery('english', t) LIMIT %s) a) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i",
             (cap + 1, cap + 1, terms)).fetchall()
         return [(t, int(n)) for t, n in rows]
+
+    def _pg_estimates(self, terms: list[str]) -> list[tuple[str, int]] | None:
+        """Word frequencies from PostgreSQL's own statistics of the ``tsv`` columns, without touching a row.
+
+        ANALYZE keeps each tsvector column's most common lexemes with their
+        frequency; a lexeme not listed is rarer than the rarest listed one, which
+        bounds it. Counting matches instead reads one heap row per match (these
+        rows carry two vectors: ~3 kB each), the cost that made full text slow.
+        None when a table has no statistics yet (then counts are exact).
+        """
+        now = _time.monotonic()
+        if self._pg_stats is None or now - self._pg_stats[0] > 60.0:
+            tables: dict[str, tuple[dict[str, float], float, float]] = {}
+            for table in ("engrain_mem_records", "engrain_mem_articles"):
+                row = self._db.execute(
+                    "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples FROM pg_class c "
+                    "LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname "
+                    "AND s.attname = 'tsv' WHERE c.oid = %s::regclass", (table,)).fetchone()
+                if row is None:
+                    return None
+                elems, freqs, n = row
+                if n is None or n < 0:  # never vacuumed nor analyzed: count it (small, or stats come soon)
+                    n = float(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+                if elems is None:  # analyzed with no common lexeme, or never analyzed
+                    if n > 1000:
+                        return None
+                    tables[table] = ({}, 1.0 / max(n, 1.0), float(n))
+                    continue
+                tables[table] = (dict(zip(elems, freqs)), float(freqs[len(elems)]), float(n))
+            self._pg_stats = (now, tables)
+        lex = self._lexemes(terms)
+        out = []
+        for t in terms:
+            if not lex.get(t):
+                out.append((t, 1 << 62))  # no lexeme (a stop word to PostgreSQL): never matched
+                continue
+            total = 0.0
+            for common, floor, n in self._pg_stats[1].values():
+                total += common.get(lex[t], floor) * n
+            out.append((t, int(round(total))))
+        return out
+
+    def _lexemes(self, terms: list[str]) -> dict[str, str]:
+        """The English-stemmed lexeme of each term (cached: the mapping never changes)."""
+        miss = [t for t in terms if t not in self._lex]
+        if miss:
+            if len(self._lex) > 50_000:
+                self._lex.clear()
+            for t, q in self._db.execute("SELECT t, to_tsquery('english', t)::text FROM unnest(%s::text[]) AS t",
+                                         (miss,)).fetchall():
+                self._lex[t] = q.strip().strip("'") if q and "&" not in q and "|" not in q else ""
+        return {t: self._lex.get(t, "") for t in terms}
 
     def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
         """Ids of live records matching the metadata filter ``where`` (of ``skill`` if given)."""
