@@ -129,7 +129,7 @@ def update(mem: Memory, id: str, data: Any, hint: Any, label: str | None,
                   f"embedding = ?{vset} WHERE id = ?",
                   (row["content"], row["hint"], json.dumps(row["metadata"]), row["digest"], row["importance"],
                    to_blob(vec), *vval, id))
-            st._fts_put(rec.seq, f"{row['hint']} {row['content']}", rec.skill)
+            st._fts_put(rec.seq, f"{row['hint']} {row['content']}", rec.skill, id, rec.expires)
             st._bump("records_gen")
         out: dict[str, Any] = {"id": id, "tier": "record", "rewritten": 0}
         if rec.article_id:

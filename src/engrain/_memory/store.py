@@ -10,8 +10,10 @@ Three tiers and two helper tables:
 * ``engrain_mem_articles``: synthesized knowledge with its source record ids.
 * ``engrain_mem_state``: counters (the consolidation cursor, generations that
   tell an in-process vector index to reload after deletes or rewrites).
-* full text: an FTS5 table on SQLite (rowid = record seq, or -article seq); a
-  generated ``tsvector`` column with a GIN index on PostgreSQL.
+* full text: an FTS5 table on SQLite (rowid = record seq, or -article seq); on
+  PostgreSQL the narrow table ``engrain_mem_text`` (same rowids, id, skill,
+  expiry, ``tsvector``) with a GIN index, so ranking the matches reads rows of
+  a hundred bytes, not the ~3 kB record rows that carry two vectors.
 
 Vectors are float32 bytes (BLOB / BYTEA) searched in numpy by :mod:`.index`;
 with the ``vector`` extension (pgvector) on the server, a ``vec`` column (filled
@@ -30,6 +32,7 @@ import sqlite3
 import threading
 import time as _time
 from collections.abc import Iterator, Sequence
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -81,6 +84,10 @@ CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
     kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
     claim TEXT, claimed_at DOUBLE PRECISION);
 CREATE TABLE IF NOT EXISTS engrain_mem_state (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS engrain_mem_text (
+    rowid BIGINT PRIMARY KEY, id TEXT NOT NULL, skill TEXT NOT NULL, expires DOUBLE PRECISION,
+    tsv tsvector NOT NULL);
+CREATE INDEX IF NOT EXISTS engrain_mem_text_tsv ON engrain_mem_text USING GIN (tsv);
 """
 
 _REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding, importance"
@@ -147,6 +154,10 @@ class MemoryStore:
                         self._db.execute(stmt)
                 for table in ("engrain_mem_records", "engrain_mem_articles"):  # stores made before importance
                     self._db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS importance DOUBLE PRECISION")
+                if not self._db.execute("SELECT 1 FROM engrain_mem_text LIMIT 1").fetchone():  # stores made before it
+                    self._db.execute(
+                        "INSERT INTO engrain_mem_text (rowid, id, skill, expires, tsv) SELECT seq, id, skill, expires, "
+                        "tsv FROM engrain_mem_records UNION ALL SELECT -seq, id, skill, NULL, tsv FROM engrain_mem_articles")
                 self.pgvector = self._setup_pgvector()
 
     def _setup_pgvector(self) -> bool:
@@ -258,14 +269,21 @@ class MemoryStore:
         with self._lock:
             return {n: int(v) for n, v in self._x("SELECT name, value FROM engrain_mem_state").fetchall()}
 
-    def _fts_put(self, rowid: int, text: str, skill: str) -> None:
+    def _fts_put(self, rowid: int, text: str, skill: str, id: str = "", expires: float | None = None) -> None:
         if self.backend == "sqlite":
             self._db.execute("INSERT OR REPLACE INTO engrain_mem_fts (rowid, text, skill) VALUES (?, ?, ?)",
                              (rowid, text, skill))
+        else:
+            self._db.execute(
+                "INSERT INTO engrain_mem_text (rowid, id, skill, expires, tsv) VALUES (%s, %s, %s, %s, "
+                "to_tsvector('english', %s)) ON CONFLICT (rowid) DO UPDATE SET id = excluded.id, skill = excluded.skill,"
+                " expires = excluded.expires, tsv = excluded.tsv", (rowid, id, skill, expires, text))
 
     def _fts_del(self, rowids: Sequence[int]) -> None:
-        if self.backend == "sqlite" and rowids:
-            self._db.executemany("DELETE FROM engrain_mem_fts WHERE rowid = ?", [(r,) for r in rowids])
+        if rowids:
+            table = "engrain_mem_fts" if self.backend == "sqlite" else "engrain_mem_text"
+            with self._db.cursor() if self.backend != "sqlite" else contextlib.nullcontext(self._db) as cur:
+                cur.executemany(self._sql(f"DELETE FROM {table} WHERE rowid = ?"), [(r,) for r in rowids])
 
     def _vec_insert(self, vec: np.ndarray) -> tuple[str, str, list[str]]:
         """The extra INSERT column, placeholder and value for the pgvector column (none without it)."""
@@ -291,6 +309,9 @@ class MemoryStore:
                 if got is not None:
                     if got[1] is not None and (r["expires"] is None or r["expires"] > got[1]):
                         self._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (r["expires"], got[0]))
+                        if self.backend != "sqlite":
+                            self._x("UPDATE engrain_mem_text SET expires = ? WHERE id = ? AND rowid > 0",
+                                    (r["expires"], got[0]))
                     out.append((got[0], False))
                     continue
                 self.insert_record(r, now)
@@ -306,7 +327,7 @@ class MemoryStore:
             (r["id"], r["skill"], r["content"], r["hint"], json.dumps(r["metadata"]), r["digest"],
              r.get("created", now), r["expires"], to_blob(r["embedding"]), r.get("importance"), r.get("article_id"),
              *vval)).fetchone()[0])
-        self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"])
+        self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"], r["id"], r["expires"])
         if not r.get("article_id"):  # an imported record is already consolidated: nothing to process
             self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('deposit', ?, ?, '{}', ?)",
                     (r["skill"], r["id"], now))
@@ -322,7 +343,7 @@ class MemoryStore:
             " RETURNING seq",
             (a.id, a.skill, a.title, a.content, json.dumps(a.sources), json.dumps(a.metadata), a.created,
              a.updated, a.version, a.synthesizer, to_blob(a.embedding), a.importance, *vval)).fetchone()[0])
-        self._fts_put(-a.seq, f"{a.title} {a.content}", a.skill)
+        self._fts_put(-a.seq, f"{a.title} {a.content}", a.skill, a.id)
 
     def delete_article(self, aid: str) -> bool:
         """Delete one article and its full-text row (inside :meth:`tx`); False when there was none."""
@@ -428,10 +449,8 @@ class MemoryStore:
         if est is not None:
             return est
         rows = self._db.execute(
-            "SELECT t, (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_records WHERE tsv @@ to_tsquery('english', t)"
-            " LIMIT %s) r) + (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_articles WHERE tsv @@ "
-            "to_tsquery('english', t) LIMIT %s) a) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i",
-            (cap + 1, cap + 1, terms)).fetchall()
+            "SELECT t, (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_text WHERE tsv @@ to_tsquery('english', t)"
+            " LIMIT %s) r) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i", (cap + 1, terms)).fetchall()
         return [(t, int(n)) for t, n in rows]
 
     def _pg_estimates(self, terms: list[str]) -> list[tuple[str, int]] | None:
@@ -446,7 +465,7 @@ class MemoryStore:
         now = _time.monotonic()
         if self._pg_stats is None or now - self._pg_stats[0] > 60.0:
             tables: dict[str, tuple[dict[str, float], float, float]] = {}
-            for table in ("engrain_mem_records", "engrain_mem_articles"):
+            for table in ("engrain_mem_text",):
                 row = self._db.execute(
                     "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples FROM pg_class c "
                     "LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname "
@@ -545,24 +564,27 @@ class MemoryStore:
             # frequency within one is nearly always 1, which is what BM25's tf part would weigh.
             if freq is None:
                 freq = dict(self._frequencies(terms, 1 << 62))
+            terms = [t for t in terms if freq[t] < 1 << 62]  # words PostgreSQL drops as stop words
+            if not terms:
+                return []
             total = max(float(self._db.execute(
-                "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'engrain_mem_records'::regclass"
+                "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'engrain_mem_text'::regclass"
             ).fetchone()[0]), float(sum(freq.values())), 1.0)
             weights = [math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms]
             score = " + ".join("(CASE WHEN tsv @@ to_tsquery('english', %s) THEN %s ELSE 0 END)" for _ in terms)
             sparams = [x for t, w in zip(terms, weights) for x in (t, w)]
-            tsq = " | ".join(terms)
-            skill_sql = " AND skill = %s" if skill is not None else ""
-            sp = [skill] if skill is not None else []
-            sql = (
-                f"(SELECT 'record', id, {score} AS r FROM engrain_mem_records "
-                f"WHERE tsv @@ to_tsquery('english', %s) AND (expires IS NULL OR expires > %s){skill_sql}"
-                f"{cond.replace('?', '%s')} ORDER BY r DESC LIMIT %s) UNION ALL "
-                f"(SELECT 'article', id, {score} AS r FROM engrain_mem_articles "
-                f"WHERE tsv @@ to_tsquery('english', %s){skill_sql} ORDER BY r DESC LIMIT %s)"
-            )
-            rows = self._db.execute(sql, [*sparams, tsq, now, *sp, *cparams, limit,
-                                          *sparams, tsq, *sp, limit]).fetchall()
+            sql = (f"SELECT rowid, id, {score} AS r FROM engrain_mem_text WHERE tsv @@ to_tsquery('english', %s) "
+                   "AND (expires IS NULL OR expires > %s)")
+            params = [*sparams, " | ".join(terms), now]
+            if skill is not None:
+                sql += " AND skill = %s"
+                params.append(skill)
+            if cond:  # records matching the filter, or any article
+                sql += (" AND (rowid < 0 OR rowid IN (SELECT seq FROM engrain_mem_records WHERE 1 = 1"
+                        f"{cond.replace('?', '%s')}))")
+                params += cparams
+            rows = [("record" if q > 0 else "article", i, r) for q, i, r in
+                    self._db.execute(sql + " ORDER BY r DESC LIMIT %s", (*params, limit)).fetchall()]
         rows.sort(key=lambda r: -r[2])
         return [(r[0], r[1], float(r[2])) for r in rows[:limit]]
 
