@@ -339,6 +339,10 @@ class MemoryStore(TextSearch):
     def add_recall_event(self, skill: str | None, data: dict[str, Any], now: float) -> None:
         """Leave a recall event (query and hits) in the buffer."""
         with self.tx():
+            if self.backend != "sqlite":
+                # A recall event is a hint for the next consolidation: losing the last few to a crash costs
+                # nothing, waiting for the WAL flush on every search costs milliseconds.
+                self._x("SET LOCAL synchronous_commit = off")
             self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
                     (skill, json.dumps(data), now))
 
