@@ -420,3 +420,18 @@ def test_store_refuses_a_different_embedder(store_url, embedder):
 
     with pytest.raises(eg.ConfigError, match="other-model"):
         Memory(store_url, embedder=Other())
+
+
+def test_postgres_full_text_table_is_backfilled(store_url, embedder):
+    """A store from before engrain_mem_text gets its full-text rows on open; idf ranking finds the rare word."""
+    if store_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL's full-text side table")
+    m = Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    rid = m.remember("The Zephyrine pump in hall 4 leaks oil.", skill="plant")
+    m.remember("The pump in hall 2 was serviced.", skill="plant")
+    m.store._db.execute("DELETE FROM engrain_mem_text")  # what an older store looks like
+    m.close()
+    with Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer()) as m:
+        hits = m.store.text_search("zephyrine pump", "plant", time.time(), 10)
+        assert [h[1] for h in hits][0] == rid and len(hits) == 2 and hits[0][2] > hits[1][2]
+        assert m.store._frequencies(["pump", "zephyrine"], 1000) == [("pump", 2), ("zephyrine", 1)]

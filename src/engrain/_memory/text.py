@@ -84,13 +84,8 @@ class TextSearch:
                 if row is None:
                     return None
                 elems, freqs, n = row
-                if n is None or n < 0:  # never vacuumed nor analyzed: count it (small, or stats come soon)
-                    n = float(self._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
-                if elems is None:  # analyzed with no common lexeme, or never analyzed
-                    if n > 1000:
-                        return None
-                    tables[table] = ({}, 1.0 / max(n, 1.0), float(n))
-                    continue
+                if elems is None:  # never analyzed (or nothing common): count exactly, it reads narrow rows
+                    return None
                 tables[table] = (dict(zip(elems, freqs)), float(freqs[len(elems)]), float(n))
             self._pg_stats = (now, tables)
         lex = self._lexemes(terms)
