@@ -263,8 +263,9 @@ def test_errors_are_reported_and_rows_kept(store_url, embedder):
 def test_export(mem, tmp_path):
     mem.remember("Backups are kept for 35 days.", skill="ops", metadata={"source": "policy"})
     mem.consolidate()
-    out = mem.export()
-    assert out.parent.name == "export"
+    res = mem.export()
+    out = __import__("pathlib").Path(res["export_dir"])
+    assert out.parent.name == "export" and res["count"] == 1 and res["documents"][0]["skill"] == "ops"
     files = list(out.glob("*.json"))
     assert len(files) == 1
     doc = json.loads(files[0].read_text())
@@ -290,10 +291,10 @@ def test_bad_input_is_typed(mem):
     assert mem.consolidate(num_records=10**20).formed == 1  # beyond SQL's 64-bit LIMIT: every row
 
 
-def test_json_data_and_hint_boost(mem):
-    rid = mem.remember({"customer": "ACME", "plan": "enterprise"}, hint="billing")
-    other = mem.remember({"customer": "ACME", "plan": "enterprise", "seats": 40}, hint="sales")
-    hits = mem.recall("ACME plan", hint="billing", top_k=2)
+def test_json_data_and_label_boost(mem):
+    rid = mem.remember({"customer": "ACME", "plan": "enterprise"}, label="billing")
+    other = mem.remember({"customer": "ACME", "plan": "enterprise", "seats": 40}, label="sales")
+    hits = mem.recall("ACME plan", label="billing", top_k=2)
     assert hits[0].id == rid and other in {h.id for h in hits}
 
 
@@ -327,6 +328,8 @@ def test_default_instance_and_cli(tmp_path):
     assert json.loads(r.stdout)["articles"] >= 1
     r = run("export")
     assert r.returncode == 0 and list(__import__("pathlib").Path(r.stdout.strip()).glob("*.json"))
+    r = run("export", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["count"] >= 1
     r = run("consolidate", "--method", "SIDEWAYS")
     assert r.returncode == 2 and "method" in r.stderr
 
@@ -417,3 +420,18 @@ def test_store_refuses_a_different_embedder(store_url, embedder):
 
     with pytest.raises(eg.ConfigError, match="other-model"):
         Memory(store_url, embedder=Other())
+
+
+def test_postgres_full_text_table_is_backfilled(store_url, embedder):
+    """A store from before engrain_mem_text gets its full-text rows on open; idf ranking finds the rare word."""
+    if store_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL's full-text side table")
+    m = Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    rid = m.remember("The Zephyrine pump in hall 4 leaks oil.", skill="plant")
+    m.remember("The pump in hall 2 was serviced.", skill="plant")
+    m.store._db.execute("DELETE FROM engrain_mem_text")  # what an older store looks like
+    m.close()
+    with Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer()) as m:
+        hits = m.store.text_search("zephyrine pump", "plant", time.time(), 10)
+        assert [h[1] for h in hits][0] == rid and len(hits) == 2 and hits[0][2] > hits[1][2]
+        assert m.store._frequencies(["pump", "zephyrine"], 1000) == [("pump", 2), ("zephyrine", 1)]

@@ -44,7 +44,7 @@ def saved(tmp_path, embedder):
         graph, meta = m._records.graph_path, m._records.meta_path
         hits = _vector_hits(m)
     assert graph is not None and graph.name == "mem.db.record.hnsw" and graph.stat().st_size > 0
-    assert meta is not None and json.loads(meta.read_text())["rows"] == 151
+    assert meta is not None and json.loads(meta.read_text())["elements"] == 151
     return url, target, hits
 
 
@@ -70,7 +70,7 @@ def test_stale_graph_is_topped_up_and_saved(saved, embedder):
         assert (m._records.builds, m._records.loads) == (0, 1) and m._records._ann_n == 181
         assert m._records.meta_path is not None
         # 30 new rows are past the save slack (5%): the file now covers them too.
-        assert json.loads(m._records.meta_path.read_text())["rows"] == 181
+        assert json.loads(m._records.meta_path.read_text())["elements"] == 181
         hits = _vector_hits(m)
     assert exact in new
     with _open(url, embedder) as m:
@@ -93,7 +93,7 @@ def test_bad_graph_is_rebuilt(saved, embedder, caplog, damage):
         meta.write_text("{not json")
     else:  # a sidecar that claims other rows (e.g. a file copied from another database)
         doc = json.loads(meta.read_text())
-        doc["ids_sha256"] = "0" * 64
+        doc["store"] = "0" * 16
         meta.write_text(json.dumps(doc))
     with caplog.at_level(logging.INFO, logger="engrain.memory"), _open(url, embedder) as m:
         assert m.recall(QUERY, top_k=1)[0].id == target  # never an error for the user
@@ -115,3 +115,26 @@ def test_postgres_keeps_its_graph_in_process(embedder):
             assert m._records.builds == 1 or m.store.pgvector
     finally:
         drop_pg_schema(schema)
+
+
+def test_expired_rows_keep_the_saved_graph(tmp_path, embedder):
+    """A TTL purge deletes rows without a rebuild, in this process or the next (which loads the saved graph)."""
+    url = f"sqlite:///{tmp_path / 'mem.db'}"
+    with _open(url, embedder) as m:
+        m.remember_many([f"Sensor {i} in hall {i % 7} reported {i * 3} degrees." for i in range(150)])
+        short = m.remember_many([{"data": f"Temporary pass {i} opens door {i}.", "ttl": 0.5} for i in range(10)])
+        target = m.remember("The cooling pump in the basement failed on Sunday.")
+        assert m.recall(QUERY, top_k=1)[0].id == target and m._records.builds == 1
+        gen = m.store.state().get("records_gen", 0)
+        time.sleep(0.6)
+        s = m.consolidate()
+        assert s.expired == 10 and m.store.state().get("records_gen", 0) == gen
+        assert m.store.state()["records_del"] == 1
+        hits = m.recall("temporary pass for a door", top_k=5)
+        assert not {h.id for h in hits} & set(short) and m._records.builds == 1  # no rebuild here
+        assert m._records._covered() and len(m._records) == 151
+        kept = _vector_hits(m)
+    with _open(url, embedder) as m:  # next process: the saved graph still serves, the 10 rows marked deleted
+        assert _vector_hits(m) == kept and (m._records.builds, m._records.loads) == (0, 1)
+        assert kept[0][0] == target
+        assert not {h.id for h in m.recall("temporary pass for a door", top_k=20)} & set(short)

@@ -299,7 +299,7 @@ def test_memory_routes(sqlite_client):
     assert arts and all(s["id"] in ids for a in arts for s in a["sources"])
     assert c.get("/api/memory/articles", params={"skill": "nope"}).json() == []
     out = c.post("/api/memory/export").json()
-    assert out["articles"] == len(arts)
+    assert out["count"] == len(arts) == len(out["documents"]) and out["export_dir"]
     # Bad input: typed 4xx, never 500.
     r = c.post("/api/memory/remember", json={"data": "   "})
     assert r.status_code == 422 and r.json()["error"] == "MemoryInputError"
@@ -394,6 +394,11 @@ def test_client_methods_and_typed_errors(live):
     assert c.recall("when do we deploy?", skill="ops")[0]["id"] == rid
     assert c.stats()["records"] == 1
     assert c.consolidate()["errors"] == []
+    exp = c.export()
+    assert exp["count"] == 1 and c.import_(exp, skill_map="ops2")["imported"] == 1
+    assert c.update(rid, "Deploys happen on Thursdays")["tier"] == "record"
+    assert c.recall("when do we deploy?", where={"team": "none"}) == []
+    assert c.forget(skill="ops2") == {"records": 1, "articles": 1, "rewritten": 0}
     assert c.cache_entries() == [] and c.cache_stats()["hit_rate"] == 0.0 and c.evict("nope") is False
     with pytest.raises(eg.RemoteError) as ei:
         c.validate_routine(".hidden")

@@ -366,3 +366,25 @@ def test_bad_settings_are_refused():
         LLMSynthesizer("openai", timeout=0)
     with pytest.raises(ValueError, match="max_retries"):
         LLMSynthesizer("anthropic", max_retries=-1)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_related_facts_form_one_llm_article(provider, store_url, embedder, provider_api, monkeypatch):
+    """etchmem's three Eiffel Tower facts: one request to the model, one article (as with the extractive one)."""
+    llm = _synth(provider, provider_api, "argument", monkeypatch)
+    provider_api.script.append(("article", "Eiffel Tower", "330 m tall; completed 1889; ~7 million visitors a year."))
+    m = Memory(store_url, embedder=embedder, synthesizer=llm)
+    try:
+        for t in ("The Eiffel Tower is 330 metres tall including its antenna.",
+                  "The tower was completed in 1889 and was originally intended to be temporary.",
+                  "It receives about 7 million visitors per year, making it the world's most visited paid monument."):
+            m.remember(t)
+        s = m.consolidate()
+        assert not s.errors and s.formed == 1, s
+        (req,) = provider_api.requests
+        _, user = _prompt_parts(provider, req["body"])
+        assert "330 metres" in user and "1889" in user and "7 million visitors" in user
+        (art,) = m.store.articles()
+        assert art.title == "Eiffel Tower" and len(art.sources) == 3
+    finally:
+        m.close()

@@ -277,23 +277,39 @@ class Client:
 
     # -- memory -----------------------------------------------------------------
 
-    def remember(self, data: Any, hint: str | None = None, skill: str | None = None,
-                 metadata: dict[str, Any] | None = None, *, ttl: float | None = None) -> str:
-        """Store a record; returns its id."""
-        body = {"data": data, "hint": hint, "skill": skill, "metadata": metadata, "ttl": ttl}
+    def remember(self, data: Any, hint: float | None = None, skill: str | None = None,
+                 metadata: dict[str, Any] | None = None, *, label: str | None = None, ttl: float | None = None) -> str:
+        """Store a record (``hint``: importance 0..1, ``label``: topic text); returns its id."""
+        body = {"data": data, "hint": hint, "label": label, "skill": skill, "metadata": metadata, "ttl": ttl}
         return self._call("POST", "/memory/remember", json=body)["id"]
 
-    def recall(self, query: str, skill: str | None = None, top_k: int = 5, hint: str | None = None) -> list[dict[str, Any]]:
+    def recall(self, query: str, skill: str | None = None, top_k: int = 5, hint: float | None = None, *,
+               label: str | None = None, where: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Hits ``{score, content, tier, id, skill, metadata, provenance}``, best first."""
-        return self._call("POST", "/memory/recall", json={"query": query, "skill": skill, "top_k": top_k, "hint": hint})
+        return self._call("POST", "/memory/recall", json={"query": query, "skill": skill, "top_k": top_k, "hint": hint,
+                                                          "label": label, "where": where})
+
+    def forget(self, id: str | None = None, *, skill: str | None = None) -> dict[str, int]:
+        """Delete a record, an article (with its records) or a whole skill on the server."""
+        return self._call("POST", "/memory/forget", json={"id": id, "skill": skill})
+
+    def update(self, id: str, data: Any, *, hint: float | None = None, label: str | None = None,
+               metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Replace a record's content or an article's text on the server."""
+        return self._call("POST", "/memory/update", json={"id": id, "data": data, "hint": hint, "label": label,
+                                                          "metadata": metadata})
+
+    def import_(self, export: dict[str, Any], *, skill_map: dict[str, str] | str | None = None) -> dict[str, Any]:
+        """Load an export (the dict ``export()`` returned, with its documents) into the server's memory."""
+        return self._call("POST", "/memory/import", json={"documents": export.get("documents"), "skill_map": skill_map})
 
     def consolidate(self, num_records: int | str = "all", method: str = "LIFO") -> dict[str, Any]:
         """Process the memory buffer into articles; the summary as a dict."""
         return self._call("POST", "/memory/consolidate", json={"num_records": num_records, "method": method})
 
-    def export(self) -> str:
-        """Export articles on the server; returns the server-side folder."""
-        return self._call("POST", "/memory/export")["path"]
+    def export(self) -> dict[str, Any]:
+        """Export articles on the server: ``{export_dir (server side), count, documents}``."""
+        return self._call("POST", "/memory/export")
 
     def stats(self) -> dict[str, Any]:
         """Memory tier counts and consolidation counters."""

@@ -64,11 +64,11 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
 
     @tool()
     @_clear_errors
-    def remember(data: str, skill: str | None = None, hint: str | None = None,
-                 metadata: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Store a piece of knowledge in skill memory; returns the record id."""
+    def remember(data: str, skill: str | None = None, hint: float | None = None,
+                 metadata: dict[str, Any] | None = None, label: str | None = None) -> dict[str, Any]:
+        """Store a piece of knowledge in skill memory (hint: importance 0..1); returns the record id."""
         with state.memory_lock:
-            return {"id": state.memory().remember(data, hint=hint, skill=skill, metadata=metadata)}
+            return {"id": state.memory().remember(data, hint=hint, label=label, skill=skill, metadata=metadata)}
 
     @tool()
     @_clear_errors

@@ -1,4 +1,4 @@
-"""``engrain memory remember|recall|consolidate|export|stats``: skill memory from the shell."""
+"""``engrain memory remember|recall|consolidate|export|import|forget|update|stats``: skill memory from the shell."""
 
 from __future__ import annotations
 
@@ -9,11 +9,33 @@ import typer
 
 from .common import JsonOption, UrlOption, app, errors_as_exit, fail, print_json
 
-memory_app = typer.Typer(help="Skill memory: remember, recall, consolidate, export, stats.", no_args_is_help=True)
+memory_app = typer.Typer(help="Skill memory: remember, recall, consolidate, export, import, forget, update, stats.",
+                         no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
 
 SkillOption = Annotated[str | None, typer.Option("--skill", help="Skill the memory belongs to.")]
-HintOption = Annotated[str | None, typer.Option("--hint", help="Short topic hint (boosts matching items).")]
+HintOption = Annotated[float | None, typer.Option("--hint", help="Importance from 0 to 1 (used in ranking).")]
+LabelOption = Annotated[str | None, typer.Option("--label", help="Short topic label (boosts matching items).")]
+MetaOption = Annotated[list[str] | None, typer.Option("--meta", help="Metadata as key=value (repeatable).")]
+WhereOption = Annotated[list[str] | None, typer.Option(
+    "--where", help="Only items whose metadata has key=value (repeatable; a JSON value like 3 or true is typed).")]
+
+
+def _pairs(items: list[str] | None, flag: str, typed: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kv in items or []:
+        if "=" not in kv:
+            raise fail(f"{flag} {kv!r}: expected key=value", 2)
+        k, v = kv.split("=", 1)
+        if typed:
+            try:
+                parsed = json.loads(v)
+                out[k] = parsed if parsed is None or isinstance(parsed, (int, float, bool)) else v
+            except ValueError:
+                out[k] = v
+        else:
+            out[k] = v
+    return out
 
 
 def _open(url: str | None) -> Any:
@@ -27,20 +49,16 @@ def remember(
     text: Annotated[str, typer.Argument(help="What to remember.")],
     skill: SkillOption = None,
     hint: HintOption = None,
-    meta: Annotated[list[str] | None, typer.Option("--meta", help="Metadata as key=value (repeatable).")] = None,
+    label: LabelOption = None,
+    meta: MetaOption = None,
     ttl: Annotated[float | None, typer.Option("--ttl", help="Lifetime in seconds.")] = None,
     url: UrlOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Store a record (no LLM); prints its id."""
-    metadata: dict[str, str] = {}
-    for kv in meta or []:
-        if "=" not in kv:
-            raise fail(f"--meta {kv!r}: expected key=value", 2)
-        k, v = kv.split("=", 1)
-        metadata[k] = v
+    metadata = _pairs(meta, "--meta", typed=False)
     with errors_as_exit():
-        rid = _open(url).remember(text, hint=hint, skill=skill, metadata=metadata or None, ttl=ttl)
+        rid = _open(url).remember(text, hint=hint, label=label, skill=skill, metadata=metadata or None, ttl=ttl)
     if json_out:
         print_json({"id": rid})
     else:
@@ -51,14 +69,16 @@ def remember(
 def recall(
     query: Annotated[str, typer.Argument(help="What to look for.")],
     skill: SkillOption = None,
-    hint: HintOption = None,
+    label: LabelOption = None,
+    where: WhereOption = None,
     top_k: Annotated[int, typer.Option("--top-k", help="How many results.")] = 5,
     url: UrlOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Search records and articles (hybrid vector + full text)."""
+    filt = _pairs(where, "--where", typed=True)
     with errors_as_exit():
-        hits = _open(url).recall(query, skill=skill, top_k=top_k, hint=hint)
+        hits = _open(url).recall(query, skill=skill, top_k=top_k, label=label, where=filt or None)
     if json_out:
         print_json([h.to_dict() for h in hits])
         return
@@ -102,11 +122,73 @@ def consolidate(
 def export(url: UrlOption = None, json_out: JsonOption = False) -> None:
     """Write one JSON file per article; prints the folder."""
     with errors_as_exit():
-        path = _open(url).export()
+        res = _open(url).export()
     if json_out:
-        print_json({"path": str(path), "articles": len(list(path.glob("*.json")))})
+        print_json({"export_dir": res["export_dir"], "count": res["count"]})
     else:
-        typer.echo(str(path))
+        typer.echo(res["export_dir"])
+
+
+@memory_app.command("import")
+def import_(
+    folder: Annotated[str, typer.Argument(help="An export folder (from engrain memory export).")],
+    skill_map: Annotated[list[str] | None, typer.Option(
+        "--skill-map", help="Rename a skill: from=to (repeatable); a bare name files every article under it.")] = None,
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Load another agent's exported articles (idempotent)."""
+    mapping: dict[str, str] | str | None = None
+    if skill_map:
+        bare = [m for m in skill_map if "=" not in m]
+        if bare and len(skill_map) > 1:
+            raise fail("--skill-map: give either one bare skill name or from=to pairs", 2)
+        mapping = bare[0] if bare else _pairs(skill_map, "--skill-map", typed=False)
+    with errors_as_exit():
+        res = _open(url).import_(folder, skill_map=mapping)
+    if json_out:
+        print_json(res)
+    else:
+        typer.echo(f"imported {res['imported']}, updated {res['updated']}, unchanged {res['unchanged']}, "
+                   f"new records {res['records']}")
+
+
+@memory_app.command("forget")
+def forget(
+    id: Annotated[str | None, typer.Argument(help="A record or article id.")] = None,
+    skill: Annotated[str | None, typer.Option("--skill", help="Forget everything of this skill instead.")] = None,
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Delete a record, an article (with its records) or a whole skill."""
+    if (id is None) == (skill is None):
+        raise fail("give a record/article id or --skill, not both", 2)
+    with errors_as_exit():
+        res = _open(url).forget(id, skill=skill)
+    if json_out:
+        print_json(res)
+    else:
+        typer.echo(", ".join(f"{k} {v}" for k, v in res.items()))
+
+
+@memory_app.command("update")
+def update(
+    id: Annotated[str, typer.Argument(help="A record or article id.")],
+    text: Annotated[str, typer.Argument(help="The new content.")],
+    hint: HintOption = None,
+    label: LabelOption = None,
+    meta: MetaOption = None,
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Replace a record's content (its article is rewritten) or an article's text."""
+    metadata = _pairs(meta, "--meta", typed=False) if meta else None
+    with errors_as_exit():
+        res = _open(url).update(id, text, hint=hint, label=label, metadata=metadata)
+    if json_out:
+        print_json(res)
+    else:
+        typer.echo(f"updated {res['tier']} {res['id']}")
 
 
 @memory_app.command("stats")

@@ -52,7 +52,7 @@ def memory_section(journal: Journal, workdir: Any, out: Callable[[str], None]) -
     ok = True
     with Memory(journal.url, embedder=embedder) as mem:
         t0 = time.perf_counter()
-        ids = mem.remember_many([{"data": text, "hint": hint, "skill": skill} for skill, hint, text in OBSERVATIONS])
+        ids = mem.remember_many([{"data": text, "label": hint, "skill": skill} for skill, hint, text in OBSERVATIONS])
         ms = (time.perf_counter() - t0) * 1000
         by_hint: dict[str, set[str]] = {}
         for (_, hint, _), rid in zip(OBSERVATIONS, ids):

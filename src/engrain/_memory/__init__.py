@@ -1,4 +1,4 @@
-"""Skill memory: ``remember``, ``recall``, ``consolidate``, ``export``, ``stats``.
+"""Skill memory: ``remember``, ``recall``, ``consolidate``, ``export``, ``import_``, ``forget``, ``update``, ``stats``.
 
 Memory lives in the journal's database in three tiers: **records** (raw
 deposits, deduplicated per skill, with an optional TTL), the **buffer**
@@ -8,16 +8,20 @@ deposits, deduplicated per skill, with an optional TTL), the **buffer**
     import engrain as eg
 
     mem = eg.Memory()                      # the default store, or Memory("postgresql://...")
-    mem.remember("Deploys happen on Tuesdays", skill="ops", metadata={"source": "runbook"})
-    hits = mem.recall("when do we ship releases?", skill="ops")
+    mem.remember("Deploys happen on Tuesdays", hint=0.9, skill="ops", metadata={"source": "runbook"})
+    hits = mem.recall("when do we ship releases?", skill="ops", where={"source": "runbook"})
     mem.consolidate()                      # forms / reconsolidates articles
+    other.import_(mem.export())            # hand the articles to another agent
+
+The API is etchmem's (``hint`` is an importance from 0 to 1, ``consolidate``
+returns a mapping, ``export`` a dict) with engrain's additions: a text
+``label``, ``ttl``, ``where`` filters, ``forget``, ``update`` and ``import_``.
 
 May import: ``_journal`` (store URLs), ``_errors``. Never a surface.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import json
 import os
@@ -30,7 +34,10 @@ from typing import Any
 
 from .._errors import MemoryInputError
 from .._journal import parse_url
+from . import edit as _edit
+from . import transfer as _transfer
 from .consolidate import ConsolidationSummary
+from .filters import check_where, matches
 from .embed import Embedder, default_embedder
 from .index import ANN_THRESHOLD, VectorIndex
 from .store import MemoryStore
@@ -39,7 +46,9 @@ from .synth import Synthesizer, default_synthesizer
 __all__ = ["ConsolidationSummary", "Memory", "SearchResult", "memory"]
 
 #: Weights of the recall score (see :meth:`Memory.recall`).
-W_VECTOR, W_TEXT, W_RECENCY, W_HINT = 0.70, 0.20, 0.05, 0.05
+W_VECTOR, W_TEXT, W_RECENCY, W_LABEL, W_IMPORTANCE = 0.70, 0.20, 0.05, 0.05, 0.05
+#: Importance of items deposited without a ``hint`` (the middle of etchmem's 0..1 scale).
+DEFAULT_IMPORTANCE = 0.5
 
 
 @dataclass(slots=True)
@@ -47,8 +56,9 @@ class SearchResult:
     """One recall hit.
 
     ``tier`` is ``"record"`` or ``"article"``; ``provenance`` tells where it came
-    from (a record's creation time and the article it was folded into; an
-    article's source record ids, version and synthesizer).
+    from (a record's creation time, label, importance and the article it was
+    folded into; an article's source record ids, version and synthesizer, and
+    under ``via`` the ids of its records that matched the query).
     """
 
     score: float
@@ -129,8 +139,19 @@ class Memory:
             raise MemoryInputError(f"{name} is empty")
         return value
 
-    def _row(self, data: Any, hint: str | None, skill: str | None, metadata: dict[str, Any] | None,
-             ttl: float | None, now: float) -> dict[str, Any]:
+    @staticmethod
+    def _check_hint(hint: Any, step: str) -> float | None:
+        if hint is None:
+            return None
+        if isinstance(hint, str):
+            raise MemoryInputError(f"{step}: hint is an importance from 0 to 1 (etchmem's meaning), not text "
+                                   f"{hint[:40]!r}; pass a text label as label=")
+        if isinstance(hint, bool) or not isinstance(hint, (int, float)) or not 0.0 <= float(hint) <= 1.0:
+            raise MemoryInputError(f"{step}: hint must be a number from 0 to 1, not {hint!r}")
+        return float(hint)
+
+    def _row(self, data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | None,
+             ttl: float | None, now: float, label: str | None = None) -> dict[str, Any]:
         if isinstance(data, str):
             content = data
         else:
@@ -149,29 +170,34 @@ class Memory:
         life = self._check_ttl(ttl) if ttl is not None else self.ttl
         return {
             "id": "rec_" + os.urandom(10).hex(), "skill": self._check_str(skill, "skill", empty_ok=True),
-            "content": content, "hint": self._check_str(hint, "hint", empty_ok=True), "metadata": metadata or {},
+            "content": content, "hint": self._check_str(label, "label", empty_ok=True), "metadata": metadata or {},
+            "importance": self._check_hint(hint, "remember"),
             "digest": hashlib.sha256(content.encode()).hexdigest(),
             "expires": None if life is None else now + life,
         }
 
     # -- API -------------------------------------------------------------------
 
-    def remember(self, data: Any, hint: str | None = None, skill: str | None = None,
-                 metadata: dict[str, Any] | None = None, *, ttl: float | None = None) -> str:
+    def remember(self, data: Any, hint: float | None = None, skill: str | None = None,
+                 metadata: dict[str, Any] | None = None, *, label: str | None = None, ttl: float | None = None) -> str:
         """Store ``data`` (a string or JSON value) as a record and deposit it in the buffer.
 
+        ``hint`` is the importance of the record from 0 to 1 (etchmem's
+        meaning; None counts as 0.5), used in ranking. ``label`` is an optional
+        short text topic, matched by ``recall(label=...)`` and searched as text.
         No LLM is called: the text is embedded locally and indexed for full text.
         Identical content within a skill is stored once; the existing id is
         returned. ``ttl`` (seconds) overrides the memory's default lifetime.
         Returns the record id.
         """
-        return self.remember_many([{"data": data, "hint": hint, "skill": skill, "metadata": metadata, "ttl": ttl}])[0]
+        return self.remember_many([{"data": data, "hint": hint, "label": label, "skill": skill, "metadata": metadata,
+                                    "ttl": ttl}])[0]
 
     def remember_many(self, items: Iterable[Any]) -> list[str]:
         """``remember`` for many items at once (embedded in batches, one transaction).
 
         Each item is a string or a dict with ``data`` and optional ``hint``,
-        ``skill``, ``metadata``, ``ttl``. Returns the record ids in order.
+        ``label``, ``skill``, ``metadata``, ``ttl``. Returns the record ids in order.
         """
         now = time.time()
         rows = []
@@ -180,7 +206,8 @@ class Memory:
                 it = {"data": it}
             if "data" not in it:
                 raise MemoryInputError(f"item {i} has no 'data'")
-            rows.append(self._row(it["data"], it.get("hint"), it.get("skill"), it.get("metadata"), it.get("ttl"), now))
+            rows.append(self._row(it["data"], it.get("hint"), it.get("skill"), it.get("metadata"), it.get("ttl"), now,
+                                  it.get("label")))
         if not rows:
             return []
         vecs = self.embedder.embed([r["content"] for r in rows])
@@ -189,27 +216,41 @@ class Memory:
         return [rid for rid, _ in self.store.add_records(rows, now)]
 
     def recall(self, query: str, skill: str | None = None, top_k: int | None = None,
-               hint: str | None = None) -> list[SearchResult]:
+               hint: float | None = None, *, label: str | None = None,
+               where: dict[str, Any] | None = None) -> list[SearchResult]:
         """Records and articles most relevant to ``query``, best first.
 
-        ``score = 0.70·cos + 0.20·text + 0.05·recency + 0.05·hint`` where
-        ``cos`` is the cosine between the query and item embeddings (floored
+        ``score = 0.70·cos + 0.20·text + 0.05·recency + 0.05·importance + 0.05·label``
+        where ``cos`` is the cosine between the query and item embeddings (floored
         at 0), ``text`` the item's full-text rank (BM25 on SQLite, ts_rank_cd
         on PostgreSQL) divided by the best rank of this query (0 when the words
         do not match), ``recency`` is ``0.5 ** (age / half_life)`` (age since the
-        record was stored or the article last rewritten) and ``hint`` is 1 when
-        the item's hint equals ``hint``, else the share of ``hint``'s words in
-        the item's hint (0 without a hint). Candidates are the union of the
-        vector and full-text top hits. Full text matches any query word except
-        words found in more than 1000 items: those carry almost no BM25 weight
-        and would make every search linear in the store's size. ``skill`` limits the search to that skill
-        (None: all skills). Every call leaves a recall event in the buffer,
-        which the next :meth:`consolidate` uses to reconsolidate the articles
-        returned.
+        record was stored or the article last rewritten), ``importance`` the
+        item's ``hint`` from :meth:`remember` (an article's is its most
+        important source's; 0.5 when none was given) and ``label`` is 1 when the
+        item's label equals ``label``, else the share of ``label``'s words in the
+        item's label (an article's label is its title). Candidates are the union
+        of the vector and full-text top hits. Full text matches any query word
+        except words found in more than 1000 items: those carry almost no BM25
+        weight and would make every search linear in the store's size.
+
+        Articles are the primary tier: a record already folded into an article
+        is not returned beside it; its article is, scored by the better of the
+        two (the record's id is listed in ``provenance["via"]``).
+
+        ``skill`` limits the search to that skill (None: all skills). ``where``
+        keeps records whose metadata has these exact values (and articles all
+        of whose sources do). ``hint`` (etchmem's importance prior for the
+        query) is kept in the recall event. Every call leaves a recall event in
+        the buffer, which the next :meth:`consolidate` uses to reconsolidate the
+        articles returned.
         """
         query = self._check_str(query, "query")
         if skill is not None:
             self._check_str(skill, "skill", empty_ok=True)
+        label = self._check_str(label, "label", empty_ok=True) or None
+        importance = self._check_hint(hint, "recall")
+        where = check_where(where)
         k = self.top_k if top_k is None else top_k
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise MemoryInputError(f"top_k must be a positive integer, not {top_k!r}")
@@ -219,32 +260,43 @@ class Memory:
         state = self.store.state()
         cands: dict[tuple[str, str], dict[str, float]] = {}
         if self.store.pgvector:
-            vec_hits = [("record", i, s) for i, s in self.store.pg_vector_search("record", qv, skill, now, fetch)]
+            vec_hits = [("record", i, s) for i, s in self.store.pg_vector_search("record", qv, skill, now, fetch, where)]
             vec_hits += [("article", i, s) for i, s in self.store.pg_vector_search("article", qv, skill, now, fetch)]
         else:
             self._records.refresh(state)
             self._articles.refresh(state)
-            vec_hits = [("record", i, s) for i, s in self._records.search(qv, fetch, skill, now)]
+            allow = self.store.filtered_ids(where, skill, now) if where else None
+            vec_hits = [("record", i, s) for i, s in self._records.search(qv, fetch, skill, now, allow)]
             vec_hits += [("article", i, s) for i, s in self._articles.search(qv, fetch, skill, now)]
         for tier, i, s in vec_hits:
             cands[(tier, i)] = {"cos": s, "text": 0.0}
-        text_hits = self.store.text_search(query, skill, now, fetch)
+        text_hits = self.store.text_search(query, skill, now, fetch, where=where)
         best = max((r for _, _, r in text_hits), default=0.0)
         for tier, i, r in text_hits:
             cands.setdefault((tier, i), {"cos": None, "text": 0.0})["text"] = r / best if best > 0 else 0.0  # type: ignore[dict-item]
-        results = self._score(cands, qv, hint, now)[:k]
+        results = self._score(cands, qv, label, now, where)[:k]
         self.store.add_recall_event(skill, {
-            "query": query, "hint": hint,
+            "query": query, "label": label, "hint": importance, "where": where,
             "hits": [{"tier": r.tier, "id": r.id, "skill": r.skill, "score": round(r.score, 4)} for r in results],
         }, now)
         return results
 
-    def _score(self, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, hint: str | None,
-               now: float) -> list[SearchResult]:
+    def _score(self, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None,
+               now: float, where: dict[str, Any] | None = None) -> list[SearchResult]:
         recs = self.store.records([i for t, i in cands if t == "record"])
-        arts = {a.id: a for a in self.store.articles(ids=[i for t, i in cands if t == "article"])}
-        hint_words = _words(hint) if hint else set()
-        out = []
+        # Articles of candidate records come in too: the article stands for its records.
+        homes = {r.article_id for r in recs.values() if r.article_id}
+        art_ids = {i for t, i in cands if t == "article"} | homes
+        arts = {a.id: a for a in self.store.articles(ids=sorted(art_ids))}
+        if where:  # an article shows only if every source it still has matches the filter
+            srcs = self.store.records([s for a in arts.values() for s in a.sources])
+            arts = {aid: a for aid, a in arts.items()
+                    if all(matches(srcs[s].metadata, where) for s in a.sources if s in srcs)}
+        for aid in arts:
+            cands.setdefault(("article", aid), {"cos": None, "text": 0.0})
+        label_words = _words(label) if label else set()
+        scored: dict[tuple[str, str], SearchResult] = {}
+        via: dict[str, list[tuple[str, float]]] = {}
         for (tier, i), c in cands.items():
             item = recs.get(i) if tier == "record" else arts.get(i)
             if item is None or (tier == "record" and item.expires is not None and item.expires <= now):
@@ -252,21 +304,34 @@ class Memory:
             cos = c["cos"] if c["cos"] is not None else float(item.embedding @ qv)
             born = item.created if tier == "record" else item.updated
             recency = 0.5 ** (max(0.0, now - born) / self.half_life)
-            item_hint = item.hint if tier == "record" else item.title
-            h = 0.0
-            if hint:
-                h = 1.0 if item_hint.strip().lower() == hint.strip().lower() else (
-                    len(hint_words & _words(item_hint)) / len(hint_words) if hint_words else 0.0)
-            score = W_VECTOR * max(cos, 0.0) + W_TEXT * c["text"] + W_RECENCY * recency + W_HINT * h
+            item_label = item.hint if tier == "record" else item.title
+            lab = 0.0
+            if label:
+                lab = 1.0 if item_label.strip().lower() == label.strip().lower() else (
+                    len(label_words & _words(item_label)) / len(label_words) if label_words else 0.0)
+            imp = DEFAULT_IMPORTANCE if item.importance is None else item.importance
+            score = (W_VECTOR * max(cos, 0.0) + W_TEXT * c["text"] + W_RECENCY * recency + W_LABEL * lab
+                     + W_IMPORTANCE * imp)
             if tier == "record":
-                prov = {"created": item.created, "hint": item.hint, "article_id": item.article_id,
-                        "expires": item.expires}
-                content, meta = item.content, item.metadata
+                if item.article_id in arts:  # folded into an article that is shown: count for it instead
+                    via.setdefault(item.article_id, []).append((i, score))
+                    continue
+                prov = {"created": item.created, "label": item.hint, "importance": item.importance,
+                        "article_id": item.article_id, "expires": item.expires}
             else:
                 prov = {"sources": item.sources, "version": item.version, "created": item.created,
-                        "updated": item.updated, "synthesizer": item.synthesizer, "title": item.title}
-                content, meta = item.content, item.metadata
-            out.append(SearchResult(round(score, 6), content, tier, i, item.skill or None, meta, prov))
+                        "updated": item.updated, "synthesizer": item.synthesizer, "title": item.title,
+                        "importance": item.importance}
+            scored[(tier, i)] = SearchResult(score, item.content, tier, i, item.skill or None, item.metadata, prov)
+        for aid, hits in via.items():
+            res = scored.get(("article", aid))
+            if res is None:
+                continue
+            res.score = max(res.score, *(s for _, s in hits))
+            res.provenance["via"] = [rid for rid, _ in sorted(hits, key=lambda h: -h[1])]
+        out = list(scored.values())
+        for r in out:
+            r.score = round(r.score, 6)
         out.sort(key=lambda r: -r.score)
         return out
 
@@ -297,27 +362,55 @@ class Memory:
             return self.store.path.parent / "export"
         return Path(os.environ.get("ENGRAIN_HOME") or ".engrain") / "export"
 
-    def export(self) -> Path:
-        """Write one JSON file per article (with its source records) under ``export/<UTC-timestamp>/``."""
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-        out = self.export_dir() / stamp
-        out.mkdir(parents=True, exist_ok=False)
-        for a in self.store.articles():
-            srcs = self.store.records(a.sources)
-            doc = {
-                "id": a.id, "skill": a.skill, "title": a.title, "content": a.content, "version": a.version,
-                "created": a.created, "updated": a.updated, "synthesizer": a.synthesizer, "metadata": a.metadata,
-                "sources": [{"id": s, **({"content": srcs[s].content, "hint": srcs[s].hint, "created": srcs[s].created,
-                                          "metadata": srcs[s].metadata} if s in srcs else {"expired": True})}
-                            for s in a.sources],
-            }
-            (out / f"{a.id}.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
-        return out
+    def export(self) -> dict[str, Any]:
+        """Write one JSON file per article (with its source records) under ``export/<UTC-timestamp>/``.
+
+        Returns etchmem's ``{"export_dir": str, "count": int, "documents": [...]}``;
+        :meth:`import_` on another memory loads either the folder or this dict.
+        """
+        return _transfer.export(self)
+
+    def import_(self, source: str | os.PathLike[str] | dict[str, Any], *,
+                skill_map: dict[str, str] | str | None = None) -> dict[str, Any]:
+        """Load another agent's export (a folder, or the dict :meth:`export` returned).
+
+        Each article comes in with its source records and its provenance
+        (``metadata["imported"]``: original id, skill, version, synthesizer,
+        origin); importing the same export again changes nothing, a newer
+        version of an article replaces the older import. ``skill_map`` renames
+        skills (``{"ops": "devops"}``) or files everything under one skill
+        (a string). Returns counts ``imported``, ``updated``, ``unchanged``,
+        ``records`` (new records) and the article ids.
+        """
+        return _transfer.import_(self, source, skill_map)
+
+    def forget(self, id: str | None = None, *, skill: str | None = None) -> dict[str, int]:
+        """Delete a record or an article (with its source records) by ``id``, or everything of ``skill``.
+
+        An article built on a forgotten record is rewritten at once without it
+        (deleted when it has no source left), so the fact disappears from
+        recall. Returns counts ``records``, ``articles`` (deleted) and
+        ``rewritten``.
+        """
+        return _edit.forget(self, id, skill)
+
+    def update(self, id: str, data: Any, *, hint: float | None = None, label: str | None = None,
+               metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Replace the content of a record (re-embedded; its article is rewritten) or the text of an article.
+
+        ``hint``, ``label`` and ``metadata`` replace the stored ones when given.
+        """
+        return _edit.update(self, id, data, hint, label, metadata)
 
     def stats(self) -> dict[str, Any]:
-        """Counts per tier (live ``records``, ``buffer``, ``articles``) and consolidation counters."""
+        """Counts per tier: etchmem's ``relational``, ``buffer``, ``injected`` and engrain's names.
+
+        ``records`` = ``relational`` (live records), ``articles`` = ``injected``,
+        ``buffer``; then consolidation counters, backend, embedder and vector search.
+        """
         st = self.store.state()
         out: dict[str, Any] = self.store.counts(time.time())
+        out = {"relational": out["records"], "buffer": out["buffer"], "injected": out["articles"], **out}
         out.update(consolidations=st.get("consolidations", 0), cursor=st.get("cursor", 0), backend=self.backend,
                    embedder=self.embedder.name, vector_search="pgvector" if self.store.pgvector else (
                        "hnswlib" if out["records"] >= self._records.ann_threshold else "numpy exact"))

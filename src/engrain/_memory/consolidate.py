@@ -6,9 +6,11 @@ then per skill, never mixing skills:
 1. deposits whose record is gone (TTL) or already in an article are dropped;
 2. recall events mark the articles they returned as *recalled*, and carry the
    query that found them;
-3. each new record joins the closest article of its skill when similar enough
-   (a recalled article also accepts records close to the query that recalled
-   it, with a lower bar); the rest are clustered greedily among themselves;
+3. each new record joins the closest article of its skill when related (the
+   cut of :mod:`.cluster`, derived from the embedder; a recalled article also
+   accepts records related to the query that recalled it); the rest are
+   grouped by average linkage with the same cut, a pronoun-led record ("It
+   opened in 1889") leaning on the record deposited before it;
 4. every touched article is rewritten from its live sources plus the new ones
    (*reconsolidated* when it had been recalled, *updated* otherwise), every new
    cluster forms an article, and an article that ends up a near-duplicate of
@@ -18,17 +20,26 @@ Everything is written in one transaction that also deletes the claimed buffer
 rows, so a crash leaves the buffer as it was and a finished pass never sees
 the same row again. A cluster whose synthesis fails is reported in ``errors``
 and its rows go back to the buffer for the next pass.
+
+The claim on buffer rows is a lease: a thread renews it every
+:data:`LEASE_RENEW` seconds while the pass runs, and a claim not renewed for
+:data:`LEASE` seconds is free for the next consolidator. A consolidator that
+dies mid-pass (killed, out of memory) so holds its rows for seconds, not the
+length of the longest imaginable pass.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
 
+from . import cluster as _cluster
 from .embed import Embedder
 from .items import Article, BufferItem, Record
 from .store import MemoryStore
@@ -42,29 +53,28 @@ class Memory(Protocol):
     embedder: Embedder
     synthesizer: Synthesizer
 
-#: Cosine at which a new record joins an existing article.
-ATTACH = 0.55
-#: Lower bar for joining an article that was recalled (against the article or the recalling query).
-RECALL_ATTACH = 0.45
-#: Cosine at which two new records share a cluster (against the cluster's centre).
-CLUSTER = 0.55
 #: Cosine at which two articles of a skill are the same knowledge and merge.
 MERGE = 0.9
-#: A claim older than this (seconds) is considered abandoned by a crashed consolidator.
-STALE_CLAIM = 600.0
+#: A claim not renewed for this long (seconds) is free: its consolidator died.
+LEASE = 10.0
+#: How often a running pass renews its claim (seconds).
+LEASE_RENEW = 2.0
 
 
 @dataclass
-class ConsolidationSummary:
-    """What one ``consolidate()`` did.
+class ConsolidationSummary(Mapping[str, Any]):
+    """What one ``consolidate()`` did; also a read-only mapping (``dict(summary)``, ``summary["formed"]``).
+
+    etchmem's keys (``formed, reconsolidated, dropped, kept, flushed,
+    superseded``) come first, then engrain's.
 
     ``formed``: new articles; ``reconsolidated``: recalled articles rewritten
     with fresh records; ``updated``: other articles that took in new records;
     ``superseded``: articles merged into another and removed; ``removed``:
     articles whose every source record expired; ``expired``: records deleted
     because their TTL passed (articles built on them are rewritten); ``dropped``:
-    buffer rows discarded (expired or already consolidated records, recall events
-    that hit no article); ``flushed``: buffer rows processed and removed;
+    deposits discarded (their record expired, was forgotten or is
+    already in an article); ``flushed``: buffer rows processed and removed;
     ``kept``: rows left in the buffer (beyond ``num_records``, or of a failed
     cluster); ``errors``: one message per failure; ``synthesizer``: which
     synthesizer wrote the articles (says when no LLM was used).
@@ -72,13 +82,13 @@ class ConsolidationSummary:
 
     formed: int = 0
     reconsolidated: int = 0
-    updated: int = 0
+    dropped: int = 0
+    kept: int = 0
+    flushed: int = 0
     superseded: int = 0
+    updated: int = 0
     removed: int = 0
     expired: int = 0
-    dropped: int = 0
-    flushed: int = 0
-    kept: int = 0
     errors: list[str] = field(default_factory=list)
     synthesizer: str = ""
     articles: list[str] = field(default_factory=list)
@@ -86,6 +96,21 @@ class ConsolidationSummary:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
         return asdict(self)
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    @classmethod
+    def _keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -127,7 +152,40 @@ def run(mem: Memory, num_records: int | None, newest_first: bool) -> Consolidati
     expired = store.expired(now)
     gone = {rid for _, rid, _ in expired}
     token = uuid.uuid4().hex
-    items = store.claim(token, num_records, newest_first, now, STALE_CLAIM)
+    items = store.claim(token, num_records, newest_first, now, LEASE)
+    lease = _Lease(store, token) if items else None
+    try:
+        return _pass(mem, summary, token, items, expired, now)
+    finally:
+        if lease is not None:
+            lease.stop()
+
+
+class _Lease:
+    """Renews a pass's claim every :data:`LEASE_RENEW` seconds until stopped."""
+
+    def __init__(self, store: MemoryStore, token: str):
+        self._store, self._token = store, token
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engrain-memory-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(LEASE_RENEW):
+            try:
+                self._store.renew_claim(self._token, time.time())
+            except Exception:  # a closed store or a lost connection: the commit will say what went wrong
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _pass(mem: Memory, summary: ConsolidationSummary, token: str, items: list[BufferItem],
+          expired: list[tuple[int, str, str | None]], now: float) -> ConsolidationSummary:
+    store = mem.store
+    gone = {rid for _, rid, _ in expired}
     recs = store.records([i.ref for i in items if i.kind == "deposit" and i.ref])
     recs = {k: r for k, r in recs.items() if k not in gone}
     skills: dict[str, _Skill] = {}
@@ -147,8 +205,6 @@ def run(mem: Memory, num_records: int | None, newest_first: bool) -> Consolidati
             sk.seqs.append(it.seq)
         else:
             hits = [h for h in it.data.get("hits", []) if h.get("tier") == "article"]
-            if not hits:
-                summary.dropped += 1
             for h in hits:
                 sk = skills.setdefault(h.get("skill") or "", _Skill())  # a hit's skill None is the "" skill
                 sk.recalled.setdefault(h["id"], []).append(it.data.get("query", ""))
@@ -204,50 +260,53 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
     art_ids = list(arts)
     art_mat = np.stack([arts[a].embedding for a in art_ids]) if art_ids else None
 
+    cut = _cluster.related_cut(mem.embedder)
+    deps = [r for _, r in sorted(sk.deposits, key=lambda d: (d[1].created, d[1].seq))]
+    # Each deposit's predecessor in its skill: the one before it in this pass, or the stored one
+    # before the first (a pronoun-led record may continue a fact consolidated last time).
+    before = mem.store.previous_record(skill, deps[0].seq) if deps and _cluster.continues(deps[0].content) else None
+    chain = ([before] if before is not None else []) + deps
+    ctx = _cluster.context_vectors([r.content for r in chain], np.stack([r.embedding for r in chain]),
+                                   [r.created for r in chain], [None] + list(range(len(chain) - 1))
+                                   )[len(chain) - len(deps):] if deps else np.zeros((0, 0), dtype=np.float32)
+    home = {before.id: before.article_id} if before is not None and before.article_id in arts else {}
+
     joined: dict[str, list[Record]] = {}
-    loose: list[Record] = []
-    for _, r in sorted(sk.deposits, key=lambda d: (d[1].created, d[1].seq)):
+    loose: list[int] = []
+    for i, r in enumerate(deps):
+        v = ctx[i]
         best, best_sim = None, -1.0
         if art_mat is not None:
-            sims = art_mat @ r.embedding
+            sims = art_mat @ v
             for j, aid in enumerate(art_ids):
                 s = float(sims[j])
-                bar = ATTACH
                 if aid in recalled:
-                    s = max(s, *(float(qvecs[q] @ r.embedding) for q in recalled[aid] if q in qvecs), -1.0)
-                    bar = RECALL_ATTACH
-                if s >= bar and s > best_sim:
+                    s = max(s, *(float(qvecs[q] @ v) for q in recalled[aid] if q in qvecs), -1.0)
+                if s >= cut and s > best_sim:
                     best, best_sim = aid, s
+        if best is None and i == 0 and before is not None and _cluster.continues(r.content):
+            best = home.get(before.id)  # "It ..." right after a fact already in an article
         if best is None:
-            loose.append(r)
+            loose.append(i)
         else:
             joined.setdefault(best, []).append(r)
 
-    clusters: list[list[Record]] = []
-    centres: list[np.ndarray] = []
-    for r in loose:
-        sims = [float(c @ r.embedding) for c in centres]
-        j = int(np.argmax(sims)) if sims else -1
-        if j >= 0 and sims[j] >= CLUSTER:
-            clusters[j].append(r)
-            centres[j] = _unit(np.mean([x.embedding for x in clusters[j]], axis=0))
-        else:
-            clusters.append([r])
-            centres.append(r.embedding)
+    clusters = [[deps[loose[j]] for j in g]
+                for g in _cluster.cluster(ctx[loose], cut, [deps[j].hint for j in loose])] if loose else []
 
     written: list[Article] = []
     for aid, new in joined.items():
         old = arts[aid]
         sources = [s for s in old.sources if s not in {r.id for r in new} and s not in sk.gone]
         live = list(mem.store.records(sources).values())
-        art = _write(mem, skill, live + new, old, now, recalled.get(aid, []))
+        art = write_article(mem, skill, live + new, old, now, recalled.get(aid, []))
         written.append(art)
         if aid in recalled:
             out.reconsolidated += 1
         else:
             out.updated += 1
     for group in clusters:
-        written.append(_write(mem, skill, group, None, now, []))
+        written.append(write_article(mem, skill, group, None, now, []))
         out.formed += 1
     for aid in sorted(sk.stale - set(joined)):
         old = arts.get(aid)
@@ -255,7 +314,7 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
             continue
         live = list(mem.store.records([s for s in old.sources if s not in sk.gone]).values())
         if live:
-            written.append(_write(mem, skill, live, old, now, recalled.pop(aid, [])))
+            written.append(write_article(mem, skill, live, old, now, recalled.pop(aid, [])))
             out.updated += 1
         else:
             out.deletes.append(aid)
@@ -280,7 +339,7 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
             if other.id == a.id or float(other.embedding @ a.embedding) < MERGE:
                 continue
             srcs = mem.store.records([x for x in dict.fromkeys(a.sources + other.sources) if x not in sk.gone])
-            a = _write(mem, skill, list(srcs.values()), a, now, [])
+            a = write_article(mem, skill, list(srcs.values()), a, now, [])
             alive[a.id] = a
             del alive[other.id]
             touched.discard(other.id)
@@ -304,7 +363,7 @@ def _recall_meta(meta: dict[str, Any], queries: list[str], now: float) -> dict[s
     return m
 
 
-def _write(mem: Memory, skill: str, records: list[Record], previous: Article | None, now: float,
+def write_article(mem: Memory, skill: str, records: list[Record], previous: Article | None, now: float,
            queries: list[str]) -> Article:
     title, content = mem.synthesizer.synthesize(skill, records, previous)
     # The article's vector leans on its sources' centre (robust to long texts the
@@ -317,4 +376,5 @@ def _write(mem: Memory, skill: str, records: list[Record], previous: Article | N
         seq=0, id=previous.id if previous else "art_" + uuid.uuid4().hex[:20], skill=skill, title=title,
         content=content, sources=[r.id for r in sorted(records, key=lambda r: (r.created, r.seq))], metadata=meta,
         created=previous.created if previous else now, updated=now,
-        version=(previous.version + 1) if previous else 1, synthesizer=mem.synthesizer.name, embedding=vec)
+        version=(previous.version + 1) if previous else 1, synthesizer=mem.synthesizer.name, embedding=vec,
+        importance=max((r.importance for r in records if r.importance is not None), default=None))

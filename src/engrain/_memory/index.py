@@ -2,8 +2,12 @@
 
 The index mirrors the tier's embeddings from the store and stays current
 cheaply: each search first loads only rows with a higher ``seq`` than it has
-seen, and reloads everything when the store's generation counter for the tier
-moved (rows were deleted or rewritten, possibly by another process).
+seen. Two counters in the store say when that is not enough: the tier's
+*generation* (``records_gen``) moves when stored vectors were rewritten, and
+everything is rebuilt; the *deletions* counter (``records_del``) moves when
+rows were deleted (TTL purge, forget), and only the mirror reloads: the graph
+keeps its vectors and marks the missing rows deleted, because graph labels are
+row ``seq``s, which are never reused.
 
 Search is exact (one matrix-vector product in numpy) up to ``ann_threshold``
 rows, then approximate with an hnswlib graph (cosine via inner product on unit
@@ -12,10 +16,11 @@ too few hits it falls back to the exact scan of the matching rows.
 
 On SQLite the graph is persisted next to the database (``<db>.<tier>.hnsw``
 plus a ``.json`` sidecar) so a new process loads it instead of rebuilding. The
-sidecar records what the graph covers (embedder, dimension, the tier's
-generation, row count, last ``seq``, a digest of the row ids in order) and a
-digest of the graph file itself; a file that does not match is never trusted:
-a prefix of today's rows is loaded and topped up, anything else is rebuilt.
+sidecar records what the graph covers (the store's identity, embedder,
+dimension, the tier's generation, the last ``seq`` it holds) and a digest of
+the graph file itself; a file that does not match, or that lacks a live row
+up to its last ``seq``, is never trusted and is rebuilt. Rows deleted since
+it was saved are marked deleted on load, rows added since are topped up.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .store import MemoryStore
+from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
 #: Rows past which an hnswlib graph replaces the exact scan.
 ANN_THRESHOLD = 50_000
@@ -41,8 +46,8 @@ ANN_THRESHOLD = 50_000
 #: which it is saved again (saving rewrites the whole file, so not per append).
 SAVE_SLACK = 0.05
 
-_FORMAT = 1
-_M, _EF_CONSTRUCTION, _EF = 16, 100, 96
+_FORMAT = 2
+_M, _EF_CONSTRUCTION, _EF = HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF
 
 log = logging.getLogger("engrain.memory")
 
@@ -57,10 +62,6 @@ def _file_digest(path: Path) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
-def _ids_digest(ids: list[str]) -> str:
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
-
-
 class VectorIndex:
     """Vectors of one tier (``"record"`` or ``"article"``) of a :class:`MemoryStore`."""
 
@@ -70,6 +71,8 @@ class VectorIndex:
         self.tier = tier
         self.ann_threshold = ann_threshold
         self._gen_key = f"{tier}s_gen"
+        self._del_key = f"{tier}s_del"
+        self._del = -1
         self._lock = threading.Lock()
         #: Graphs built from scratch / loaded from the file by this index (for tests and benchmarks).
         self.builds = 0
@@ -92,12 +95,14 @@ class VectorIndex:
         self._n = 0
         self._mat = np.zeros((0, 0), dtype=np.float32)
         self._ids: list[str] = []
+        self._pos: dict[str, int] = {}
         self._skill_codes = np.zeros(0, dtype=np.int32)
         self._skills: dict[str, int] = {}
         self._expires = np.zeros(0, dtype=np.float64)
         self._seqs = np.zeros(0, dtype=np.int64)
         self._ann: Any = None
-        self._ann_n = 0
+        self._ann_n = 0  # vectors added to the graph (deleted ones included)
+        self._ann_last = 0  # highest seq in the graph
         self._saved_n = 0
 
     def __len__(self) -> int:
@@ -106,9 +111,12 @@ class VectorIndex:
     def refresh(self, state: dict[str, int]) -> None:
         """Bring the mirror up to date with the store (``state`` from ``store.state()``)."""
         with self._lock:
-            gen = state.get(self._gen_key, 0)
+            gen, dele = state.get(self._gen_key, 0), state.get(self._del_key, 0)
             if gen != self._gen:
                 self._reset(gen)
+            elif dele != self._del:
+                self._reload_keep_graph()
+            self._del = dele
             seqs, ids, skills, expires, mat = self.store.vectors(self.tier, self._last)
             if len(ids):
                 self._append(seqs, ids, skills, expires, mat)
@@ -120,6 +128,21 @@ class VectorIndex:
                 self._sync_ann()
                 if self.graph_path is not None and self._ann_n - self._saved_n > SAVE_SLACK * self._saved_n:
                     self._save_ann(embedder)
+
+    def _reload_keep_graph(self) -> None:
+        """Rows were deleted: reload the mirror, mark them deleted in the graph, keep everything else."""
+        old = self._seqs[: self._n].copy()
+        ann, ann_n, ann_last, saved = self._ann, self._ann_n, self._ann_last, self._saved_n
+        self._reset(self._gen)
+        seqs, ids, skills, expires, mat = self.store.vectors(self.tier, 0)
+        if len(ids):
+            self._append(seqs, ids, skills, expires, mat)
+            self._last = int(seqs[-1])
+        self._ann, self._ann_n, self._ann_last, self._saved_n = ann, ann_n, ann_last, saved
+        if ann is not None:
+            for s in np.setdiff1d(old[old <= ann_last], seqs, assume_unique=True):
+                with contextlib.suppress(RuntimeError):  # already marked
+                    ann.mark_deleted(int(s))
 
     def _append(self, seqs: np.ndarray, ids: list[str], skills: list[str], expires: np.ndarray,
                 mat: np.ndarray) -> None:
@@ -148,19 +171,24 @@ class VectorIndex:
             self._ann = hnswlib.Index(space="ip", dim=self._mat.shape[1])
             self._ann.init_index(max_elements=max(2 * self._n, 1024), ef_construction=_EF_CONSTRUCTION, M=_M)
             self._ann.set_ef(_EF)
-            self._ann_n = 0
+            self._ann_n = self._ann_last = 0
             self.builds += 1
-        if self._ann_n < self._n:
-            if self._n > self._ann.get_max_elements():
-                self._ann.resize_index(2 * self._n)
-            self._ann.add_items(self._mat[self._ann_n:self._n], np.arange(self._ann_n, self._n))
-            self._ann_n = self._n
+        start = int(np.searchsorted(self._seqs[: self._n], self._ann_last, side="right"))
+        if start < self._n:
+            need = self._ann_n + self._n - start
+            if need > self._ann.get_max_elements():
+                self._ann.resize_index(2 * need)
+            self._ann.add_items(self._mat[start:self._n], self._seqs[start:self._n])
+            self._ann_n = need
+            self._ann_last = int(self._seqs[self._n - 1])
 
-    def _meta(self, embedder: str, rows: int) -> dict[str, Any]:
-        """What a graph over the first ``rows`` rows of the mirror covers."""
-        return {"format": _FORMAT, "tier": self.tier, "embedder": embedder, "dim": int(self._mat.shape[1]),
-                "gen": self._gen, "rows": rows, "last_seq": int(self._seqs[rows - 1]) if rows else 0,
-                "ids_sha256": _ids_digest(self._ids[:rows]), "M": _M, "ef_construction": _EF_CONSTRUCTION}
+    def _covered(self) -> bool:
+        return self._ann is not None and (self._n == 0 or self._ann_last >= int(self._seqs[self._n - 1]))
+
+    def _meta(self, embedder: str) -> dict[str, Any]:
+        """What a graph built for this store, tier, model and generation records (not what rows it holds)."""
+        return {"format": _FORMAT, "store": self.store.identity(), "tier": self.tier, "embedder": embedder,
+                "dim": int(self._mat.shape[1]), "gen": self._gen, "M": _M, "ef_construction": _EF_CONSTRUCTION}
 
     def _load_ann(self, embedder: str) -> None:
         """Adopt the saved graph when it covers a prefix of the mirror; otherwise leave it to a rebuild."""
@@ -171,36 +199,45 @@ class VectorIndex:
             return
         try:
             meta = json.loads(self.meta_path.read_text())
-            rows = meta.get("rows") if isinstance(meta, dict) else None
-            if not isinstance(rows, int) or not 0 < rows <= self._n:
-                log.info("ignoring %s: it covers rows this store no longer has; rebuilding", self.graph_path)
-                return
-            want = self._meta(embedder, rows)
+            if not isinstance(meta, dict):
+                raise ValueError("the sidecar is not a JSON object")
+            want = self._meta(embedder)
             if any(meta.get(k) != v for k, v in want.items()):
-                log.info("ignoring %s: it was built over other rows or another embedder; rebuilding", self.graph_path)
+                log.info("ignoring %s: it was built for another store, generation or embedder; rebuilding",
+                         self.graph_path)
                 return
             digest, size = _file_digest(self.graph_path)
             if (digest, size) != (meta.get("graph_sha256"), meta.get("graph_bytes")):
                 log.warning("ignoring %s: the file does not match its sidecar (corrupt or half-written); "
                             "rebuilding", self.graph_path)
                 return
+            last, count = meta.get("last_seq"), meta.get("elements")
             ann = hnswlib.Index(space="ip", dim=want["dim"])
-            ann.load_index(str(self.graph_path), max_elements=max(2 * self._n, 1024))
-            if ann.get_current_count() != rows:
-                log.warning("ignoring %s: it holds %d vectors, its sidecar says %d; rebuilding",
-                            self.graph_path, ann.get_current_count(), rows)
+            ann.load_index(str(self.graph_path), max_elements=max(2 * self._n, int(count or 0) + 1024))
+            if ann.get_current_count() != count or not isinstance(last, int):
+                log.warning("ignoring %s: it holds %d vectors, its sidecar says %s; rebuilding",
+                            self.graph_path, ann.get_current_count(), count)
                 return
-        except (OSError, ValueError, RuntimeError) as e:  # ValueError covers malformed JSON
+            labels = np.asarray(ann.get_ids_list(), dtype=np.int64)
+            mine = self._seqs[: self._n]
+            mine = mine[mine <= last]
+            if len(np.setdiff1d(mine, labels)):
+                log.info("ignoring %s: it lacks rows this store has; rebuilding", self.graph_path)
+                return
+            for s in np.setdiff1d(labels, mine):  # deleted since it was saved
+                with contextlib.suppress(RuntimeError):
+                    ann.mark_deleted(int(s))
+        except (OSError, ValueError, RuntimeError, TypeError) as e:  # ValueError covers malformed JSON
             log.warning("ignoring unreadable %s (%s); rebuilding", self.graph_path, e)
             return
         ann.set_ef(_EF)
-        self._ann, self._ann_n, self._saved_n = ann, rows, rows
+        self._ann, self._ann_n, self._ann_last, self._saved_n = ann, int(count), last, int(count)
         self.loads += 1
 
     def _save_ann(self, embedder: str) -> None:
         """Write graph and sidecar atomically (temp files + ``os.replace``); failures only cost a rebuild later."""
         assert self.graph_path is not None and self.meta_path is not None
-        meta = self._meta(embedder, self._ann_n)
+        meta = {**self._meta(embedder), "last_seq": self._ann_last, "elements": self._ann_n}
         tmps: list[str] = []
         try:
             for _ in range(2):
@@ -227,22 +264,42 @@ class VectorIndex:
                 with contextlib.suppress(OSError):  # already renamed, or never written
                     os.unlink(tmp)
 
-    def search(self, vec: np.ndarray, k: int, skill: str | None, now: float) -> list[tuple[str, float]]:
-        """Up to ``k`` ``(id, cosine)`` pairs, best first, of live rows (optionally of one skill)."""
+    def search(self, vec: np.ndarray, k: int, skill: str | None, now: float,
+               allow: set[str] | None = None) -> list[tuple[str, float]]:
+        """Up to ``k`` ``(id, cosine)`` pairs, best first, of live rows (optionally of one skill).
+
+        ``allow`` limits the search to these ids (a metadata filter's matches):
+        an exact scan of just those rows.
+        """
         with self._lock:
             n = self._n
             if n == 0 or k <= 0:
                 return []
+            if allow is not None:
+                return self._exact_among(vec, k, allow, now)
             code = None
             if skill is not None:
                 code = self._skills.get(skill)
                 if code is None:
                     return []
-            if self._ann is not None and self._ann_n == n:
+            if self._covered():
                 hits = self._ann_search(vec, k, code, now)
                 if hits is not None:
                     return hits
             return self._exact(vec, k, code, now)
+
+    def _exact_among(self, vec: np.ndarray, k: int, allow: set[str], now: float) -> list[tuple[str, float]]:
+        if len(self._pos) != self._n:
+            self._pos = {rid: p for p, rid in enumerate(self._ids)}
+        pos = np.fromiter((p for rid in allow if (p := self._pos.get(rid)) is not None), dtype=np.int64)
+        pos = pos[self._expires[pos] > now]
+        if not len(pos):
+            return []
+        sims = self._mat[pos] @ vec
+        kk = min(k, len(pos))
+        top = np.argpartition(-sims, kk - 1)[:kk]
+        top = top[np.argsort(-sims[top])]
+        return [(self._ids[int(pos[t])], float(sims[t])) for t in top]
 
     def _live(self, pos: np.ndarray, code: int | None, now: float) -> np.ndarray:
         ok = self._expires[pos] > now
@@ -268,7 +325,11 @@ class VectorIndex:
     def _ann_search(self, vec: np.ndarray, k: int, code: int | None, now: float) -> list[tuple[str, float]] | None:
         fetch = min(self._n, max(8 * k, 64))
         labels, dists = self._ann.knn_query(vec.reshape(1, -1), k=fetch)
-        labels, sims = labels[0].astype(np.int64), 1.0 - dists[0]
+        seqs, sims = labels[0].astype(np.int64), 1.0 - dists[0]
+        pos = np.searchsorted(self._seqs[: self._n], seqs)
+        ok = pos < self._n
+        ok[ok] = self._seqs[pos[ok]] == seqs[ok]  # a row deleted by another process since this mirror loaded
+        labels, sims = pos[ok], sims[ok]
         keep = self._live(labels, code, now)
         labels, sims = labels[keep], sims[keep]
         if len(labels) < k and fetch < self._n:

@@ -35,6 +35,7 @@ class Record:
     expires: float | None
     article_id: str | None
     embedding: np.ndarray = field(repr=False)
+    importance: float | None = None
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class Article:
     version: int
     synthesizer: str
     embedding: np.ndarray = field(repr=False)
+    importance: float | None = None
 
 
 @dataclass(slots=True)
@@ -68,9 +70,9 @@ class BufferItem:
 
 
 def _record(r: Sequence[Any]) -> Record:
-    return Record(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7], r[8], from_blob(r[9]))
+    return Record(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7], r[8], from_blob(r[9]), r[10])
 
 
 def _article(r: Sequence[Any]) -> Article:
     return Article(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), json.loads(r[6]), r[7], r[8], r[9], r[10],
-                   from_blob(r[11]))
+                   from_blob(r[11]), r[12])

@@ -10,18 +10,23 @@ Three tiers and two helper tables:
 * ``engrain_mem_articles``: synthesized knowledge with its source record ids.
 * ``engrain_mem_state``: counters (the consolidation cursor, generations that
   tell an in-process vector index to reload after deletes or rewrites).
-* full text: an FTS5 table on SQLite (rowid = record seq, or -article seq); a
-  generated ``tsvector`` column with a GIN index on PostgreSQL.
+* full text: an FTS5 table on SQLite (rowid = record seq, or -article seq); on
+  PostgreSQL the narrow table ``engrain_mem_text`` (same rowids, id, skill,
+  expiry, ``tsvector``) with a GIN index, so ranking the matches reads rows of
+  a hundred bytes, not the ~3 kB record rows that carry two vectors.
 
 Vectors are float32 bytes (BLOB / BYTEA) searched in numpy by :mod:`.index`;
 with the ``vector`` extension (pgvector) on the server, a ``vec`` column (filled
-from the bytes for older rows) is searched in SQL instead, exactly (no ANN index).
+from the bytes for older rows) is searched in SQL instead, through an HNSW index
+with the in-process graph's parameters (iterative scans keep filtered searches
+full).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -31,19 +36,21 @@ from typing import Any
 
 import numpy as np
 
+from . import filters as _filters
 from .items import Article, BufferItem, Record, _article, _record, from_blob, to_blob
+from .text import TextSearch, query_terms  # noqa: F401  (query_terms: re-exported)
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS engrain_mem_records (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
     metadata TEXT NOT NULL, digest TEXT NOT NULL, created REAL NOT NULL, expires REAL,
-    article_id TEXT, embedding BLOB NOT NULL, UNIQUE (skill, digest));
+    article_id TEXT, embedding BLOB NOT NULL, importance REAL, UNIQUE (skill, digest));
 CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
     sources TEXT NOT NULL, metadata TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
-    version INTEGER NOT NULL, synthesizer TEXT NOT NULL, embedding BLOB NOT NULL);
+    version INTEGER NOT NULL, synthesizer TEXT NOT NULL, embedding BLOB NOT NULL, importance REAL);
 CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created REAL NOT NULL,
@@ -58,7 +65,7 @@ CREATE TABLE IF NOT EXISTS engrain_mem_records (
     seq BIGSERIAL PRIMARY KEY,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
     metadata TEXT NOT NULL, digest TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
-    expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL,
+    expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', hint || ' ' || content)) STORED,
     UNIQUE (skill, digest));
 CREATE INDEX IF NOT EXISTS engrain_mem_records_tsv ON engrain_mem_records USING GIN (tsv);
@@ -67,7 +74,7 @@ CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
     sources TEXT NOT NULL, metadata TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
     updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL, synthesizer TEXT NOT NULL,
-    embedding BYTEA NOT NULL,
+    embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', title || ' ' || content)) STORED);
 CREATE INDEX IF NOT EXISTS engrain_mem_articles_tsv ON engrain_mem_articles USING GIN (tsv);
 CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
@@ -75,15 +82,17 @@ CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
     kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
     claim TEXT, claimed_at DOUBLE PRECISION);
 CREATE TABLE IF NOT EXISTS engrain_mem_state (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS engrain_mem_text (
+    rowid BIGINT PRIMARY KEY, id TEXT NOT NULL, skill TEXT NOT NULL, expires DOUBLE PRECISION,
+    tsv tsvector NOT NULL);
+CREATE INDEX IF NOT EXISTS engrain_mem_text_tsv ON engrain_mem_text USING GIN (tsv);
 """
 
-_REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding"
-_ART_COLS = "seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding"
-_WORD = re.compile(r"\w+", re.UNICODE)
-_STOP = frozenset(
-    "a an and are as at be by for from has have how i in is it its of on or that the this to was were what when "
-    "where which who why will with do does did my me you your we our".split()
-)
+_REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding, importance"
+_ART_COLS = ("seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding,"
+             " importance")
+#: HNSW parameters, shared by pgvector's index and the in-process hnswlib graph.
+HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 96
 
 
 def _vec_literal(vec: np.ndarray) -> str:
@@ -91,16 +100,7 @@ def _vec_literal(vec: np.ndarray) -> str:
     return "[" + ",".join(f"{x:.9g}" for x in np.asarray(vec, dtype=np.float32).tolist()) + "]"
 
 
-def query_terms(text: str, limit: int = 16) -> list[str]:
-    """The words of ``text`` worth a full-text match (lower case, stop words dropped, deduplicated)."""
-    seen: dict[str, None] = {}
-    for w in _WORD.findall(text.lower()):
-        if w not in _STOP and len(seen) < limit:
-            seen.setdefault(w, None)
-    return list(seen)
-
-
-class MemoryStore:
+class MemoryStore(TextSearch):
     """Memory's tables on one database; ``url`` is a journal URL, ``path`` the SQLite file."""
 
     def __init__(self, backend: str, *, path: str | Path | None = None, url: str | None = None):
@@ -109,6 +109,9 @@ class MemoryStore:
         self.url = url
         self.pgvector = False
         self._vtype, self._vdist = "vector", "<=>"  # pgvector's type and operator (schema-qualified once found)
+        self._ns = "public"
+        self._pg_stats: tuple[float, dict[str, tuple[dict[str, float], float, float]]] | None = None
+        self._lex: dict[str, str] = {}
         self._lock = threading.RLock()
         if backend == "sqlite":
             assert self.path is not None
@@ -118,6 +121,9 @@ class MemoryStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SQLITE_SCHEMA)
+            for table in ("engrain_mem_records", "engrain_mem_articles"):  # stores made before importance existed
+                if "importance" not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN importance REAL")
         else:
             import psycopg
 
@@ -128,6 +134,12 @@ class MemoryStore:
                 for stmt in _PG_SCHEMA.split(";"):
                     if stmt.strip():
                         self._db.execute(stmt)
+                for table in ("engrain_mem_records", "engrain_mem_articles"):  # stores made before importance
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS importance DOUBLE PRECISION")
+                if not self._db.execute("SELECT 1 FROM engrain_mem_text LIMIT 1").fetchone():  # stores made before it
+                    self._db.execute(
+                        "INSERT INTO engrain_mem_text (rowid, id, skill, expires, tsv) SELECT seq, id, skill, expires, "
+                        "tsv FROM engrain_mem_records UNION ALL SELECT -seq, id, skill, NULL, tsv FROM engrain_mem_articles")
                 self.pgvector = self._setup_pgvector()
 
     def _setup_pgvector(self) -> bool:
@@ -152,7 +164,31 @@ class MemoryStore:
                 with self._db.cursor() as cur:
                     cur.executemany(f"UPDATE {table} SET vec = %s::{self._vtype} WHERE seq = %s", [
                         (_vec_literal(from_blob(e)), q) for q, e in cur.execute(f"SELECT seq, embedding FROM {table}")])
+        self._ns = ns
+        self._hnsw_session()
         return True
+
+    def _pg_vector_index(self, dim: int) -> None:
+        """Give ``vec`` the embedder's dimension and an HNSW index (inside the bind transaction)."""
+        for table in ("engrain_mem_records", "engrain_mem_articles"):
+            typ = self._x("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = ?::regclass "
+                          "AND attname = 'vec'", (table,)).fetchone()[0]
+            if not typ.endswith(f"({dim})"):
+                self._x(f"ALTER TABLE {table} ALTER COLUMN vec TYPE {self._vtype}({int(dim)})")
+            # The graph the in-process index uses (same M and ef_construction), so both paths recall alike.
+            self._x(f"CREATE INDEX IF NOT EXISTS {table}_vec ON {table} USING hnsw (vec {self._ns}.vector_cosine_ops)"
+                    f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})")
+
+    def _hnsw_session(self) -> None:
+        """Search settings of this connection: the in-process ef, and filtered scans that keep going."""
+        import psycopg
+
+        self._db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
+        try:  # pgvector >= 0.8: a filter (skill, TTL, metadata) does not starve the LIMIT
+            with self._db.transaction():
+                self._db.execute("SET hnsw.iterative_scan = relaxed_order")
+        except psycopg.Error:
+            pass
 
     # -- plumbing -------------------------------------------------------------
 
@@ -194,25 +230,42 @@ class MemoryStore:
         with self.tx():
             names = [n for (n,) in self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ?",
                                                     ("embedder:%",)).fetchall()]
+            if not self._x("SELECT 1 FROM engrain_mem_state WHERE name LIKE ?", ("store:%",)).fetchone():
+                self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, 0)", ("store:" + os.urandom(8).hex(),))
             if not names:
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?)", (f"embedder:{name}", dim))
             elif names != [f"embedder:{name}"]:
                 raise ConfigError(f"this memory store was embedded with {names[0][9:]!r}; the embedder {name!r} "
                                   "cannot search it (use the same embedder, or a new store)")
+            if self.pgvector:
+                self._pg_vector_index(dim)
+
+    def identity(self) -> str:
+        """A random name this store got when it was created (tells a cached file from another store's)."""
+        with self._lock:
+            row = self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ?", ("store:%",)).fetchone()
+        return row[0][6:] if row else ""
 
     def state(self) -> dict[str, int]:
         """All counters of ``engrain_mem_state``."""
         with self._lock:
             return {n: int(v) for n, v in self._x("SELECT name, value FROM engrain_mem_state").fetchall()}
 
-    def _fts_put(self, rowid: int, text: str, skill: str) -> None:
+    def _fts_put(self, rowid: int, text: str, skill: str, id: str = "", expires: float | None = None) -> None:
         if self.backend == "sqlite":
             self._db.execute("INSERT OR REPLACE INTO engrain_mem_fts (rowid, text, skill) VALUES (?, ?, ?)",
                              (rowid, text, skill))
+        else:
+            self._db.execute(
+                "INSERT INTO engrain_mem_text (rowid, id, skill, expires, tsv) VALUES (%s, %s, %s, %s, "
+                "to_tsvector('english', %s)) ON CONFLICT (rowid) DO UPDATE SET id = excluded.id, skill = excluded.skill,"
+                " expires = excluded.expires, tsv = excluded.tsv", (rowid, id, skill, expires, text))
 
     def _fts_del(self, rowids: Sequence[int]) -> None:
-        if self.backend == "sqlite" and rowids:
-            self._db.executemany("DELETE FROM engrain_mem_fts WHERE rowid = ?", [(r,) for r in rowids])
+        if rowids:
+            table = "engrain_mem_fts" if self.backend == "sqlite" else "engrain_mem_text"
+            with self._db.cursor() if self.backend != "sqlite" else contextlib.nullcontext(self._db) as cur:
+                cur.executemany(self._sql(f"DELETE FROM {table} WHERE rowid = ?"), [(r,) for r in rowids])
 
     def _vec_insert(self, vec: np.ndarray) -> tuple[str, str, list[str]]:
         """The extra INSERT column, placeholder and value for the pgvector column (none without it)."""
@@ -238,23 +291,58 @@ class MemoryStore:
                 if got is not None:
                     if got[1] is not None and (r["expires"] is None or r["expires"] > got[1]):
                         self._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (r["expires"], got[0]))
+                        if self.backend != "sqlite":
+                            self._x("UPDATE engrain_mem_text SET expires = ? WHERE id = ? AND rowid > 0",
+                                    (r["expires"], got[0]))
                     out.append((got[0], False))
                     continue
-                vcol, vmark, vval = self._vec_insert(r["embedding"])
-                seq = self._x(
-                    "INSERT INTO engrain_mem_records (id, skill, content, hint, metadata, digest, created, expires,"
-                    f" embedding{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
-                    (r["id"], r["skill"], r["content"], r["hint"], json.dumps(r["metadata"]), r["digest"], now,
-                     r["expires"], to_blob(r["embedding"]), *vval)).fetchone()[0]
-                self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"])
-                self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('deposit', ?, ?, '{}', ?)",
-                        (r["skill"], r["id"], now))
+                self.insert_record(r, now)
                 out.append((r["id"], True))
         return out
+
+    def insert_record(self, r: dict[str, Any], now: float) -> int:
+        """Insert one record row (inside :meth:`tx`); a deposit too unless ``r["article_id"]`` is set. Returns its seq."""
+        vcol, vmark, vval = self._vec_insert(r["embedding"])
+        seq = int(self._x(
+            "INSERT INTO engrain_mem_records (id, skill, content, hint, metadata, digest, created, expires,"
+            f" embedding, importance, article_id{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
+            (r["id"], r["skill"], r["content"], r["hint"], json.dumps(r["metadata"]), r["digest"],
+             r.get("created", now), r["expires"], to_blob(r["embedding"]), r.get("importance"), r.get("article_id"),
+             *vval)).fetchone()[0])
+        self._fts_put(seq, f"{r['hint']} {r['content']}", r["skill"], r["id"], r["expires"])
+        if not r.get("article_id"):  # an imported record is already consolidated: nothing to process
+            self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('deposit', ?, ?, '{}', ?)",
+                    (r["skill"], r["id"], now))
+        return seq
+
+    def put_article(self, a: Article) -> None:
+        """Insert or replace one article (inside :meth:`tx`); a rewrite gets a new seq so index refreshes see it."""
+        self.delete_article(a.id)
+        vcol, vmark, vval = self._vec_insert(a.embedding)
+        a.seq = int(self._x(
+            "INSERT INTO engrain_mem_articles (id, skill, title, content, sources, metadata, created, updated,"
+            f" version, synthesizer, embedding, importance{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{vmark})"
+            " RETURNING seq",
+            (a.id, a.skill, a.title, a.content, json.dumps(a.sources), json.dumps(a.metadata), a.created,
+             a.updated, a.version, a.synthesizer, to_blob(a.embedding), a.importance, *vval)).fetchone()[0])
+        self._fts_put(-a.seq, f"{a.title} {a.content}", a.skill, a.id)
+
+    def delete_article(self, aid: str) -> bool:
+        """Delete one article and its full-text row (inside :meth:`tx`); False when there was none."""
+        old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (aid,)).fetchone()
+        if old is None:
+            return False
+        self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (aid,))
+        self._fts_del([-old[0]])
+        return True
 
     def add_recall_event(self, skill: str | None, data: dict[str, Any], now: float) -> None:
         """Leave a recall event (query and hits) in the buffer."""
         with self.tx():
+            if self.backend != "sqlite":
+                # A recall event is a hint for the next consolidation: losing the last few to a crash costs
+                # nothing, waiting for the WAL flush on every search costs milliseconds.
+                self._x("SET LOCAL synchronous_commit = off")
             self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
                     (skill, json.dumps(data), now))
 
@@ -312,7 +400,8 @@ class MemoryStore:
                if rows else np.zeros((0, 0), dtype=np.float32))
         return seqs, [r[1] for r in rows], [r[2] for r in rows], exp, mat
 
-    def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int) -> list[tuple[str, float]]:
+    def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
+                         where: dict[str, Any] | None = None) -> list[tuple[str, float]]:
         """pgvector search: up to ``limit`` ``(id, cosine)`` of live rows (of ``skill`` if given), nearest first."""
         table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
         sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE vec IS NOT NULL"
@@ -320,83 +409,25 @@ class MemoryStore:
         if tier == "record":
             sql += " AND (expires IS NULL OR expires > ?)"
             params.append(now)
+            cond, cp = _filters.sql(self.backend, where)
+            sql += cond
+            params += cp
+        if skill is not None:
+            sql += " AND skill = ?"
+            params.append(skill)
+        with self._lock:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted here
+            rows = self._x(sql + " ORDER BY d LIMIT ?", (*params, limit)).fetchall()
+        return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
+
+    def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
+        """Ids of live records matching the metadata filter ``where`` (of ``skill`` if given)."""
+        cond, params = _filters.sql(self.backend, where)
+        sql = f"SELECT id FROM engrain_mem_records WHERE (expires IS NULL OR expires > ?){cond}"
         if skill is not None:
             sql += " AND skill = ?"
             params.append(skill)
         with self._lock:
-            return [(r[0], 1.0 - float(r[1])) for r in self._x(sql + " ORDER BY d, seq LIMIT ?", (*params, limit))]
-
-    def _selective(self, terms: list[str], cap: int) -> list[str]:
-        """The terms that match at most ``cap`` rows (each count stops at ``cap + 1``).
-
-        Ranking costs one score per matching row, so a word found in most rows
-        would make every search linear in the store's size while adding almost
-        nothing to BM25 (its IDF is near zero); such words are left to the
-        vector side.
-        """
-        keep = []
-        for t in terms:
-            if self.backend == "sqlite":
-                n = self._db.execute("SELECT count(*) FROM (SELECT rowid FROM engrain_mem_fts WHERE engrain_mem_fts "
-                                     "MATCH ? LIMIT ?)", (f'"{t}"', cap + 1)).fetchone()[0]
-            else:
-                n = self._db.execute(
-                    "SELECT (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_records WHERE tsv @@ q LIMIT %s) r)"
-                    " + (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_articles WHERE tsv @@ q LIMIT %s) a)"
-                    " FROM to_tsquery('english', %s) q", (cap + 1, cap + 1, t)).fetchone()[0]
-            if n <= cap:
-                keep.append(t)
-        return keep
-
-    def text_search(self, text: str, skill: str | None, now: float, limit: int,
-                    max_df: int | None = 1000) -> list[tuple[str, str, float]]:
-        """Full-text hits ``[(tier, id, rank)]``, best first (rank: higher is better).
-
-        Any query word matches (OR). Words found in more than ``max_df`` rows
-        are not matched (see :meth:`_selective`); None matches every word.
-        """
-        terms = query_terms(text)
-        out: list[tuple[str, str, float]] = []
-        with self._lock:
-            if terms and max_df is not None:
-                terms = self._selective(terms, max_df)
-            if not terms:
-                return []
-            if self.backend == "sqlite":
-                match = " OR ".join(f'"{t}"' for t in terms)
-                sql = "SELECT rowid, -bm25(engrain_mem_fts) FROM engrain_mem_fts WHERE engrain_mem_fts MATCH ?"
-                params: list[Any] = [match]
-                if skill is not None:
-                    sql += " AND skill = ?"
-                    params.append(skill)
-                hits = self._db.execute(sql + " ORDER BY rank LIMIT ?", (*params, limit)).fetchall()
-                rec = {r for r, _ in hits if r > 0}
-                art = {-r for r, _ in hits if r < 0}
-                ids: dict[tuple[str, int], str] = {}
-                if rec:
-                    q = f"SELECT seq, id FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(rec))}) " \
-                        "AND (expires IS NULL OR expires > ?)"
-                    ids.update((("record", s), i) for s, i in self._db.execute(q, (*rec, now)))
-                if art:
-                    q = f"SELECT seq, id FROM engrain_mem_articles WHERE seq IN ({','.join('?' * len(art))})"
-                    ids.update((("article", s), i) for s, i in self._db.execute(q, tuple(art)))
-                for rowid, score in hits:
-                    key = ("record", rowid) if rowid > 0 else ("article", -rowid)
-                    if key in ids:
-                        out.append((key[0], ids[key], float(score)))
-                return out
-            tsq = " | ".join(terms)
-            skill_sql = " AND skill = %s" if skill is not None else ""
-            sp = [skill] if skill is not None else []
-            sql = (
-                "(SELECT 'record', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_records, to_tsquery('english', %s) q "
-                f"WHERE tsv @@ q AND (expires IS NULL OR expires > %s){skill_sql} ORDER BY r DESC LIMIT %s) UNION ALL "
-                "(SELECT 'article', id, ts_rank_cd(tsv, q) AS r FROM engrain_mem_articles, to_tsquery('english', %s) q "
-                f"WHERE tsv @@ q{skill_sql} ORDER BY r DESC LIMIT %s)"
-            )
-            rows = self._db.execute(sql, [tsq, now, *sp, limit, tsq, *sp, limit]).fetchall()
-        rows.sort(key=lambda r: -r[2])
-        return [(r[0], r[1], float(r[2])) for r in rows[:limit]]
+            return {r[0] for r in self._x(sql, (now, *params))}
 
     # -- consolidation ---------------------------------------------------------
 
@@ -415,6 +446,18 @@ class MemoryStore:
                 self._x(f"UPDATE engrain_mem_buffer SET claim = ?, claimed_at = ? WHERE seq IN ({','.join('?' * len(chunk))})",
                         (token, now, *chunk))
         return [BufferItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    def renew_claim(self, token: str, now: float) -> None:
+        """Extend the lease on the rows claimed with ``token`` (see :mod:`.consolidate`)."""
+        with self.tx():
+            self._x("UPDATE engrain_mem_buffer SET claimed_at = ? WHERE claim = ?", (now, token))
+
+    def previous_record(self, skill: str, seq: int) -> Record | None:
+        """The record of ``skill`` stored just before ``seq``, if any."""
+        with self._lock:
+            row = self._x(f"SELECT {_REC_COLS} FROM engrain_mem_records WHERE skill = ? AND seq < ? "
+                          "ORDER BY seq DESC LIMIT 1", (skill, seq)).fetchone()
+        return _record(row) if row else None
 
     def release(self, token: str, seqs: Sequence[int]) -> None:
         """Give claimed rows back to the buffer (their cluster failed; a later run retries them)."""
@@ -457,32 +500,18 @@ class MemoryStore:
                     raise EngrainError(f"{len(chunk) - cur.rowcount} claimed buffer row(s) were taken over by another "
                                        "consolidation (claim went stale); nothing was written")
             for a in upserts:
-                old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (a.id,)).fetchone()
-                if old is not None:  # rewritten: a new seq so index refreshes see it
-                    self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (a.id,))
-                    self._fts_del([-old[0]])
-                vcol, vmark, vval = self._vec_insert(a.embedding)
-                seq = self._x(
-                    "INSERT INTO engrain_mem_articles (id, skill, title, content, sources, metadata, created, updated,"
-                    f" version, synthesizer, embedding{vcol}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{vmark}) RETURNING seq",
-                    (a.id, a.skill, a.title, a.content, json.dumps(a.sources), json.dumps(a.metadata), a.created,
-                     a.updated, a.version, a.synthesizer, to_blob(a.embedding), *vval)).fetchone()[0]
-                a.seq = seq
-                self._fts_put(-seq, f"{a.title} {a.content}", a.skill)
+                self.put_article(a)
             for aid in deletes:
-                old = self._x("SELECT seq FROM engrain_mem_articles WHERE id = ?", (aid,)).fetchone()
-                if old is not None:
-                    self._x("DELETE FROM engrain_mem_articles WHERE id = ?", (aid,))
-                    self._fts_del([-old[0]])
+                self.delete_article(aid)
             for rid, aid in assign.items():
                 self._x("UPDATE engrain_mem_records SET article_id = ? WHERE id = ?", (aid, rid))
             if purge:
                 for i in range(0, len(purge), 500):
                     chunk = list(purge[i:i + 500])
                     self._x(f"DELETE FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
-                # No records_gen bump: in-process indexes already mask these rows by
-                # their expiry time, and a bump would force a full reload.
+                # Deleted, not rewritten: indexes reload their mirror but keep their graph.
                 self._fts_del(purge)
+                self._bump("records_del")
             if upserts or deletes:
                 self._bump("articles_gen")
             self._bump("consolidations")

@@ -1,7 +1,8 @@
-"""``/api/memory``: remember, recall, consolidate, stats, articles with provenance, export."""
+"""``/api/memory``: remember, recall, consolidate, stats, articles with provenance, export, import, forget, update."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -16,7 +17,8 @@ class Remember(Body):
     """One deposit."""
 
     data: Any = Field(description="A string or any JSON value.")
-    hint: str | None = Field(default=None, max_length=10_000)
+    hint: float | None = Field(default=None, ge=0, le=1, description="Importance from 0 to 1 (etchmem's hint).")
+    label: str | None = Field(default=None, max_length=10_000, description="Short topic label.")
     skill: str | None = Field(default=None, max_length=200)
     metadata: dict[str, Any] | None = None
     ttl: float | None = Field(default=None, gt=0, description="Lifetime in seconds (default: the memory's).")
@@ -28,7 +30,35 @@ class Recall(Body):
     query: str = Field(min_length=1, max_length=10_000)
     skill: str | None = Field(default=None, max_length=200)
     top_k: int = Field(default=5, ge=1, le=100)
-    hint: str | None = Field(default=None, max_length=10_000)
+    hint: float | None = Field(default=None, ge=0, le=1, description="Importance prior kept in the recall event.")
+    label: str | None = Field(default=None, max_length=10_000, description="Boost items with this label.")
+    where: dict[str, str | int | float | bool | None] | None = Field(
+        default=None, description="Only items whose metadata has these exact values.")
+
+
+class Import(BaseModel):
+    """An export to load: a folder under the server's export dir, or the documents themselves."""
+
+    export_dir: str | None = Field(default=None, max_length=4096)
+    documents: list[dict[str, Any]] | None = None
+    skill_map: dict[str, str] | str | None = None
+
+
+class Forget(BaseModel):
+    """What to forget: one id, or a whole skill."""
+
+    id: str | None = Field(default=None, max_length=200)
+    skill: str | None = Field(default=None, max_length=200)
+
+
+class Update(BaseModel):
+    """New content for a record or an article."""
+
+    id: str = Field(min_length=1, max_length=200)
+    data: Any = Field(description="A string or any JSON value (an article takes text only).")
+    hint: float | None = Field(default=None, ge=0, le=1)
+    label: str | None = Field(default=None, max_length=10_000)
+    metadata: dict[str, Any] | None = None
 
 
 class Consolidate(Body):
@@ -48,7 +78,8 @@ def remember(request: Request, body: Remember) -> dict[str, Any]:
     """Store a record and deposit it in the buffer; returns its id."""
     mem, lock = _mem(request)
     with lock:
-        rid = mem.remember(body.data, hint=body.hint, skill=body.skill, metadata=body.metadata, ttl=body.ttl)
+        rid = mem.remember(body.data, hint=body.hint, label=body.label, skill=body.skill, metadata=body.metadata,
+                           ttl=body.ttl)
     return {"id": rid}
 
 
@@ -57,7 +88,8 @@ def recall(request: Request, body: Recall) -> list[dict[str, Any]]:
     """Records and articles most relevant to the query, best first."""
     mem, lock = _mem(request)
     with lock:
-        hits = mem.recall(body.query, skill=body.skill, top_k=body.top_k, hint=body.hint)
+        hits = mem.recall(body.query, skill=body.skill, top_k=body.top_k, hint=body.hint, label=body.label,
+                          where=body.where)
     return [h.to_dict() for h in hits]
 
 
@@ -105,8 +137,42 @@ def articles(request: Request, skill: str | None = Query(default=None, max_lengt
 
 @router.post("/memory/export")
 def export(request: Request) -> dict[str, Any]:
-    """Write one JSON file per article under the export dir; returns the folder."""
+    """Write one JSON file per article under the export dir: ``{export_dir, count, documents}``."""
     mem, lock = _mem(request)
     with lock:
-        path = mem.export()
-    return {"path": str(path), "articles": sum(1 for _ in path.glob("*.json"))}
+        return mem.export()
+
+
+@router.post("/memory/import")
+def import_(request: Request, body: Import) -> dict[str, Any]:
+    """Load an export: ``documents`` inline, or ``export_dir`` (a folder inside the server's export dir)."""
+    from .._errors import MemoryInputError
+
+    mem, lock = _mem(request)
+    if (body.export_dir is None) == (body.documents is None):
+        raise MemoryInputError("import: give exactly one of export_dir or documents")
+    source: Any = {"documents": body.documents, "export_dir": "(request body)"}
+    if body.export_dir is not None:
+        root = Path(mem.export_dir()).resolve()
+        folder = (root / body.export_dir).resolve()
+        if folder != root and root not in folder.parents:  # a request never reads outside the export root
+            raise MemoryInputError(f"import: export_dir must be a folder inside {root}")
+        source = folder
+    with lock:
+        return mem.import_(source, skill_map=body.skill_map)
+
+
+@router.post("/memory/forget")
+def forget(request: Request, body: Forget) -> dict[str, int]:
+    """Delete a record, an article (with its records) or a whole skill."""
+    mem, lock = _mem(request)
+    with lock:
+        return mem.forget(body.id, skill=body.skill)
+
+
+@router.post("/memory/update")
+def update(request: Request, body: Update) -> dict[str, Any]:
+    """Replace a record's content (its article is rewritten) or an article's text."""
+    mem, lock = _mem(request)
+    with lock:
+        return mem.update(body.id, body.data, hint=body.hint, label=body.label, metadata=body.metadata)

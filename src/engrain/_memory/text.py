@@ -1,0 +1,185 @@
+"""Full-text search over memory (mixed into :class:`~engrain._memory.store.MemoryStore`).
+
+SQLite ranks with FTS5's BM25. PostgreSQL matches in ``engrain_mem_text``
+(narrow rows, GIN index) and scores each row by the summed BM25 IDF of the
+query words it contains, with word frequencies read from the planner's
+statistics; both drop words found in more than ``max_df`` items, which weigh
+almost nothing and would make a search linear in the store's size.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time as _time
+from typing import Any
+
+from . import filters as _filters
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_STOP = frozenset(
+    "a an and are as at be by for from has have how i in is it its of on or that the this to was were what when "
+    "where which who why will with do does did my me you your we our".split()
+)
+
+
+
+
+
+def query_terms(text: str, limit: int = 16) -> list[str]:
+    """The words of ``text`` worth a full-text match (lower case, stop words dropped, deduplicated)."""
+    seen: dict[str, None] = {}
+    for w in _WORD.findall(text.lower()):
+        if w not in _STOP and len(seen) < limit:
+            seen.setdefault(w, None)
+    return list(seen)
+
+
+class TextSearch:
+    """Full-text methods of the store; needs its ``backend``, ``_db``, ``_lock``, ``_pg_stats`` and ``_lex``."""
+
+    backend: str
+    _db: Any
+    _lock: Any
+    _pg_stats: Any
+    _lex: dict[str, str]
+
+    def _frequencies(self, terms: list[str], cap: int) -> list[tuple[str, int]]:
+        """``(term, rows matching it)`` with each count stopping at ``cap + 1`` (one round trip on PostgreSQL).
+
+        Ranking costs one score per matching row, so a word found in more than
+        ``cap`` rows would make every search linear in the store's size while
+        adding almost nothing to BM25 (its IDF is near zero); :meth:`text_search`
+        leaves such words to the vector side.
+        """
+        if self.backend == "sqlite":
+            return [(t, int(self._db.execute("SELECT count(*) FROM (SELECT rowid FROM engrain_mem_fts WHERE "
+                                             "engrain_mem_fts MATCH ? LIMIT ?)", (f'"{t}"', cap + 1)).fetchone()[0]))
+                    for t in terms]
+        est = self._pg_estimates(terms)
+        if est is not None:
+            return est
+        rows = self._db.execute(
+            "SELECT t, (SELECT count(*) FROM (SELECT 1 FROM engrain_mem_text WHERE tsv @@ to_tsquery('english', t)"
+            " LIMIT %s) r) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i", (cap + 1, terms)).fetchall()
+        return [(t, int(n)) for t, n in rows]
+
+    def _pg_estimates(self, terms: list[str]) -> list[tuple[str, int]] | None:
+        """Word frequencies from PostgreSQL's own statistics of the ``tsv`` columns, without touching a row.
+
+        ANALYZE keeps each tsvector column's most common lexemes with their
+        frequency; a lexeme not listed is rarer than the rarest listed one, which
+        bounds it. Counting matches instead reads one heap row per match (these
+        rows carry two vectors: ~3 kB each), the cost that made full text slow.
+        None when a table has no statistics yet (then counts are exact).
+        """
+        now = _time.monotonic()
+        if self._pg_stats is None or now - self._pg_stats[0] > 60.0:
+            tables: dict[str, tuple[dict[str, float], float, float]] = {}
+            for table in ("engrain_mem_text",):
+                row = self._db.execute(
+                    "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples FROM pg_class c "
+                    "LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname "
+                    "AND s.attname = 'tsv' WHERE c.oid = %s::regclass", (table,)).fetchone()
+                if row is None:
+                    return None
+                elems, freqs, n = row
+                if elems is None:  # never analyzed (or nothing common): count exactly, it reads narrow rows
+                    return None
+                tables[table] = (dict(zip(elems, freqs)), float(freqs[len(elems)]), float(n))
+            self._pg_stats = (now, tables)
+        lex = self._lexemes(terms)
+        out = []
+        for t in terms:
+            if not lex.get(t):
+                out.append((t, 1 << 62))  # no lexeme (a stop word to PostgreSQL): never matched
+                continue
+            total = 0.0
+            for common, floor, n in self._pg_stats[1].values():
+                total += common.get(lex[t], floor) * n
+            out.append((t, int(round(total))))
+        return out
+
+    def _lexemes(self, terms: list[str]) -> dict[str, str]:
+        """The English-stemmed lexeme of each term (cached: the mapping never changes)."""
+        miss = [t for t in terms if t not in self._lex]
+        if miss:
+            if len(self._lex) > 50_000:
+                self._lex.clear()
+            for t, q in self._db.execute("SELECT t, to_tsquery('english', t)::text FROM unnest(%s::text[]) AS t",
+                                         (miss,)).fetchall():
+                self._lex[t] = q.strip().strip("'") if q and "&" not in q and "|" not in q else ""
+        return {t: self._lex.get(t, "") for t in terms}
+
+    def text_search(self, text: str, skill: str | None, now: float, limit: int,
+                    max_df: int | None = 1000, where: dict[str, Any] | None = None) -> list[tuple[str, str, float]]:
+        """Full-text hits ``[(tier, id, rank)]``, best first (rank: higher is better).
+
+        Any query word matches (OR). Words found in more than ``max_df`` rows
+        are not matched (see :meth:`_frequencies`); None matches every word.
+        ``where`` filters records by metadata (articles are filtered by the caller).
+        """
+        terms = query_terms(text)
+        cond, cparams = _filters.sql(self.backend, where)
+        out: list[tuple[str, str, float]] = []
+        with self._lock:
+            freq: dict[str, int] | None = None
+            if terms and max_df is not None:
+                freq = dict(self._frequencies(terms, max_df))
+                terms = [t for t in terms if freq[t] <= max_df]
+            if not terms:
+                return []
+            if self.backend == "sqlite":
+                match = " OR ".join(f'"{t}"' for t in terms)
+                sql = "SELECT rowid, -bm25(engrain_mem_fts) FROM engrain_mem_fts WHERE engrain_mem_fts MATCH ?"
+                params: list[Any] = [match]
+                if skill is not None:
+                    sql += " AND skill = ?"
+                    params.append(skill)
+                if cond:  # records matching the filter, or any article
+                    sql += f" AND (rowid < 0 OR rowid IN (SELECT seq FROM engrain_mem_records WHERE 1 = 1{cond}))"
+                    params += cparams
+                hits = self._db.execute(sql + " ORDER BY rank LIMIT ?", (*params, limit)).fetchall()
+                rec = {r for r, _ in hits if r > 0}
+                art = {-r for r, _ in hits if r < 0}
+                ids: dict[tuple[str, int], str] = {}
+                if rec:
+                    q = f"SELECT seq, id FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(rec))}) " \
+                        "AND (expires IS NULL OR expires > ?)"
+                    ids.update((("record", s), i) for s, i in self._db.execute(q, (*rec, now)))
+                if art:
+                    q = f"SELECT seq, id FROM engrain_mem_articles WHERE seq IN ({','.join('?' * len(art))})"
+                    ids.update((("article", s), i) for s, i in self._db.execute(q, tuple(art)))
+                for rowid, score in hits:
+                    key = ("record", rowid) if rowid > 0 else ("article", -rowid)
+                    if key in ids:
+                        out.append((key[0], ids[key], float(score)))
+                return out
+            # No ts_rank_cd over every match: each matched word adds its BM25 IDF (from the counts just
+            # taken), so scoring a row is a few @@ tests on its stored tsvector. Records are short: a word's
+            # frequency within one is nearly always 1, which is what BM25's tf part would weigh.
+            if freq is None:
+                freq = dict(self._frequencies(terms, 1 << 62))
+            terms = [t for t in terms if freq[t] < 1 << 62]  # words PostgreSQL drops as stop words
+            if not terms:
+                return []
+            total = max(float(self._db.execute(
+                "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'engrain_mem_text'::regclass"
+            ).fetchone()[0]), float(sum(freq.values())), 1.0)
+            weights = [math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms]
+            score = " + ".join("(CASE WHEN tsv @@ to_tsquery('english', %s) THEN %s ELSE 0 END)" for _ in terms)
+            sparams = [x for t, w in zip(terms, weights) for x in (t, w)]
+            sql = (f"SELECT rowid, id, {score} AS r FROM engrain_mem_text WHERE tsv @@ to_tsquery('english', %s) "
+                   "AND (expires IS NULL OR expires > %s)")
+            params = [*sparams, " | ".join(terms), now]
+            if skill is not None:
+                sql += " AND skill = %s"
+                params.append(skill)
+            if cond:  # records matching the filter, or any article
+                sql += (" AND (rowid < 0 OR rowid IN (SELECT seq FROM engrain_mem_records WHERE 1 = 1"
+                        f"{cond.replace('?', '%s')}))")
+                params += cparams
+            rows = [("record" if q > 0 else "article", i, r) for q, i, r in
+                    self._db.execute(sql + " ORDER BY r DESC LIMIT %s", (*params, limit)).fetchall()]
+        rows.sort(key=lambda r: -r[2])
+        return [(r[0], r[1], float(r[2])) for r in rows[:limit]]
