@@ -28,6 +28,7 @@ from ._durable.context import (
 )
 from ._durable.recovery import recover
 from ._durable.tools import ToolRegistry, llm, tool, tools
+from ._durable.udf import udf
 from ._errors import (
     ConfigError,
     ConflictError,
@@ -150,4 +151,5 @@ __all__ = [
     "run_async",
     "tool",
     "tools",
+    "udf",
 ]

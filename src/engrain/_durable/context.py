@@ -179,6 +179,7 @@ class RunContext:
         self.cursor = 0
         self.replayed = 0
         self.executed = 0
+        self.udf_sources: set[str] = set()  # UDF sources already journaled by this process (see _durable.udf)
         self._lock = threading.Lock()
 
     def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
@@ -210,14 +211,17 @@ class RunContext:
         self.executed += 1
         return _Pending(call_id, name, f"{self.run_id}:{call_id}")
 
-    def _complete(self, p: _Pending, result: Any) -> Any:
+    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None) -> Any:
         if not is_json(result):
             try:
                 check_json(result, f"step {p.name!r}", "result")
             except NotJSONError as e:
                 self._fail(p, e)
                 raise
-        self.append(ev.STEP_COMPLETED, p.name, {"call_id": p.call_id, "result": result})
+        data = {"call_id": p.call_id, "result": result}
+        if meta:
+            data.update(meta)
+        self.append(ev.STEP_COMPLETED, p.name, data)
         return result
 
     def _fail(self, p: _Pending, exc: BaseException) -> None:
@@ -228,8 +232,13 @@ class RunContext:
             {"call_id": p.call_id, "error_type": t.__qualname__, "error_module": t.__module__, "message": str(exc)},
         )
 
-    def call(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any]) -> Any:
-        """Journal one step: return its recorded result, or run ``thunk`` and record it."""
+    def call(
+        self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any], meta: dict[str, Any] | None = None
+    ) -> Any:
+        """Journal one step: return its recorded result, or run ``thunk`` and record it.
+
+        ``meta`` (JSON) is added to the ``step.completed`` data, e.g. a UDF's source.
+        """
         step = self._begin(name, type_, args)
         if isinstance(step, StepRecord):
             return _replay(step)
@@ -241,7 +250,7 @@ class RunContext:
             raise
         finally:
             _step_key.reset(token)
-        return self._complete(step, result)
+        return self._complete(step, result, meta)
 
     async def acall(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Awaitable[Any]]) -> Any:
         """Async :meth:`call`."""
