@@ -114,7 +114,10 @@ class RunResult:
     """The outcome of :func:`run`: truthy when the run completed.
 
     ``status`` is ``"ok"``, ``"failed"`` or ``"needs_input"``; ``replayed`` counts
-    steps returned from the journal, ``executed`` steps actually called now.
+    steps returned from the journal, ``executed`` steps actually called now. A
+    failed run also says where and why, as em-core's failure report does:
+    ``step_id`` (the routine step, when the failure is a step's), ``error_type``
+    and ``message``; ``error`` keeps the whole ``"Type: message"`` string.
     """
 
     run_id: str
@@ -124,6 +127,9 @@ class RunResult:
     prompt: dict[str, Any] | None = None
     replayed: int = 0
     executed: int = 0
+    step_id: str | None = None
+    error_type: str | None = None
+    message: str | None = None
 
     def __bool__(self) -> bool:
         return self.status == "ok"
@@ -144,6 +150,9 @@ class RunResult:
             "prompt": self.prompt,
             "replayed": self.replayed,
             "executed": self.executed,
+            "step_id": self.step_id,
+            "error_type": self.error_type,
+            "message": self.message,
         }
 
 
@@ -371,7 +380,11 @@ def _start(
     if last.kind == ev.RUN_COMPLETED:
         return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:
-        return events, RunResult(run_id, "failed", error=last.data.get("error"), replayed=steps)
+        f = last.data.get("failure") if isinstance(last.data.get("failure"), dict) else {}
+        return events, RunResult(
+            run_id, "failed", error=last.data.get("error"), replayed=steps,
+            step_id=f.get("step_id"), error_type=f.get("error_type"), message=f.get("message"),
+        )
     return events, None
 
 
@@ -388,8 +401,20 @@ def _finish_error(ctx: RunContext, exc: BaseException) -> RunResult:
         # The journal or the code is at fault, not the run: leave it resumable.
         raise exc
     error = f"{type(exc).__name__}: {exc}"
-    ctx.append(ev.RUN_FAILED, "", {"error": error, "error_type": type(exc).__name__})
-    return RunResult(ctx.run_id, "failed", error=error, replayed=ctx.replayed, executed=ctx.executed)
+    failure = failure_of(exc)
+    ctx.append(ev.RUN_FAILED, "", {"error": error, "error_type": type(exc).__name__, "failure": failure})
+    return RunResult(ctx.run_id, "failed", error=error, replayed=ctx.replayed, executed=ctx.executed, **failure)
+
+
+def failure_of(exc: BaseException) -> dict[str, Any]:
+    """em-core's failure report of ``exc``: ``{step_id, error_type, message}``.
+
+    A failed step (:class:`~engrain.StepFailedError`, e.g. a routine step) reports
+    its own error type and message; any other exception its class name and text.
+    """
+    if isinstance(exc, StepFailedError):
+        return {"step_id": getattr(exc, "step_id", None), "error_type": exc.error_type, "message": exc.message}
+    return {"step_id": None, "error_type": type(exc).__name__, "message": str(exc)}
 
 
 class _Execution:
