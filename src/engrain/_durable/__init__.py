@@ -3,7 +3,7 @@
 Holds the run context (:mod:`.context`: ``run``, ``now``, ``ask``/``answer``,
 steps and their replay), run leases (:mod:`.lease`), recovery of orphaned runs
 (:mod:`.recovery`), the ``@tool``/``@llm`` decorators and tool registry
-(:mod:`.tools`), ``@udf`` with its source capture (:mod:`.udf`), runs journaled in one transaction (:mod:`.batched`) and trace
+(:mod:`.tools`), ``@udf`` (:mod:`.udf`) and its source capture (:mod:`.udf_source`), runs journaled in one transaction (:mod:`.batched`) and trace
 export (:mod:`.trace`).
 
 May import: ``_journal``, ``_events``, ``_errors``, and ``_sandbox`` (WASM tools).

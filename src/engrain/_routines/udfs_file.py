@@ -1,6 +1,6 @@
 """Write a compiled routine's ``udfs.py``: recorded functions, and replay stubs for the rest.
 
-A UDF recorded with its source (``@engrain.udf``, see :mod:`engrain._durable.udf`)
+A UDF recorded with its source (``@engrain.udf``, see :mod:`engrain._durable.udf_source`)
 is written as that source, so it runs on any input. Any other UDF (an LLM call,
 ``@tool(type="udf")``, a function whose source could not be captured, an em-core
 ``udf_call``) becomes a stub that replays its recorded results and raises
@@ -152,7 +152,7 @@ def _plain_def(node: ast.stmt, what: str) -> ast.FunctionDef:
 
 def check_recorded(info: Any) -> str | None:
     """Why the recorded UDF ``info`` (from a trace) cannot be written into udfs.py, or None."""
-    from .._durable.udf import ALLOWED_MODULES
+    from .._durable.udf_source import ALLOWED_MODULES
 
     if not isinstance(info, dict):
         return "recorded without its source (record it with @engrain.udf)"
