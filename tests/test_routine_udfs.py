@@ -106,6 +106,12 @@ def good(x: int) -> int:
 
 
 @eg.udf
+def twice_good(x):
+    """Calls another recorded UDF: written once in udfs.py, shared."""
+    return good(x) * 2
+
+
+@eg.udf
 def uses_os(x):
     return len(os.sep) + x
 
@@ -127,7 +133,7 @@ floor = eg.udf(math.floor, name="cfloor")
 
 
 def agent(task, x):
-    return [good(x), uses_os(x), uses_state(x), make_closure(2)(x), lam(x), floor(x)]
+    return [good(x), uses_os(x), uses_state(x), make_closure(2)(x), lam(x), floor(x), twice_good(x)]
 '''
 
 
@@ -139,7 +145,7 @@ def test_uncapturable_udfs_fall_back_to_stubs_and_say_why(tmp_path):
     assert res.status == "ok", res.error
     pkg = eg.compile_trace(export_run(j, res.run_id), tmp_path / "pkg")
     why = {r.name: r.reason for r in pkg.report}
-    assert why["good"] is None
+    assert why["good"] is None and why["twice_good"] is None
     assert "module 'os'" in why["uses_os"] and "allow-list" in why["uses_os"]
     assert "module state 'STATE'" in why["uses_state"]
     assert "closure over k" in why["closure"]
@@ -152,7 +158,8 @@ def test_uncapturable_udfs_fall_back_to_stubs_and_say_why(tmp_path):
     assert "# replays recorded results: uses module 'os'" in src
     # The generalizing function runs on new input; the stubs replay what they saw.
     ns = _load(pkg / "udfs.py", "pkg_mixed_udfs")
-    assert ns.good(10) == 30 and ns.uses_os(4) == res.output[1]
+    assert ns.good(10) == 30 and ns.twice_good(10) == 60 and ns.uses_os(4) == res.output[1]
+    assert src.count("def good(") == 1
     with pytest.raises(eg.UnknownInputError):
         ns.uses_os(5)
 

@@ -217,11 +217,14 @@ def udfs_source(
         info = recorded.get(fname)
         reason = reasons.get(fname) or "no source was recorded"
         if info is not None:
-            clash = next((h["name"] for h in info.get("helpers") or [] if h["name"] in udfs
+            # A helper that is itself a recorded UDF of this routine is written once, as that UDF.
+            own = [h for h in info.get("helpers") or []
+                   if not (h["name"] in recorded and recorded[h["name"]].get("source") == h["source"])]
+            clash = next((h["name"] for h in own if h["name"] in udfs
                           or helpers.get(h["name"], h["source"]) != h["source"]), None)
             if clash is None:
                 imports.update(info.get("imports") or [])
-                helpers.update({h["name"]: h["source"] for h in info.get("helpers") or []})
+                helpers.update({h["name"]: h["source"] for h in own})
                 real[fname] = _renamed(info["source"], info["name"], fname)
                 report.append(UdfReport(fname, True))
                 continue
