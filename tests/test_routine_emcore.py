@@ -227,3 +227,31 @@ def test_cli_answers_one_format_and_typed_errors(tmp_path):
     r = _cli("resume", paused["run_id"], "--answers", str(ans), "--url", url, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["status"] == "ok"
+
+
+def test_emcore_schemas_folder_open_inputs_and_no_return(tmp_path, j):
+    """Schemas from schemas/, inputs read by bare name without a schema, and em-core's context return."""
+    pkg = tmp_path / "greet"
+    (pkg / "schemas").mkdir(parents=True)
+    (pkg / "routine.yaml").write_text(
+        "version: '1'\nname: greet\nsteps:\n"
+        "  - {id: s1, type: udf.call, function: greet, args: {name: '{{ name }}'}, save_as: greeting}\n"
+        "  - {id: s2, type: assert, check: \"greeting != ''\"}\n"
+    )
+    (pkg / "udf.py").write_text("def greet(name: str) -> str:\n    return f'Hello {name}'\n")
+    r = load_routine(pkg)
+    assert r.dialect == "em-core" and r.inputs == {"type": "object"}
+    assert any(c.startswith("no return step: returns the context") for c in r.conversions)
+    res = eg.run_routine(pkg, {"name": "Alice"}, journal=j)
+    assert res.status == "ok", res.error
+    assert res.output == {"greeting": "Hello Alice"}
+    (pkg / "schemas" / "input.schema.json").write_text(json.dumps(
+        {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}))
+    r = load_routine(pkg)
+    assert "schemas/input.schema.json -> inputs" in r.conversions
+    with pytest.raises(eg.RoutineInputError, match="name"):
+        eg.run_routine(pkg, {"name": 7}, journal=j)
+    assert eg.run_routine(pkg, {"name": "Bo"}, journal=j).output == {"greeting": "Hello Bo", "name": "Bo"}
+    # A schema file that escapes the folder is refused, not read.
+    (pkg / "schemas" / "output.schema.json").symlink_to("/etc/hostname")
+    assert any("outside the routine folder" in i.message for i in eg.validate_routine(pkg))
