@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import keyword
-import math
 import os
 import pathlib
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
