@@ -48,12 +48,14 @@ def test_compile_validate_run_resume(tmp_path, url):
 
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps({"approved": "maybe"}))
+    # The recorded tools spec is named, never imported: the operator passes --tools again.
     r = cli("resume", paused["run_id"], "--answers", str(answers), "--url", url)
+    assert r.returncode == 2 and f"--tools {TOOLS}" in r.stderr and "\n" not in r.stderr.strip()
+    r = cli("resume", paused["run_id"], "--answers", str(answers), "--tools", TOOLS, "--url", url)
     assert r.returncode == 2 and "approved" in r.stderr and "\n" not in r.stderr.strip()
 
     answers.write_text(json.dumps({"approved": "yes"}))
-    # The tools spec was recorded with the run: resume finds it, from any directory.
-    r = cli("resume", paused["run_id"], "--answers", str(answers), "--url", url, "--json", cwd=tmp_path)
+    r = cli("resume", paused["run_id"], "--answers", str(answers), "--tools", TOOLS, "--url", url, "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     done = json.loads(r.stdout)
     assert done["status"] == "ok"

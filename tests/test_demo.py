@@ -61,8 +61,8 @@ def _check_routines(url: str, cwd: pathlib.Path, out: str) -> None:
         agent_types = [s.type for s in steps_of(j.read(agent_run.run_id)).values()]
     finally:
         j.close()
-    assert agent_run.status == "completed" and agent_types.count("llm") == 2
-    assert len(routine_runs) == 2 and all(r.status == "completed" for r in routine_runs)
+    assert agent_run.status == "ok" and agent_types.count("llm") == 2
+    assert len(routine_runs) == 2 and all(r.status == "ok" for r in routine_runs)
     for types in step_types.values():  # zero LLM calls: the compiled UDFs replayed them
         assert "llm" not in types and types.count("tool") == 2 and types.count("input") == 1
     assert sorted(o["filed_by"] for o in outputs) == ["Ada Lovelace", "Grace Hopper"]

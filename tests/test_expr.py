@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import builtins
 import operator
+import re
 import time
 
 import pytest
@@ -296,7 +297,7 @@ def test_attribute_syntax_reads_only_mapping_keys():
         ("(10 ** 1000) ** 10", "over 4096 bits"),
         ("(10 ** 1000) * (10 ** 1000) * (10 ** 1000) * (10 ** 1000) * (10 ** 1000)", "over 4096 bits"),
         ("round(5, -10 ** 9)", "out of range"),
-        ("int('9' * 5000)", "ValueError"),
+        ("int('9' * 5000)", "of a string of 5000"),
         ("'x' * 900000 + 'y' * 900000", "would build"),
         (" + ".join(["[0] * 999999"] * 5), "would build"),
     ],
@@ -536,3 +537,112 @@ def test_differential_against_operator_semantics(pair):
             ev(text)
     else:
         assert ev(text) == value
+
+
+# --- CPU: integer sizes, operation costs and time budgets (issue 12 #8) ---------------------------
+
+_CPU_SCOPE = {**SCOPE, "big": 10**4299, "hexes": "f" * 999_999, "nines": "9" * 4000, "many": list(range(100_000))}
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("int('f'*999999,16) // int('f'*499999,16) > 0", "int() of a string"),
+        ("int(hexes, 16) > 0", "int() of a string"),
+        ("int('1' * 4097, 2)", "int() of a string"),
+        ("int('f' * 4096, 16)", "over 4096 bits"),
+        ("float('9' * 999999)", "float() of a string"),
+        ("big * big * big * big", "over"),
+        ("big ** 3", "over"),
+        ("(big * big) // 7", "over"),
+        ("int(nines) * int(nines)", "over 4096 bits"),
+        ("2 ** 4095 * 2 ** 4095", "over 4096 bits"),
+        ("'x' * 999999 * 2", "would build"),
+        ("[many] * 100", "would build"),
+    ],
+)
+def test_cpu_heavy_expressions_are_refused_well_under_a_second(text, fragment):
+    start = time.perf_counter()
+    with pytest.raises(ExpressionError, match=re.escape(fragment)):
+        compile_expr(text).evaluate(_CPU_SCOPE)
+    assert time.perf_counter() - start < 0.5, text
+
+
+def test_big_json_integers_still_compute():
+    # The largest integers JSON inputs can carry (4300 digits) are fine operands.
+    assert ev("big // 7 > 0 and big % 1000 == 0", {"big": 10**4299})
+    assert ev("int('f' * 1000, 16) % 7 >= 0")
+
+
+def test_one_expression_is_stopped_by_its_time_limit(monkeypatch):
+    monkeypatch.setattr(_expr, "MAX_SECONDS", 0.05)
+    slow = compile_expr("sum(many) + sum(many) + sum(many) + sum(many) + sum(many) + sum(many) + sum(many) > 0")
+    scope = {"many": list(range(2_000_000))}
+    start = time.perf_counter()
+    with pytest.raises(ExpressionError, match="took too long"):
+        slow.evaluate(scope)
+    assert time.perf_counter() - start < 0.5
+
+
+def test_run_budget_stops_stacked_expressions():
+    e = compile_expr("sum(many) > 0")
+    scope = {"many": list(range(300_000))}
+    budget = _expr.Budget(0.05)
+    with pytest.raises(ExpressionError) as err:
+        for _ in range(10_000):
+            assert e.evaluate(scope, None, "when", budget)
+    assert "budget" in str(err.value) or "took too long" in str(err.value)
+    assert budget.left <= 0
+    with pytest.raises(ExpressionError, match="budget"):
+        e.evaluate(scope, None, "when", budget)  # spent: refused at once
+
+
+def test_udf_time_is_not_charged_to_the_budget():
+    budget = _expr.Budget(0.05)
+    e = compile_expr("nap() == 1")
+    for _ in range(3):
+        assert e.evaluate({}, {"nap": lambda: time.sleep(0.03) or 1}, "when", budget)
+    assert budget.left > 0
+
+
+def test_routine_run_stacking_slow_expressions_fails_in_budget(tmp_path, monkeypatch):
+    import engrain as eg
+
+    monkeypatch.setattr(_expr, "RUN_SECONDS", 0.2)
+    steps = "".join(f"- id: a{i}\n  type: assert\n  expr: sum(inputs.many) > 0\n" for i in range(200))
+    pkg = tmp_path / "slow"
+    pkg.mkdir()
+    (pkg / "routine.yaml").write_text(
+        "name: slow\ntrusted: true\ninputs: {type: object}\nsteps:\n" + steps + "- id: out\n  type: return\n  value: 1\n")
+    j = eg.open(f"sqlite:///{tmp_path / 's.db'}")
+    start = time.perf_counter()
+    res = eg.run_routine(pkg, {"many": list(range(200_000))}, journal=j)
+    assert res.status == "failed" and "ExpressionError" in res.error and "budget" in res.error
+    assert time.perf_counter() - start < 3.0
+
+
+_hostile_leaf = st.sampled_from([
+    "hexes", "nines", "big", "many", "'f' * 999999", "'9' * 4096", "int(nines)", "2 ** 4095", "10 ** 1200",
+    "[1] * 999999", "int('f' * 1024, 16)", "float(nines)", "str(many)", "sorted(many)", "-big", "1",
+])
+
+
+def _hostile_grow(inner):
+    binop = st.sampled_from(["+", "-", "*", "/", "//", "%", "**", "==", "<", "in"])
+    fn = st.sampled_from(["int", "float", "str", "len", "sum", "max", "sorted", "abs", "round"])
+    return st.one_of(
+        st.tuples(inner, binop, inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        st.tuples(fn, inner).map(lambda t: f"{t[0]}({t[1]})"),
+        st.tuples(inner, inner).map(lambda t: f"int({t[0]}, 16) // int({t[1]}, 16)"),
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.recursive(_hostile_leaf, _hostile_grow, max_leaves=8))
+def test_fuzz_hostile_expressions_finish_under_a_second(text):
+    start = time.perf_counter()
+    try:
+        compile_expr(text).evaluate(_CPU_SCOPE, None, "when", _expr.Budget())
+    except ExpressionError:
+        pass
+    assert time.perf_counter() - start < 1.0, text

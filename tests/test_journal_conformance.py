@@ -77,7 +77,7 @@ def test_unflushed_appends_are_stored_and_checked(store_url):
             j.append("nf", [step(3)], 2, durable=False)
         j.append("nf", [NewEvent("run.completed", "", {"output": 1})], 4)
         assert [e.seq for e in j.read("nf")] == [0, 1, 2, 3, 4]
-        assert j.get_run("nf").status == "completed"
+        assert j.get_run("nf").status == "ok"
         # The skipped flush was local to those commits: the connection syncs every commit again.
         if j.backend == "postgres":
             assert j._db.execute("SHOW synchronous_commit").fetchone()[0] == "on"
@@ -140,7 +140,7 @@ def test_run_summary_tracks_status_task_tags(journal):
     assert journal.get_run("r").status == "running"
     journal.append("r", [NewEvent("run.completed", "", {"output": 1})], 3)
     info = journal.get_run("r")
-    assert info.status == "completed" and info.next_seq == 4 and info.updated >= info.created
+    assert info.status == "ok" and info.next_seq == 4 and info.updated >= info.created
     assert journal.get_run("missing") is None
 
 
@@ -152,10 +152,10 @@ def test_runs_filters(journal):
     journal.append("a", [NewEvent("run.completed", "", {"output": None})], 1)
     assert [r.run_id for r in journal.runs()][0] == "a"  # most recently updated first
     assert {r.run_id for r in journal.runs(status="failed")} == {"c"}
-    assert {r.run_id for r in journal.runs(status=["completed", "failed"])} == {"a", "c"}
+    assert {r.run_id for r in journal.runs(status=["ok", "failed"])} == {"a", "c"}
     assert {r.run_id for r in journal.runs(task="alpha")} == {"a", "c"}
     assert {r.run_id for r in journal.runs(tag="y")} == {"b", "c"}
-    assert {r.run_id for r in journal.runs(tag="x", status="completed")} == {"a"}
+    assert {r.run_id for r in journal.runs(tag="x", status="ok")} == {"a"}
     assert len(journal.runs(limit=2)) == 2
     assert len(journal.runs(limit=2, offset=2)) == 1
     assert journal.runs(since=time.time() + 60) == []
@@ -204,10 +204,10 @@ def test_finishing_a_run_drops_its_lease(journal):
         journal.append(rid, [NewEvent(kind, "", data)], 4)
         info = journal.get_run(rid)
         assert info.lease_owner is None and info.lease_until is None
-        assert info.status == kind.split(".")[1]
+        assert info.status == {"run.completed": "ok", "run.failed": "failed"}[kind]
     # A whole run appended at once, finish included, is never left leased.
     journal.append("b", [started(), step(0), NewEvent("run.completed", "", {"output": 1})], 0, lease=("w1", 30))
-    assert journal.get_run("b").lease_owner is None and journal.get_run("b").status == "completed"
+    assert journal.get_run("b").lease_owner is None and journal.get_run("b").status == "ok"
     # In a batch, a finish drops a lease held by anyone.
     journal.append("c", [started()], 0)
     assert journal.acquire_lease("c", "w2", ttl=30)
@@ -251,15 +251,18 @@ def test_large_batches_are_atomic(journal):
     assert info.next_seq == 280 and info.lease_owner == "w1"
 
 
-def test_sqlite_migrates_an_old_status_trigger_under_concurrent_openers(tmp_path):
+def test_sqlite_migrates_an_unversioned_store_under_concurrent_openers(tmp_path):
+    """A store written before schema versions (old trigger saying 'completed', no engrain_meta) is
+    migrated once, in order, while several openers race, and its finished runs read as 'ok'."""
     import sqlite3
 
-    from engrain._journal.sqlite import _STATUS_TRIGGER_SQL
+    from engrain._journal.sqlite_schema import VERSION, _v1_tables
 
     path = tmp_path / "old.db"
-    writer = engrain.open(f"sqlite:///{path}")  # keeps writing while the openers migrate
+    con = sqlite3.connect(path, isolation_level=None)
+    _v1_tables(con)
     # The trigger as engrain wrote it before leases were dropped by a finish.
-    old = """CREATE TRIGGER events_run_status AFTER INSERT ON events
+    con.execute("""CREATE TRIGGER events_run_status AFTER INSERT ON events
 WHEN NEW.seq > 0 AND NEW.kind IN
     ('run.started', 'run.completed', 'run.failed', 'input.requested', 'input.received', 'replay.started')
 BEGIN
@@ -267,9 +270,10 @@ BEGIN
         status = CASE NEW.kind WHEN 'run.completed' THEN 'completed' WHEN 'run.failed' THEN 'failed'
             WHEN 'input.requested' THEN 'needs_input' ELSE 'running' END
     WHERE run_id = NEW.run_id;
-END"""
-    con = sqlite3.connect(path, isolation_level=None)
-    con.executescript(f"DROP TRIGGER events_run_status; {old};")
+END""")
+    con.execute("INSERT INTO events VALUES ('old', 0, 1.0, 'run.started', '', '{\"task\": \"t\"}')")
+    con.execute("INSERT INTO events VALUES ('old', 1, 2.0, 'run.completed', '', '{\"output\": 1}')")
+    assert con.execute("SELECT status FROM runs").fetchall() == [("completed",)]
     errors: list[BaseException] = []
     go = threading.Barrier(6)
 
@@ -277,28 +281,26 @@ END"""
         try:
             go.wait()
             j = engrain.open(f"sqlite:///{path}")
-            j.append(f"o{k}", [started()], 0, lease=("w", 30))
-            j.append(f"o{k}", [NewEvent("run.completed", "", {"output": k})], 1)
+            for n in range(8):
+                j.append(f"o{k}.{n}", [started()], 0, lease=("w", 30))
+                j.append(f"o{k}.{n}", [NewEvent("run.completed" if n % 2 else "run.failed", "", {"output": k})], 1)
             j.close()
         except BaseException as e:  # noqa: BLE001 - reported by the assertion below
             errors.append(e)
 
-    threads = [threading.Thread(target=opener, args=(k,)) for k in range(5)]
+    threads = [threading.Thread(target=opener, args=(k,)) for k in range(6)]
     for t in threads:
         t.start()
-    go.wait()
-    for k in range(40):
-        writer.append(f"w{k}", [started()], 0)
-        writer.append(f"w{k}", [NewEvent("run.failed", "", {"error": "x"})], 1)
     for t in threads:
         t.join()
     assert errors == []
-    triggers = con.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_run_status'").fetchall()
-    assert triggers == [(_STATUS_TRIGGER_SQL,)]
-    assert {r.status for r in writer.runs(limit=100)} == {"completed", "failed"}
-    assert len(writer.runs(limit=100)) == 45
-    assert all(r.lease_owner is None for r in writer.runs(status="completed"))
-    writer.close()
+    assert con.execute("SELECT value FROM engrain_meta WHERE key = 'journal'").fetchone() == (str(VERSION),)
+    reader = engrain.open(f"sqlite:///{path}")
+    assert reader.get_run("old").status == "ok"
+    assert {r.status for r in reader.runs(limit=100)} == {"ok", "failed"}
+    assert len(reader.runs(limit=100)) == 49
+    assert all(r.lease_owner is None for r in reader.runs(status="ok"))
+    reader.close()
     con.close()
 
 

@@ -17,7 +17,7 @@ import engrain
 
 SRC = pathlib.Path(engrain.__file__).parent
 
-BASE = {"_errors", "_events", "_journal", "_version"}
+BASE = {"_errors", "_events", "_journal", "_text", "_version"}
 PILLARS = {"_sandbox", "_durable", "_routines", "_cache", "_memory", "_agent", "_workers"}
 SURFACES = {"engrain", "integrations", "_server", "_cli", "_mcp", "_client", "_demo"}
 LAYER = {**{u: 0 for u in BASE}, **{u: 1 for u in PILLARS}, **{u: 2 for u in SURFACES}}

@@ -84,7 +84,7 @@ def test_mcp_tools_over_stdio(store):
                     await s.initialize()
                     out["tools"] = sorted(t.name for t in (await s.list_tools()).tools)
                     out["runs"] = _payload(await s.call_tool("list_runs", {}))
-                    out["done"] = _payload(await s.call_tool("list_runs", {"status": "completed"}))
+                    out["done"] = _payload(await s.call_tool("list_runs", {"status": "ok"}))
                     out["none"] = _payload(await s.call_tool("list_runs", {"status": "failed"}))
                     out["id1"] = _payload(await s.call_tool("remember", {"data": "Deploys happen on Tuesdays", "skill": "ops"}))
                     await s.call_tool("remember", {"data": "Deploys are frozen in late December", "skill": "ops"})
@@ -108,7 +108,7 @@ def test_mcp_tools_over_stdio(store):
 
     out = anyio.run(main)
     assert out["tools"] == ["answer_routine", "consolidate", "list_routines", "list_runs", "recall", "remember", "run_routine"]
-    assert [r["run_id"] for r in out["runs"]] == ["seeded-run"] and out["runs"][0]["status"] == "completed"
+    assert [r["run_id"] for r in out["runs"]] == ["seeded-run"] and out["runs"][0]["status"] == "ok"
     assert len(out["done"]) == 1 and out["none"] == []
     assert out["id1"]["id"].startswith("rec_")
     assert len(out["recall"]) == 2 and all("Deploy" in h["content"] for h in out["recall"])
@@ -132,5 +132,18 @@ def test_mcp_tools_over_stdio(store):
     assert out["missing"].is_error and "nosuch" in out["missing"].content[0].text
     # The run went to the shared store: visible to the Python API too.
     j = eg.open(url)
-    assert j.get_run(res["run_id"]).status == "completed"
+    assert j.get_run(res["run_id"]).status == "ok"
     j.close()
+
+
+def test_tool_descriptions_have_no_docstring_markup(store):
+    """Models read these descriptions: ``x`` and :class:`~a.B` markup must not reach them (issue 12 #16)."""
+    from engrain._mcp import build_server
+
+    url, tmp = store
+    server = build_server(url, str(tmp / "routines"))
+    tools = anyio.run(server.list_tools)
+    descriptions = {t.name: t.description for t in tools}
+    assert descriptions["recall"] == "Records and articles most relevant to 'query', best first."
+    for name, text in descriptions.items():
+        assert "``" not in text and ":class:" not in text, (name, text)

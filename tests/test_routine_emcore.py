@@ -221,10 +221,10 @@ def test_cli_answers_one_format_and_typed_errors(tmp_path):
     r = _cli("run", str(PACKAGE), "--tools", tools, "--url", url, "--json")
     paused = json.loads(r.stdout)
     ans.write_text(json.dumps({"step9": {"approved": True}}))
-    r = _cli("resume", paused["run_id"], "--answers", str(ans), "--url", url)
+    r = _cli("resume", paused["run_id"], "--answers", str(ans), "--tools", tools, "--url", url)
     assert r.returncode == 2 and "step9" in r.stderr
     ans.write_text(json.dumps({"step3": {"approved": True}}))
-    r = _cli("resume", paused["run_id"], "--answers", str(ans), "--url", url, "--json")
+    r = _cli("resume", paused["run_id"], "--answers", str(ans), "--tools", tools, "--url", url, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["status"] == "ok"
 

@@ -451,6 +451,8 @@ _json = st.recursive(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # "\ufb00" (the ff ligature) folds to "ff" in Python identifiers: both as parameters would collide.
 @example(calls=[("f", {"ff": 1, "\ufb00": 2}, 3)])
+# "U" and "u" are two functions: their replay tables must not share a name.
+@example(calls=[("U", {"a": 1}, 1), ("u", {}, 2)])
 @given(
     calls=st.lists(
         st.tuples(st.text(min_size=1, max_size=10), st.dictionaries(st.text(max_size=8), _json, max_size=3), _json),

@@ -97,7 +97,7 @@ def test_runs_list_get_events_and_steps(client, store_url):
     assert client.get("/api/runs", params={"status": "failed"}).json() == []
     assert len(client.get("/api/runs", params={"limit": 1}).json()) == 1
     detail = client.get(f"/api/runs/{res.run_id}").json()
-    assert detail["run"]["status"] == "completed" and detail["output"] == 15 and detail["prompt"] is None
+    assert detail["run"]["status"] == "ok" and detail["output"] == 15 and detail["prompt"] is None
     steps = detail["steps"]
     assert [s["name"] for s in steps] == ["add", "boom", "add"]
     assert steps[0]["args"] == {"a": 3, "b": 2} and steps[0]["result"] == 5 and steps[0]["state"] == "completed"

@@ -136,7 +136,7 @@ def test_routine_started_on_one_server_is_answered_on_the_other(cluster):
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda t: (cb if t[0] % 2 else ca).answer(t[1], {"greeting": "hi"}), enumerate(run_ids)))
     assert [r.output for r in results] == [f"hi p{i}" for i in range(6)]
-    assert all(ca.get_run(r).status == "completed" for r in run_ids)
+    assert all(ca.get_run(r).status == "ok" for r in run_ids)
 
 
 def test_stream_on_one_server_sees_appends_made_through_the_other(cluster):

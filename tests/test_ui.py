@@ -234,7 +234,7 @@ def test_token_prompt_then_runs_list(browser: Browser, server):
             expect(pg.locator(f'tr[data-run-id="{server[key]}"]')).to_be_visible()
         ok_row = pg.locator(f'tr[data-run-id="{server["ok"]}"]')
         expect(ok_row).to_contain_text("add up the budget")
-        expect(ok_row).to_contain_text("completed")
+        expect(ok_row).to_contain_text("ok")
         expect(ok_row.locator("td").nth(4)).to_contain_text("ago")
         n_events = len(api(server, "GET", f"/api/runs/{server['ok']}").json()["events"])
         expect(ok_row.locator("td").last).to_have_text(str(n_events))
@@ -315,7 +315,7 @@ def test_answer_prompt_then_live_update_over_sse(page: Page, server):
         j.close()
     assert done.status == "ok" and done.output == "hello Ada <script>"
     expect(page.locator("pre.output")).to_have_text("hello Ada <script>")
-    expect(page.locator("dl.meta .badge").first).to_have_text("completed")
+    expect(page.locator("dl.meta .badge").first).to_have_text("ok")
     expect(page.locator("tr[data-seq]").last).to_contain_text("run.completed")
     shot(page, "run-answered-live")
 
@@ -352,7 +352,7 @@ def test_routine_validate_run_and_answer(page: Page, server):
     expect(result.locator("pre.output")).to_contain_text('"department": "Engineering"')
     shot(page, "routine-run")
     run_id = result.get_by_role("link").first.inner_text()
-    assert api(server, "GET", f"/api/runs/{run_id}").json()["run"]["status"] == "completed"
+    assert api(server, "GET", f"/api/runs/{run_id}").json()["run"]["status"] == "ok"
     # The compiled UDFs are the real functions (run in the sandbox): another CSV works too.
     page.get_by_label("source", exact=False).fill("contractors.csv")
     page.get_by_role("button", name="Run routine").click()

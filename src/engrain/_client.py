@@ -22,7 +22,7 @@ import httpx
 
 from ._durable.context import RunResult
 from ._errors import ConflictError, RemoteError, RunNotFoundError
-from ._events import Event, RunInfo
+from ._events import STATUS_ALIASES, Event, RunInfo, check_status
 
 
 class RemoteRunNotFoundError(RemoteError, RunNotFoundError):
@@ -50,7 +50,7 @@ def _seg(value: str) -> str:
 
 
 def _run_info(d: dict[str, Any]) -> RunInfo:
-    return RunInfo(d["run_id"], d["status"], d["task"], list(d.get("tags") or []), d["created"], d["updated"],
+    return RunInfo(d["run_id"], STATUS_ALIASES.get(d["status"], d["status"]), d["task"], list(d.get("tags") or []), d["created"], d["updated"],
                    d["events"], d.get("lease_owner"), d.get("lease_until"))
 
 
@@ -107,7 +107,13 @@ class Client:
 
     def runs(self, *, status: str | None = None, tag: str | None = None, task: str | None = None,
              limit: int = 50, offset: int = 0) -> list[RunInfo]:
-        """Runs matching every filter, most recently updated first."""
+        """Runs matching every filter, most recently updated first.
+
+        ``status`` is checked before the request: :class:`~engrain.UnknownStatusError`
+        lists the valid names (``"completed"`` is accepted for ``"ok"``).
+        """
+        if status is not None:
+            status = check_status(status)
         params = {k: v for k, v in {"status": status, "tag": tag, "task": task}.items() if v is not None}
         return [_run_info(d) for d in self._call("GET", "/runs", params={**params, "limit": limit, "offset": offset})]
 
@@ -195,8 +201,8 @@ class Client:
                 break
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
-        names = {"completed": "ok"}
-        return RunResult(run_id, names.get(status, status), d.get("output"), d.get("error"), d.get("prompt"))
+        # A server older than schema version 2 still says "completed" for ok.
+        return RunResult(run_id, STATUS_ALIASES.get(status, status), d.get("output"), d.get("error"), d.get("prompt"))
 
     def agents(self) -> list[dict[str, Any]]:
         """Agents the server can start: ``[{name, description}]``."""

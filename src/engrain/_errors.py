@@ -17,6 +17,66 @@ class ConfigError(EngrainError):
     """A store URL, option or setting is invalid."""
 
 
+class UnknownStatusError(EngrainError, ValueError):
+    """A run status filter is not one of the known statuses; the message lists the valid ones."""
+
+    def __init__(self, value: object, valid: tuple[str, ...] | list[str]):
+        self.value = value
+        self.valid = list(valid)
+        super().__init__(f"unknown run status {value!r}; valid statuses: {', '.join(self.valid)} ('completed' means ok)")
+
+
+class StorageError(EngrainError):
+    """The store could not be written or read: disk full, I/O error, lost database connection.
+
+    Not the run's failure: nothing is recorded as failed, and the run resumes
+    once the store works again. ``store`` names the file or database, ``cause``
+    is the driver's error.
+    """
+
+    def __init__(self, store: str, cause: BaseException | str):
+        self.store = store
+        self.cause = cause
+        super().__init__(f"store {store}: {cause} (the run is not marked failed; resume it once the store works again)")
+
+
+class StoreCorruptError(EngrainError):
+    """The store file is not a readable engrain database (damaged, truncated or another kind of file)."""
+
+    def __init__(self, path: str, cause: BaseException | str):
+        self.path = path
+        self.cause = cause
+        super().__init__(
+            f"store {path} is corrupt or not an engrain database ({cause}); restore it from a backup, "
+            "or move it aside to start a new store (sqlite3 DB '.recover' may salvage its rows)"
+        )
+
+
+class StoreVersionError(ConfigError):
+    """The store was written by a newer engrain (its schema version is higher than this one knows)."""
+
+    def __init__(self, store: str, found: int, known: int):
+        self.store = store
+        self.found = found
+        self.known = known
+        super().__init__(
+            f"store {store} has schema version {found}, but this engrain knows versions up to {known}; "
+            "upgrade engrain to open it (opening it with an older version could damage it)"
+        )
+
+
+class StoreNotFoundError(ConfigError):
+    """A read-only command was pointed at a store that does not exist (often a typo in the URL)."""
+
+    def __init__(self, store: str, hint: str | None = None):
+        self.store = store
+        hint = hint or (
+            "check the URL (sqlite:///relative/path.db is relative to the current directory, "
+            "sqlite:////absolute/path.db is absolute)"
+        )
+        super().__init__(f"no store at {store}; {hint}, or run something first to create it")
+
+
 class ConflictError(EngrainError):
     """Another writer appended to the same run first (optimistic concurrency).
 
@@ -73,6 +133,22 @@ class NotJSONError(EngrainError, TypeError):
         )
 
 
+class JSONTooDeepError(NotJSONError):
+    """A JSON value is nested deeper than engrain accepts (``engrain._events.MAX_DEPTH`` levels).
+
+    Deep nesting is refused where data comes in, because every later reader
+    (replay, the API's encoder, the UI) walks it recursively.
+    """
+
+    def __init__(self, where: str, path: str, limit: int):
+        self.where = where
+        self.path = path
+        self.limit = limit
+        self.value_type = "nesting"
+        shown = path if len(path) <= 120 else path[:120] + "…"
+        EngrainError.__init__(self, f"{where}: {shown} is nested deeper than {limit} levels of lists/objects")
+
+
 class StepFailedError(EngrainError):
     """Replay of a step whose recorded failure cannot be re-raised as its original type."""
 
@@ -99,6 +175,24 @@ class LeaseHeldError(EngrainError):
         self.run_id = run_id
         self.owner = owner
         super().__init__(f"run {run_id!r} is leased by {owner!r}")
+
+
+class LeaseLostError(LeaseHeldError):
+    """This executor's lease was taken over (its epoch is stale), so its append was refused.
+
+    Another executor resumed the run (this one was presumed dead, or its lease
+    expired); the run goes on there, and nothing of this append was written.
+    """
+
+    def __init__(self, run_id: str, owner: str | None, epoch: int | None):
+        self.run_id = run_id
+        self.owner = owner
+        self.epoch = epoch
+        Exception.__init__(
+            self,
+            f"run {run_id!r}: lease epoch {epoch} is no longer current (taken over by {owner!r}); "
+            "this executor's append was refused and the run continues with the new holder",
+        )
 
 
 class SandboxError(EngrainError):
@@ -148,6 +242,19 @@ class RoutineError(EngrainError):
         self.issues = list(issues)
         lines = "\n".join(f"  {i}" for i in self.issues)
         super().__init__(f"routine {path!r} has {len(self.issues)} problem(s):\n{lines}")
+
+
+class TraceError(RoutineError):
+    """A trace given to the compiler is malformed; names the trace, the event index and the field.
+
+    ``field`` is a path such as ``events[3].data.call_id``.
+    """
+
+    def __init__(self, source: str, field: str, message: str):
+        self.path = self.source = source
+        self.field = field
+        self.issues = []
+        EngrainError.__init__(self, f"trace {source}: {field}: {message}")
 
 
 class RoutineInputError(EngrainError, ValueError):

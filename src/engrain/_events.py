@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Final
 
-from ._errors import NotJSONError
+from ._errors import JSONTooDeepError, NotJSONError, UnknownStatusError
 
 # Kinds. Keep this list short: every consumer (replay, compiler, cache, UI)
 # must understand every kind.
@@ -27,6 +27,8 @@ REPLAY_STARTED: Final = "replay.started"
 REPLAY_DIVERGED: Final = "replay.diverged"
 RUN_COMPLETED: Final = "run.completed"
 RUN_FAILED: Final = "run.failed"
+#: An entry of an adapter's log (a LangGraph checkpoint, an agent-SDK session item): see ``_durable/log.py``.
+LOG_ENTRY: Final = "log.entry"
 
 KINDS: Final = frozenset(
     {
@@ -41,15 +43,39 @@ KINDS: Final = frozenset(
         REPLAY_DIVERGED,
         RUN_COMPLETED,
         RUN_FAILED,
+        LOG_ENTRY,
     }
 )
 
-# Run statuses, derived from the kinds appended (see ``status_after``).
-RUNNING: Final = "running"
-COMPLETED: Final = "completed"
+#: Tag the server adds to a run a client created with ``POST /api/runs/{id}/events``: such a
+#: run is the client's record, never resumed or trusted by the runtime (routines, agents).
+CLIENT_TAG: Final = "client"
+
+# Run statuses: one vocabulary for the store, the CLI, the API, the UI and
+# RunResult, the same names as em-core's. The journal derives a run's status
+# from the kinds appended (see ``status_after``); ``queued`` and ``cancelled``
+# are set by the run queue, not by an event kind.
+OK: Final = "ok"
 FAILED: Final = "failed"
 NEEDS_INPUT: Final = "needs_input"
-STATUSES: Final = frozenset({RUNNING, COMPLETED, FAILED, NEEDS_INPUT})
+RUNNING: Final = "running"
+QUEUED: Final = "queued"
+CANCELLED: Final = "cancelled"
+STATUSES: Final = (OK, FAILED, NEEDS_INPUT, RUNNING, QUEUED, CANCELLED)
+#: Old names still accepted where a status comes in (CLI, API, ``Journal.runs``).
+STATUS_ALIASES: Final = {"completed": OK}
+#: The old name of ``OK``; stores written before schema version 2 said "completed".
+COMPLETED: Final = OK
+
+
+def check_status(value: object) -> str:
+    """``value`` as a run status (aliases mapped), or :class:`UnknownStatusError` listing the valid ones."""
+    if isinstance(value, str):
+        name = value.strip().lower()
+        name = STATUS_ALIASES.get(name, name)
+        if name in STATUSES:
+            return name
+    raise UnknownStatusError(value, STATUSES)
 
 
 @dataclass(slots=True)
@@ -105,7 +131,8 @@ class RunInfo:
     """A run's summary, kept by the journal in the same transaction as its events.
 
     ``updated`` is the time of the run's last status change (start, input,
-    completion); ``next_seq`` is the number of events.
+    completion); ``next_seq`` is the number of events; ``lease_epoch`` counts the times the
+    lease changed hands (see ``Journal.take_lease``).
     """
 
     run_id: str
@@ -117,6 +144,7 @@ class RunInfo:
     next_seq: int
     lease_owner: str | None = None
     lease_until: float | None = None
+    lease_epoch: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a plain JSON-ready dict."""
@@ -138,7 +166,7 @@ def status_after(kinds: list[str], current: str | None) -> str:
     status = current or RUNNING
     for kind in kinds:
         if kind == RUN_COMPLETED:
-            status = COMPLETED
+            status = OK
         elif kind == RUN_FAILED:
             status = FAILED
         elif kind == INPUT_REQUESTED:
@@ -150,8 +178,12 @@ def status_after(kinds: list[str], current: str | None) -> str:
 
 _SCALARS: Final = frozenset({str, bool, int, type(None)})
 
+#: Deepest nesting of lists/objects accepted in journaled data and API bodies. Readers
+#: (replay, JSON encoders, the UI) recurse, so a deeper value would break every later read.
+MAX_DEPTH: Final = 100
 
-def is_json(value: Any) -> bool:
+
+def is_json(value: Any, _depth: int = 0) -> bool:
     """True if ``value`` is strictly JSON (see :func:`check_json`); builds no error path.
 
     Every journaled argument and result goes through here, so the common case
@@ -163,18 +195,41 @@ def is_json(value: Any) -> bool:
     if t is float:
         return math.isfinite(value)
     if t is dict:
+        if _depth >= MAX_DEPTH:
+            return False
         for k, item in value.items():
             if type(k) is not str:
                 return False
-            if type(item) not in _SCALARS and not is_json(item):
+            if type(item) not in _SCALARS and not is_json(item, _depth + 1):
                 return False
         return True
     if t is list:
+        if _depth >= MAX_DEPTH:
+            return False
         for item in value:
-            if type(item) not in _SCALARS and not is_json(item):
+            if type(item) not in _SCALARS and not is_json(item, _depth + 1):
                 return False
         return True
     return False
+
+
+def check_depth(value: Any, where: str, path: str = "value", limit: int = MAX_DEPTH) -> None:
+    """Raise :class:`JSONTooDeepError` naming ``where`` and ``path`` if lists/objects nest deeper than ``limit``.
+
+    Iterative, so it also answers for values too deep for a recursive walk.
+    """
+    stack: list[tuple[Any, int, str]] = [(value, 1, path)]
+    while stack:
+        v, depth, at = stack.pop()
+        if isinstance(v, dict):
+            items: Any = ((f"{at}.{k}" if isinstance(k, str) and k.isidentifier() else f"{at}[{k!r}]", x) for k, x in v.items())
+        elif isinstance(v, list):
+            items = ((f"{at}[{i}]", x) for i, x in enumerate(v))
+        else:
+            continue
+        if depth > limit:
+            raise JSONTooDeepError(where, at, limit)
+        stack.extend((x, depth + 1, p) for p, x in items if isinstance(x, (dict, list)))
 
 
 def check_json(value: Any, where: str, path: str = "value") -> None:
@@ -187,19 +242,21 @@ def check_json(value: Any, where: str, path: str = "value") -> None:
         _raise_at(value, where, path)
 
 
-def _raise_at(value: Any, where: str, path: str) -> None:
+def _raise_at(value: Any, where: str, path: str, _depth: int = 0) -> None:
     """Find the first non-JSON value under ``value`` and raise for it (the slow, naming walk)."""
     t = type(value)
+    if t in (dict, list) and _depth >= MAX_DEPTH:
+        raise JSONTooDeepError(where, path, MAX_DEPTH)
     if t is dict:
         for k, item in value.items():
             if type(k) is not str:
                 raise NotJSONError(where, f"{path} key {k!r}", k)
-            if not is_json(item):
-                _raise_at(item, where, f"{path}[{k!r}]")
+            if not is_json(item, _depth + 1):
+                _raise_at(item, where, f"{path}[{k!r}]", _depth + 1)
     elif t is list:
         for i, item in enumerate(value):
-            if not is_json(item):
-                _raise_at(item, where, f"{path}[{i}]")
+            if not is_json(item, _depth + 1):
+                _raise_at(item, where, f"{path}[{i}]", _depth + 1)
     raise NotJSONError(where, path, value)
 
 

@@ -18,6 +18,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from ._journal import open_journal
+from ._text import plain_doc
 from ._version import __version__
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -56,8 +57,13 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
         version=__version__,
         instructions="Skill memory (remember/recall/consolidate), routines and the run journal of engrain.",
     )
+    _tool = server.tool
 
-    @server.tool()
+    def tool() -> Callable[[F], F]:
+        """``server.tool()`` with the docstring, without reST markup, as the tool's description."""
+        return lambda fn: _tool(description=plain_doc(fn.__doc__))(fn)  # type: ignore[return-value]
+
+    @tool()
     @_clear_errors
     def remember(data: str, skill: str | None = None, hint: str | None = None,
                  metadata: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -65,33 +71,33 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
         with state.memory_lock:
             return {"id": state.memory().remember(data, hint=hint, skill=skill, metadata=metadata)}
 
-    @server.tool()
+    @tool()
     @_clear_errors
     def recall(query: str, skill: str | None = None, top_k: int = 5) -> list[dict[str, Any]]:
         """Records and articles most relevant to ``query``, best first."""
         with state.memory_lock:
             return [h.to_dict() for h in state.memory().recall(query, skill=skill, top_k=top_k)]
 
-    @server.tool()
+    @tool()
     @_clear_errors
     def consolidate(num_records: int | None = None) -> dict[str, Any]:
         """Distil the memory buffer into articles (all of it unless ``num_records`` is given)."""
         with state.memory_lock:
             return state.memory().consolidate("all" if num_records is None else num_records).to_dict()
 
-    @server.tool()
+    @tool()
     @_clear_errors
     def list_routines() -> list[dict[str, Any]]:
         """Routine packages available to run: name, description, input schema, step count."""
         return _routines.routine_infos(state.routines_dir)
 
-    @server.tool()
+    @tool()
     @_clear_errors
     def run_routine(name: str, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run a routine; returns its result (status ok, failed or needs_input with the prompt)."""
         return _routines.run_routine(state, name, dict(inputs or {}), None)
 
-    @server.tool()
+    @tool()
     @_clear_errors
     def answer_routine(run_id: str, answers: dict[str, Any]) -> dict[str, Any]:
         """Answer a routine run that waits for input (status needs_input) and continue it.
@@ -111,10 +117,10 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
             raise ApiError(400, "NotARoutineRun", f"run {run_id!r} is not a run of a routine in this server's routines dir")
         return _routines.resume(state, run_id, answers)
 
-    @server.tool()
+    @tool()
     @_clear_errors
     def list_runs(status: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        """Recent runs (optionally only those in ``status``: running, completed, failed, needs_input)."""
+        """Recent runs (optionally only those in ``status``: ok, failed, needs_input, running, queued, cancelled)."""
         return [r.to_dict() for r in state.journal.runs(status=status, limit=max(1, min(limit, 500)))]
 
     return server

@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from .._text import plain_doc
+
 #: ``--url`` option shared by every command that opens the store.
 UrlOption = Annotated[
     str | None,
@@ -49,13 +51,13 @@ def errors_as_exit() -> Iterator[None]:
         raise fail(str(e), 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1) from None
 
 
-def open_store(url: str | None):
-    """Open the journal at ``url`` (or the default store)."""
+def open_store(url: str | None, *, create: bool = True):
+    """Open the journal at ``url`` (or the default store); ``create=False`` for commands that only read."""
     from .._journal import open_journal
 
-    return open_journal(url)
+    return open_journal(url, create=create)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Register ``fn`` as a top-level command of the app."""
-    return app.command()(fn)
+    """Register ``fn`` as a top-level command of the app (its docstring, without markup, is the help)."""
+    return app.command(help=plain_doc(fn.__doc__))(fn)

@@ -127,7 +127,8 @@ def validate(
             typer.echo(f"  converted: {c}")
     else:
         for i in issues:
-            typer.echo(f"{path}/{i}", err=True)
+            # An issue about the folder itself already names it; one about a file names the file.
+            typer.echo(str(i) if i.file == path or i.file.startswith(f"{path}/") else f"{path}/{i}", err=True)
     if issues:
         raise typer.Exit(1)
 
@@ -146,6 +147,11 @@ def run(
     """Run a routine package as a durable run. Exit 0 ok, 1 failed, 2 bad input, 3 needs input."""
     import pathlib
 
+    folder = pathlib.Path(path)
+    if not folder.is_dir():
+        raise fail(f"{path}: no such routine folder" if not folder.exists() else f"{path}: not a routine folder", 2)
+    if not (folder / "routine.yaml").is_file():
+        raise fail(f"{path}: not a routine folder (no routine.yaml in it)", 2)
     inputs = _load_json(input, "--input") if input else _load_json(str(pathlib.Path(path) / "input.json"), "input")
     given = _load_json(answers, "--answers") if answers else None
     with errors_as_exit():

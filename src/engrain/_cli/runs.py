@@ -14,24 +14,36 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _one_line(text: str) -> str:
+    """``text`` on one line: newlines and other control characters shown escaped, so one event is one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _short(value: Any, width: int = 60) -> str:
     import json
 
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = _one_line(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str))
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _full(value: Any) -> str:
+    """An error text in full (never cut: it is what the reader came for), on one line."""
+    return _one_line(str(value or ""))
 
 
 @command
 def runs(
     url: UrlOption = None,
-    status: Annotated[str | None, typer.Option(help="Only runs in this status (running, completed, failed, needs_input).")] = None,
+    status: Annotated[str | None, typer.Option(help="Only runs in this status (ok, failed, needs_input, running, queued, cancelled).")] = None,
     tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many runs.")] = 50,
     json_out: JsonOption = False,
 ) -> None:
     """List runs, most recently updated first."""
     with errors_as_exit():
-        j = open_store(url)
+        j = open_store(url, create=False)
         rows = j.runs(status=status, tag=tag, limit=limit)
     if json_out:
         print_json([r.to_dict() for r in rows])
@@ -57,24 +69,26 @@ def timeline(events: list) -> list[str]:
         elif e.kind == "step.started":
             started[d["call_id"]] = e
             if d.get("attempt", 1) > 1:
-                lines.append(f"{at}  step {d['call_id']:>3} {e.name}  retry (attempt {d['attempt']}) after a crash")
+                lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)}  retry (attempt {d['attempt']}) after a crash")
         elif e.kind == "step.completed":
             s = started.get(d["call_id"])
             dur = f"{(e.ts - s.ts) * 1000:.1f}ms" if s else "?"
             args = _short(s.data.get("args", {}), 40) if s else ""
-            lines.append(f"{at}  step {d['call_id']:>3} {e.name}({args}) -> {_short(d.get('result'), 40)}  [{dur}]")
+            lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)}({args}) -> {_short(d.get('result'), 40)}  [{dur}]")
         elif e.kind == "step.failed":
-            lines.append(f"{at}  step {d['call_id']:>3} {e.name} FAILED {d.get('error_type')}: {_short(d.get('message', ''))}")
+            lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)} FAILED {d.get('error_type')}: {_full(d.get('message'))}")
         elif e.kind == "input.requested":
             lines.append(f"{at}  waiting for input: {_short(d.get('prompt', ''))}")
         elif e.kind == "input.received":
             lines.append(f"{at}  input received: {_short(d.get('answers'))}")
         elif e.kind == "run.completed":
             lines.append(f"{at}  run completed -> {_short(d.get('output'))}")
+        elif e.kind == "log.entry":  # an adapter's entry (a LangGraph checkpoint, a session item)
+            lines.append(f"{at}  {e.name} {_short(d.get('summary', {}))}")
         elif e.kind == "run.failed":
-            lines.append(f"{at}  run FAILED: {_short(d.get('error', ''))}")
+            lines.append(f"{at}  run FAILED: {_full(d.get('error'))}")
         else:
-            lines.append(f"{at}  {e.kind} {e.name} {_short(d)}")
+            lines.append(f"{at}  {e.kind} {_one_line(e.name)} {_short(d)}")
     return lines
 
 
@@ -88,7 +102,7 @@ def show(
     from .._durable.trace import export_run
 
     with errors_as_exit():
-        j = open_store(url)
+        j = open_store(url, create=False)
         trace = export_run(j, run_id)
     if json_out:
         print_json(trace)
@@ -110,5 +124,5 @@ def export(
     from .._durable.trace import export_run
 
     with errors_as_exit():
-        trace = export_run(open_store(url), run_id)
+        trace = export_run(open_store(url, create=False), run_id)
     print_json(trace)

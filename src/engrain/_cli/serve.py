@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import errno
+from typing import Annotated, Any
 
 import typer
 
-from .common import UrlOption, command, errors_as_exit
+from .common import UrlOption, command, errors_as_exit, fail
 
 TokenOption = Annotated[
     str | None,
@@ -47,9 +48,34 @@ def serve(
         from .._server import create_app
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or ())
-    typer.echo(f"engrain serving on http://{host}:{port}  (store {app.state.engrain.journal.url})", err=True)
+    sock = _bind(host, port)
+    shown = f"[{host}]" if ":" in host else host
+    typer.echo(f"engrain serving on http://{shown}:{sock.getsockname()[1]}  (store {app.state.engrain.journal.url})",
+               err=True)
     # Open SSE streams would otherwise hold a Ctrl-C shutdown until their clients leave.
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def _bind(host: str, port: int) -> Any:
+    """A listening socket on ``host:port``, bound before anything is announced (error: exit 1, one line)."""
+    import socket
+
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise fail(f"cannot serve on {host}:{port}: unknown host ({e})") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        hint = " (another process is listening there; pick another --port)" if e.errno == errno.EADDRINUSE else ""
+        raise fail(f"cannot serve on {host}:{port}: {e.strerror or e}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @command

@@ -29,6 +29,7 @@ from .._errors import (
     NotJSONError,
     RunFailedError,
     StepFailedError,
+    StorageError,
 )
 from .._events import NewEvent, check_json, is_json
 from .._journal import Journal, default_url, open_journal
@@ -190,12 +191,24 @@ class RunContext:
         self.executed = 0
         self.udf_sources: set[str] = set()  # UDF sources already journaled by this process (see _durable.udf)
         self._lock = threading.Lock()
+        #: The lease epoch appends are fenced with (None: unfenced), see ``Journal.append``.
+        self.fence: int | None = None
+        #: The first storage failure of this run: it is not the agent's, so the run must not be marked failed.
+        self.storage_error: StorageError | None = None
 
     def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
         """Append one event to this run (serialized across the run's threads)."""
         event = (NewEvent(kind, name, data or {}),)
         with self._lock:
-            self.journal.append(self.run_id, event, self.seq, durable=durable)
+            try:
+                if self.fence is None:
+                    self.journal.append(self.run_id, event, self.seq, durable=durable)
+                else:
+                    self.journal.append(self.run_id, event, self.seq, durable=durable, fence=self.fence)
+            except StorageError as e:
+                if self.storage_error is None:
+                    self.storage_error = e
+                raise
             self.seq += 1
 
     def _begin(self, name: str, type_: str, args: dict[str, Any]) -> StepRecord | _Pending:
@@ -426,9 +439,20 @@ class _Execution:
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
-        self._lease = Lease(self.journal, self.run_id)
-        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), self._lease)
+        self._lease = lease = Lease(self.journal, self.run_id)
+        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease)
+        if self.done is None and not lease.held:
+            # Resuming: take the lease, then read again. A dead executor's last
+            # append may have landed after the first read (PostgreSQL finishes
+            # a killed client's statement); after the takeover its appends are
+            # fenced off, so this read is the journal the run continues from.
+            lease.acquire()
+            if len(self.journal.read(self.run_id, after=len(events) - 1)):
+                events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease)
+                if self.done is not None:
+                    lease.__exit__(None, None, None)
         self.ctx = RunContext(self.journal, self.run_id, events)
+        self.ctx.fence = lease.epoch
 
     def __enter__(self) -> _Execution:
         self._lease.__enter__()
@@ -444,6 +468,8 @@ class _Execution:
 
     def finished(self, output: Any) -> RunResult:
         """The result of an agent that returned ``output``, journaled."""
+        if self.ctx.storage_error is not None:
+            raise self.ctx.storage_error  # a step went unrecorded: the run stays resumable, not ok
         self._lease.stop()
         res = _finish_ok(self.ctx, output)
         self._lease.dropped()
@@ -453,6 +479,12 @@ class _Execution:
         """The result of an agent that raised ``exc``; KeyboardInterrupt and SystemExit propagate."""
         if not isinstance(exc, (Exception, _Suspend)):
             raise exc  # the process is going away: the run stays resumable
+        if self.ctx.storage_error is not None:
+            # The store failed, not the agent (even if the agent caught it and raised its own
+            # error): record nothing more, so the run is resumed once the store works.
+            if exc is self.ctx.storage_error:
+                raise exc
+            raise self.ctx.storage_error from exc
         self._lease.stop()
         res = _finish_error(self.ctx, exc)
         if res.status == "failed":

@@ -85,34 +85,40 @@ class Lease:
         self.ttl = ttl
         self.owner = owner_id()
         self.held = False
+        #: The lease epoch this executor holds (``Journal.take_lease``): its appends are fenced with it.
+        self.epoch: int | None = None
         self.due = 0.0  # monotonic time of the next renewal
         self.renewing = False  # a renewal is in flight (guarded by the renewer's lock)
         self._registered = False
 
-    def take(self) -> None:
+    def take(self, epoch: int = 1) -> None:
         """Record that the lease is held: taken by the append that created the run with ``lease=(owner, ttl)``."""
         self.held = True
+        self.epoch = epoch
         self.due = time.monotonic() + self.ttl / 3
 
     def __enter__(self) -> Lease:
         if not self.held:
-            self._acquire()
+            self.acquire()
         _renewer.add(self)
         self._registered = True
         return self
 
-    def _acquire(self) -> None:
+    def acquire(self) -> None:
+        """Take the lease of an existing run (a dead local holder's at once), or raise :class:`LeaseHeldError`."""
         j = self.journal
-        if not j.acquire_lease(self.run_id, self.owner, self.ttl):
+        epoch = j.take_lease(self.run_id, self.owner, self.ttl)
+        if epoch is None:
             info = j.get_run(self.run_id)
             holder = info.lease_owner if info else None
             if not _dead_local_owner(holder):
                 raise LeaseHeldError(self.run_id, holder)
             j.release_lease(self.run_id, holder)  # type: ignore[arg-type]
-            if not j.acquire_lease(self.run_id, self.owner, self.ttl):
+            epoch = j.take_lease(self.run_id, self.owner, self.ttl)
+            if epoch is None:
                 info = j.get_run(self.run_id)
                 raise LeaseHeldError(self.run_id, info.lease_owner if info else None)
-        self.take()
+        self.take(epoch)
 
     def renew(self) -> None:
         """Extend the lease by ``ttl`` from now (called by the renewal thread)."""

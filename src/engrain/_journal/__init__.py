@@ -1,8 +1,15 @@
 """Journal backends and the URL that picks one.
 
-``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or a bare path pick
-SQLite; ``postgresql://`` / ``postgres://`` pick PostgreSQL. A
-``?durability=normal|full`` query parameter sets durability on either.
+SQLite URLs count slashes: ``sqlite://`` + ``/`` + the path, so
+``sqlite:///data/engrain.db`` is ``data/engrain.db`` relative to the current
+directory and ``sqlite:////srv/engrain.db`` (four slashes) is the absolute
+``/srv/engrain.db``. A bare path (``./x.db``, ``/srv/x.db``) is SQLite too.
+Other forms (``sqlite:/x.db``, ``sqlite://host/x.db``, ``sqlite:x.db``) are a
+:class:`~engrain.ConfigError` that shows these, since a typo there used to
+create an empty store somewhere unexpected. ``postgresql://`` /
+``postgres://`` pick PostgreSQL. A ``?durability=normal|full`` query parameter
+sets durability on either. ``open_journal(url, create=False)`` (the read-only
+CLI commands) refuses a store that does not exist yet.
 
 May import: ``_events`` and ``_errors`` only; every pillar builds on it.
 """
@@ -41,23 +48,30 @@ def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
         return "postgres", urlunsplit(parts._replace(query=query)), options
     if parts.scheme == "sqlite":
         # sqlite:///rel.db -> path "/rel.db" (relative); sqlite:////abs.db -> "//abs.db" (absolute)
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        if not path:
-            raise ConfigError(f"store URL {url!r} has no file path; use sqlite:///path/to/engrain.db")
-        return "sqlite", path, options
+        if not url.split(":", 1)[1].startswith("///") or parts.netloc or len(parts.path) < 2:
+            raise ConfigError(
+                f"store URL {url!r} is not a SQLite URL engrain reads; use sqlite:///relative/path.db (relative to "
+                "the current directory), sqlite:////absolute/path.db (four slashes), or a bare file path"
+            )
+        return "sqlite", parts.path[1:], options
     if parts.scheme == "" or len(parts.scheme) == 1:  # bare path (or a Windows drive letter)
         return "sqlite", url.split("?", 1)[0], options
     raise ConfigError(f"unknown store scheme {parts.scheme!r} in {url!r}; use sqlite:/// or postgresql://")
 
 
-def open_journal(url: str | None = None, *, durability: str | None = None) -> Journal:
-    """Open the journal at ``url`` (default: :func:`default_url`)."""
+def open_journal(url: str | None = None, *, durability: str | None = None, create: bool = True) -> Journal:
+    """Open the journal at ``url`` (default: :func:`default_url`).
+
+    ``create=False`` refuses a store that does not exist yet with
+    :class:`~engrain.StoreNotFoundError` instead of creating an empty one:
+    what a command that only reads wants, so a mistyped URL is reported.
+    """
     backend, target, options = parse_url(url or default_url())
     dur = durability or options.get("durability")
     if backend == "postgres":
         from .postgres import PostgresJournal
 
-        return PostgresJournal(target, durability=dur or "full")
+        return PostgresJournal(target, durability=dur or "full", create=create)
     from .sqlite import SQLiteJournal
 
-    return SQLiteJournal(target, durability=dur or "normal")
+    return SQLiteJournal(target, durability=dur or "normal", create=create)

@@ -9,19 +9,24 @@ from .._events import (
     INPUT_RECEIVED,
     INPUT_REQUESTED,
     KINDS,
+    MAX_DEPTH,
     REPLAY_STARTED,
     RUN_COMPLETED,
     RUN_FAILED,
     RUN_STARTED,
+    FAILED,
+    OK,
     NewEvent,
     check_json,
+    check_status,
     dumps,
+    is_json,
     status_after,
 )
 
 _STATUS_KINDS = frozenset({RUN_STARTED, RUN_COMPLETED, RUN_FAILED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED})
 #: Statuses whose event drops the run's lease (see ``Journal.append``).
-FINISHED = frozenset({"completed", "failed"})
+FINISHED = frozenset({OK, FAILED})
 #: Event kinds that finish a run.
 FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED})
 
@@ -59,6 +64,10 @@ def _row(run_id: str, ev: NewEvent, seq: int, ts: float, i: int) -> tuple[str, i
         # dumps failed: let the strict checker name the offending field.
         check_json(data, f"event {i} ({kind} {ev.name})", "data")
         raise
+    # The encoder does not bound nesting; only text with enough brackets can be too deep,
+    # and counting them is cheap next to walking the value.
+    if text.count("{") + text.count("[") > MAX_DEPTH and not is_json(data):
+        check_json(data, f"event {i} ({kind} {ev.name})", "data")
     return (run_id, seq, ts, kind, ev.name, text)
 
 
@@ -119,7 +128,8 @@ def run_filters(
     where: list[str] = []
     args: list = []
     if status is not None:
-        statuses = [status] if isinstance(status, str) else list(status)
+        many = isinstance(status, (list, tuple, set, frozenset))
+        statuses = [check_status(s) for s in (status if many else [status])]
         where.append(f"status IN ({', '.join([placeholder] * len(statuses))})")
         args += statuses
     if task is not None:

@@ -38,6 +38,7 @@ class Journal(abc.ABC):
         *,
         durable: bool = True,
         lease: tuple[str, float] | None = None,
+        fence: int | None = None,
     ) -> list[Event]:
         """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
 
@@ -59,6 +60,13 @@ class Journal(abc.ABC):
         Appending ``run.completed`` or ``run.failed`` drops the run's lease in
         the same transaction, whoever holds it: a finished run is never
         executed again, so its executor need not release the lease itself.
+
+        ``fence=epoch`` (the value :meth:`take_lease` returned, or 1 for a run
+        created with ``lease=``) makes the append succeed only while the run's
+        lease epoch is still ``epoch``, checked in the same transaction: once
+        another executor took the lease over, a stale executor's append (even
+        one already in flight when its process died) raises
+        :class:`~engrain.LeaseLostError` and writes nothing.
         """
 
     @abc.abstractmethod
@@ -80,16 +88,27 @@ class Journal(abc.ABC):
         limit: int = 100,
         offset: int = 0,
     ) -> list[RunInfo]:
-        """Runs matching every given filter, most recently updated first."""
+        """Runs matching every given filter, most recently updated first.
+
+        ``status`` takes the names in ``engrain._events.STATUSES`` (``"completed"``
+        is accepted for ``"ok"``); another value raises
+        :class:`~engrain.UnknownStatusError` listing the valid ones.
+        """
 
     @abc.abstractmethod
-    def acquire_lease(self, run_id: str, owner: str, ttl: float) -> bool:
-        """Take or renew the lease of ``run_id`` for ``owner`` until ``now + ttl``.
+    def take_lease(self, run_id: str, owner: str, ttl: float) -> int | None:
+        """Take or renew the lease of ``run_id`` for ``owner`` until ``now + ttl``; return its epoch.
 
-        Succeeds when the lease is free, expired, or already ``owner``'s.
-        Returns ``False`` when another owner holds a live lease. Raises
+        Succeeds when the lease is free, expired, or already ``owner``'s, and
+        returns the lease epoch, which grows by one each time the lease changes
+        hands (a renewal keeps it): pass it as ``append(fence=...)``. Returns
+        ``None`` when another owner holds a live lease. Raises
         :class:`~engrain.RunNotFoundError` for an unknown run.
         """
+
+    def acquire_lease(self, run_id: str, owner: str, ttl: float) -> bool:
+        """:meth:`take_lease` without the epoch: ``True`` when ``owner`` now holds the lease."""
+        return self.take_lease(run_id, owner, ttl) is not None
 
     @abc.abstractmethod
     def release_lease(self, run_id: str, owner: str) -> None:
@@ -98,6 +117,8 @@ class Journal(abc.ABC):
     @abc.abstractmethod
     def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
         """Lease up to ``limit`` unfinished (``running``) runs whose lease is free or expired.
+
+        Each returned :class:`RunInfo` carries the new ``lease_epoch``.
 
         Concurrent claimers never receive the same run: this is how a fleet of
         workers splits the recovery of runs whose process died.

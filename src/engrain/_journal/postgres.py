@@ -12,35 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from .._errors import ConfigError, ConflictError, RunNotFoundError
-from .._events import Event, NewEvent, RunInfo, loads, loads_many
+from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
+from .._events import Event, NewEvent, RunInfo, loads_many
 from ._common import FINISHED, check_lease, prepare, run_filters
 from .base import Journal
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS engrain_events (
-    run_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    ts DOUBLE PRECISION NOT NULL,
-    kind TEXT NOT NULL,
-    name TEXT NOT NULL,
-    data TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-);
-CREATE TABLE IF NOT EXISTS engrain_runs (
-    run_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    task TEXT NOT NULL DEFAULT '',
-    tags JSONB NOT NULL DEFAULT '[]',
-    created DOUBLE PRECISION NOT NULL,
-    updated DOUBLE PRECISION NOT NULL,
-    next_seq INTEGER NOT NULL,
-    lease_owner TEXT,
-    lease_until DOUBLE PRECISION
-);
-CREATE INDEX IF NOT EXISTS engrain_runs_updated ON engrain_runs (updated);
-CREATE INDEX IF NOT EXISTS engrain_runs_status ON engrain_runs (status, lease_until);
-"""
+from .postgres_schema import migrate
 
 # One statement per append: the runs row is created (seq 0) or advanced only if
 # next_seq still equals expected_seq, and the events are inserted only if that
@@ -49,15 +25,19 @@ CREATE INDEX IF NOT EXISTS engrain_runs_status ON engrain_runs (status, lease_un
 # A new run may be created leased (append's ``lease``: owner and ttl, else two
 # NULLs); an append that finishes a run drops its lease in the same statement.
 _CREATE = (
-    "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until)"
-    " VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8)"
+    "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until,"
+    " lease_epoch) VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8, %s)"
     " ON CONFLICT (run_id) DO NOTHING RETURNING 1)"
 )
+# A fenced append (``fence=epoch``) also requires the lease epoch to be the
+# writer's: a takeover that committed first makes a stale writer's statement
+# insert nothing, and one that waits on the row lock sees its events.
 _ADVANCE = (
     "gate AS (UPDATE engrain_runs SET next_seq = %s, updated = COALESCE(%s, updated),"
     " status = COALESCE(%s, status), task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags){finish}"
-    " WHERE run_id = %s AND next_seq = %s RETURNING 1)"
+    " WHERE run_id = %s AND next_seq = %s{fence} RETURNING 1)"
 )
+_FENCE = " AND lease_epoch = %s"
 _FINISH = ", lease_owner = NULL, lease_until = NULL"
 # A batch travels as six arrays; a single event (every step of a durable run)
 # as six scalars, which psycopg adapts several times faster than lists.
@@ -69,8 +49,8 @@ _ROWS_ONE = "SELECT %s::text, %s::int, %s::float8, %s::text, %s::text, %s::text"
 _NO_FLUSH = "cfg AS (SELECT set_config('synchronous_commit', 'off', true)), "
 
 
-def _append_sql(create: bool, one: bool, flush: bool, finish: bool) -> str:
-    gate = _CREATE if create else _ADVANCE.format(finish=_FINISH if finish else "")
+def _append_sql(create: bool, one: bool, flush: bool, finish: bool, fenced: bool) -> str:
+    gate = _CREATE if create else _ADVANCE.format(finish=_FINISH if finish else "", fence=_FENCE if fenced else "")
     return (
         f"WITH {'' if flush else _NO_FLUSH}{gate}"
         " INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
@@ -80,19 +60,22 @@ def _append_sql(create: bool, one: bool, flush: bool, finish: bool) -> str:
 
 
 _APPEND_SQL = {
-    (create, one, flush, finish): _append_sql(create, one, flush, finish)
+    (create, one, flush, finish, fenced): _append_sql(create, one, flush, finish, fenced)
     for create in (False, True)
     for one in (False, True)
     for flush in (False, True)
     for finish in (False, True)
+    for fenced in (False, True)
 }
 
-_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until"
+_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until, lease_epoch"
 _DB_NOW = "extract(epoch from clock_timestamp())"
+# The epoch moves only when the lease changes hands (SET sees the old row).
+_TAKE = f"lease_epoch = lease_epoch + CASE WHEN lease_owner IS DISTINCT FROM %s THEN 1 ELSE 0 END, lease_owner = %s, lease_until = {_DB_NOW} + %s"
 
 
 def _run_info(row: tuple) -> RunInfo:
-    return RunInfo(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7], row[8])
+    return RunInfo(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7], row[8], row[9])
 
 
 class PostgresJournal(Journal):
@@ -100,7 +83,7 @@ class PostgresJournal(Journal):
 
     backend = "postgres"
 
-    def __init__(self, url: str, durability: str = "full"):
+    def __init__(self, url: str, durability: str = "full", *, create: bool = True):
         try:
             import psycopg
         except ImportError as e:  # pragma: no cover - psycopg is a dependency
@@ -115,16 +98,26 @@ class PostgresJournal(Journal):
         except psycopg.OperationalError as e:
             raise ConfigError(f"cannot connect to PostgreSQL at {_redact(url)}: {e}") from e
         self._lock = threading.RLock()
-        with self._lock:
-            # normal: commits return before the WAL is flushed (a server crash may
-            # lose the last few ms, never corrupt); full: the server default.
-            if durability == "normal":
-                self._db.execute("SET synchronous_commit = off")
-            # Concurrent CREATE ... IF NOT EXISTS can still race on the catalog;
-            # an advisory lock makes first-time schema creation safe across workers.
-            with self._db.transaction():
-                self._db.execute("SELECT pg_advisory_xact_lock(727401)")
-                self._db.execute(_SCHEMA)
+        try:
+            with self._lock:
+                # normal: commits return before the WAL is flushed (a server crash may
+                # lose the last few ms, never corrupt); full: the server default.
+                if durability == "normal":
+                    self._db.execute("SET synchronous_commit = off")
+                if not create and self._db.execute("SELECT to_regclass('engrain_runs')").fetchone()[0] is None:
+                    raise StoreNotFoundError(_redact(url), "that database (and search_path) has no engrain tables")
+                # Concurrent CREATE ... IF NOT EXISTS can still race on the catalog;
+                # the migration's advisory lock makes schema changes safe across workers.
+                migrate(self._db, _redact(url))
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _storage(self, e: Exception) -> Exception:
+        """A lost connection or a server that cannot write is the store's failure: :class:`StorageError`."""
+        if isinstance(e, self._psycopg.OperationalError):
+            return StorageError(_redact(self.url), e)
+        return e
 
     def append(
         self,
@@ -134,6 +127,7 @@ class PostgresJournal(Journal):
         *,
         durable: bool = True,
         lease: tuple[str, float] | None = None,
+        fence: int | None = None,
     ) -> list[Event]:
         ts = self._now()
         lease = check_lease(lease, expected_seq)
@@ -143,35 +137,48 @@ class PostgresJournal(Journal):
         if expected_seq == 0:
             status, task, tags = batch.status or "running", batch.task or "", batch.tags or "[]"
             owner, ttl = (None, None) if lease is None or finish else lease
-            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq, owner, ttl)
+            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq, owner, ttl, 0 if owner is None else 1)
+            fence = None
         else:
             updated = ts if batch.status else None
             head = (batch.next_seq, updated, batch.status, batch.task, batch.tags, run_id, expected_seq)
+            if fence is not None:
+                head = (*head, fence)
         one = len(rows) == 1
         params = (*head, *rows[0]) if one else (*head, *(list(c) for c in zip(*rows)))
-        sql = _APPEND_SQL[expected_seq == 0, one, durable or self.durability != "full", finish]
-        with self._lock:
-            cur = self._db.execute(sql, params)  # one statement in autocommit: one round trip
-            if cur.rowcount != len(rows):
-                raise self._conflict(run_id, expected_seq)
+        sql = _APPEND_SQL[expected_seq == 0, one, durable or self.durability != "full", finish, fence is not None]
+        try:
+            with self._lock:
+                cur = self._db.execute(sql, params)  # one statement in autocommit: one round trip
+                if cur.rowcount != len(rows):
+                    raise self._conflict(run_id, expected_seq, fence)
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
         return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
 
-    def _conflict(self, run_id: str, expected_seq: int) -> ConflictError:
-        row = self._db.execute("SELECT next_seq FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
+    def _conflict(self, run_id: str, expected_seq: int, fence: int | None = None) -> Exception:
+        row = self._db.execute(
+            "SELECT next_seq, lease_epoch, lease_owner FROM engrain_runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        if row is not None and fence is not None and row[1] != fence:
+            return LeaseLostError(run_id, row[2], fence)
         return ConflictError(run_id, expected_seq, 0 if row is None else row[0])
 
-    def acquire_lease(self, run_id: str, owner: str, ttl: float) -> bool:
-        with self._lock:
-            cur = self._db.execute(
-                f"UPDATE engrain_runs SET lease_owner = %s, lease_until = {_DB_NOW} + %s WHERE run_id = %s"
-                f" AND (lease_owner IS NULL OR lease_owner = %s OR lease_until < {_DB_NOW})",
-                (owner, ttl, run_id, owner),
-            )
-            if cur.rowcount == 1:
-                return True
+    def take_lease(self, run_id: str, owner: str, ttl: float) -> int | None:
+        try:
+            with self._lock:
+                row = self._db.execute(
+                    f"UPDATE engrain_runs SET {_TAKE} WHERE run_id = %s"
+                    f" AND (lease_owner IS NULL OR lease_owner = %s OR lease_until < {_DB_NOW}) RETURNING lease_epoch",
+                    (owner, owner, ttl, run_id, owner),
+                ).fetchone()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
+        if row is not None:
+            return row[0]
         if self.get_run(run_id) is None:
             raise RunNotFoundError(run_id)
-        return False
+        return None
 
     def release_lease(self, run_id: str, owner: str) -> None:
         with self._lock:
@@ -183,12 +190,12 @@ class PostgresJournal(Journal):
     def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
         with self._lock:
             rows = self._db.execute(
-                f"UPDATE engrain_runs SET lease_owner = %s, lease_until = {_DB_NOW} + %s"
+                f"UPDATE engrain_runs SET {_TAKE}"
                 " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
                 f" AND (lease_until IS NULL OR lease_until < {_DB_NOW})"
                 " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
                 f" RETURNING {_RUN_COLS}",
-                (owner, ttl, limit),
+                (owner, owner, ttl, limit),
             ).fetchall()
         return sorted((_run_info(r) for r in rows), key=lambda r: r.updated)
 
@@ -198,18 +205,24 @@ class PostgresJournal(Journal):
             self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
 
     def read(self, run_id: str, after: int = -1) -> list[Event]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT run_id, seq, ts, kind, name, data FROM engrain_events"
-                " WHERE run_id = %s AND seq > %s ORDER BY seq",
-                (run_id, after),
-            ).fetchall()
+        try:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT run_id, seq, ts, kind, name, data FROM engrain_events"
+                    " WHERE run_id = %s AND seq > %s ORDER BY seq",
+                    (run_id, after),
+                ).fetchall()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
         datas = loads_many([r[5] for r in rows])
         return [Event(r[0], r[1], r[2], r[3], r[4], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
+        try:
+            with self._lock:
+                row = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
         return None if row is None else _run_info(row)
 
     def runs(
@@ -224,8 +237,11 @@ class PostgresJournal(Journal):
     ) -> list[RunInfo]:
         where, args = run_filters(status, task, tag, since, placeholder="%s", tag_clause="tags ? %s")
         sql = f"SELECT {_RUN_COLS} FROM engrain_runs{where} ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
-        with self._lock:
-            rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+        try:
+            with self._lock:
+                rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
         return [_run_info(r) for r in rows]
 
     def close(self) -> None:

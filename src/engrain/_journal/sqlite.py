@@ -15,95 +15,48 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._errors import ConfigError, ConflictError, RunNotFoundError
+from .._errors import (
+    ConfigError,
+    ConflictError,
+    LeaseLostError,
+    RunNotFoundError,
+    StorageError,
+    StoreCorruptError,
+    StoreNotFoundError,
+)
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
 from ._common import FINISH_KINDS, FINISHED, check_lease, prepare, prepare_one, run_filters
 from .base import Journal
+from .sqlite_schema import migrate
 
-# Kept up to date in existing files by _MIGRATE, so a change here reaches them.
-# The kind test is a chain of = rather than IN (...): this WHEN runs for every
-# inserted event, and IN builds its list each time (~2 µs per row). A run's
-# finish drops its lease in the same write (see Journal.append).
-_STATUS_TRIGGER = """AFTER INSERT ON events
-WHEN NEW.seq > 0 AND (NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' OR NEW.kind = 'input.requested'
-    OR NEW.kind = 'input.received' OR NEW.kind = 'replay.started' OR NEW.kind = 'run.started')
-BEGIN
-    UPDATE runs SET
-        updated = NEW.ts,
-        status = CASE NEW.kind
-            WHEN 'run.completed' THEN 'completed'
-            WHEN 'run.failed' THEN 'failed'
-            WHEN 'input.requested' THEN 'needs_input'
-            ELSE 'running' END,
-        task = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE task END,
-        tags = CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE tags END,
-        lease_owner = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' THEN NULL ELSE lease_owner END,
-        lease_until = CASE WHEN NEW.kind = 'run.completed' OR NEW.kind = 'run.failed' THEN NULL ELSE lease_until END
-    WHERE run_id = NEW.run_id;
-END"""
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    ts REAL NOT NULL,
-    kind TEXT NOT NULL,
-    name TEXT NOT NULL,
-    data TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    task TEXT NOT NULL DEFAULT '',
-    tags TEXT NOT NULL DEFAULT '[]',
-    created REAL NOT NULL,
-    updated REAL NOT NULL,
-    lease_owner TEXT,
-    lease_until REAL
-);
-CREATE INDEX IF NOT EXISTS runs_updated ON runs (updated);
-CREATE INDEX IF NOT EXISTS runs_status ON runs (status, lease_until);
--- Appending one event is one INSERT in autocommit (one commit, no round trips):
--- the dense-seq check reads the primary key, and the runs row is written only
--- when a run starts or changes status, because rewriting it (and its index) on
--- every step would triple the cost of a step.
-CREATE TRIGGER IF NOT EXISTS events_dense_seq BEFORE INSERT ON events BEGIN
-    SELECT RAISE(ABORT, 'engrain:conflict')
-    WHERE NEW.seq != COALESCE((SELECT MAX(seq) + 1 FROM events WHERE run_id = NEW.run_id), 0);
-END;
-CREATE TRIGGER IF NOT EXISTS events_run_created AFTER INSERT ON events WHEN NEW.seq = 0 BEGIN
-    INSERT INTO runs (run_id, status, task, tags, created, updated) VALUES (
-        NEW.run_id, 'running',
-        CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE '' END,
-        CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE '[]' END,
-        NEW.ts, NEW.ts);
-END;
-CREATE TRIGGER IF NOT EXISTS events_run_status {_STATUS_TRIGGER};
-"""
-# What sqlite_master holds for the current trigger (it drops IF NOT EXISTS).
-_STATUS_TRIGGER_SQL = f"CREATE TRIGGER events_run_status {_STATUS_TRIGGER}"
-# Replaces an older events_run_status in one write transaction, so no insert
-# by another connection (this version or an older one) runs between the DROP
-# and the CREATE, and concurrent openers migrating at once take turns.
-_MIGRATE = f"""
-BEGIN IMMEDIATE;
-DROP TRIGGER IF EXISTS events_run_status;
-{_STATUS_TRIGGER_SQL};
-COMMIT;
-"""
-_INSERT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
+# Columns named: a store with an extra column (added by a newer version or by
+# hand) still takes our rows.
+_INTO = "INSERT INTO events (run_id, seq, ts, kind, name, data) VALUES "
+_INSERT = _INTO + "(?, ?, ?, ?, ?, ?)"
 _CHUNK = 64
-_INSERTS = {n: "INSERT INTO events VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _CHUNK + 1)}
-_LEASE_NEW = "UPDATE runs SET lease_owner = ?, lease_until = ? WHERE run_id = ?"
+_INSERTS = {n: _INTO + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _CHUNK + 1)}
+# A fenced append (``Journal.append(fence=...)``) inserts only while the run's
+# lease epoch is still the writer's: one primary-key lookup in the same statement.
+_INSERT_FENCED = (
+    "INSERT INTO events (run_id, seq, ts, kind, name, data) SELECT ?, ?, ?, ?, ?, ?"
+    " WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = ? AND lease_epoch = ?)"
+)
+_LEASE_NEW = "UPDATE runs SET lease_owner = ?, lease_until = ?, lease_epoch = lease_epoch + 1 WHERE run_id = ?"
 
 _RUN_COLS = (
     "run_id, status, task, tags, created, updated,"
-    " (SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE events.run_id = runs.run_id), lease_owner, lease_until"
+    " (SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE events.run_id = runs.run_id), lease_owner, lease_until,"
+    " lease_epoch"
 )
+
+# Primary result codes (the low byte of an extended code) that mean the store
+# itself failed, not the caller: the disk, the file, the lock, memory.
+_STORAGE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})  # BUSY LOCKED NOMEM READONLY IOERR FULL CANTOPEN PROTOCOL
+_CORRUPT_CODES = frozenset({11, 26})  # CORRUPT NOTADB
 
 
 def _run_info(row: tuple) -> RunInfo:
-    return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8])
+    return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9])
 
 
 class SQLiteJournal(Journal):
@@ -111,33 +64,59 @@ class SQLiteJournal(Journal):
 
     backend = "sqlite"
 
-    def __init__(self, path: str | os.PathLike[str], durability: str = "normal", timeout: float = 30.0):
+    def __init__(
+        self, path: str | os.PathLike[str], durability: str = "normal", timeout: float = 30.0, *, create: bool = True
+    ):
         if durability not in ("normal", "full"):
             raise ConfigError(f"durability must be 'normal' or 'full', got {durability!r}")
         self.path = Path(path)
         self.durability = durability
         self.url = f"sqlite:///{self.path}"
-        if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        # isolation_level=None: we issue BEGIN/COMMIT ourselves so one append is one transaction.
-        self._db = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        memory = str(path) == ":memory:"
+        if not memory and not create and not self.path.is_file():
+            raise StoreNotFoundError(str(self.path))
+        try:
+            if not memory:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves so one append is one transaction.
+            self._db = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        except OSError as e:
+            raise StorageError(str(self.path), e) from e
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
         self._lock = threading.RLock()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
-        self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
-        with self._lock:
-            self._db.executescript(_SCHEMA)
-            row = self._db.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'events_run_status'").fetchone()
-            if row is None or row[0] != _STATUS_TRIGGER_SQL:
-                self._db.executescript(_MIGRATE)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+            self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
+            with self._lock:
+                migrate(self._db, str(self.path))
+        except sqlite3.Error as e:
+            self._db.close()
+            raise self._translate(e) from e
+        except BaseException:
+            self._db.close()
+            raise
         # A batch goes in multi-row INSERTs (faster than executemany) of at most
         # _CHUNK rows, which also bounds the distinct statements to prepare.
         self._chunk = max(1, min(_CHUNK, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 6))
         # The per-step path, bound once: a kept cursor saves creating one per
         # INSERT, and the synchronous toggles of durable=False are cached statements.
         self._full = durability == "full"
-        self._insert = self._db.cursor().execute
+        self._cursor = self._db.cursor()
+        self._insert = self._cursor.execute
         self._sync = self._db.cursor().execute
+
+    def _translate(self, e: sqlite3.Error) -> Exception:
+        """The typed error for a driver error: the store is corrupt, or failed (disk, I/O, lock), or neither."""
+        code = getattr(e, "sqlite_errorcode", None)
+        code = None if code is None else code & 0xFF
+        text = str(e)
+        if code in _CORRUPT_CODES or "not a database" in text or "malformed" in text:
+            return StoreCorruptError(str(self.path), e)
+        if code in _STORAGE_CODES or "disk" in text or "I/O" in text:
+            return StorageError(str(self.path), e)
+        return e
 
     # -- writes ------------------------------------------------------------------
 
@@ -149,6 +128,7 @@ class SQLiteJournal(Journal):
         *,
         durable: bool = True,
         lease: tuple[str, float] | None = None,
+        fence: int | None = None,
     ) -> list[Event]:
         ts = self._now()
         lease = check_lease(lease, expected_seq)
@@ -171,28 +151,43 @@ class SQLiteJournal(Journal):
                     # commit makes them durable against power loss as well.
                     self._sync("PRAGMA synchronous=NORMAL")
                 n = len(rows)
-                if lease is None and n <= self._chunk:
+                if lease is None and fence is None and n <= self._chunk:
                     # autocommit: one statement, one commit
                     self._insert(_INSERT if one else _INSERTS[n], rows[0] if one else [v for r in rows for v in r])
+                elif lease is None and one:
+                    self._insert(_INSERT_FENCED, (*rows[0], run_id, fence))
+                    if self._cursor.rowcount != 1:
+                        raise self._lost(run_id, fence)
                 else:
-                    self._write(rows, run_id, lease, ts)
+                    self._write(rows, run_id, lease, ts, fence)
             except sqlite3.IntegrityError as e:
                 if "engrain:conflict" in str(e) or "UNIQUE" in str(e):
                     raise self._conflict(run_id, expected_seq) from None
                 raise
+            except sqlite3.Error as e:
+                raise self._translate(e) from e
             finally:
                 if fsync_skipped:
-                    self._sync("PRAGMA synchronous=FULL")
+                    try:
+                        self._sync("PRAGMA synchronous=FULL")
+                    except sqlite3.Error:  # the write's own error (if any) is the one to report
+                        pass
         if one:
             r = rows[0]
             return [Event(run_id, expected_seq, r[2], r[3], r[4], events[0].data)]
         return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
 
-    def _write(self, rows: list[tuple], run_id: str, lease: tuple[str, float] | None, ts: float) -> None:
+    def _write(
+        self, rows: list[tuple], run_id: str, lease: tuple[str, float] | None, ts: float, fence: int | None = None
+    ) -> None:
         """Insert ``rows`` (and lease the new run) in one transaction; the caller holds the lock."""
         db, chunk = self._db, self._chunk
         db.execute("BEGIN IMMEDIATE")
         try:
+            if fence is not None:
+                row = db.execute("SELECT lease_epoch FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                if row is None or row[0] != fence:
+                    raise self._lost(run_id, fence)
             for k in range(0, len(rows), chunk):
                 part = rows[k : k + chunk]
                 db.execute(_INSERTS[len(part)], [v for r in part for v in r])
@@ -200,26 +195,41 @@ class SQLiteJournal(Journal):
                 db.execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # A failed COMMIT (disk full, I/O error) may already have rolled the
+            # transaction back; a second ROLLBACK would hide the real cause.
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
             raise
+
+    def _lost(self, run_id: str, fence: int | None) -> LeaseLostError:
+        row = self._db.execute("SELECT lease_owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return LeaseLostError(run_id, row[0] if row else None, fence)
 
     def _conflict(self, run_id: str, expected_seq: int) -> ConflictError:
         row = self._db.execute("SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE run_id = ?", (run_id,)).fetchone()
         return ConflictError(run_id, expected_seq, row[0])
 
-    def acquire_lease(self, run_id: str, owner: str, ttl: float) -> bool:
+    def take_lease(self, run_id: str, owner: str, ttl: float) -> int | None:
         now = self._now()
-        with self._lock:
-            cur = self._db.execute(
-                "UPDATE runs SET lease_owner = ?, lease_until = ? WHERE run_id = ?"
-                " AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?)",
-                (owner, now + ttl, run_id, owner, now),
-            )
-            if cur.rowcount == 1:
-                return True
-            if self.get_run(run_id) is None:
-                raise RunNotFoundError(run_id)
-            return False
+        try:
+            with self._lock:
+                # SET expressions see the row before the update: the epoch moves
+                # only when the lease changes hands, not on a renewal.
+                row = self._db.execute(
+                    "UPDATE runs SET lease_epoch = lease_epoch + (lease_owner IS NOT ?), lease_owner = ?, lease_until = ?"
+                    " WHERE run_id = ? AND (lease_owner IS NULL OR lease_owner = ? OR lease_until < ?) RETURNING lease_epoch",
+                    (owner, owner, now + ttl, run_id, owner, now),
+                ).fetchone()
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
+        if row is not None:
+            return row[0]
+        if self.get_run(run_id) is None:
+            raise RunNotFoundError(run_id)
+        return None
 
     def release_lease(self, run_id: str, owner: str) -> None:
         with self._lock:
@@ -245,12 +255,16 @@ class SQLiteJournal(Journal):
                     )
                 ]
                 db.executemany(
-                    "UPDATE runs SET lease_owner = ?, lease_until = ? WHERE run_id = ?",
-                    [(owner, now + ttl, i) for i in ids],
+                    "UPDATE runs SET lease_epoch = lease_epoch + (lease_owner IS NOT ?), lease_owner = ?, lease_until = ?"
+                    " WHERE run_id = ?",
+                    [(owner, owner, now + ttl, i) for i in ids],
                 )
                 db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
+            except BaseException as e:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise self._translate(e) from e
                 raise
         return [info for i in ids if (info := self.get_run(i)) is not None]
 
@@ -264,17 +278,23 @@ class SQLiteJournal(Journal):
     # -- reads -------------------------------------------------------------------
 
     def read(self, run_id: str, after: int = -1) -> list[Event]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT run_id, seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
-                (run_id, after),
-            ).fetchall()
+        try:
+            with self._lock:
+                rows = self._db.execute(
+                    "SELECT run_id, seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                    (run_id, after),
+                ).fetchall()
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
         datas = loads_many([r[5] for r in rows])
         return [Event(r[0], r[1], r[2], r[3], r[4], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
-        with self._lock:
-            row = self._db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        try:
+            with self._lock:
+                row = self._db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
         return None if row is None else _run_info(row)
 
     def runs(
@@ -291,8 +311,11 @@ class SQLiteJournal(Journal):
             status, task, tag, since, placeholder="?", tag_clause="EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)"
         )
         sql = f"SELECT {_RUN_COLS} FROM runs{where} ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
-        with self._lock:
-            rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+        try:
+            with self._lock:
+                rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
         return [_run_info(r) for r in rows]
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import EngrainError, RoutineError
+from .._errors import EngrainError, RoutineError, TraceError
 from .udfs_file import UdfReport, check_recorded, udfs_source
 
 #: Values too common to be evidence of provenance (``True``, ``0``, ``"id"``...).
@@ -57,17 +57,20 @@ def _slug(text: str) -> str:
     return s[:60] or "routine"
 
 
-def _read_trace(trace: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
-    if isinstance(trace, dict):
-        return trace
+def _read_trace(trace: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[str, Any], str]:
+    """The trace's data, checked against its format's schema, and its format (``engrain`` or ``emcore``)."""
+    from .trace_schema import validate_trace
+
+    if not isinstance(trace, (str, os.PathLike)):
+        return trace, validate_trace(trace)  # type: ignore[return-value]
     path = pathlib.Path(trace)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise EngrainError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
-    if not isinstance(data, dict):
-        raise EngrainError(f"{path}: a trace must be a JSON object")
-    return data
+    except RecursionError:
+        raise TraceError(str(path), "(root)", "nested too deeply to parse") from None
+    return data, validate_trace(data, str(path))
 
 
 def _from_engrain(data: dict[str, Any]) -> _Trace:
@@ -330,17 +333,11 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     """
     import yaml
 
-    from .._durable.trace import TRACE_FORMAT
     from . import template as _template
     from .model import validate_routine
 
-    data = _read_trace(trace)
-    if data.get("format") == TRACE_FORMAT or (data.get("events") and "kind" in (data["events"][0] or {})):
-        t = _from_engrain(data)
-    elif "events" in data and ("mission" in data or "app" in data or "version" in data):
-        t = _from_emcore(data)
-    else:
-        raise EngrainError("unknown trace format: expected engrain.trace/1 or em-core {version, app, mission, events}")
+    data, fmt = _read_trace(trace)
+    t = _from_engrain(data) if fmt == "engrain" else _from_emcore(data)
 
     prov = _Provenance()
     prov.add("inputs", t.inputs)

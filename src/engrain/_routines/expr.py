@@ -23,8 +23,17 @@ strings, lists and tuples may not build more than :data:`MAX_SIZE` items per val
 results of ``*`` and ``**`` may not exceed :data:`MAX_INT_BITS` bits (so
 ``'a' * 10**9`` and ``10**10**10`` fail at once instead of eating memory), and
 ``%`` on a string (printf formatting) is refused; ``str()`` and ``round()`` have
-similar guards. Since an expression has no
-loops, evaluation is bounded by its size and the size of its data.
+similar guards. ``int()`` of a string longer than :data:`MAX_INT_DIGITS` characters
+is refused and no arithmetic takes an integer operand over :data:`MAX_OPERAND_BITS`
+bits, because division and conversion are quadratic in the size of an integer
+(``int('f'*999999, 16) // int('f'*499999, 16)`` took 8.5 s).
+
+Time: each evaluation is stopped after :data:`MAX_SECONDS` of its own work, and a
+:class:`Budget` (one per routine run) caps the total across all of a run's
+expressions at :data:`RUN_SECONDS`, so a routine cannot stack many slow ones. Time
+spent in a caller's functions (UDFs, which are journaled steps with their own
+limits) is not counted. The clock is read between operations; the size caps above
+keep every single operation far shorter than the limits.
 
 Errors are :class:`~engrain.ExpressionError`, at compile time and at run time
 (an unknown name, a missing key, division by zero, a type error). Exceptions
@@ -35,13 +44,15 @@ from __future__ import annotations
 
 import ast
 import operator
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._errors import ExpressionError
 
-__all__ = ["BUILTINS", "FUNCTIONS", "MAX_BUILT", "MAX_DEPTH", "MAX_INT_BITS", "MAX_NODES", "MAX_SIZE", "MAX_SOURCE", "Expr", "compile_expr"]
+__all__ = ["BUILTINS", "FUNCTIONS", "MAX_BUILT", "MAX_DEPTH", "MAX_INT_BITS", "MAX_INT_DIGITS", "MAX_NODES",
+           "MAX_OPERAND_BITS", "MAX_SECONDS", "MAX_SIZE", "MAX_SOURCE", "RUN_SECONDS", "Budget", "Expr", "compile_expr"]
 
 MAX_SOURCE = 2000
 MAX_NODES = 400
@@ -49,6 +60,13 @@ MAX_DEPTH = 40
 MAX_SIZE = 1_000_000
 MAX_BUILT = 4 * MAX_SIZE
 MAX_INT_BITS = 4096
+#: Longest string ``int()`` converts (4096 bits in base 2 need 4096 digits).
+MAX_INT_DIGITS = 4096
+#: Largest integer operand of any arithmetic: more than JSON inputs can hold (4300 decimal digits).
+MAX_OPERAND_BITS = 16_384
+#: Seconds one evaluation may take, and all expressions of one routine run together.
+MAX_SECONDS = 0.25
+RUN_SECONDS = 1.0
 
 # Never callable, even when a caller passes a function by that name: they reach
 # outside the data an expression may see.
@@ -58,8 +76,22 @@ _FORBIDDEN_CALLS = frozenset({
     "property", "exit", "quit",
 })
 
-# A closure takes env = [scope, functions, items left in the size budget].
+# A closure takes env = [scope, functions, items left in the size budget, deadline (monotonic)].
 _Fn = Callable[[list[Any]], Any]
+
+
+class Budget:
+    """Seconds of expression evaluation left to one routine run (see :data:`RUN_SECONDS`)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, seconds: float = RUN_SECONDS):
+        self.left = seconds
+
+
+def _tick(env: list[Any]) -> None:
+    if time.monotonic() > env[3]:
+        raise _fail("took too long (time budget of the expression or of the routine run spent)")
 
 
 class _Raised(Exception):
@@ -72,6 +104,9 @@ class _Raised(Exception):
 def _fail(reason: str) -> ExpressionError:
     # The expression text is filled in by Expr.evaluate, which knows it.
     return ExpressionError("", reason)
+
+
+_ATOMS = frozenset({int, float, bool, type(None)})
 
 
 def _weight(v: Any, limit: int) -> int:
@@ -88,7 +123,10 @@ def _weight(v: Any, limit: int) -> int:
             total += len(x) or 1
         elif isinstance(x, (list, tuple, set, frozenset)):
             total += 1
-            stack.extend(x)
+            if set(map(type, x)) <= _ATOMS:  # C-speed test: a flat sequence of numbers costs one per item
+                total += len(x)
+            else:
+                stack.extend(x)
         elif isinstance(x, Mapping):
             total += 1
             stack.extend(x.keys())
@@ -104,12 +142,27 @@ def _charge(env: list[Any], cost: int, what: str) -> None:
         raise _fail(f"{what}: the expression would build more than {MAX_BUILT} items in total")
 
 
+def _big_ints(what: str, *values: Any) -> None:
+    for v in values:
+        if isinstance(v, int) and v.bit_length() > MAX_OPERAND_BITS:
+            raise _fail(f"{what} on an integer over {MAX_OPERAND_BITS} bits")
+
+
+def _arith(op: Callable[[Any, Any], Any], what: str) -> Callable[[list[Any], Any, Any], Any]:
+    def fn(env: list[Any], a: Any, b: Any) -> Any:
+        _big_ints(what, a, b)
+        return op(a, b)
+
+    return fn
+
+
 def _add(env: list[Any], a: Any, b: Any) -> Any:
     if isinstance(a, (str, list, tuple)) and isinstance(b, (str, list, tuple)):
         size = _weight(a, MAX_SIZE) + _weight(b, MAX_SIZE)
         if size > MAX_SIZE:
             raise _fail(f"'+' would build {size} items (limit {MAX_SIZE})")
         _charge(env, size, "'+'")
+    _big_ints("'+'", a, b)
     return a + b
 
 
@@ -123,12 +176,14 @@ def _mul(env: list[Any], a: Any, b: Any) -> Any:
                     raise _fail(f"'*' would build {per * n} items (limit {MAX_SIZE})")
                 _charge(env, per * n, "'*'")
             return a * b
+    _big_ints("'*'", a, b)
     if isinstance(a, int) and isinstance(b, int) and a.bit_length() + b.bit_length() > MAX_INT_BITS:
         raise _fail(f"'*' would build an integer over {MAX_INT_BITS} bits")
     return a * b
 
 
 def _pow(env: list[Any], a: Any, b: Any) -> Any:
+    _big_ints("'**'", a, b)
     if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 and abs(a).bit_length() * b > MAX_INT_BITS:
         raise _fail(f"'**' would build an integer over {MAX_INT_BITS} bits")
     result = a**b
@@ -140,19 +195,16 @@ def _pow(env: list[Any], a: Any, b: Any) -> Any:
 def _mod(env: list[Any], a: Any, b: Any) -> Any:
     if isinstance(a, str):
         raise _fail("'%' on a string (printf formatting) is not allowed")
+    _big_ints("'%'", a, b)
     return a % b
-
-
-def _plain(op: Callable[[Any, Any], Any]) -> Callable[[list[Any], Any, Any], Any]:
-    return lambda env, a, b: op(a, b)
 
 
 _BINOPS: dict[type, Callable[[list[Any], Any, Any], Any]] = {
     ast.Add: _add,
-    ast.Sub: _plain(operator.sub),
+    ast.Sub: _arith(operator.sub, "'-'"),
     ast.Mult: _mul,
-    ast.Div: _plain(operator.truediv),
-    ast.FloorDiv: _plain(operator.floordiv),
+    ast.Div: _arith(operator.truediv, "'/'"),
+    ast.FloorDiv: _arith(operator.floordiv, "'//'"),
     ast.Mod: _mod,
     ast.Pow: _pow,
 }
@@ -189,7 +241,19 @@ def _round(x: Any, ndigits: Any = None) -> Any:
 
 
 def _int(x: Any = 0, base: Any = None) -> int:
-    return int(x) if base is None else int(x, base)
+    if isinstance(x, (str, bytes)) and len(x) > MAX_INT_DIGITS:
+        raise _fail(f"int() of a string of {len(x)} characters (limit {MAX_INT_DIGITS})")
+    out = int(x) if base is None else int(x, base)
+    if out.bit_length() > MAX_INT_BITS:
+        raise _fail(f"int() would build an integer over {MAX_INT_BITS} bits")
+    return out
+
+
+def _float(x: Any = 0.0) -> float:
+    if isinstance(x, str) and len(x) > MAX_INT_DIGITS:
+        raise _fail(f"float() of a string of {len(x)} characters (limit {MAX_INT_DIGITS})")
+    _big_ints("float()", x)
+    return float(x)
 
 
 def _str(x: Any = "") -> str:
@@ -207,7 +271,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "abs": abs,
     "round": _round,
     "int": _int,
-    "float": float,
+    "float": _float,
     "str": _str,
     "bool": bool,
     "sorted": sorted,
@@ -244,14 +308,24 @@ class Expr:
         scope: Mapping[str, Any],
         functions: Mapping[str, Callable[..., Any]] | None = None,
         where: str | None = None,
+        budget: Budget | None = None,
     ) -> Any:
         """The value of the expression with names from ``scope`` and UDFs from ``functions``.
 
-        Raises :class:`~engrain.ExpressionError`; an exception raised by one of
+        ``budget`` (one per routine run) is charged the time spent; the evaluation
+        stops after :data:`MAX_SECONDS` or when the budget is spent. Raises
+        :class:`~engrain.ExpressionError`; an exception raised by one of
         ``functions`` propagates as it is.
         """
+        if budget is not None and budget.left <= 0:
+            raise ExpressionError(self.text, f"not evaluated: the routine run's expressions already took "
+                                             f"their {RUN_SECONDS} s budget", where)
+        start = time.monotonic()
+        allowed = MAX_SECONDS if budget is None else min(MAX_SECONDS, budget.left)
+        # env[4] accumulates time spent inside the caller's functions, which is not ours to charge.
+        env = [scope, functions or {}, MAX_BUILT, start + allowed, 0.0]
         try:
-            return self._fn([scope, functions or {}, MAX_BUILT])
+            return self._fn(env)
         except ExpressionError as e:
             raise ExpressionError(self.text, e.reason, where) from None
         except _Raised as r:
@@ -260,6 +334,9 @@ class Expr:
             raise ExpressionError(self.text, "division by zero", where) from None
         except (ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError, MemoryError) as e:
             raise ExpressionError(self.text, f"{type(e).__name__}: {e}", where) from None
+        finally:
+            if budget is not None:
+                budget.left -= time.monotonic() - start - env[4]
 
 
 _compiled: dict[str, Expr] = {}
@@ -443,6 +520,7 @@ class _Builder:
             a = left(env)
             for fn, right_fn in ops:
                 b = right_fn(env)
+                _tick(env)
                 if not fn(a, b):
                     return False
                 a = b
@@ -490,7 +568,13 @@ class _Builder:
             raise self.refuse(f"{_describe(node.op)} is not allowed")
         left = self.build(node.left, d)
         right = self.build(node.right, d)
-        return lambda env: fn(env, left(env), right(env))
+
+        def binop(env: Any) -> Any:
+            a, b = left(env), right(env)
+            _tick(env)
+            return fn(env, a, b)
+
+        return binop
 
     def _IfExp(self, node: ast.IfExp, d: int) -> _Fn:
         test = self.build(node.test, d)
@@ -520,15 +604,21 @@ class _Builder:
             udf = env[1].get(name)
             a = [f(env) for f in args]
             kw = {k: f(env) for k, f in kwargs}
+            _tick(env)
             if udf is None:
                 builtin = FUNCTIONS.get(name)
                 if builtin is None:
                     raise _fail(f"unknown function {name!r}")
                 return builtin(*a, **kw)
+            t0 = time.monotonic()
             try:
                 return udf(*a, **kw)
             except Exception as e:  # noqa: BLE001 - re-raised unchanged by Expr.evaluate
                 raise _Raised(e) from None
+            finally:
+                spent = time.monotonic() - t0
+                env[3] += spent  # a UDF's time is its own step's, not the expression's
+                env[4] += spent
 
         return call
 

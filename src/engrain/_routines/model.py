@@ -24,7 +24,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import RoutineError
+from .._errors import JSONTooDeepError, RoutineError
+from .._events import MAX_DEPTH, check_depth
 
 ROUTINE_FILE = "routine.yaml"
 UDFS_FILE = "udfs.py"
@@ -416,7 +417,8 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], _Pac
 
     pkg = _Package()
     if not root.is_dir():
-        raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", "not a routine folder")])
+        why = "not a routine folder (no such folder)" if not root.exists() else "not a routine folder (not a folder)"
+        raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", why)])
     path = _safe_file(root, ROUTINE_FILE)
     try:
         text = path.read_text(encoding="utf-8")
@@ -428,6 +430,12 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], _Pac
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "yaml"
         return None, None, [RoutineIssue(ROUTINE_FILE, None, where, f"invalid YAML: {getattr(e, 'problem', e)}")], pkg
+    except RecursionError:
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, "yaml", f"nested deeper than {MAX_DEPTH} levels")], pkg
+    try:
+        check_depth(data, ROUTINE_FILE, "routine", MAX_DEPTH)
+    except JSONTooDeepError as e:
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, e.path.removeprefix("routine."), f"nested deeper than {MAX_DEPTH} levels")], pkg
     issues: list[RoutineIssue] = []
     has_udfs, has_udf = (root / UDFS_FILE).exists(), (root / emcore.UDF_FILE).exists()
     if has_udfs and has_udf:

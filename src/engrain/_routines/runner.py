@@ -29,6 +29,7 @@ from .._errors import (
     RunNotFoundError,
 )
 from .answers import Answers, coerce_answers, parse_answers
+from .expr import Budget
 from .model import Routine, Step, load_routine
 
 #: Tag on every routine run; the run's recorded inputs name the routine folder.
@@ -67,10 +68,12 @@ def resolve_tools(tools: Any) -> Any:
                     spec.loader.exec_module(mod)  # the operator named this file on purpose
             else:
                 mod = importlib.import_module(mod_name)
-            obj = getattr(mod, attr)
         except (ImportError, AttributeError, OSError) as e:
             raise RoutineInputError("--tools", tools, f"cannot load the registry: {e}") from None
-        return obj
+        if not hasattr(mod, attr):
+            # Name the file or module as the operator wrote it, not our private module name.
+            raise RoutineInputError("--tools", tools, f"cannot load the registry: {mod_name} has no attribute {attr!r}")
+        return getattr(mod, attr)
     return tools
 
 
@@ -128,6 +131,8 @@ class _RoutineRun:
         self.sandbox = sandbox
         self.answers = answers
         self.prompted: str | None = None
+        #: Time all of this run's when/assert expressions may take together.
+        self.budget = Budget()
         self._functions: dict[str, Callable[..., Any]] | None = None
 
     def udf(self, name: str, args: dict[str, Any]) -> Any:
@@ -219,7 +224,7 @@ class _RoutineRun:
         for step in routine.steps:
             try:
                 if step.when_expr is not None and not step.when_expr.evaluate(
-                    scope, self.functions() if step.when_expr.calls else None, "when"
+                    scope, self.functions() if step.when_expr.calls else None, "when", self.budget
                 ):
                     continue
                 t = step.type
@@ -230,7 +235,7 @@ class _RoutineRun:
                     args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else step.spec.get("args") or {}
                     result = self.udf(step.spec["function"], args)
                 elif t == "assert":
-                    result = step.assert_expr.evaluate(scope, self.functions() if step.assert_expr.calls else None, "expr")
+                    result = step.assert_expr.evaluate(scope, self.functions() if step.assert_expr.calls else None, "expr", self.budget)
                     if not result:
                         msg = step.spec.get("message")
                         text = _template.render(msg, scope, f"step {step.id!r} field 'message'") if msg else f"assertion failed: {step.spec['expr']}"
@@ -343,10 +348,12 @@ def resume_routine(
 
     ``answers`` is ``{field: value}`` for the prompt the run waits at, or
     ``{step_id: {field: value}}`` naming that step (and, optionally, later
-    prompts, which are then answered without pausing). The routine folder,
-    inputs and tool registry spec come from the run's ``run.started`` event;
-    the sandbox is on when the routine is untrusted, ``sandbox=True`` is given,
-    or the run started sandboxed (the journal can only turn it on). Answers are
+    prompts, which are then answered without pausing). The routine folder and
+    inputs come from the run's ``run.started`` event; trust never does: UDFs run
+    in the sandbox when the routine is untrusted, when ``sandbox=True``, or when
+    the run was started sandboxed (the journal can only tighten this), and
+    ``tools`` is the caller's (a run started with a ``--tools`` spec must be
+    resumed with one: no module named in the journal is imported). Answers are
     validated against the prompt's fields (:class:`~engrain.RoutineInputError`
     naming the step and field).
     """
@@ -358,8 +365,15 @@ def resume_routine(
         raise RunNotFoundError(run_id)
     started = events[0].data
     rec = started.get("inputs") or {}
-    if ROUTINE_TAG not in (started.get("tags") or []) or "routine" not in rec:
+    tags = started.get("tags") or []
+    if ROUTINE_TAG not in tags or ev.CLIENT_TAG in tags or not isinstance(rec, dict) or not isinstance(rec.get("routine"), str):
         raise EngrainError(f"run {run_id!r} is not a routine run (task {started.get('task')!r})")
+    if tools is None and rec.get("tools"):
+        raise RoutineInputError(
+            f"resume {run_id}", "tools",
+            f"the run was started with --tools {rec['tools']}; pass the same registry to resume it "
+            "(engrain loads no code named in the journal)",
+        )
     waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
     if not waiting:
         raise EngrainError(f"run {run_id!r} is not waiting for input")
@@ -376,9 +390,10 @@ def resume_routine(
     return run_routine(
         root,
         rec.get("inputs") or {},
-        tools=tools if tools is not None else rec.get("tools"),
+        tools=tools,
         run_id=run_id,
         journal=j,
         answers=given.by_step or None,
+        # Only the caller may switch the sandbox off; a recorded True merely keeps it on.
         sandbox=sandbox if sandbox is not None else (True if rec.get("sandbox") is True else None),
     )

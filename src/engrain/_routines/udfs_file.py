@@ -124,7 +124,7 @@ def _stub(fname: str, records: list[tuple[dict[str, Any], Any]], reason: str | N
     keys = [list(a) for a, _ in records]
     same = all(k == keys[0] for k in keys)
     simple = same and all(_param_name(k) for k in keys[0])
-    table = f"_{fname.upper()}_CALLS"
+    table = f"_CALLS_{fname}"  # keeps case: U and u are two functions
     rows = "".join(f"    ({_literal(a)}, {_literal(r)}),\n" for a, r in records)
     note = "".join(f"# {line}\n" for line in (f"replays recorded results: {reason}" if reason else "").splitlines())
     out = f"\n\n{note}{table} = [\n{rows}]\n"

@@ -30,13 +30,15 @@ def run(path: Path, inputs: dict[str, Any], journal: Any, run_id: str | None, to
 
 def routine_folder(events: list[Event]) -> Path | None:
     """The routine folder a run was started from, or None if it is not a routine run."""
+    from .._events import CLIENT_TAG
     from .._routines.runner import ROUTINE_TAG
 
     if not events or events[0].kind != "run.started":
         return None
     started = events[0].data
     rec = started.get("inputs")
-    if ROUTINE_TAG not in (started.get("tags") or []) or not isinstance(rec, dict):
+    tags = started.get("tags") or []
+    if not isinstance(tags, list) or ROUTINE_TAG not in tags or CLIENT_TAG in tags or not isinstance(rec, dict):
         return None
     folder = rec.get("routine")
     return Path(folder) if isinstance(folder, str) else None

@@ -28,7 +28,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from .._errors import ConfigError
-from .._events import Event
+from .._events import CLIENT_TAG, Event
 from .state import ApiError, state_of
 
 router = APIRouter(tags=["agents"])
@@ -79,7 +79,7 @@ def agent_of(events: list[Event]) -> str | None:
     if not events or events[0].kind != "run.started":
         return None
     tags = events[0].data.get("tags") or []
-    if not isinstance(tags, list) or AGENT_TAG not in tags:
+    if not isinstance(tags, list) or AGENT_TAG not in tags or CLIENT_TAG in tags:
         return None
     for t in tags:
         if isinstance(t, str) and t.startswith(AGENT_TAG + ":"):

@@ -26,10 +26,11 @@ from .._errors import (
     LeaseHeldError,
     NotJSONError,
     RunNotFoundError,
+    TraceError,
 )
 from .._journal import open_journal
 from .._version import __version__
-from .state import ApiError, ServerState
+from .state import ERROR_RESPONSES, ApiError, ServerState
 
 #: Largest request body accepted (bytes); bigger ones get 413.
 MAX_BODY = 2 * 1024 * 1024
@@ -92,7 +93,8 @@ class HostGuard:
         if host is None or not self.allowed(host):
             resp = _error(421, "HostNotAllowed", f"Host header {host!r} is not a loopback name or address "
                           f"(localhost, 127.0.0.1, ::1): refused to block DNS rebinding; {hint}")
-        elif origin is not None and origin != "null" and not self.allowed(origin.partition("://")[2] or origin):
+        elif origin is not None and (origin.strip().lower() == "null" or not self.allowed(origin.partition("://")[2] or origin)):
+            # "null" is what sandboxed iframes, data: and file: pages send: a page, but not ours.
             resp = _error(403, "OriginNotAllowed", f"Origin {origin!r} is not this machine: cross-site request refused; {hint}")
         else:
             await self.app(scope, receive, send)
@@ -113,6 +115,7 @@ _STATUS: list[tuple[type[BaseException], int]] = [
     (ConflictError, 409),
     (LeaseHeldError, 409),
     (NotJSONError, 422),
+    (TraceError, 422),
     (ConfigError, 400),
 ]
 
@@ -128,6 +131,16 @@ def status_of(exc: BaseException) -> int:
     if name.endswith("NotFoundError"):
         return 404
     return 400
+
+
+def allowed_methods(app: Any, scope: Scope) -> list[str]:
+    """Every method some route of ``app`` serves at the request's path, sorted."""
+    from starlette.routing import Match, Mount
+
+    # Probed method by method: included routers only say whether they match as a whole.
+    return [m for m in ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+            if any(r.matches({**scope, "method": m})[0] == Match.FULL for r in app.router.routes
+                   if not isinstance(r, Mount))]  # the UI's static mount matches every path
 
 
 class BodyLimit:
@@ -271,6 +284,7 @@ def create_app(
         version=__version__,
         description="Durable runs, routines, a behavior cache and skill memory over one journal.",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
     )
     app.state.engrain = state
 
@@ -292,9 +306,16 @@ def create_app(
         return _error(422, "ValidationError", text, fields=fields)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         names = {404: "NotFound", 405: "MethodNotAllowed", 401: "Unauthorized"}
-        return _error(exc.status_code, names.get(exc.status_code, "HTTPError"), str(exc.detail))
+        resp = _error(exc.status_code, names.get(exc.status_code, "HTTPError"), str(exc.detail))
+        for name, value in (exc.headers or {}).items():  # WWW-Authenticate on a 401
+            resp.headers[name] = value
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route matching the path only; a path
+            # served by several routes (GET and POST /api/runs) allows all of theirs.
+            resp.headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
+        return resp
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

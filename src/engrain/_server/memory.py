@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from .state import state_of
+from .state import Body, state_of
 
 router = APIRouter(tags=["memory"])
 
 
-class Remember(BaseModel):
+class Remember(Body):
     """One deposit."""
 
     data: Any = Field(description="A string or any JSON value.")
@@ -22,7 +22,7 @@ class Remember(BaseModel):
     ttl: float | None = Field(default=None, gt=0, description="Lifetime in seconds (default: the memory's).")
 
 
-class Recall(BaseModel):
+class Recall(Body):
     """A search."""
 
     query: str = Field(min_length=1, max_length=10_000)
@@ -31,7 +31,7 @@ class Recall(BaseModel):
     hint: str | None = Field(default=None, max_length=10_000)
 
 
-class Consolidate(BaseModel):
+class Consolidate(Body):
     """How much of the buffer to consolidate."""
 
     num_records: Literal["all"] | int = Field(default="all", description="'all' or a positive count.")

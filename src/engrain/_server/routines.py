@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from .state import ApiError, ServerState, state_of
+from .state import ApiError, Body, ServerState, state_of
 
 router = APIRouter(tags=["routines"])
 
@@ -27,20 +27,20 @@ ROUTINE_FILE = "routine.yaml"
 _CORE = ("_routines.model", "_routines.runner", "_routines.template", "_routines.expr")
 
 
-class RunBody(BaseModel):
+class RunBody(Body):
     """Inputs of a routine run."""
 
     inputs: dict[str, Any] = Field(default_factory=dict)
     run_id: str | None = Field(default=None, max_length=200)
 
 
-class PreviewBody(BaseModel):
+class PreviewBody(Body):
     """A trace to compile without saving it (the UI's compile view)."""
 
     trace: dict[str, Any] = Field(description="An engrain trace (engrain export) or an em-core trace.")
 
 
-class CompileBody(BaseModel):
+class CompileBody(Body):
     """A trace to compile into ``routines_dir/<name>``."""
 
     name: str = Field(description="Routine name (folder to create).")

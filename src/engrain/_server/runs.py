@@ -9,24 +9,26 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from .. import _events as ev
 from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
-from .state import ApiError, state_of
+from .state import ApiError, Body, state_of
 
 router = APIRouter(tags=["runs"])
 
-Status = Literal["running", "completed", "failed", "needs_input"]
+# The run statuses (see engrain._events.STATUSES) plus the old name "completed",
+# still accepted for "ok"; FastAPI answers 422 listing these for anything else.
+Status = Literal["ok", "failed", "needs_input", "running", "queued", "cancelled", "completed"]
 TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED)
 #: How often the SSE stream polls the journal for new events (seconds), and the idle keep-alive.
 POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
 
 
-class StartRun(BaseModel):
+class StartRun(Body):
     """Start a run of a routine under the server's routines dir, or of a registered agent."""
 
     routine: str | None = Field(default=None, description="Routine name (a folder under the routines dir).")
@@ -38,7 +40,7 @@ class StartRun(BaseModel):
                         description="Agent runs: seconds to wait for the end or a prompt before answering status running.")
 
 
-class Answers(BaseModel):
+class Answers(Body):
     """Answers to the prompt a ``needs_input`` run waits for."""
 
     answers: dict[str, Any] = Field(description="Field name -> answer.")
@@ -46,13 +48,13 @@ class Answers(BaseModel):
                         description="Agent runs: seconds to wait for the resumed run before answering status running.")
 
 
-class AppendEvent(BaseModel):
+class AppendEvent(Body):
     kind: str = Field(description="Event kind, e.g. step.started (see DESIGN.md).")
     name: str = Field(default="", max_length=500)
     data: dict[str, Any] = Field(default_factory=dict)
 
 
-class Append(BaseModel):
+class Append(Body):
     """Low-level append with optimistic concurrency."""
 
     events: list[AppendEvent] = Field(min_length=1, max_length=1000)
@@ -121,7 +123,8 @@ def list_runs(
     offset: int = Query(default=0, ge=0, le=10_000_000),
 ) -> list[dict[str, Any]]:
     """Runs matching every filter, most recently updated first."""
-    rows = state_of(request).journal.runs(status=status, tag=tag, task=task, limit=limit, offset=offset)
+    wanted = None if status is None else ev.check_status(status)
+    rows = state_of(request).journal.runs(status=wanted, tag=tag, task=task, limit=limit, offset=offset)
     return [r.to_dict() for r in rows]
 
 
@@ -185,7 +188,7 @@ async def stream(request: Request, run_id: str, after: int = Query(default=-1, g
                     delay, idle_since = POLL_MIN, time.monotonic()
                 else:
                     info = await run_in_threadpool(journal.get_run, run_id)
-                    if info is None or info.status in (ev.COMPLETED, ev.FAILED):
+                    if info is None or info.status in (ev.OK, ev.FAILED):
                         return  # finished before `after`: nothing more will come
                     if time.monotonic() - idle_since > KEEPALIVE:
                         idle_since = time.monotonic()
@@ -201,20 +204,66 @@ async def stream(request: Request, run_id: str, after: int = Query(default=-1, g
     return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
 
+#: Tags only the runtime writes: they make the server resume a run as a routine or an agent.
+RUNTIME_TAGS = frozenset({"routine", "agent", ev.CLIENT_TAG})
+
+
+def _runtime_only(detail: str) -> ApiError:
+    return ApiError(403, "RuntimeOnlyError", detail + " (see docs/api.md, 'Client runs')")
+
+
+def _client_events(journal: Any, run_id: str, body: Append) -> list[NewEvent]:
+    """The events to store, once the client may write them: only into a run it created itself.
+
+    Routine and agent runs are resumed by the server from their journal, so a forged
+    ``run.started`` or step result there would choose what the server runs: a client
+    creates its own runs (tagged ``client``, which the runtime never resumes) and
+    appends only to those.
+    """
+    events = [NewEvent(e.kind, e.name, e.data) for e in body.events]
+    for i, e in enumerate(events):
+        if e.kind == ev.RUN_STARTED and body.expected_seq + i > 0:
+            raise ApiError(422, "ValidationError", f"events[{i}].kind: run.started may only be the run's first event (seq 0)")
+    if body.expected_seq == 0:
+        if events[0].kind != ev.RUN_STARTED:
+            raise ApiError(422, "ValidationError", "events[0].kind must be run.started when creating a run (expected_seq 0)")
+        tags = events[0].data.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise ApiError(422, "ValidationError", "events[0].data.tags must be a list of strings")
+        reserved = sorted({t for t in tags if t in RUNTIME_TAGS or t.startswith("agent:")})
+        if reserved:
+            raise _runtime_only(f"events[0].data.tags: {', '.join(reserved)} may only be written by engrain's runtime; "
+                                "start routine and agent runs with POST /api/runs")
+        events[0] = NewEvent(ev.RUN_STARTED, events[0].name, {**events[0].data, "tags": [*tags, ev.CLIENT_TAG]})
+        return events
+    head = journal.read(run_id, -1)[:1]
+    if not head:
+        raise RunNotFoundError(run_id)
+    tags = head[0].data.get("tags") if head[0].kind == ev.RUN_STARTED else None
+    if not isinstance(tags, list) or ev.CLIENT_TAG not in tags:
+        raise _runtime_only(f"run {run_id!r} is written by engrain's runtime, not by a client: "
+                            "a client may append only to runs it created with this endpoint")
+    return events
+
+
 @router.post("/runs/{run_id}/events")
 def append_events(request: Request, run_id: str, body: Append) -> list[dict[str, Any]]:
-    """Append events at ``expected_seq`` (409 ``ConflictError`` if another writer got there first)."""
+    """Append events at ``expected_seq`` to a client run (409 ``ConflictError`` if another writer got there first).
+
+    A client may create a run (``run.started`` at seq 0, tagged ``client`` by the
+    server) and append any kind to it; runs the runtime writes (routines, agents,
+    ``engrain.run``) answer 403 ``RuntimeOnlyError``.
+    """
     if not run_id.strip() or len(run_id) > 200:
         raise ApiError(400, "BadRunId", "run_id must be 1..200 characters and not blank")
     for i, e in enumerate(body.events):
         if e.kind not in ev.KINDS:
             raise ApiError(422, "ValidationError", f"events[{i}].kind {e.kind!r} is not one of {sorted(ev.KINDS)}")
         check_json(e.data, f"events[{i}]", "data")
-    if body.expected_seq == 0 and body.events[0].kind != ev.RUN_STARTED:
-        raise ApiError(422, "ValidationError", "events[0].kind must be run.started when creating a run (expected_seq 0)")
     journal = state_of(request).journal
+    events = _client_events(journal, run_id, body)
     try:
-        stored = journal.append(run_id, [NewEvent(e.kind, e.name, e.data) for e in body.events], body.expected_seq)
+        stored = journal.append(run_id, events, body.expected_seq)
     except ConflictError:
         # Only now pay for the lookup that tells "no such run" from "another writer won".
         if body.expected_seq > 0 and journal.get_run(run_id) is None:

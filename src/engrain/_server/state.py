@@ -10,8 +10,60 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
+from pydantic import BaseModel, model_validator
 
+from .._errors import JSONTooDeepError
+from .._events import MAX_DEPTH, check_depth
 from .._journal import Journal, open_journal
+
+
+class FieldError(BaseModel):
+    """One invalid field of a request: its location and what is wrong."""
+
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error response: ``error`` is the error's type name, ``detail`` says what was wrong."""
+
+    error: str
+    detail: str
+    fields: list[FieldError] | None = None
+
+
+_ERRORS = {
+    400: "Bad input (a malformed id or value the schema cannot express)",
+    401: "Missing or wrong bearer token (only when the server has a token)",
+    403: "Refused: a cross-site Origin on a loopback server, or a write only the runtime may make",
+    404: "No such run, routine, agent or path",
+    409: "Conflict: another writer appended first, the run is busy, or it is not waiting for input",
+    413: "Request body larger than the server's limit",
+    421: "Host header is not this machine (DNS-rebinding guard of a loopback server)",
+    422: "The request does not match the schema, or the data is invalid (fields names each problem)",
+    501: "A feature (the routine engine) is not installed in this engrain",
+}
+#: The error responses every operation may answer, all with :class:`ErrorBody` (OpenAPI ``responses``).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text} for code, text in _ERRORS.items()
+}
+
+
+class Body(BaseModel):
+    """Base of every request body: JSON nested deeper than ``MAX_DEPTH`` is refused (422) naming its path.
+
+    Checked before the fields are parsed, so a deep value never reaches a
+    recursive reader (pydantic, the journal, the encoder of a later response).
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, data: Any) -> Any:
+        try:
+            check_depth(data, "request body", "body", MAX_DEPTH)
+        except JSONTooDeepError as e:
+            raise ValueError(str(e)) from None
+        return data
 
 
 class ApiError(Exception):

@@ -16,7 +16,7 @@
   const TERMINAL = new Set(["run.completed", "run.failed"]);
   const EVENT_KINDS = [
     "run.started", "step.started", "step.completed", "step.failed", "check.failed", "input.requested",
-    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed",
+    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed", "log.entry",
   ];
 
   // Functions to call when leaving the current view (close SSE streams, timers).
@@ -64,7 +64,7 @@
     if (task) q.set("task", task);
     const runs = await api("GET", `/api/runs?${q}`);
     const statusSel = h("select", { id: "runs-status", name: "status" },
-      ["", "running", "needs_input", "completed", "failed"].map((s) => h("option", { value: s, text: s || "any", selected: s === status })));
+      ["", "ok", "failed", "needs_input", "running", "queued", "cancelled"].map((s) => h("option", { value: s, text: s || "any", selected: s === status })));
     statusSel.value = status;
     const taskIn = h("input", { id: "runs-task", name: "task", type: "search", value: task, "aria-describedby": "runs-task-hint" });
     const form = h("form", {
@@ -122,7 +122,9 @@
       h("td", { class: "num" }, h("time", { title: fmtTime(e.ts), text: rel })),
       h("td", { class: "mono", text: e.kind }),
       h("td", { class: "mono", text: e.name }),
-      h("td", {}, hasData ? h("details", {}, h("summary", { text: short(e.data, 70) }), h("pre", { text: pretty(e.data) })) : null));
+      // An adapter's log entry (a LangGraph checkpoint, a session item) leads with its summary, not its payload.
+      h("td", {}, hasData ? h("details", {}, h("summary", { text: short(e.kind === "log.entry" && e.data.summary ? e.data.summary : e.data, 70) }),
+        h("pre", { text: pretty(e.data) })) : null));
   }
 
   function renderRun(data, container, reload) {
@@ -146,7 +148,7 @@
           ? [h("dt", { text: "Inputs" }), h("dd", {}, h("pre", { text: pretty(started.data.inputs) }))] : null),
     ];
     if (data.error) nodes.push(h("div", { class: "error-box", role: "alert" }, h("strong", { text: "Error: " }), data.error));
-    if (run.status === "completed") nodes.push(h("section", { "aria-labelledby": "run-output" }, h("h2", { id: "run-output", text: "Output" }), h("pre", { class: "output", text: pretty(data.output) })));
+    if (run.status === "ok") nodes.push(h("section", { "aria-labelledby": "run-output" }, h("h2", { id: "run-output", text: "Output" }), h("pre", { class: "output", text: pretty(data.output) })));
     if (data.prompt) nodes.push(promptPanel(run.run_id, data.prompt, () => reload()));
     const steps = data.steps || [];
     nodes.push(h("h2", { text: `Steps (${steps.length})` }));

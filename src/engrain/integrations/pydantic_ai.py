@@ -1,0 +1,104 @@
+"""engrain under PydanticAI: durable runs of a PydanticAI agent inside an engrain run.
+
+    from engrain.integrations.pydantic_ai import durable
+
+    def support(task):
+        with durable(agent):                          # the one-line change
+            return agent.run_sync(task).output
+    eg.run(support, "refund order 42", run_id="r-42")  # kill it, run it again: nothing paid twice
+
+Extension points used, the ones PydanticAI's own durable-execution integrations
+use: a ``WrapperModel`` (every model request passes through ``request`` with
+its response) and a ``WrapperToolset`` (every tool call passes through
+``call_tool``), installed for the duration of a run with ``Agent.override``.
+Inside an engrain run a model request is an ``llm`` step and a tool call a
+``tool`` step: on resume the recorded response or result is returned and the
+provider or the tool is not called. Outside an engrain run they pass through.
+A tool result that is not JSON is journaled, and returned live, as its ``str()``.
+Streamed requests are not journaled: inside an engrain run they raise
+:class:`~engrain.EngrainError` rather than run without durability.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
+from pydantic_ai.models import Model, infer_model
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets.wrapper import WrapperToolset
+
+from .._durable.context import current
+from .._errors import EngrainError
+from .._events import is_json
+
+__all__ = ["DurableModel", "DurableToolset", "durable"]
+
+
+def _dump(messages: list[Any]) -> list[Any]:
+    return ModelMessagesTypeAdapter.dump_python(messages, mode="json")
+
+
+class DurableModel(WrapperModel):
+    """A model whose requests are journaled ``llm`` steps inside an engrain run."""
+
+    async def request(self, messages, model_settings, model_request_parameters) -> ModelResponse:
+        run = current()
+        if run is None:
+            return await self.wrapped.request(messages, model_settings, model_request_parameters)
+
+        async def call() -> Any:
+            response = await self.wrapped.request(messages, model_settings, model_request_parameters)
+            return _dump([response])[0]
+
+        name = self.wrapped.model_name
+        recorded = await run.acall(f"llm:{name}", "llm", {"model": name, "messages": _dump(messages)}, call)
+        return ModelMessagesTypeAdapter.validate_python([recorded])[0]
+
+    @asynccontextmanager
+    async def request_stream(self, messages, model_settings, model_request_parameters,
+                             run_context=None) -> AsyncIterator[Any]:
+        if current() is not None:
+            raise EngrainError("durable(agent): streamed requests are not journaled yet; use run/run_sync "
+                               "inside an engrain run")
+        async with self.wrapped.request_stream(messages, model_settings, model_request_parameters,
+                                               run_context) as stream:
+            yield stream
+
+
+class DurableToolset(WrapperToolset):
+    """A toolset whose tool calls are journaled ``tool`` steps inside an engrain run."""
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
+        run = current()
+        if run is None:
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+
+        async def call() -> Any:
+            out = await self.wrapped.call_tool(name, tool_args, ctx, tool)
+            return out if is_json(out) else str(out)
+
+        return await run.acall(f"tool:{name}", "tool", {"arguments": tool_args}, call)
+
+
+def _durable_toolset(ts: AbstractToolset[Any]) -> AbstractToolset[Any]:
+    return ts if isinstance(ts, DurableToolset) else DurableToolset(ts)
+
+
+@contextmanager
+def durable(agent: Agent[Any, Any]) -> Iterator[Agent[Any, Any]]:
+    """Within the block, ``agent``'s model requests and tool calls are journaled (inside an engrain run)."""
+    model: Model | None = None
+    if agent.model is not None:
+        inner = agent.model if isinstance(agent.model, Model) else infer_model(agent.model)
+        model = inner if isinstance(inner, DurableModel) else DurableModel(inner)
+    toolsets = [ts.visit_and_replace(_durable_toolset) for ts in agent.toolsets]
+    overrides: dict[str, Any] = {"toolsets": toolsets, "tools": []}
+    if model is not None:
+        overrides["model"] = model
+    with agent.override(**overrides):
+        yield agent
