@@ -75,10 +75,11 @@ def test_nondeterminism_names_both_steps(journal, calls):
     journal.append("r3", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
     journal.append("r3", [NewEvent("step.started", "add", {"call_id": 0, "type": "tool", "args": {}, "attempt": 1})], 1)
     journal.append("r3", [NewEvent("step.completed", "add", {"call_id": 0, "result": 1})], 2)
-    with pytest.raises(eg.NondeterminismError) as info:
-        eg.run(lambda task: boom(1), "t", run_id="r3", journal=journal)
-    assert "'add'" in str(info.value) and "'boom'" in str(info.value) and info.value.call_id == 0
-    assert journal.get_run("r3").status == "running"  # left resumable, not marked failed
+    result = eg.run(lambda task: boom(1), "t", run_id="r3", journal=journal)
+    assert result.status == "failed" and result.error.startswith("NondeterminismError: ")
+    assert "'add'" in result.error and "'boom'" in result.error
+    assert journal.get_run("r3").status == "failed"  # terminal: resuming cannot make the code agree again
+    assert journal.read("r3")[-1].data["error_type"] == "NondeterminismError"
     assert calls == []
 
 
@@ -384,11 +385,12 @@ def test_renewals_never_bring_back_a_dropped_lease(journal, monkeypatch):
 def test_an_orphaned_runs_lease_expires_and_recover_takes_it(journal):
     journal.append("orph", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0,
                    lease=("otherhost:1:gone", 0.1))
-    assert eg.recover(lambda task: "late", journal=journal) == []  # still leased
+    late = lambda task: "late"  # noqa: E731
+    assert eg.recover({}, unnamed=late, journal=journal) == []  # still leased
     with pytest.raises(eg.LeaseHeldError):
         eg.run(lambda task: "now", "t", run_id="orph", journal=journal)
     time.sleep(0.2)
-    (r,) = eg.recover(lambda task: "late", journal=journal)
+    (r,) = eg.recover({}, unnamed=late, journal=journal)
     assert r.output == "late" and journal.get_run("orph").lease_owner is None
 
 
@@ -422,15 +424,15 @@ def test_recover_resumes_orphaned_runs(journal, calls):
         journal.append(
             f"o{k}",
             [
-                NewEvent("run.started", "", {"task": "sum", "inputs": {"x": k}, "tags": []}),
+                NewEvent("run.started", "", {"task": "sum", "inputs": {"x": k}, "tags": [], "agent": "summer"}),
                 NewEvent("step.started", "add", {"call_id": 0, "type": "tool", "args": {"a": k, "b": 10}, "attempt": 1}),
                 NewEvent("step.completed", "add", {"call_id": 0, "result": k + 10}),
             ],
             0,
         )
-    eg.run(lambda task, x: x, "other", run_id="finished", inputs={"x": 0}, journal=journal)
-    results = eg.recover(lambda task, x: add(add(x), 1), journal=journal)
+    eg.run(lambda task, x: x, "other", run_id="finished", inputs={"x": 0}, journal=journal, agent_name="summer")
+    results = eg.recover({"summer": lambda task, x: add(add(x), 1)}, journal=journal)
     assert sorted(r.output for r in results) == [11, 12, 13]
-    assert all(r.replayed == 1 and r.executed == 1 for r in results)
+    assert all(r and r.replayed == 1 and r.executed == 1 and r.agent == "summer" for r in results)
     assert {r.run_id for r in results} == {"o0", "o1", "o2"}
-    assert eg.recover(lambda task, x: x, journal=journal) == []
+    assert eg.recover({"summer": lambda task, x: x}, journal=journal) == []

@@ -581,7 +581,9 @@ def test_one_expression_is_stopped_by_its_time_limit(monkeypatch):
     start = time.perf_counter()
     with pytest.raises(ExpressionError, match="took too long"):
         slow.evaluate(scope)
-    assert time.perf_counter() - start < 0.5
+    # The deadline is checked between nodes, so the call that crosses it finishes first: one sum of
+    # 2M items, which a loaded 2-core CI machine can stretch to a few hundred ms.
+    assert time.perf_counter() - start < 1.5
 
 
 def test_run_budget_stops_stacked_expressions():

@@ -195,3 +195,35 @@ def test_udf_host_default_bounds_cpu_by_wall_clock(udf_cache, tmp_path):
         assert e.value.limit == "wall_clock" and e.value.tool == "udf:spin"
     finally:
         host.close()
+
+
+_EXIT_CHILD = textwrap.dedent("""
+    import sys
+    import engrain
+
+    assert engrain.sandbox.run_wasm(sys.argv[1], {"text": "a b c"}) == {"bytes": 17, "words": 4}
+    print("done")
+""")
+
+
+@pytest.mark.slow  # 200 interpreters starting wasmtime: ~40 CPU-seconds
+def test_processes_that_ran_wasm_exit_cleanly(wasm_dir, tmp_path):
+    """Issue 12 item 15: wasmtime used to drop the stdout callback on a tokio thread while the
+    interpreter finalized, printing "panic in a function that cannot unwind" (and now and then
+    aborting) at exit. 200 short processes, none may panic or abort."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    script = tmp_path / "child.py"
+    script.write_text(_EXIT_CHILD)
+
+    def child(_: int) -> subprocess.CompletedProcess:
+        wasm = str(wasm_dir / "wordcount.wasm")
+        return subprocess.run([sys.executable, str(script), wasm], capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        runs = list(pool.map(child, range(200)))
+    bad = [r for r in runs if r.returncode != 0 or "panicked" in r.stderr or r.stdout.strip() != "done"]
+    assert not bad, (
+        f"{len(bad)} of 200 processes exited badly (return codes {sorted({r.returncode for r in bad})});"
+        f" first stderr:\n{bad[0].stderr[-2000:]}"
+    )

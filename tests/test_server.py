@@ -530,3 +530,17 @@ def test_stream_ends_when_the_client_disconnects(live):
         time.sleep(0.05)
     assert c.health()["streams"] == 0
     c.close()
+
+
+def test_a_client_run_cannot_name_the_agent_recovery_would_hand_it_to(client, store_url):
+    """recover({"pay": pay}) resumes runs whose run.started names "pay": a client may not write that name."""
+    forged = {"events": [{"kind": "run.started", "data": {"task": "t", "inputs": {"amount": 10**6}, "agent": "pay"}}],
+              "expected_seq": 0}
+    r = client.post("/api/runs/forged/events", json=forged)
+    assert r.status_code == 403 and r.json()["error"] == "RuntimeOnlyError" and "agent" in r.json()["detail"]
+    j = eg.open(store_url)
+    try:
+        assert j.get_run("forged") is None
+        assert eg.recover({"pay": lambda task, amount: amount}, journal=j) == []
+    finally:
+        j.close()

@@ -137,7 +137,7 @@ def test_extra_unknown_columns_do_not_break_the_journal(store_url):
     eg.open(store_url).close()
     con, _, prefix = _raw(store_url)
     con.execute(f"ALTER TABLE {prefix}events ADD COLUMN note TEXT")
-    con.execute(f"ALTER TABLE {prefix}runs ADD COLUMN agent TEXT")
+    con.execute(f"ALTER TABLE {prefix}runs ADD COLUMN added_by_a_newer_version TEXT")
     con.close()
     j = eg.open(store_url)
     res = eg.run(lambda task: eg.now().year, "year", run_id="x", journal=j)

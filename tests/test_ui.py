@@ -281,6 +281,15 @@ def test_run_timeline_shows_steps_durations_and_errors(page: Page, server):
     # A failed run shows its error.
     page.goto(f"{server['base']}/#/runs/{server['failed']}")
     expect(page.get_by_role("alert")).to_contain_text("the scripted agent gives up")
+    # ... and the traceback journaled with it, down to the agent's own frame.
+    expect(page.get_by_role("heading", name="Traceback")).to_be_visible()
+    trace = page.locator("pre.traceback")
+    expect(trace).to_be_visible()
+    expect(trace).to_contain_text("Traceback (most recent call last):")
+    expect(trace).to_contain_text(", in failing_agent")
+    expect(trace).to_contain_text('raise RuntimeError("the scripted agent gives up")')
+    expect(trace).to_have_text(re.compile(r"RuntimeError: the scripted agent gives up\s*$"))
+    shot(page, "run-failed-traceback")
     # The cache hit's run replayed its steps instead of executing them.
     ada = api(server, "GET", "/api/runs", params={"task": "fill the form: Ada"}).json()
     hit = [r["run_id"] for r in ada

@@ -26,7 +26,8 @@ from ._durable.context import (
     run,
     run_async,
 )
-from ._durable.recovery import recover
+from ._durable.outcome import agent_name
+from ._durable.recovery import Recovered, recover
 from ._durable.tools import ToolRegistry, llm, tool, tools
 from ._durable.udf import udf
 from ._errors import (
@@ -144,6 +145,7 @@ __all__ = [
     "RunInfo",
     "RunNotFoundError",
     "RunResult",
+    "Recovered",
     "StepFailedError",
     "StorageError",
     "StoreCorruptError",
@@ -152,6 +154,7 @@ __all__ = [
     "ToolRegistry",
     "UnknownStatusError",
     "__version__",
+    "agent_name",
     "answer",
     "ask",
     "current",

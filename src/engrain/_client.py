@@ -50,8 +50,9 @@ def _seg(value: str) -> str:
 
 
 def _run_info(d: dict[str, Any]) -> RunInfo:
-    return RunInfo(d["run_id"], STATUS_ALIASES.get(d["status"], d["status"]), d["task"], list(d.get("tags") or []), d["created"], d["updated"],
-                   d["events"], d.get("lease_owner"), d.get("lease_until"))
+    return RunInfo(d["run_id"], STATUS_ALIASES.get(d["status"], d["status"]), d["task"], list(d.get("tags") or []),
+                   d["created"], d["updated"], d["events"], d.get("lease_owner"), d.get("lease_until"),
+                   agent=d.get("agent"))
 
 
 def _run_result(d: dict[str, Any]) -> RunResult:

@@ -132,7 +132,8 @@ class RunInfo:
 
     ``updated`` is the time of the run's last status change (start, input,
     completion); ``next_seq`` is the number of events; ``lease_epoch`` counts the times the
-    lease changed hands (see ``Journal.take_lease``).
+    lease changed hands (see ``Journal.take_lease``). ``agent`` is the agent name its
+    ``run.started`` recorded (``None`` for runs recorded without one).
     """
 
     run_id: str
@@ -145,6 +146,7 @@ class RunInfo:
     lease_owner: str | None = None
     lease_until: float | None = None
     lease_epoch: int = 0
+    agent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary as a plain JSON-ready dict."""
@@ -158,6 +160,7 @@ class RunInfo:
             "events": self.next_seq,
             "lease_owner": self.lease_owner,
             "lease_until": self.lease_until,
+            "agent": self.agent,
         }
 
 

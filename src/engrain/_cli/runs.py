@@ -87,6 +87,10 @@ def timeline(events: list) -> list[str]:
             lines.append(f"{at}  {e.name} {_short(d.get('summary', {}))}")
         elif e.kind == "run.failed":
             lines.append(f"{at}  run FAILED: {_full(d.get('error'))}")
+            tb = d.get("traceback")
+            if isinstance(tb, str) and tb.strip():
+                # Indented under the failure so the timeline's columns stay readable.
+                lines += [f"{'':14}{line}" for line in tb.rstrip().splitlines()]
         else:
             lines.append(f"{at}  {e.kind} {_one_line(e.name)} {_short(d)}")
     return lines

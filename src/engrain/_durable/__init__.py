@@ -1,9 +1,11 @@
 """Durable runs: the pillar every other one runs on.
 
 Holds the run context (:mod:`.context`: ``run``, ``now``, ``ask``/``answer``,
-steps and their replay), run leases (:mod:`.lease`), recovery of orphaned runs
-(:mod:`.recovery`), the ``@tool``/``@llm`` decorators and tool registry
-(:mod:`.tools`), ``@udf`` (:mod:`.udf`) and its source capture (:mod:`.udf_source`), runs journaled in one transaction (:mod:`.batched`) and trace
+steps and their replay), what a run records about its agent (:mod:`.outcome`: its
+name, its failure and traceback), run leases (:mod:`.lease`), recovery of orphaned runs
+by agent (:mod:`.recovery`), the ``@tool``/``@llm`` decorators and tool registry
+(:mod:`.tools`), ``@udf`` (:mod:`.udf`) and its source capture (:mod:`.udf_source`),
+runs journaled in one transaction (:mod:`.batched`) and trace
 export (:mod:`.trace`).
 
 May import: ``_journal``, ``_events``, ``_errors``, and ``_sandbox`` (WASM tools).

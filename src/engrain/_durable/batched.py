@@ -25,6 +25,7 @@ from .context import (
     _Pending,
     check_args,
 )
+from .outcome import agent_name
 
 
 class BufferedContext(RunContext):
@@ -65,9 +66,10 @@ class BufferedContext(RunContext):
             self.pending = []
 
 
-def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool) -> BufferedContext:
+def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool, agent: Callable[..., Any]) -> BufferedContext:
     ctx = BufferedContext(journal, run_id, write)
-    ctx.append(ev.RUN_STARTED, "", {"task": task, "inputs": {}, "tags": tags})
+    if write:  # the run's record is built only when it is kept
+        ctx.append(ev.RUN_STARTED, "", {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent)})
     return ctx
 
 
@@ -81,7 +83,7 @@ def _result(ctx: BufferedContext, ok: bool, value: Any) -> RunResult:
 
 def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
     """Run ``agent(task)`` with its events appended in one transaction at the end (or not at all)."""
-    ctx = _open(journal, run_id, task, tags, write)
+    ctx = _open(journal, run_id, task, tags, write, agent)
     token = _current.set(ctx)
     try:
         try:
@@ -97,7 +99,7 @@ def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: li
 
 async def arun_batched(agent: Callable[[str], Awaitable[Any]], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
     """Async :func:`run_batched`."""
-    ctx = _open(journal, run_id, task, tags, write)
+    ctx = _open(journal, run_id, task, tags, write, agent)
     token = _current.set(ctx)
     try:
         try:

@@ -24,7 +24,9 @@ from typing import Any
 
 from .. import _events as ev
 from .._errors import (
+    ConflictError,
     EngrainError,
+    LeaseHeldError,
     NondeterminismError,
     NotJSONError,
     RunFailedError,
@@ -34,6 +36,8 @@ from .._errors import (
 from .._events import NewEvent, check_json, is_json
 from .._journal import Journal, default_url, open_journal
 from .lease import Lease
+from .outcome import agent_name as _name_of
+from .outcome import check_agent_name, failure, failure_report
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("engrain_run", default=None)
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
@@ -373,12 +377,23 @@ def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = No
 
 
 def _start(
-    journal: Journal, run_id: str, task: str, inputs: dict[str, Any], tags: list[str], lease: Lease | None = None
+    journal: Journal,
+    run_id: str,
+    task: str,
+    inputs: dict[str, Any],
+    tags: list[str],
+    lease: Lease | None = None,
+    agent: str | None = None,
 ) -> tuple[list[ev.Event], RunResult | None]:
-    """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits."""
+    """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
+
+    ``agent`` is the agent name a new run records, which :func:`~engrain.recover` matches.
+    """
     events = journal.read(run_id)
     if not events:
-        data = {"task": task, "inputs": inputs, "tags": tags}
+        data: dict[str, Any] = {"task": task, "inputs": inputs, "tags": tags}
+        if agent is not None:
+            data["agent"] = agent
         check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
         events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
@@ -402,45 +417,51 @@ def _start(
 
 
 def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
-    check_json(output, f"run {ctx.run_id!r}", "output")
+    try:
+        check_json(output, f"run {ctx.run_id!r}", "output")
+    except NotJSONError as e:
+        # Resuming cannot change the output (the steps replay), so this is final.
+        return _finish_error(ctx, e)
     ctx.append(ev.RUN_COMPLETED, "", {"output": output})
     return RunResult(ctx.run_id, "ok", output, replayed=ctx.replayed, executed=ctx.executed)
+
+
+#: Errors that say nothing about the run itself (another executor wrote to it or
+#: holds it): they propagate and leave the run resumable. Everything else an
+#: agent raises, NondeterminismError included, ends the run ``failed``; a run
+#: left ``running`` would be claimed by every recover() and fail the same way forever.
+_NOT_THE_RUNS_FAULT: tuple[type[BaseException], ...] = (ConflictError, LeaseHeldError, StorageError)
 
 
 def _finish_error(ctx: RunContext, exc: BaseException) -> RunResult:
     if isinstance(exc, _Suspend):
         return RunResult(ctx.run_id, "needs_input", prompt=exc.prompt, replayed=ctx.replayed, executed=ctx.executed)
-    if isinstance(exc, (NondeterminismError, EngrainError)) and not isinstance(exc, (NotJSONError, StepFailedError)):
-        # The journal or the code is at fault, not the run: leave it resumable.
+    if isinstance(exc, _NOT_THE_RUNS_FAULT):
         raise exc
-    error = f"{type(exc).__name__}: {exc}"
-    failure = failure_of(exc)
-    ctx.append(ev.RUN_FAILED, "", {"error": error, "error_type": type(exc).__name__, "failure": failure})
-    return RunResult(ctx.run_id, "failed", error=error, replayed=ctx.replayed, executed=ctx.executed, **failure)
-
-
-def failure_of(exc: BaseException) -> dict[str, Any]:
-    """em-core's failure report of ``exc``: ``{step_id, error_type, message}``.
-
-    A failed step (:class:`~engrain.StepFailedError`, e.g. a routine step) reports
-    its own error type and message; any other exception its class name and text.
-    """
-    if isinstance(exc, StepFailedError):
-        return {"step_id": getattr(exc, "step_id", None), "error_type": exc.error_type, "message": exc.message}
-    return {"step_id": None, "error_type": type(exc).__name__, "message": str(exc)}
+    data = failure(exc)
+    report = failure_report(exc)
+    data["failure"] = report
+    ctx.append(ev.RUN_FAILED, "", data)
+    return RunResult(ctx.run_id, "failed", error=data["error"], replayed=ctx.replayed, executed=ctx.executed, **report)
 
 
 class _Execution:
     """What :func:`run` and :func:`run_async` share: open the run, lease it, bind its context."""
 
     def __init__(
-        self, task: str, run_id: str | None, inputs: dict[str, Any] | None, tags: list[str] | None, journal: Journal | None
+        self,
+        task: str,
+        run_id: str | None,
+        inputs: dict[str, Any] | None,
+        tags: list[str] | None,
+        journal: Journal | None,
+        agent: str,
     ):
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
         self._lease = lease = Lease(self.journal, self.run_id)
-        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease)
+        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent)
         if self.done is None and not lease.held:
             # Resuming: take the lease, then read again. A dead executor's last
             # append may have landed after the first read (PostgreSQL finishes
@@ -448,7 +469,8 @@ class _Execution:
             # fenced off, so this read is the journal the run continues from.
             lease.acquire()
             if len(self.journal.read(self.run_id, after=len(events) - 1)):
-                events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease)
+                events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease,
+                                           agent)
                 if self.done is not None:
                     lease.__exit__(None, None, None)
         self.ctx = RunContext(self.journal, self.run_id, events)
@@ -500,6 +522,7 @@ def run(
     inputs: dict[str, Any] | None = None,
     tags: list[str] | None = None,
     journal: Journal | None = None,
+    agent_name: str | None = None,
 ) -> RunResult:
     """Run ``agent(task, **inputs)`` durably and return its :class:`RunResult`.
 
@@ -509,14 +532,28 @@ def run(
     lease (:class:`~engrain.LeaseHeldError` if another live process runs it).
     Async agents are run with :func:`asyncio.run`; inside an event loop use
     :func:`run_async`.
+
+    A new run records the agent's name in ``run.started``: ``agent_name`` if
+    given, else ``module:qualname`` of ``agent``. :func:`~engrain.recover`
+    resumes a run only with an agent of that name.
+
+    An exception from the agent ends the run ``failed`` with the error and its
+    traceback journaled in ``run.failed``; so do a
+    :class:`~engrain.NondeterminismError` and an output that is not JSON, which
+    no resume could fix. Only :class:`~engrain.ConflictError` and
+    :class:`~engrain.LeaseHeldError` (another executor has the run) propagate
+    and leave the run resumable.
     """
     import inspect  # lazily, like asyncio below: both weigh on every CLI start
 
     if inspect.iscoroutinefunction(agent):
         import asyncio  # lazily: importing asyncio costs ~40 ms of start-up for every CLI command
 
-        return asyncio.run(run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal))
-    ex = _Execution(task, run_id, inputs, tags, journal)
+        return asyncio.run(
+            run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal, agent_name=agent_name)
+        )
+    name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
+    ex = _Execution(task, run_id, inputs, tags, journal, name)
     if ex.done is not None:
         return ex.done
     with ex:
@@ -535,9 +572,11 @@ async def run_async(
     inputs: dict[str, Any] | None = None,
     tags: list[str] | None = None,
     journal: Journal | None = None,
+    agent_name: str | None = None,
 ) -> RunResult:
     """Async :func:`run` for coroutine agents."""
-    ex = _Execution(task, run_id, inputs, tags, journal)
+    name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
+    ex = _Execution(task, run_id, inputs, tags, journal, name)
     if ex.done is not None:
         return ex.done
     with ex:

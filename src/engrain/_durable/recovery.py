@@ -1,35 +1,156 @@
-"""Recovery: claim runs whose executor died and resume them.
+"""Recovery: claim runs whose executor died and resume each with the agent that started it.
 
 It sits above both the runner (:mod:`.context`) and the leases (:mod:`.lease`),
 because it uses the one to resume what the other says is orphaned.
+
+A run records its agent's name in ``run.started`` (``module:qualname``, or the
+``agent_name=`` given to :func:`~engrain.run`). :func:`recover` claims only the
+runs of the agents it is given, filtered in the claim itself, so a run of
+another agent is never leased, let alone called with the wrong function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from .. import _events as ev
+from .._errors import ConfigError
 from .._journal import Journal
 from .context import RunResult, default_journal, run
 from .lease import DEFAULT_TTL, owner_id
+from .outcome import agent_name, check_agent_name
+
+#: Statuses of a :class:`Recovered` beyond a :class:`RunResult`'s.
+UNMATCHED = "unmatched"
+ERROR = "error"
+#: Most orphaned runs of other agents that one recover() call lists (reading, never claiming).
+_SCAN = 500
+
+
+@dataclass(slots=True)
+class Recovered:
+    """What :func:`recover` did with one orphaned run.
+
+    ``status`` is the resumed run's (``"ok"``, ``"failed"``, ``"needs_input"``), or
+    ``"unmatched"``: no agent given for it, the run was left untouched (not
+    claimed); or ``"error"``: resuming it raised ``error`` before the run could
+    end (another executor took it, the store failed); it stays resumable.
+    ``agent`` is the agent name the run recorded (``None`` for a run recorded
+    without one). ``result`` is the :class:`RunResult` of a resumed run.
+
+    Truthy, with ``output``, ``replayed`` and ``executed``, like a :class:`RunResult`.
+    """
+
+    run_id: str
+    agent: str | None
+    status: str
+    error: str | None = None
+    result: RunResult | None = None
+
+    @property
+    def output(self) -> Any:
+        """The resumed run's output (``None`` unless ``status == "ok"``)."""
+        return None if self.result is None else self.result.output
+
+    @property
+    def replayed(self) -> int:
+        """Steps the resumed run answered from the journal."""
+        return 0 if self.result is None else self.result.replayed
+
+    @property
+    def executed(self) -> int:
+        """Steps the resumed run called now."""
+        return 0 if self.result is None else self.result.executed
+
+    def __bool__(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict."""
+        return {
+            "run_id": self.run_id,
+            "agent": self.agent,
+            "status": self.status,
+            "error": self.error,
+            "result": None if self.result is None else self.result.to_dict(),
+        }
+
+
+def _agents_by_name(agents: Callable[..., Any] | Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    if isinstance(agents, Mapping):
+        by_name = {}
+        for name, fn in agents.items():
+            check_agent_name(name)
+            if not callable(fn):
+                raise ConfigError(f"recover(): the agent for {name!r} is a {type(fn).__name__}, not a callable")
+            by_name[name] = fn
+        return by_name
+    if not callable(agents):
+        raise ConfigError(f"recover() takes an agent or a dict of agent name -> agent, not a {type(agents).__name__}")
+    return {agent_name(agents): agents}
 
 
 def recover(
-    agent: Callable[..., Any],
+    agents: Callable[..., Any] | Mapping[str, Callable[..., Any]],
     *,
     journal: Journal | None = None,
     limit: int = 10,
     ttl: float = DEFAULT_TTL,
-) -> list[RunResult]:
-    """Claim up to ``limit`` unfinished runs whose executor died and resume each with ``agent``.
+    unnamed: Callable[..., Any] | None = None,
+) -> list[Recovered]:
+    """Claim up to ``limit`` unfinished runs whose executor died and resume each with its own agent.
+
+    ``agents`` is one agent (it resumes the runs recorded with its
+    ``module:qualname``) or a dict of recorded agent name to agent, e.g.
+    ``{"pay": pay, "email": email}`` for runs started with
+    ``run(..., agent_name="pay")``. Runs recorded before agent names were
+    journaled name no agent: they are resumed only with ``unnamed=agent``.
 
     Safe to call from many workers at once: each run is claimed by one of them.
-    Returns the results of the resumed runs.
+    Never raises for one bad run: returns one :class:`Recovered` per run, the
+    resumed ones first, then (status ``"unmatched"``, not claimed) up to
+    ``limit`` orphaned runs that no given agent may resume.
     """
+    by_name = _agents_by_name(agents)
+    if unnamed is not None and not callable(unnamed):
+        raise ConfigError(f"recover(unnamed=...) must be a callable, not a {type(unnamed).__name__}")
     j = journal or default_journal()
-    results = []
-    for info in j.claim_runs(owner_id(), ttl, limit):
+    owner = owner_id()
+    wanted: list[str | None] = [*by_name, *([None] if unnamed is not None else [])]
+    out = []
+    for info in j.claim_runs(owner, ttl, limit, agents=wanted):
+        agent = by_name.get(info.agent) if info.agent is not None else unnamed
+        out.append(_resume(j, info, agent, owner))  # type: ignore[arg-type]  # the claim matched it
+    out += _unmatched(j, set(wanted), limit)
+    return out
+
+
+def _resume(j: Journal, info: ev.RunInfo, agent: Callable[..., Any], owner: str) -> Recovered:
+    try:
         started = j.read(info.run_id, after=-1)[:1]
         inputs = started[0].data.get("inputs", {}) if started else {}
-        results.append(run(agent, info.task, run_id=info.run_id, inputs=inputs, journal=j))
-    return results
+        res = run(agent, info.task, run_id=info.run_id, inputs=inputs, journal=j)
+    except Exception as e:  # noqa: BLE001 - one run's trouble must not stop the batch; it is reported
+        try:
+            j.release_lease(info.run_id, owner)  # let another worker try it now, not after the ttl
+        except Exception:  # noqa: BLE001 - the lease expires by itself
+            pass
+        return Recovered(info.run_id, info.agent, ERROR, f"{type(e).__name__}: {e}")
+    return Recovered(info.run_id, info.agent, res.status, res.error, res)
+
+
+def _unmatched(j: Journal, wanted: set[str | None], limit: int) -> list[Recovered]:
+    """Orphaned runs (``running``, lease free or expired) whose agent is not in ``wanted``; read only."""
+    now = time.time()  # PostgreSQL leases use the database clock: a listing may be off by the skew
+    out: list[Recovered] = []
+    for info in j.runs(status=ev.RUNNING, limit=_SCAN):
+        if info.agent in wanted or (info.lease_until is not None and info.lease_until >= now):
+            continue
+        why = f"no agent named {info.agent!r} was given" if info.agent else "the run records no agent (pass unnamed=)"
+        out.append(Recovered(info.run_id, info.agent, UNMATCHED, why))
+        if len(out) >= limit:
+            break
+    return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from .._events import (
@@ -40,6 +40,7 @@ class Batch:
     task: str | None
     tags: str | None  # JSON text of the tag list
     next_seq: int
+    agent: str | None = None  # the agent name a run.started records (kept from the run's creation on)
 
 
 def _check_target(run_id: str, expected_seq: int) -> None:
@@ -84,14 +85,30 @@ def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: floa
         raise ValueError("append needs at least one event")
     rows = [_row(run_id, ev, expected_seq + i, ts, i) for i, ev in enumerate(events)]
     kinds = [r[3] for r in rows]
-    task = tags = status = None
+    task = tags = status = agent = None
     if not _STATUS_KINDS.isdisjoint(kinds):
         status = status_after(kinds, None)
         for ev in events:
             if ev.kind == RUN_STARTED:
                 task = str(ev.data.get("task", ""))
                 tags = dumps([str(t) for t in ev.data.get("tags") or []])
-    return Batch(rows, status, task, tags, expected_seq + len(rows))
+                agent = agent_of(ev.data)
+    return Batch(rows, status, task, tags, expected_seq + len(rows), agent)
+
+
+def agent_of(started: dict) -> str | None:
+    """The agent name in a ``run.started`` event's data, or ``None`` if it records none (or not a string)."""
+    agent = started.get("agent")
+    return agent if isinstance(agent, str) and agent else None
+
+
+def agents_filter(agents: Collection[str | None], column: str, placeholder: str) -> tuple[str, list[str]]:
+    """A SQL condition (and its arguments) true for rows whose ``column`` is one of ``agents``; ``None`` matches NULL."""
+    names = sorted({a for a in agents if a is not None})
+    parts = [f"{column} IN ({', '.join([placeholder] * len(names))})"] if names else []
+    if None in agents:
+        parts.append(f"{column} IS NULL")
+    return "(" + (" OR ".join(parts) or "1 = 0") + ")", names
 
 
 def check_lease(lease: tuple[str, float] | None, expected_seq: int) -> tuple[str, float] | None:

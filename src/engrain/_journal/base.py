@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from .._events import Event, NewEvent, RunInfo
@@ -115,13 +115,17 @@ class Journal(abc.ABC):
         """Drop ``owner``'s lease on ``run_id``; a no-op if ``owner`` does not hold it."""
 
     @abc.abstractmethod
-    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+    def claim_runs(
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+    ) -> list[RunInfo]:
         """Lease up to ``limit`` unfinished (``running``) runs whose lease is free or expired.
 
         Each returned :class:`RunInfo` carries the new ``lease_epoch``.
 
         Concurrent claimers never receive the same run: this is how a fleet of
-        workers splits the recovery of runs whose process died.
+        workers splits the recovery of runs whose process died. With ``agents``,
+        only runs whose recorded agent name (``RunInfo.agent``) is in it are
+        claimed, ``None`` standing for runs that record none; others are not touched.
         """
 
     @abc.abstractmethod

@@ -10,11 +10,11 @@ times use the database clock so workers on machines with skewed clocks agree.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads_many
-from ._common import FINISHED, check_lease, prepare, run_filters
+from ._common import FINISHED, agents_filter, check_lease, prepare, run_filters
 from .base import Journal
 from .postgres_schema import migrate
 
@@ -24,9 +24,11 @@ from .postgres_schema import migrate
 # next_seq, and inserts nothing: its rowcount of 0 is the ConflictError.
 # A new run may be created leased (append's ``lease``: owner and ttl, else two
 # NULLs); an append that finishes a run drops its lease in the same statement.
+# The agent is set only on creation: a later run.started cannot hand the run to another agent.
 _CREATE = (
     "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until,"
-    " lease_epoch) VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8, %s)"
+    " lease_epoch, agent) VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8,"
+    " %s, %s)"
     " ON CONFLICT (run_id) DO NOTHING RETURNING 1)"
 )
 # A fenced append (``fence=epoch``) also requires the lease epoch to be the
@@ -68,14 +70,14 @@ _APPEND_SQL = {
     for fenced in (False, True)
 }
 
-_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until, lease_epoch"
+_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until, lease_epoch, agent"
 _DB_NOW = "extract(epoch from clock_timestamp())"
 # The epoch moves only when the lease changes hands (SET sees the old row).
 _TAKE = f"lease_epoch = lease_epoch + CASE WHEN lease_owner IS DISTINCT FROM %s THEN 1 ELSE 0 END, lease_owner = %s, lease_until = {_DB_NOW} + %s"
 
 
 def _run_info(row: tuple) -> RunInfo:
-    return RunInfo(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7], row[8], row[9])
+    return RunInfo(row[0], row[1], row[2], list(row[3]), row[4], row[5], row[6], row[7], row[8], row[9], row[10])
 
 
 class PostgresJournal(Journal):
@@ -137,7 +139,8 @@ class PostgresJournal(Journal):
         if expected_seq == 0:
             status, task, tags = batch.status or "running", batch.task or "", batch.tags or "[]"
             owner, ttl = (None, None) if lease is None or finish else lease
-            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq, owner, ttl, 0 if owner is None else 1)
+            head: tuple = (run_id, status, task, tags, ts, ts, batch.next_seq, owner, ttl, 0 if owner is None else 1,
+                           batch.agent)
             fence = None
         else:
             updated = ts if batch.status else None
@@ -187,15 +190,18 @@ class PostgresJournal(Journal):
                 (run_id, owner),
             )
 
-    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+    def claim_runs(
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+    ) -> list[RunInfo]:
+        which, names = ("", []) if agents is None else agents_filter(agents, "agent", "%s")
         with self._lock:
             rows = self._db.execute(
                 f"UPDATE engrain_runs SET {_TAKE}"
                 " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
-                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW})"
+                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}){' AND ' + which if which else ''}"
                 " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
                 f" RETURNING {_RUN_COLS}",
-                (owner, owner, ttl, limit),
+                (owner, owner, ttl, *names, limit),
             ).fetchall()
         return sorted((_run_info(r) for r in rows), key=lambda r: r.updated)
 

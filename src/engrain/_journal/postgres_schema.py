@@ -58,8 +58,13 @@ def _v3_lease_epoch(db: Any) -> None:
     db.execute("ALTER TABLE engrain_runs ADD COLUMN IF NOT EXISTS lease_epoch BIGINT NOT NULL DEFAULT 0")
 
 
+def _v4_agent(db: Any) -> None:
+    """Runs record their agent (set by the append that creates the run), so recovery hands a run only to its agent."""
+    db.execute("ALTER TABLE engrain_runs ADD COLUMN IF NOT EXISTS agent TEXT")
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: list[Callable[[Any], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch]
+MIGRATIONS: list[Callable[[Any], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent]
 VERSION = len(MIGRATIONS)
 
 

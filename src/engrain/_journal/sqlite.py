@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from .._errors import (
@@ -25,7 +25,7 @@ from .._errors import (
     StoreNotFoundError,
 )
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import FINISH_KINDS, FINISHED, check_lease, prepare, prepare_one, run_filters
+from ._common import FINISH_KINDS, FINISHED, agents_filter, check_lease, prepare, prepare_one, run_filters
 from .base import Journal
 from .sqlite_schema import migrate
 
@@ -46,7 +46,7 @@ _LEASE_NEW = "UPDATE runs SET lease_owner = ?, lease_until = ?, lease_epoch = le
 _RUN_COLS = (
     "run_id, status, task, tags, created, updated,"
     " (SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE events.run_id = runs.run_id), lease_owner, lease_until,"
-    " lease_epoch"
+    " lease_epoch, agent"
 )
 
 # Primary result codes (the low byte of an extended code) that mean the store
@@ -56,7 +56,7 @@ _CORRUPT_CODES = frozenset({11, 26})  # CORRUPT NOTADB
 
 
 def _run_info(row: tuple) -> RunInfo:
-    return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9])
+    return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9], row[10])
 
 
 class SQLiteJournal(Journal):
@@ -238,9 +238,12 @@ class SQLiteJournal(Journal):
                 (run_id, owner),
             )
 
-    def claim_runs(self, owner: str, ttl: float, limit: int = 10) -> list[RunInfo]:
+    def claim_runs(
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+    ) -> list[RunInfo]:
         now = self._now()
         db = self._db
+        which, names = ("", []) if agents is None else agents_filter(agents, "agent", "?")
         with self._lock:
             # BEGIN IMMEDIATE takes the database write lock, so two processes
             # claiming at once are serialized and never get the same run.
@@ -250,8 +253,9 @@ class SQLiteJournal(Journal):
                     r[0]
                     for r in db.execute(
                         "SELECT run_id FROM runs WHERE status = 'running'"
-                        " AND (lease_until IS NULL OR lease_until < ?) ORDER BY updated LIMIT ?",
-                        (now, limit),
+                        f" AND (lease_until IS NULL OR lease_until < ?){' AND ' + which if which else ''}"
+                        " ORDER BY updated LIMIT ?",
+                        (now, *names, limit),
                     )
                 ]
                 db.executemany(

@@ -102,8 +102,31 @@ def _v3_lease_epoch(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0")
 
 
+def _v4_agent(db: sqlite3.Connection) -> None:
+    """Runs record their agent (from ``run.started``), so recovery hands a run only to its own agent.
+
+    The agent is fixed when the run is created: a later ``run.started`` cannot
+    hand the run to another agent's ``recover()``. Older runs keep ``agent`` NULL.
+    """
+    cols = {r[1] for r in db.execute("PRAGMA table_info(runs)")}
+    if "agent" not in cols:
+        db.execute("ALTER TABLE runs ADD COLUMN agent TEXT")
+    db.execute("DROP TRIGGER IF EXISTS events_run_created")
+    db.execute(
+        """CREATE TRIGGER events_run_created AFTER INSERT ON events WHEN NEW.seq = 0 BEGIN
+            INSERT INTO runs (run_id, status, task, tags, created, updated, agent) VALUES (
+                NEW.run_id, 'running',
+                CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.task'), '') ELSE '' END,
+                CASE WHEN NEW.kind = 'run.started' THEN COALESCE(json_extract(NEW.data, '$.tags'), '[]') ELSE '[]' END,
+                NEW.ts, NEW.ts,
+                CASE WHEN NEW.kind = 'run.started' AND json_type(NEW.data, '$.agent') = 'text'
+                    THEN NULLIF(json_extract(NEW.data, '$.agent'), '') END);
+        END"""
+    )
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent]
 VERSION = len(MIGRATIONS)
 
 

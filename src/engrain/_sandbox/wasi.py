@@ -71,6 +71,7 @@ def _track(mod: wasmtime.Module) -> wasmtime.Module:
 
 
 _TICK = 0.01  # seconds per epoch; wall-clock limits are rounded up to ticks
+_RELEASE_WAIT = 2.0  # most seconds a call waits for wasmtime to drop its stdout callback (microseconds, normally)
 
 
 _stop = threading.Event()
@@ -146,17 +147,25 @@ class WasmTool:
         out = bytearray()
         overflow = [False]
         holder = [store]  # the callback reaches the store through this, cleared after the run
+        metered = self.metered
 
         def write(chunk: bytes) -> int:
             if overflow[0] or len(out) + len(chunk) > lim.output_bytes:
                 if not overflow[0]:
                     overflow[0] = True
-                    # Take the remaining fuel so a guest ignoring write errors stops at once.
-                    holder[0].set_fuel(0)
+                    if metered:  # take the remaining fuel so a guest ignoring write errors stops at once
+                        holder[0].set_fuel(0)
                 return -errno.EIO
             out.extend(chunk)
             return len(chunk)
 
+        # wasmtime drops the stdout writer, and with it this Python callback, on one of
+        # its tokio threads some time after the store is closed. Dropped while the
+        # interpreter finalizes, the callback's GIL request ends that thread with
+        # pthread_exit, whose forced unwind through Rust aborts ("panic in a function
+        # that cannot unwind"). So the call waits until the callback is gone.
+        released = threading.Event()
+        weakref.finalize(write, released.set)
         with tempfile.NamedTemporaryFile(prefix="engrain-stdin-") as stdin:
             stdin.write(payload)
             stdin.flush()
@@ -164,6 +173,7 @@ class WasmTool:
             wasi.argv = self.argv
             wasi.stdin_file = stdin.name
             wasi.stdout_custom = write
+            del write  # wasmtime's reference must be the last one
             for guest, host in lim.readonly_dirs.items():
                 wasi.preopen_dir(str(host), guest, False)
             store.set_wasi(wasi)
@@ -190,6 +200,7 @@ class WasmTool:
                 holder.clear()
                 del inst, linker, wasi
                 store.close()
+                released.wait(_RELEASE_WAIT)
         if failure is not None:
             raise failure
         if overflow[0]:

@@ -131,7 +131,8 @@ class AgentRunner:
                 raise ApiError(409, "AgentMismatchError", f"run {run_id!r} was started by {started_by}, not agent {name!r}")
             # Create the run before answering, so the returned id is visible at once, and
             # refuse a task or inputs mismatch here rather than in the thread.
-            _, done = _start(self.state.journal, run_id, task, inputs, [AGENT_TAG, f"{AGENT_TAG}:{name}"])
+            # The registered name is the run's agent name, so recover({name: fn}) resumes it.
+            _, done = _start(self.state.journal, run_id, task, inputs, [AGENT_TAG, f"{AGENT_TAG}:{name}"], agent=name)
             if done is not None:
                 self._release(run_id)
                 return done.to_dict()

@@ -148,6 +148,13 @@
           ? [h("dt", { text: "Inputs" }), h("dd", {}, h("pre", { text: pretty(started.data.inputs) }))] : null),
     ];
     if (data.error) nodes.push(h("div", { class: "error-box", role: "alert" }, h("strong", { text: "Error: " }), data.error));
+    const failure = events.filter((e) => e.kind === "run.failed").pop();
+    const trace = failure && failure.data && typeof failure.data.traceback === "string" ? failure.data.traceback : "";
+    if (trace) {
+      nodes.push(h("section", { "aria-labelledby": "run-traceback" },
+        h("h2", { id: "run-traceback", text: "Traceback" }),
+        h("pre", { class: "traceback", text: trace })));
+    }
     if (run.status === "ok") nodes.push(h("section", { "aria-labelledby": "run-output" }, h("h2", { id: "run-output", text: "Output" }), h("pre", { class: "output", text: pretty(data.output) })));
     if (data.prompt) nodes.push(promptPanel(run.run_id, data.prompt, () => reload()));
     const steps = data.steps || [];
