@@ -30,7 +30,8 @@ def engrain_exe() -> str:
 
 @contextmanager
 def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", routines: Path | None = None,
-          tools: str | None = None, agents: str | None = None, allow_hosts: tuple[str, ...] = ()) -> Iterator[str]:
+          tools: str | None = None, agents: str | None = None, allow_hosts: tuple[str, ...] = (),
+          tools_dir: Path | None = None) -> Iterator[str]:
     """Run ``engrain serve`` on ``url`` until the block ends; yields its base URL.
 
     The server's output goes to ``workdir/<name>.log`` (never to our pipes), it must
@@ -46,6 +47,8 @@ def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", r
         args += ["--tools", tools]
     if agents is not None:
         args += ["--agents", agents]
+    if tools_dir is not None:
+        args += ["--tools-dir", str(tools_dir)]
     for h in allow_hosts:
         args += ["--allow-host", h]
     env = {**os.environ, "ENGRAIN_HOME": str(workdir / f"{name}-home")}

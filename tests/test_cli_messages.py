@@ -107,7 +107,10 @@ def test_show_keeps_one_line_per_event_and_full_error_text(tmp_path):
     assert res.status == "failed"
     r = cli("show", res.run_id, "--url", url)
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.splitlines()
+    # A failed run's traceback is printed indented under its "run FAILED" line (issue 12 item 5).
+    traceback = [ln for ln in r.stdout.splitlines() if ln.startswith(" " * 14)]
+    assert traceback and traceback[0].strip() == "Traceback (most recent call last):"
+    lines = [ln for ln in r.stdout.splitlines() if not ln.startswith(" " * 14)]
     shown = [e for e in j.read(res.run_id) if e.kind != "step.started"]  # a step shows on its end
     assert len(lines) == 1 + len(shown)  # the header, then one line per event
     assert "line one\\nline two\\n\\tindented" in r.stdout

@@ -45,6 +45,8 @@ def test_compile_validate_run_resume(tmp_path, url):
     assert r.returncode == 3, r.stderr  # needs_input
     paused = json.loads(r.stdout)
     assert paused["status"] == "needs_input" and paused["prompt"]["step"] == "step3"
+    r = cli("run", str(out), "--input", str(out / "input.json"), "--tools", TOOLS, "--url", url)
+    assert r.returncode == 3 and f"--answers answers.json --tools {TOOLS}" in r.stdout  # the hint works as printed
 
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps({"approved": "maybe"}))

@@ -20,7 +20,7 @@ ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable
 
 def _demo(cwd: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     # Without API keys the memory part uses the offline synthesizer: the tour stays local and repeatable.
-    drop = {"ENGRAIN_URL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ENGRAIN_EMBEDDER"}
+    drop = {"ENGRAIN_URL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_BASE_URL", "ENGRAIN_EMBEDDER"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     return subprocess.run([ENGRAIN, "demo", *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
@@ -89,6 +89,16 @@ def _check_memory(url: str, out: str) -> None:
     assert sorted(len(a.sources) for a in arts) == [1, 2, 2, 2]
 
 
+def _check_agent(out: str) -> None:
+    """Part 5: offline it names the scripted model; a crash costs no second payment; the cache hit is free."""
+    assert "a scripted model (a local stub server speaking the OpenAI wire format, no LLM)" in out
+    assert "tool executions: lookup_order 42, refund 42 19.5 (run twice: 0)" in out
+    assert "model calls 1 before + 2 after the crash" in out
+    assert re.search(r"behavior cache: the same task again → 0 model calls \(first time: 3\)", out)
+    assert re.search(r"'What is the secret code\?' → 'The secret code is 42; you told me at \d{4}-\d\d-\d\dT", out)
+    assert "agent part failed" not in out
+
+
 def test_demo_on_the_embedded_default(tmp_path):
     p = _demo(tmp_path)
     assert p.returncode == 0, p.stderr + p.stdout
@@ -98,6 +108,7 @@ def test_demo_on_the_embedded_default(tmp_path):
     assert re.search(r"Grace Hopper \(same task, new name\)\s+hit\s+0 agent decisions", p.stdout)
     assert re.search(r"Alan Turing .*diverged, handed off", p.stdout)
     assert "steps run twice in the hand-off: 0" in p.stdout
+    _check_agent(p.stdout)
     _check_store(f"sqlite:///{tmp_path / '.engrain' / 'demo' / 'demo.db'}", tmp_path, p.stdout)
 
 

@@ -128,3 +128,16 @@ def test_cli_compile_malformed_trace_one_line(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0 and "events[1].data.call_id" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_api_compile_of_a_malformed_trace_is_422_trace_error(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from engrain._server import create_app
+
+    app = create_app(f"sqlite:///{tmp_path / 'e.db'}", routines_dir=tmp_path / "routines")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        r = c.post("/api/routines/compile", json={"name": "bad", "trace": CASES["args-list"][0]})
+        assert r.status_code == 422 and r.json()["error"] == "TraceError"
+        assert "events[1].data.args" in r.json()["detail"]
+        assert not (tmp_path / "routines" / "bad").exists()

@@ -136,3 +136,16 @@ def test_origin_null_is_foreign(tmp_path, origin):
         assert r.status_code == 403 and r.json()["error"] == "OriginNotAllowed"
         assert c.get("/api/health").status_code == 200  # no Origin: a non-browser client
         assert c.get("/api/health", headers={"origin": LOCAL}).status_code == 200
+
+
+def test_a_routine_run_cannot_continue_a_client_run(server, tmp_path):
+    """A client run with forged step results is not replayed as a routine run's history."""
+    make_routine(tmp_path / "routines", tmp_path / "pwned")
+    own = [{"kind": "run.started", "data": {"task": "routine untrusted", "inputs": {}}}]
+    assert server.post("/api/runs/mine/events", json={"events": own, "expected_seq": 0}).status_code == 200
+    r = server.post("/api/runs", json={"routine": "untrusted", "run_id": "mine"})
+    assert r.status_code == 409 and r.json()["error"] == "RunMismatchError"
+    # Its own run id continues as before.
+    first = server.post("/api/runs", json={"routine": "untrusted", "run_id": "r1"}).json()
+    again = server.post("/api/runs", json={"routine": "untrusted", "run_id": "r1"}).json()
+    assert first["status"] == again["status"] == "needs_input"

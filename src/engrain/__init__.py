@@ -82,6 +82,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "EmbeddingError": ("._errors", "EmbeddingError"),
     "MemoryInputError": ("._errors", "MemoryInputError"),
     "SynthesisError": ("._errors", "SynthesisError"),
+    "Agent": ("._agent.agent", "Agent"),
+    "wrap": ("._agent.wrap", "wrap"),
     "Client": ("._client", "Client"),
     "RemoteError": ("._errors", "RemoteError"),
 }
@@ -103,6 +105,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
+    "Agent",
+    "wrap",
     "compile_trace",
     "run_routine",
     "resume_routine",

@@ -155,7 +155,11 @@ class Client:
                     data = []
 
     def append(self, run_id: str, events: list[dict[str, Any]], expected_seq: int) -> list[Event]:
-        """Append ``[{kind, name, data}]`` at ``expected_seq`` (:class:`ConflictError` if another writer won)."""
+        """Append ``[{kind, name, data}]`` at ``expected_seq`` (:class:`ConflictError` if another writer won).
+
+        Only into a run this client created (``run.started`` at 0; the server tags it
+        ``client``): runs engrain's runtime writes answer 403 ``RuntimeOnlyError``.
+        """
         body = {"events": events, "expected_seq": expected_seq}
         return [Event.from_dict(d) for d in self._call("POST", f"/runs/{_seg(run_id)}/events", json=body, run_id=run_id)]
 
@@ -206,8 +210,48 @@ class Client:
         return RunResult(run_id, STATUS_ALIASES.get(status, status), d.get("output"), d.get("error"), d.get("prompt"))
 
     def agents(self) -> list[dict[str, Any]]:
-        """Agents the server can start: ``[{name, description}]``."""
+        """Agents the server runs: ``[{name, kind, description, ...}]`` (``kind`` ``python`` or ``llm``)."""
         return self._call("GET", "/agents")
+
+    # -- LLM agents ---------------------------------------------------------------
+
+    def create_agent(self, name: str, model: str, instructions: str = "", tools: list[str] | tuple[str, ...] = (),
+                     *, memory: str | None = None, cache: bool = False, max_turns: int = 10) -> dict[str, Any]:
+        """Create an LLM agent on the server; ``tools`` name tools the server was configured with."""
+        body = {"name": name, "model": model, "instructions": instructions, "tools": list(tools), "memory": memory,
+                "cache": cache, "max_turns": max_turns}
+        return self._call("POST", "/agents", json=body)
+
+    def chat(self, agent: str, message: str, *, session: str) -> Iterator[dict[str, Any]]:
+        """Send ``message`` to an LLM agent in ``session``; iterate over its events as they stream in.
+
+        Events are dicts with a ``type``: ``text`` (``delta``), ``tool_call``,
+        ``tool_result``, ``cache``, ``error`` and last ``done``.
+        """
+        timeout = httpx.Timeout(self._http.timeout.connect, read=None)
+        body = {"session": session, "message": message}
+        with self._http.stream("POST", f"/api/agents/{_seg(agent)}/chat", json=body, timeout=timeout) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                self._raise(resp, None)
+            data: list[str] = []
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+                elif not line and data:
+                    yield json.loads("\n".join(data))
+                    data = []
+
+    def history(self, agent: str, session: str) -> list[dict[str, Any]]:
+        """An LLM agent's session: its messages in order, each with its original ``ts``."""
+        return self._call("GET", f"/agents/{_seg(agent)}/sessions/{_seg(session)}")
+
+    def run_agent(self, agent: str, task: str, *, run_id: str | None = None, wait: float | None = None) -> RunResult:
+        """Start a durable run of an LLM agent on ``task`` (``status: running`` if it outlasts ``wait``)."""
+        body: dict[str, Any] = {"task": task, "run_id": run_id}
+        if wait is not None:
+            body["wait"] = wait
+        return _run_result(self._call("POST", f"/agents/{_seg(agent)}/runs", json=body))
 
     # -- routines ---------------------------------------------------------------
 

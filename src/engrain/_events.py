@@ -200,17 +200,19 @@ def is_json(value: Any, _depth: int = 0) -> bool:
     if t is dict:
         if _depth >= MAX_DEPTH:
             return False
+        _depth += 1
         for k, item in value.items():
             if type(k) is not str:
                 return False
-            if type(item) not in _SCALARS and not is_json(item, _depth + 1):
+            if type(item) not in _SCALARS and not is_json(item, _depth):
                 return False
         return True
     if t is list:
         if _depth >= MAX_DEPTH:
             return False
+        _depth += 1
         for item in value:
-            if type(item) not in _SCALARS and not is_json(item, _depth + 1):
+            if type(item) not in _SCALARS and not is_json(item, _depth):
                 return False
         return True
     return False

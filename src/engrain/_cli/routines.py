@@ -54,7 +54,7 @@ def _load_json(path: str, what: str) -> Any:
         raise fail(f"{what} {path}: not JSON (line {e.lineno}: {e.msg})", 2) from None
 
 
-def _report(result: Any, json_out: bool) -> None:
+def _report(result: Any, json_out: bool, tools: str | None = None) -> None:
     import json
 
     if json_out:
@@ -68,7 +68,8 @@ def _report(result: Any, json_out: bool) -> None:
             extra = f" options={f['options']}" if f.get("options") else ""
             default = f" default={json.dumps(f['default'])}" if "default" in f else ""
             typer.echo(f"  {f.get('name')} ({f.get('type', 'text')}){extra}{default}")
-        typer.echo(f"answer with: engrain resume {result.run_id} --answers answers.json")
+        again = f" --tools {tools}" if tools else ""  # the journal's record of it is never imported
+        typer.echo(f"answer with: engrain resume {result.run_id} --answers answers.json{again}")
     else:
         where = f" at step {result.step_id}" if result.step_id else ""
         typer.echo(f"run {result.run_id} failed{where}: {result.error}", err=True)
@@ -160,7 +161,7 @@ def run(
         result = run_routine(
             path, inputs, tools=tools, run_id=run_id, journal=open_store(url), answers=given, sandbox=True if sandbox else None
         )
-    _report(result, json_out)
+    _report(result, json_out, tools)
 
 
 @command
@@ -177,4 +178,4 @@ def resume(
         from .._routines.runner import resume_routine
 
         result = resume_routine(run_id, given, tools=tools, journal=open_store(url))
-    _report(result, json_out)
+    _report(result, json_out, tools)

@@ -21,6 +21,9 @@ AgentsOption = Annotated[
     typer.Option("--agents", help="Agents POST /api/runs may start and answers resume: a dict name -> callable, "
                  "as module:attr or path/to/file.py:attr."),
 ]
+ToolsDirOption = Annotated[
+    str | None, typer.Option("--tools-dir", help="Folder of WASM tools (*.wasm) LLM agents may use, by file name.")
+]
 AllowHostOption = Annotated[
     list[str] | None,
     typer.Option("--allow-host", help="Extra Host name accepted on loopback without a token (repeatable; '*' any)."),
@@ -40,6 +43,7 @@ def serve(
     tools: ToolsOption = None,
     agents: AgentsOption = None,
     allow_host: AllowHostOption = None,
+    tools_dir: ToolsDirOption = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -47,35 +51,48 @@ def serve(
 
         from .._server import create_app
 
-        app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or ())
-    sock = _bind(host, port)
+        app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
+                         tools_dir=tools_dir)
+    socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
-    typer.echo(f"engrain serving on http://{shown}:{sock.getsockname()[1]}  (store {app.state.engrain.journal.url})",
-               err=True)
+    bound = socks[0].getsockname()[1]
+    typer.echo(f"engrain serving on http://{shown}:{bound}  (store {app.state.engrain.journal.url})", err=True)
     # Open SSE streams would otherwise hold a Ctrl-C shutdown until their clients leave.
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
-    uvicorn.Server(config).run(sockets=[sock])
+    uvicorn.Server(config).run(sockets=socks)
 
 
-def _bind(host: str, port: int) -> Any:
-    """A listening socket on ``host:port``, bound before anything is announced (error: exit 1, one line)."""
+def _bind(host: str, port: int) -> list[Any]:
+    """Listening sockets on every address of ``host`` (``localhost``: IPv4 and IPv6), bound before
+    anything is announced; a failure is one line and exit 1, never a "serving on" first."""
     import socket
 
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as e:
         raise fail(f"cannot serve on {host}:{port}: unknown host ({e})") from None
-    sock = socket.socket(family, kind, proto)
+    socks: list[socket.socket] = []
+    seen = set()
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
+        for family, kind, proto, _, addr in infos:
+            if addr[:2] in seen:
+                continue
+            seen.add(addr[:2])
+            sock = socket.socket(family, kind, proto)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            # Port 0 picks a free port once; the other addresses of the name take the same one.
+            sock.bind((addr[0], port or (socks[0].getsockname()[1] if len(socks) > 1 else 0), *addr[2:]))
+            sock.listen(2048)
+            sock.set_inheritable(True)
     except OSError as e:
-        sock.close()
+        for sock in socks:
+            sock.close()
         hint = " (another process is listening there; pick another --port)" if e.errno == errno.EADDRINUSE else ""
         raise fail(f"cannot serve on {host}:{port}: {e.strerror or e}{hint}") from None
-    sock.set_inheritable(True)
-    return sock
+    return socks
 
 
 @command

@@ -2,7 +2,7 @@
 
 Part 1 durable runs (:mod:`.durable`), part 2 the behavior cache
 (:mod:`.cache`), part 3 routines (:mod:`.routines`), part 4 skill memory
-(:mod:`.memory`). Each part is a function ``(journal, workdir, out) -> ok``;
+(:mod:`.memory`), part 5 the agent engine (:mod:`.agent`). Each part is a function ``(journal, workdir, out) -> ok``;
 :data:`SECTIONS` names them in order and :func:`main` runs them. Parts are
 imported when they run, so ``python -m engrain._demo.durable`` (the child
 process of part 1) does not import the rest.
@@ -22,6 +22,7 @@ SECTIONS: list[tuple[str, str]] = [
     (".cache", "cache_section"),
     (".routines", "routines_section"),
     (".memory", "memory_section"),
+    (".agent", "agent_section"),
 ]
 
 

@@ -1,8 +1,9 @@
 """Routines: a finished run compiled into a package that runs again with no LLM.
 
 Holds the routine model, loader and validator (:mod:`.model`), the trace
-compiler (:mod:`.compiler`), the durable runner (:mod:`.runner`), the sandboxed
-``when``/``assert`` evaluator (:mod:`.expr`), ``{{ path }}`` templates
+compiler (:mod:`.compiler`) and the JSON Schemas of the traces it reads
+(:mod:`.trace_schema`), the durable runner (:mod:`.runner`), the sandboxed
+``when``/``assert`` evaluator (:mod:`.expr`, its limits in :mod:`.expr_limits`), ``{{ path }}`` templates
 (:mod:`.template`, shared with the behavior cache), input/output schemas
 (:mod:`.schema`), the writer of compiled ``udfs.py`` files (:mod:`.udfs_file`),
 em-core's package format converted on load (:mod:`.emcore`) and answers to

@@ -366,18 +366,19 @@ def resume_routine(
     started = events[0].data
     rec = started.get("inputs") or {}
     tags = started.get("tags") or []
-    if ROUTINE_TAG not in tags or ev.CLIENT_TAG in tags or not isinstance(rec, dict) or not isinstance(rec.get("routine"), str):
+    is_routine = isinstance(tags, list) and ROUTINE_TAG in tags and ev.CLIENT_TAG not in tags
+    if not is_routine or not isinstance(rec, dict) or not isinstance(rec.get("routine"), str):
         raise EngrainError(f"run {run_id!r} is not a routine run (task {started.get('task')!r})")
+    waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
+    if not waiting:
+        raise EngrainError(f"run {run_id!r} is not waiting for input")
+    step = waiting[-1]
     if tools is None and rec.get("tools"):
         raise RoutineInputError(
             f"resume {run_id}", "tools",
             f"the run was started with --tools {rec['tools']}; pass the same registry to resume it "
             "(engrain loads no code named in the journal)",
         )
-    waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
-    if not waiting:
-        raise EngrainError(f"run {run_id!r} is not waiting for input")
-    step = waiting[-1]
     fields = step.args.get("fields") or []
     root = pathlib.Path(rec["routine"])
     given = parse_answers(answers, prompts_of(load_routine(root)))

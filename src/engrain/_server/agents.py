@@ -218,10 +218,11 @@ class AgentRunner:
 
 @router.get("/agents")
 def list_agents(request: Request) -> list[dict[str, Any]]:
-    """Agents this server can start and resume, by name."""
-    agents = state_of(request).agents.agents
+    """Agents this server runs: registered Python agents (``kind: python``) and LLM agents (``kind: llm``)."""
+    state = state_of(request)
+    agents = state.agents.agents
     out = []
     for name in sorted(agents):
         doc = (getattr(agents[name], "__doc__", None) or "").strip()
-        out.append({"name": name, "description": doc.splitlines()[0] if doc else ""})
-    return out
+        out.append({"name": name, "kind": "python", "description": doc.splitlines()[0] if doc else ""})
+    return out + state.llm_agents.all()

@@ -231,6 +231,7 @@ def create_app(
     agents: Any = None,
     allow_hosts: list[str] | tuple[str, ...] = (),
     ui_dir: str | os.PathLike[str] | None = None,
+    tools_dir: str | os.PathLike[str] | None = None,
 ) -> FastAPI:
     """The engrain HTTP API (and web UI) over the store at ``url``.
 
@@ -239,7 +240,9 @@ def create_app(
     (default ``./routines``) holds one folder per routine; ``tools`` is the
     registry (or ``"module:registry"``) routine runs call, default ``engrain.tools``.
     ``agents`` is a dict name -> agent callable (or ``"module:attr"`` naming one)
-    that ``POST /api/runs`` may start and an answer resumes.
+    that ``POST /api/runs`` may start and an answer resumes. LLM agents created
+    with ``POST /api/agents`` pick their tools by name from ``tools`` and the
+    WASM tools of ``tools_dir``.
 
     On loopback without a token, requests whose ``Host`` is not a loopback
     name/address get 421 and cross-site ``Origin`` headers get 403 (DNS rebinding);
@@ -266,6 +269,9 @@ def create_app(
     registry = load_agents(agents)
     state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools)
     state.agents = AgentRunner(state, registry)
+    from .llm_agents import LLMAgents, build_tools
+
+    state.llm_agents = LLMAgents(state, build_tools(tools, str(tools_dir) if tools_dir else None))
 
     from contextlib import asynccontextmanager
 
@@ -277,6 +283,7 @@ def create_app(
         yield
         # Agent runs still executing after the grace period stay resumable in the journal.
         await run_in_threadpool(state.agents.shutdown)
+        state.llm_agents.shutdown()
         state.close()
 
     app = FastAPI(
@@ -322,9 +329,9 @@ def create_app(
         return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
 
     from . import agents as agents_routes
-    from . import cache, memory, routines, runs
+    from . import cache, llm_agents, memory, routines, runs
 
-    for module in (runs, routines, agents_routes, cache, memory):
+    for module in (runs, routines, agents_routes, llm_agents, cache, memory):
         app.include_router(module.router, prefix="/api")
 
     @app.get("/api/health", tags=["health"])

@@ -201,6 +201,10 @@ def run_routine(state: ServerState, name: str, inputs: dict[str, Any], run_id: s
     _engine()
     from . import _routine_engine as eng
 
+    existing = state.journal.read(run_id, -1)[:1] if run_id else []
+    if existing and routine_run_folder(state, existing) != path:
+        # Continuing another run (a client's, an agent's, another routine's) would replay its events as ours.
+        raise ApiError(409, "RunMismatchError", f"run {run_id!r} exists and is not a run of routine {name!r}")
     return eng.run(path, inputs, state.journal, run_id, state.tools)
 
 

@@ -87,6 +87,8 @@ class ServerState:
         self.tools = tools
         #: The registered agents and the threads that run them (an ``AgentRunner``, set by ``create_app``).
         self.agents: Any = None
+        #: LLM agents created over the API (an ``LLMAgents``, set by ``create_app``).
+        self.llm_agents: Any = None
         self.closed = False
         #: Open SSE streams (reported by /api/health; they end when their client disconnects).
         self.streams = 0

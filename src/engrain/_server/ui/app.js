@@ -593,6 +593,8 @@
     else if (section === "compile") render = () => compileView();
     else if (section === "cache") render = () => cacheView();
     else if (section === "memory") render = () => memoryView(params);
+    else if (section === "chat" && parts[1]) render = () => window.engrainChat.chatView(parts[1], params);
+    else if (section === "chat") render = () => window.engrainChat.agentsView();
     else render = async () => [h("h1", { text: "Not found" }), h("p", {}, "No page here. ", h("a", { href: "#/runs", text: "Go to runs" }))];
     document.title = `engrain · ${section}`;
     view.setAttribute("aria-busy", "true");

@@ -1,0 +1,197 @@
+"""The agent engine's own costs, against a scripted model (a local stub server, not an LLM).
+
+Three figures, each with the scripted model's own time taken out:
+
+1. Creating an agent over HTTP (``POST /api/agents`` on ``engrain serve``, SQLite):
+   median request latency, next to ``GET /api/health`` on the same connection
+   (the HTTP floor) and Engram's stated figure for ``CreateAgent`` (about 4 ms;
+   a published number, not measured here). Target: <= 2 ms.
+2. engrain's overhead per LLM turn (in-process ``Agent.run``, SQLite and
+   PostgreSQL): the run's wall time minus the time spent inside the provider
+   call (SDK + scripted model), divided by the turns. Each turn journals the LLM
+   step and one tool step. Target: <= 1 ms.
+3. First streamed token through ``engrain serve``: a client ``POST
+   /api/agents/{name}/chat`` reads the SSE stream; the delay from the moment
+   the scripted model flushed its first text chunk (recorded in this process)
+   to the moment the client read it as a ``text`` event. Target: <= 1 ms. Printed
+   next to one hop alone (the scripted model read directly by the openai SDK).
+
+    python bench/agent.py [--n 200] [--turns 5] [--runs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+import engrain as eg
+from engrain._agent.scripted import ScriptedModel, say, tool_call
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.servers import serve  # noqa: E402 - the same start/stop as the tests
+
+PG_URL = os.environ.get("ENGRAIN_TEST_PG_URL", "postgresql://engrain:engrain@127.0.0.1:5432/engrain_test")
+ENGRAM_CREATE_AGENT_MS = 4.0  # Engram's stated CreateAgent latency
+
+
+def pg_schema(schema: str) -> str:
+    from urllib.parse import quote
+
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    return f"{PG_URL}{'&' if '?' in PG_URL else '?'}options={quote(f'-csearch_path={schema}', safe='')}"
+
+
+def drop_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as c:
+        c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def ms(xs: list[float]) -> str:
+    xs = sorted(xs)
+    return f"median {statistics.median(xs) * 1000:7.3f} ms   p90 {xs[int(len(xs) * 0.9)] * 1000:7.3f} ms"
+
+
+def bench_create_and_stream(n: int, runs: int) -> None:
+    model = ScriptedModel(lambda api, body: say("Hello there, this is the scripted model answering."),
+                          first_token_delay=0.02).start()
+    os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = model.openai_url, "scripted"
+    tmp = Path(tempfile.mkdtemp(prefix="engrain-bench-agent-"))
+    try:
+        with serve(f"sqlite:///{tmp / 'bench.db'}", tmp, token=None) as base, httpx.Client(base_url=base) as http:
+            for _ in range(20):  # warm up the connection and the route
+                http.get("/api/health")
+            health, create = [], []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                http.get("/api/health")
+                health.append(time.perf_counter() - t0)
+            for i in range(n):
+                body = {"name": f"a{i}-{uuid.uuid4().hex[:6]}", "model": "openai:scripted",
+                        "instructions": "Answer briefly.", "tools": []}
+                t0 = time.perf_counter()
+                r = http.post("/api/agents", json=body)
+                create.append(time.perf_counter() - t0)
+                r.raise_for_status()
+            print("1. create an agent over HTTP (engrain serve, SQLite)")
+            print(f"   POST /api/agents      {ms(create)}   (target <= 2 ms; Engram states ~{ENGRAM_CREATE_AGENT_MS:.0f} ms)")
+            print(f"   GET /api/health       {ms(health)}   (the HTTP floor on the same connection)")
+
+            http.post("/api/agents", json={"name": "streamer", "model": "openai:scripted"}).raise_for_status()
+            lat, first = [], []
+            for i in range(runs + 3):
+                sent_before = len(model.first_text_sent)
+                t_req = time.monotonic()
+                with http.stream("POST", "/api/agents/streamer/chat",
+                                 json={"session": f"b{i}-{uuid.uuid4().hex[:6]}", "message": "hi"}) as resp:
+                    got = None
+                    for line in resp.iter_lines():
+                        if got is None and line.startswith("event: text"):
+                            got = time.monotonic()
+                    assert got is not None and len(model.first_text_sent) == sent_before + 1
+                if i >= 3:  # the first chats warm the server's agent and SDK client
+                    lat.append(got - model.first_text_sent[-1])
+                    first.append(got - t_req)
+            import openai
+
+            direct = []
+            sdk = openai.OpenAI(base_url=model.openai_url, api_key="scripted")
+            for i in range(runs + 3):
+                stream = sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                     stream=True)
+                got = None
+                for chunk in stream:
+                    if got is None and chunk.choices and chunk.choices[0].delta.content:
+                        got = time.monotonic()
+                if i >= 3:
+                    direct.append(got - model.first_text_sent[-1])
+            print("3. first streamed token through engrain serve (POST /api/agents/{name}/chat, SSE)")
+            print(f"   model's first token flushed -> client reads it   {ms(lat)}   (target <= 1 ms)")
+            print(f"   for scale, one hop: the model straight to the openai SDK in this process  {ms(direct)}")
+            print(f"   request sent -> first token at the client        {ms(first)}   "
+                  f"(includes the model's 20 ms first-token delay)")
+    finally:
+        model.stop()
+
+
+def bench_turns(turns: int, runs: int) -> None:
+    print(f"2. engrain's overhead per LLM turn (Agent.run in-process; {turns} tool turns + 1 final per run)")
+    for backend in ("sqlite", "postgres"):
+        schema = None
+        if backend == "sqlite":
+            url = f"sqlite:///{tempfile.mkdtemp(prefix='engrain-bench-turn-')}/t.db"
+        else:
+            schema = "bench_" + uuid.uuid4().hex[:8]
+            url = pg_schema(schema)
+        journal = eg.open(url)
+        model = ScriptedModel(lambda api, body: (tool_call("add", a=1, b=2) if sum(
+            1 for m in body["messages"] if m["role"] == "tool") < turns else say("Done."))).start()
+
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        for streamed in (False, True):
+            agent = eg.Agent("bench", "openai:scripted", "Add numbers.", [add], base_url=model.openai_url,
+                             journal=journal, stream=streamed, max_turns=turns + 2)
+            inner = agent.provider.complete
+            spent = [0.0]
+
+            def timed(*a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return inner(*a, **kw)
+                finally:
+                    spent[0] += time.perf_counter() - t0
+
+            agent.provider.complete = timed
+            per_turn = []
+            for i in range(runs + 2):
+                spent[0] = 0.0
+                t0 = time.perf_counter()
+                res = agent.run("add things")
+                wall = time.perf_counter() - t0
+                assert res, res.error
+                if i >= 2:
+                    per_turn.append((wall - spent[0]) / (turns + 1))
+            kind = "streamed" if streamed else "whole   "
+            appends = len(journal.read(res.run_id)) / (turns + 1)
+            print(f"   {backend:<8} {kind}  {ms(per_turn)}   (target <= 1 ms; {appends:.1f} journal appends per turn)")
+        # What those appends cost alone on this backend, for reading the figures above.
+        rid, lat = f"bench-append-{uuid.uuid4().hex[:6]}", []
+        journal.append(rid, [eg.NewEvent("run.started", "", {"task": "x", "inputs": {}, "tags": []})], 0)
+        for seq in range(1, 201):
+            t0 = time.perf_counter()
+            journal.append(rid, [eg.NewEvent("step.completed", "x", {"call_id": seq, "result": 1})], seq)
+            lat.append(time.perf_counter() - t0)
+        print(f"   {backend:<8} one journal append alone  {ms(lat)}")
+        model.stop()
+        journal.close()
+        if schema:
+            drop_schema(schema)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=200, help="agents to create")
+    ap.add_argument("--turns", type=int, default=5, help="tool turns per run")
+    ap.add_argument("--runs", type=int, default=20, help="runs / chats measured")
+    args = ap.parse_args()
+    bench_create_and_stream(args.n, args.runs)
+    bench_turns(args.turns, args.runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""``engrain.Agent``: a durable LLM agent with tools, sessions, memory and the behavior cache."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from .._durable.context import RunResult, current, default_journal
+from .._durable.context import run as _run
+from .._durable.tools import ToolRegistry, tools as _default_tools, validate_tool_name
+from .._errors import ConfigError
+from .._journal import Journal
+from . import sessions
+from .loop import EVICT_AFTER, converse
+from .providers import Provider, make_provider, parse_model
+from .toolspec import AgentTool, from_function, from_registry
+
+_stores: dict[str, Any] = {}
+_memories: dict[str, Any] = {}
+_shared_lock = threading.Lock()
+
+
+class Agent:
+    """A durable LLM agent: ``run(task)`` for a task, ``chat(message, session=)`` for a conversation.
+
+    ``model`` is ``"openai:<model>"``, ``"anthropic:<model>"`` or
+    ``"ollama:<model>"``; ``base_url`` points ``openai:`` at any compatible
+    server. ``tools`` are Python functions (their signature and docstring
+    become the schema the model sees) or names of registered tools, such as
+    the names :meth:`engrain.tools.load_dir` returns for WASM tools. Every
+    model call and tool call is a journaled step: resuming a run with the same
+    ``run_id`` replays them instead of paying or executing them again.
+    ``memory="skill"`` recalls that skill's memory into the system message and
+    remembers each outcome; ``cache=True`` replays a repeated task's
+    trajectory without model calls while its tools return what they returned.
+    ``memory_store`` is the :class:`engrain.Memory` to use (default: one on
+    the run's store); ``client`` an SDK client you configured yourself.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        model: str,
+        instructions: str = "",
+        tools: Iterable[Callable[..., Any] | str] = (),
+        *,
+        memory: str | None = None,
+        cache: bool = False,
+        max_turns: int = 10,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        client: Any = None,
+        registry: ToolRegistry | None = None,
+        journal: Journal | None = None,
+        stream: bool = True,
+        parallel_tools: int = 8,
+        memory_store: Any = None,
+    ):
+        validate_tool_name(name)
+        if len(name) > 64:  # it is part of run ids (chat:<agent>:<session>:<n>), which have a length limit
+            raise ConfigError(f"agent name {name[:20]!r}...: at most 64 characters")
+        parse_model(model)
+        if not isinstance(instructions, str):
+            raise ConfigError(f"agent {name!r}: instructions must be a string")
+        if not isinstance(max_turns, int) or not 1 <= max_turns <= 1000:
+            raise ConfigError(f"agent {name!r}: max_turns must be an integer from 1 to 1000, got {max_turns!r}")
+        if memory is not None and (not isinstance(memory, str) or not memory):
+            raise ConfigError(f"agent {name!r}: memory must be a skill name")
+        self.name, self.model, self.instructions = name, model, instructions
+        self.memory, self.cache, self.max_turns = memory, bool(cache), max_turns
+        self.base_url, self.stream, self.parallel_tools = base_url, stream, max(1, parallel_tools)
+        self.journal = journal
+        self._api_key, self._client, self._memory_store = api_key, client, memory_store
+        self._provider: Provider | None = None
+        reg = registry if registry is not None else _default_tools
+        self.tools: dict[str, AgentTool] = {}
+        for t in tools:
+            if isinstance(t, str):
+                try:
+                    fn = reg.get(t)
+                except KeyError as e:
+                    raise ConfigError(f"agent {name!r}: {e.args[0]}") from None
+                spec = from_registry(t, fn)
+            elif callable(t):
+                spec = from_function(t)
+            else:
+                raise ConfigError(f"agent {name!r}: a tool must be a function or a registered tool's name, got {t!r}")
+            validate_tool_name(spec.name)
+            if spec.name in self.tools:
+                raise ConfigError(f"agent {name!r}: two tools are named {spec.name!r}")
+            self.tools[spec.name] = spec
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.name} {self.model} tools={list(self.tools)}>"
+
+    @property
+    def provider(self) -> Provider:
+        """The model's provider; its SDK client is created on first use."""
+        if self._provider is None:
+            self._provider = make_provider(self.model, base_url=self.base_url, api_key=self._api_key, client=self._client)
+        return self._provider
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON view: name, model, instructions, tools, memory, cache, max_turns."""
+        return {"name": self.name, "model": self.model, "instructions": self.instructions,
+                "tools": [t.spec() for t in self.tools.values()], "memory": self.memory, "cache": self.cache,
+                "max_turns": self.max_turns}
+
+    # -- runs ------------------------------------------------------------------
+
+    def run(self, task: str, *, run_id: str | None = None, journal: Journal | None = None,
+            tags: list[str] | None = None, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+        """Do ``task`` as a durable run; its output is the final answer's text.
+
+        After a crash, call again with the same ``run_id``: recorded model
+        replies and tool results are replayed. A run that ran out of
+        ``max_turns`` fails with a ``TurnLimitError``.
+        """
+        if not isinstance(task, str) or not task.strip():
+            raise ConfigError(f"agent {self.name!r}: the task must be a non-empty string")
+        emit = on_event or (lambda e: None)
+
+        def agent_fn(t: str) -> str:
+            ctx = current()
+            assert ctx is not None
+            return converse(self, ctx, [], t, emit)["text"]
+
+        agent_fn.__name__ = self.name
+        return _run(agent_fn, task, run_id=run_id, journal=journal or self._journal(),
+                    tags=[f"llm-agent:{self.name}", *(tags or [])])
+
+    def chat(self, message: str, *, session: str, journal: Journal | None = None) -> Iterator[dict[str, Any]]:
+        """Send ``message`` in ``session`` and iterate over the turn's events as they happen.
+
+        Events are dicts with a ``type``: ``text`` (``delta``), ``tool_call``
+        (``id``, ``name``, ``arguments``), ``tool_result`` (``id``, ``name``,
+        ``content``, ``error``), ``cache``, ``error`` (``error``) and last
+        ``done`` (``text``, ``status``, ``run_id``, ``session``, ``turn``). The
+        turn is a durable run appended to the session; a turn a crash left
+        unfinished is resumed first (its recorded steps are replayed).
+        """
+        q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.start_chat(message, session=session, on_event=q.put, journal=journal)
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            yield item
+
+    def start_chat(self, message: str, *, session: str, on_event: Callable[[dict[str, Any] | None], None],
+                   journal: Journal | None = None) -> threading.Thread:
+        """:meth:`chat` without the iterator: the turn runs in a thread that calls ``on_event(e)``
+        for each event and ``on_event(None)`` at the end (for servers bridging to their event loop)."""
+        if not isinstance(message, str) or not message.strip():
+            raise ConfigError(f"agent {self.name!r}: the message must be a non-empty string")
+        sessions.check_session(session)
+        j = journal or self._journal()
+        t = threading.Thread(target=self._chat_worker, args=(j, session, message, on_event), daemon=True,
+                             name=f"engrain-chat-{self.name}")
+        t.start()
+        return t
+
+    def _turn(self, j: Journal, session: str, n: int, message: str, history: list[dict[str, Any]],
+              emit: Callable[[dict[str, Any]], None]) -> RunResult:
+        def turn_fn(t: str) -> dict[str, Any]:
+            ctx = current()
+            assert ctx is not None
+            return converse(self, ctx, history, t, emit)
+
+        turn_fn.__name__ = self.name
+        return _run(turn_fn, message, run_id=sessions.turn_id(self.name, session, n), journal=j,
+                    tags=[f"llm-agent:{self.name}", f"session:{session}"])
+
+    def _chat_worker(self, j: Journal, session: str, message: str, put: Callable[[Any], None]) -> None:
+        try:
+            state = sessions.load(j, self.name, session)
+            n = state.next_turn
+            if state.unfinished is not None and state.unfinished[1] != message:
+                # an earlier message whose turn a crash cut short: finish it first, quietly
+                res = self._turn(j, session, n, state.unfinished[1], state.messages, lambda e: None)
+                state = sessions.load(j, self.name, session)
+                n = state.next_turn
+            res = self._turn(j, session, n, message, state.messages, put)
+            if not res:
+                put({"type": "error", "error": res.error or res.status})
+            out = res.output if isinstance(res.output, dict) else {}
+            put({"type": "done", "text": out.get("text", ""), "status": res.status, "run_id": res.run_id,
+                 "session": session, "turn": n})
+        except Exception as e:  # reported in the stream: the consumer is in another thread
+            put({"type": "error", "error": f"{type(e).__name__}: {e}"})
+            put({"type": "done", "text": "", "status": "failed", "run_id": None, "session": session, "turn": None})
+        except BaseException as e:  # interrupted: the turn's run stays unfinished, resumed by the next chat
+            put({"type": "error", "error": f"interrupted ({type(e).__name__}); the turn resumes with the next message"})
+            put({"type": "done", "text": "", "status": "running", "run_id": None, "session": session, "turn": None})
+        finally:
+            put(None)
+
+    def history(self, session: str, *, journal: Journal | None = None) -> list[dict[str, Any]]:
+        """The session's messages in order, each with its original ``ts`` (finished turns only)."""
+        return list(sessions.load(journal or self._journal(), self.name, session).messages)
+
+    def _journal(self) -> Journal:
+        return self.journal or default_journal()
+
+    # -- memory and cache (called inside journaled steps) ----------------------
+
+    def _memory_for(self, journal: Journal) -> Any:
+        if self._memory_store is not None:
+            return self._memory_store
+        with _shared_lock:
+            m = _memories.get(journal.url)
+            if m is None:
+                from .._memory import Memory
+
+                m = _memories[journal.url] = Memory(journal.url)
+            return m
+
+    def _recall(self, journal: Journal, query: str) -> list[str]:
+        return [r.content for r in self._memory_for(journal).recall(query, skill=self.memory, top_k=5)]
+
+    def _remember(self, journal: Journal, text: str) -> str:
+        return self._memory_for(journal).remember(text, skill=self.memory, hint=self.name)
+
+    def _store(self, journal: Journal) -> Any:
+        with _shared_lock:
+            s = _stores.get(journal.url)
+            if s is None:
+                from .._cache.store import CacheStore
+
+                s = _stores[journal.url] = CacheStore(journal)
+            return s
+
+    def _cache_lookup(self, journal: Journal, key: str) -> dict[str, Any] | None:
+        store = self._store(journal)
+        store.bump("lookups")
+        found = store.candidates(key, limit=1)
+        if not found:
+            store.bump("misses")
+            return None
+        return {"entry": found[0].id, "turns": found[0].steps}
+
+    def _cache_hit(self, journal: Journal, entry_id: str) -> None:
+        store = self._store(journal)
+        store.record_hit(entry_id)
+
+    def _cache_diverged(self, journal: Journal, entry_id: str) -> None:
+        store = self._store(journal)
+        store.bump("diverged")
+        store.record_divergence(entry_id, EVICT_AFTER)
+
+    def _cache_store(self, journal: Journal, key: str, task: str, turns: list[dict[str, Any]], run_id: str) -> None:
+        from .._cache.store import Entry
+        from .._cache.store import key as _key
+
+        now = time.time()
+        tags = [f"llm-agent:{self.name}"]
+        self._store(journal).put(Entry(
+            id=os.urandom(8).hex(), task_key=key, tags_key=_key("engrain.agent", tags), task=task, tags=tags,
+            steps=turns, output={"value": turns[-1]["reply"]["text"]}, run_id=run_id, created=now, last_used=now,
+        ))

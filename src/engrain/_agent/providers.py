@@ -1,0 +1,243 @@
+"""Model providers: one neutral conversation, sent through the official SDKs.
+
+The agent keeps its conversation as JSON messages (journaled, replayed):
+
+* ``{"role": "user", "content", "ts"}``
+* ``{"role": "assistant", "content", "tool_calls": [{"id", "name", "arguments"}], "ts"}``
+  (``arguments`` is the model's raw JSON text, so malformed arguments survive
+  to be reported back to the model)
+* ``{"role": "tool", "tool_call_id", "name", "content", "error", "ts"}``
+
+A provider turns that into its wire format, calls the model (streaming when
+asked), and returns one *reply* ``{"text", "tool_calls", "usage", "ts"}``: the
+result of the journaled LLM step.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import ConfigError
+
+OLLAMA_URL = "http://localhost:11434/v1"
+PROVIDERS = ("openai", "anthropic", "ollama")
+
+Delta = Callable[[str], None]
+
+
+def utc_iso(t: _dt.datetime | None = None) -> str:
+    """``2026-11-23T10:00:00.123Z``: how messages carry their time."""
+    t = (t or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def marker(ts: str | None) -> str:
+    """The ``[2026-11-23T10:00:00Z] `` prefix the model sees on a message (seconds precision)."""
+    return f"[{ts[:19]}Z] " if ts else ""
+
+
+def parse_model(model: str) -> tuple[str, str]:
+    """``"openai:gpt-4.1-mini"`` -> ``("openai", "gpt-4.1-mini")``; the model part may hold ``:``."""
+    if not isinstance(model, str) or ":" not in model:
+        raise ConfigError(f"model {model!r}: write it as '<provider>:<model>', provider one of {', '.join(PROVIDERS)}")
+    provider, name = model.split(":", 1)
+    if provider not in PROVIDERS or not name:
+        raise ConfigError(f"model {model!r}: unknown provider {provider!r} (use one of {', '.join(PROVIDERS)})")
+    return provider, name
+
+
+def system_text(instructions: str, extra: str = "") -> str:
+    """The system message: instructions, the current time, and how message times are shown."""
+    now = utc_iso()[:19] + "Z"
+    parts = [instructions.strip()] if instructions.strip() else []
+    if extra:
+        parts.append(extra)
+    parts.append(
+        f"Current time: {now}. Earlier messages begin with the time they were written, as [YYYY-MM-DDTHH:MM:SSZ]; "
+        "do not write such markers yourself."
+    )
+    return "\n\n".join(parts)
+
+
+class Provider:
+    """One model behind one SDK client."""
+
+    name = ""
+
+    def __init__(self, model: str, client: Any):
+        self.model = model
+        self.client = client
+
+    def complete(self, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_delta: Delta | None = None) -> dict[str, Any]:
+        """Call the model once and return the neutral reply (streamed when ``on_delta`` is given)."""
+        raise NotImplementedError
+
+
+def _reply(text: str, calls: list[dict[str, Any]], usage: dict[str, int]) -> dict[str, Any]:
+    return {"text": text, "tool_calls": calls, "usage": usage, "ts": utc_iso()}
+
+
+class OpenAIChat(Provider):
+    """OpenAI Chat Completions (also Ollama, vLLM, LM Studio: any compatible server)."""
+
+    name = "openai"
+
+    def _messages(self, system: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for m in messages:
+            if m["role"] == "user":
+                out.append({"role": "user", "content": marker(m.get("ts")) + m["content"]})
+            elif m["role"] == "assistant":
+                msg: dict[str, Any] = {"role": "assistant", "content": (marker(m.get("ts")) + m["content"]) if m["content"] else None}
+                if m.get("tool_calls"):
+                    msg["tool_calls"] = [
+                        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                        for c in m["tool_calls"]
+                    ]
+                out.append(msg)
+            else:
+                out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": m["content"]})
+        return out
+
+    def complete(self, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_delta: Delta | None = None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"model": self.model, "messages": self._messages(system, messages)}
+        if tools:
+            kw["tools"] = [{"type": "function", "function": t} for t in tools]
+        if on_delta is None:
+            r = self.client.chat.completions.create(**kw)
+            msg = r.choices[0].message
+            calls = [
+                {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
+                for c in (msg.tool_calls or []) if getattr(c, "function", None) is not None
+            ]
+            u = r.usage
+            usage = {"input": u.prompt_tokens, "output": u.completion_tokens} if u else {}
+            return _reply(msg.content or "", calls, usage)
+        text: list[str] = []
+        acc: dict[int, dict[str, Any]] = {}
+        usage = {}
+        stream = self.client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+        for chunk in stream:
+            if chunk.usage:
+                usage = {"input": chunk.usage.prompt_tokens, "output": chunk.usage.completion_tokens}
+            if not chunk.choices:
+                continue
+            d = chunk.choices[0].delta
+            if d.content:
+                text.append(d.content)
+                on_delta(d.content)
+            for tc in d.tool_calls or []:
+                slot = acc.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                if tc.id:
+                    slot["id"] = tc.id
+                if tc.function is not None:
+                    slot["name"] += tc.function.name or ""
+                    slot["arguments"] += tc.function.arguments or ""
+        calls = [{**acc[i], "arguments": acc[i]["arguments"] or "{}"} for i in sorted(acc)]
+        return _reply("".join(text), calls, usage)
+
+
+class AnthropicMessages(Provider):
+    """Anthropic Messages."""
+
+    name = "anthropic"
+    max_tokens = 4096
+
+    def _messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+
+        def add(role: str, blocks: list[dict[str, Any]]) -> None:
+            if out and out[-1]["role"] == role:  # the API wants roles to alternate
+                out[-1]["content"].extend(blocks)
+            else:
+                out.append({"role": role, "content": blocks})
+
+        for m in messages:
+            if m["role"] == "user":
+                add("user", [{"type": "text", "text": marker(m.get("ts")) + m["content"]}])
+            elif m["role"] == "assistant":
+                blocks: list[dict[str, Any]] = []
+                if m["content"]:
+                    blocks.append({"type": "text", "text": marker(m.get("ts")) + m["content"]})
+                for c in m.get("tool_calls") or []:
+                    try:
+                        args = json.loads(c["arguments"] or "{}")
+                    except ValueError:
+                        args = {}
+                    blocks.append({"type": "tool_use", "id": c["id"], "name": c["name"],
+                                   "input": args if isinstance(args, dict) else {}})
+                add("assistant", blocks or [{"type": "text", "text": "(no reply)"}])
+            else:
+                block = {"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]}
+                if m.get("error"):
+                    block["is_error"] = True
+                add("user", [block])
+        return out
+
+    def complete(self, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                 on_delta: Delta | None = None) -> dict[str, Any]:
+        kw: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "system": system,
+                              "messages": self._messages(messages)}
+        if tools:
+            kw["tools"] = [{"name": t["name"], "description": t.get("description", ""), "input_schema": t["parameters"]}
+                           for t in tools]
+        if on_delta is None:
+            r = self.client.messages.create(**kw)
+            text = "".join(b.text for b in r.content if b.type == "text")
+            calls = [{"id": b.id, "name": b.name, "arguments": json.dumps(b.input)} for b in r.content if b.type == "tool_use"]
+            return _reply(text, calls, {"input": r.usage.input_tokens, "output": r.usage.output_tokens})
+        text_parts: list[str] = []
+        blocks: dict[int, dict[str, Any]] = {}
+        usage: dict[str, int] = {}
+        for e in self.client.messages.create(**kw, stream=True):
+            if e.type == "message_start":
+                usage["input"] = e.message.usage.input_tokens
+            elif e.type == "content_block_start" and e.content_block.type == "tool_use":
+                blocks[e.index] = {"id": e.content_block.id, "name": e.content_block.name, "arguments": ""}
+            elif e.type == "content_block_delta":
+                if e.delta.type == "text_delta":
+                    text_parts.append(e.delta.text)
+                    on_delta(e.delta.text)
+                elif e.delta.type == "input_json_delta" and e.index in blocks:
+                    blocks[e.index]["arguments"] += e.delta.partial_json
+            elif e.type == "message_delta":
+                usage["output"] = e.usage.output_tokens
+        calls = [{**blocks[i], "arguments": blocks[i]["arguments"] or "{}"} for i in sorted(blocks)]
+        return _reply("".join(text_parts), calls, usage)
+
+
+def make_provider(model: str, *, base_url: str | None = None, api_key: str | None = None,
+                  client: Any = None) -> Provider:
+    """The provider for ``model`` (``"openai:…"``, ``"anthropic:…"``, ``"ollama:…"``).
+
+    SDK clients are created here, lazily imported; ``client`` overrides (an
+    ``openai.OpenAI`` or ``anthropic.Anthropic`` you configured yourself).
+    """
+    provider, name = parse_model(model)
+    if provider == "anthropic":
+        if client is None:
+            import anthropic
+
+            base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL")
+            key = api_key or os.environ.get("ANTHROPIC_API_KEY") or ("unused" if base_url else None)
+            if key is None:
+                raise ConfigError(f"model {model!r} needs ANTHROPIC_API_KEY (or api_key=, or base_url= for a local server)")
+            client = anthropic.Anthropic(api_key=key, base_url=base_url, max_retries=2)
+        return AnthropicMessages(name, client)
+    if client is None:
+        import openai
+
+        if provider == "ollama":
+            base_url = base_url or os.environ.get("OLLAMA_BASE_URL") or OLLAMA_URL
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL")
+        key = api_key or os.environ.get("OPENAI_API_KEY") or ("unused" if base_url else None)
+        if key is None:
+            raise ConfigError(f"model {model!r} needs OPENAI_API_KEY (or api_key=, or base_url= for a compatible server)")
+        client = openai.OpenAI(api_key=key, base_url=base_url, max_retries=2)
+    return OpenAIChat(name, client)

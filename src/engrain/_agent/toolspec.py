@@ -1,0 +1,152 @@
+"""Agent tools: a Python function or a registered tool, with the JSON schema the model sees.
+
+The schema comes from the signature and type hints (``str`` -> string, ``list[int]``
+-> array of integers, ``Literal`` -> enum, a default -> optional) and the
+description from the docstring's first paragraph. A registered WASM tool
+(``engrain.tools.load_dir``) takes one JSON value, offered to the model as ``args``.
+Arguments the model sends are checked against the schema before the tool runs;
+a mismatch becomes an error message for the model, never a call.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import ConfigError
+
+MAX_ARGS = 256 * 1024  # bytes of argument JSON a model may send to one tool call
+
+_SIMPLE: dict[Any, dict[str, Any]] = {
+    str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"},
+    dict: {"type": "object"}, list: {"type": "array"}, type(None): {"type": "null"},
+}
+
+
+def json_schema(hint: Any) -> dict[str, Any]:
+    """The JSON schema of a type hint (``{}``, meaning any value, when unknown)."""
+    if hint is inspect.Parameter.empty or hint is Any:
+        return {}
+    if hint in _SIMPLE:
+        return dict(_SIMPLE[hint])
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if origin in (typing.Union, types.UnionType):
+        options = [json_schema(a) for a in args]
+        return {"anyOf": options} if all(options) else {}
+    if origin in (list, tuple, set, frozenset) or origin is typing.Sequence:
+        item = json_schema(args[0]) if args else {}
+        return {"type": "array", "items": item} if item else {"type": "array"}
+    if origin is dict:
+        return {"type": "object"}
+    if hasattr(hint, "__annotations__") and hasattr(hint, "__required_keys__"):  # TypedDict
+        hints = typing.get_type_hints(hint)
+        return {"type": "object", "properties": {k: json_schema(v) for k, v in hints.items()},
+                "required": sorted(hint.__required_keys__)}
+    return {}
+
+
+def _description(fn: Callable[..., Any]) -> str:
+    doc = inspect.getdoc(fn) or ""
+    return doc.split("\n\n", 1)[0].replace("\n", " ").strip()
+
+
+@dataclass(slots=True)
+class AgentTool:
+    """One tool the agent may call: ``fn(**args)`` behind ``name`` and a JSON schema."""
+
+    name: str
+    fn: Callable[..., Any]
+    description: str
+    parameters: dict[str, Any]
+    validator: Any = None
+    wasm: bool = False
+
+    def spec(self) -> dict[str, Any]:
+        """The provider-neutral declaration sent to the model."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def check(self, raw: str) -> dict[str, Any]:
+        """Parse and validate the model's argument text; ``ValueError`` with a message for the model."""
+        if len(raw) > MAX_ARGS:
+            raise ValueError(f"arguments are {len(raw)} bytes; at most {MAX_ARGS} are accepted")
+        try:
+            args = json.loads(raw or "{}")
+        except ValueError as e:
+            raise ValueError(f"arguments are not valid JSON ({e})") from None
+        if not isinstance(args, dict):
+            raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
+        if self.validator is None:
+            import jsonschema
+
+            self.validator = jsonschema.Draft202012Validator(self.parameters)
+        if self.validator.is_valid(args):  # the common case; collecting errors costs more
+            return args
+        errors = sorted(self.validator.iter_errors(args), key=lambda e: list(e.path))
+        if errors:
+            e = errors[0]
+            where = "/".join(str(p) for p in e.path) or "(arguments)"
+            raise ValueError(f"argument {where}: {e.message}")
+        return args
+
+    def invoke(self, args: dict[str, Any]) -> Any:
+        """Run the tool with checked arguments."""
+        if self.wasm:
+            return self.fn(args.get("args"))
+        return self.fn(**args)
+
+
+def from_function(fn: Callable[..., Any]) -> AgentTool:
+    """An :class:`AgentTool` for a Python function (an ``@engrain.tool`` is unwrapped: the agent journals it)."""
+    step = getattr(fn, "__engrain_step__", None)
+    name = step["name"] if step else getattr(fn, "__name__", "")
+    inner = getattr(fn, "__wrapped__", fn) if step else fn
+    if inspect.iscoroutinefunction(inner):
+        raise ConfigError(f"tool {name!r}: async functions are not supported as agent tools yet; pass a sync function")
+    try:
+        sig = inspect.signature(inner)
+        hints = typing.get_type_hints(inner)
+    except (TypeError, ValueError, NameError) as e:
+        raise ConfigError(f"tool {name!r}: cannot read its signature ({e})") from None
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
+            raise ConfigError(f"tool {name!r}: parameter {p.name!r} must be a plain or keyword parameter")
+        props[p.name] = json_schema(hints.get(p.name, p.annotation))
+        if p.default is p.empty:
+            required.append(p.name)
+        elif _is_json(p.default):
+            props[p.name]["default"] = p.default
+    params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    return AgentTool(name, inner, _description(inner) or name, params)
+
+
+def from_registry(name: str, fn: Callable[..., Any]) -> AgentTool:
+    """An :class:`AgentTool` for a tool registered by name (a WASM tool takes one JSON value ``args``)."""
+    inner = getattr(fn, "__wrapped__", fn)
+    try:
+        sig = inspect.signature(inner)
+    except (TypeError, ValueError):
+        sig = None
+    if sig is not None and list(sig.parameters) == ["args"]:  # engrain.tools.load_dir's WASM caller
+        params = {"type": "object", "properties": {"args": {"description": "the tool's JSON input"}},
+                  "required": [], "additionalProperties": False}
+        return AgentTool(name, inner, f"WASM tool {name}: takes one JSON value as 'args'", params, wasm=True)
+    t = from_function(fn)
+    t.name = name
+    return t
+
+
+def _is_json(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False

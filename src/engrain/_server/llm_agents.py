@@ -1,0 +1,222 @@
+"""LLM agents created over the API (``engrain.Agent``), their runs and chat sessions.
+
+Not to be confused with :mod:`.agents`, the *registered Python agents* an
+operator names with ``--agents``. An LLM agent is data: a name, a model, its
+instructions and the names of tools. Its tools are resolved from this server's
+configured tools only (``--tools`` Python registry, ``--tools-dir`` WASM
+folder): a client picks tools by name and never sends code, nor a model
+``base_url`` (the server's environment decides where models are reached).
+
+A definition is stored in the journal as a finished run ``agentdef:<name>``
+tagged ``llm-agent-definition``, so every server on the same store knows it
+and it survives restarts. Defining a name again with the same definition is a
+no-op; with a different one it is a 409.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+
+from .. import _events as ev
+from .._errors import ConfigError, ConflictError
+from .._events import NewEvent
+from .state import ApiError, Body, state_of
+
+router = APIRouter(tags=["llm-agents"])
+
+DEF_TAG = "llm-agent-definition"
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
+MAX_WORKERS = 8
+DEFAULT_WAIT, MAX_WAIT = 5.0, 60.0
+
+
+class AgentDefinition(Body):
+    """``POST /api/agents``: what an LLM agent is."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    model: str = Field(min_length=3, max_length=200, description="openai:<model>, anthropic:<model> or ollama:<model>")
+    instructions: str = Field("", max_length=20_000)
+    tools: list[str] = Field(default_factory=list, max_length=64)
+    memory: str | None = Field(None, min_length=1, max_length=100)
+    cache: bool = False
+    max_turns: int = Field(10, ge=1, le=100)
+
+
+class ChatRequest(Body):
+    session: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,100}$")
+    message: str = Field(min_length=1, max_length=100_000)
+
+
+class TaskRequest(Body):
+    task: str = Field(min_length=1, max_length=100_000)
+    run_id: str | None = Field(None, min_length=1, max_length=200)
+    wait: float = Field(DEFAULT_WAIT, ge=0, le=MAX_WAIT)
+
+
+def def_run_id(name: str) -> str:
+    return f"agentdef:{name}"
+
+
+class LLMAgents:
+    """The LLM agents of one server: definitions in the journal, ``engrain.Agent`` objects in memory."""
+
+    def __init__(self, state: Any, tools: Any):
+        self.state = state
+        self.tools = tools  # a ToolRegistry of --tools plus --tools-dir
+        self._agents: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="engrain-llm-agent")
+
+    def _build(self, d: dict[str, Any]) -> Any:
+        from .._agent.agent import Agent
+
+        missing = [t for t in d.get("tools", []) if t not in self.tools]
+        if missing:
+            known = ", ".join(self.tools.names()) or "none"
+            raise ApiError(422, "UnknownToolError",
+                           f"agent {d['name']!r}: no tool named {', '.join(map(repr, missing))} on this server "
+                           f"(configured with --tools / --tools-dir: {known})")
+        return Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
+                     cache=d.get("cache", False), max_turns=d.get("max_turns", 10), registry=self.tools,
+                     journal=self.state.journal)
+
+    def create(self, d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Define an agent; returns (its description, whether it is new)."""
+        agent = self._build(d)
+        j = self.state.journal
+        data = {"task": f"define LLM agent {d['name']}", "inputs": d, "tags": [DEF_TAG]}
+        try:
+            j.append(def_run_id(d["name"]), [NewEvent(ev.RUN_STARTED, "", data),
+                                             NewEvent(ev.RUN_COMPLETED, "", {"output": d})], 0)
+            created = True
+        except ConflictError:
+            if self._definition(d["name"]) != d:
+                raise ApiError(409, "AgentExistsError",
+                               f"an LLM agent named {d['name']!r} exists with another definition") from None
+            created = False
+        with self._lock:
+            self._agents.setdefault(d["name"], agent)
+        return describe(d), created
+
+    def _definition(self, name: str) -> dict[str, Any] | None:
+        events = self.state.journal.read(def_run_id(name))
+        return events[0].data.get("inputs") if events else None
+
+    def get(self, name: str) -> Any:
+        with self._lock:
+            agent = self._agents.get(name)
+        if agent is not None:
+            return agent
+        d = self._definition(name)
+        if d is None:
+            raise ApiError(404, "AgentNotFoundError", f"no LLM agent named {name!r} (create it with POST /api/agents)")
+        agent = self._build(d)
+        with self._lock:
+            return self._agents.setdefault(name, agent)
+
+    def all(self) -> list[dict[str, Any]]:
+        out = []
+        for info in self.state.journal.runs(tag=DEF_TAG, limit=1000):
+            d = self._definition(info.run_id.split(":", 1)[1])
+            if d is not None:
+                out.append(describe(d))
+        return sorted(out, key=lambda a: a["name"])
+
+    def run(self, name: str, task: str, run_id: str | None, wait: float) -> dict[str, Any]:
+        from .._durable.context import new_run_id
+
+        agent = self.get(name)
+        rid = run_id or new_run_id()
+        fut: Future[Any] = self._pool.submit(agent.run, task, run_id=rid)
+        try:
+            return fut.result(timeout=wait).to_dict()
+        except FutureTimeout:
+            return {"run_id": rid, "status": "running", "output": None, "error": None, "prompt": None,
+                    "replayed": 0, "executed": 0}
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def describe(d: dict[str, Any]) -> dict[str, Any]:
+    return {"name": d["name"], "kind": "llm", "model": d["model"], "instructions": d.get("instructions", ""),
+            "tools": list(d.get("tools", [])), "memory": d.get("memory"), "cache": d.get("cache", False),
+            "max_turns": d.get("max_turns", 10),
+            "description": (d.get("instructions", "").strip().splitlines() or [""])[0][:200]}
+
+
+def build_tools(tools: Any, tools_dir: str | None) -> Any:
+    """The registry LLM agents pick tools from: the ``--tools`` registry's tools plus ``--tools-dir``'s WASM."""
+    from .._durable.tools import ToolRegistry
+
+    reg = ToolRegistry()
+    for name in list(tools or ()):
+        reg.register(name, tools[name])
+    if tools_dir:
+        import pathlib
+
+        if not pathlib.Path(tools_dir).is_dir():
+            raise ConfigError(f"--tools-dir {tools_dir!r} is not a folder")
+        reg.load_dir(tools_dir)
+    return reg
+
+
+@router.post("/agents", status_code=201)
+def create_agent(body: AgentDefinition, request: Request) -> dict[str, Any]:
+    """Create an LLM agent from a name, a model, instructions and tool names (201; 200-equivalent if identical)."""
+    out, _ = state_of(request).llm_agents.create(body.model_dump())
+    return out
+
+
+@router.post("/agents/{name}/runs")
+def run_agent(name: str, body: TaskRequest, request: Request) -> dict[str, Any]:
+    """Start a durable run of the LLM agent on ``task``; waits up to ``wait`` seconds for its result."""
+    return state_of(request).llm_agents.run(name, body.task, body.run_id, body.wait)
+
+
+@router.post("/agents/{name}/chat", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
+async def chat(name: str, body: ChatRequest, request: Request) -> StreamingResponse:
+    """Send a message in a session: an SSE stream of ``text``, ``tool_call``, ``tool_result``, ..., ``done`` events."""
+    import asyncio
+
+    from starlette.concurrency import run_in_threadpool
+
+    state = state_of(request)
+    agent = await run_in_threadpool(state.llm_agents.get, name)
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def put(e: dict[str, Any] | None) -> None:
+        # Straight from the agent's thread onto the event loop: one hop per event, no thread pool.
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, e)
+        except RuntimeError:  # the loop is gone (server stopped); the turn still finishes in the journal
+            pass
+
+    agent.start_chat(body.message, session=body.session, on_event=put)
+
+    async def stream() -> Any:
+        state.streams += 1
+        try:
+            while (e := await q.get()) is not None:
+                yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
+        finally:
+            state.streams -= 1
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/agents/{name}/sessions/{session}")
+def history(name: str, session: str, request: Request) -> list[dict[str, Any]]:
+    """The session's messages in order, each with its original ``ts``."""
+    return state_of(request).llm_agents.get(name).history(session)

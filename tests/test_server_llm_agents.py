@@ -1,0 +1,98 @@
+"""LLM agents over HTTP: a real ``engrain serve`` whose models are a scripted model (a local stub
+server speaking the OpenAI wire format, not an LLM), reached through ``OPENAI_BASE_URL``."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+import engrain as eg
+from engrain._agent.scripted import ScriptedModel, say, tool_call, tool_calls
+from tests.servers import serve
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "llm-agents-token"
+
+
+@pytest.fixture
+def model(monkeypatch):
+    m = ScriptedModel().start()
+    monkeypatch.setenv("OPENAI_BASE_URL", m.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "scripted")
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def wasm_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wasm")
+    subprocess.run(["bash", str(ROOT / "scripts/build_wasm_tools.sh"), str(out)], check=True, capture_output=True)
+    (out / "hostile.wasm").unlink()
+    return out
+
+
+def test_create_chat_run_and_restart(store_url, tmp_path, model, wasm_dir):
+    spec = f"{ROOT / 'tests' / 'agent_tools.py'}:tools"
+    model.script = [
+        tool_calls(("lookup_order", {"order_id": 5}), ("wordcount", {"args": {"t": "a b"}})),
+        say("Order 5 has shipped."),
+        say("Done."),
+    ]
+    with serve(store_url, tmp_path, token=TOKEN, tools=spec, tools_dir=wasm_dir, name="first") as base, \
+            eg.Client(base, token=TOKEN) as c:
+        made = c.create_agent("support", "openai:scripted", "Answer order questions.", ["lookup_order", "wordcount"])
+        assert made["kind"] == "llm" and made["tools"] == ["lookup_order", "wordcount"]
+        assert c.create_agent("support", "openai:scripted", "Answer order questions.",
+                              ["lookup_order", "wordcount"])["name"] == "support"  # same definition: fine
+        with pytest.raises(eg.RemoteError) as e:
+            c.create_agent("support", "openai:other", "x")
+        assert e.value.status == 409
+        with pytest.raises(eg.RemoteError) as e:
+            c.create_agent("evil", "openai:scripted", "x", ["os.system"])
+        assert e.value.status == 422 and "no tool named 'os.system'" in str(e.value)
+        with pytest.raises(eg.RemoteError) as e:
+            c.create_agent("../x", "openai:scripted")
+        assert e.value.status == 422
+        assert [a["name"] for a in c.agents() if a["kind"] == "llm"] == ["support"]
+
+        events = list(c.chat("support", "Where is order 5?", session="web-1"))
+        kinds = [e["type"] for e in events]
+        assert kinds[:4] == ["tool_call", "tool_call", "tool_result", "tool_result"] and kinds[-1] == "done"
+        assert events[2]["content"] == '{"order": 5, "status": "shipped", "total": 19.5}'
+        assert events[3]["content"] == '{"bytes": 12, "words": 3}'  # counts its JSON input
+        assert "".join(e["delta"] for e in events if e["type"] == "text") == "Order 5 has shipped."
+        assert events[-1]["status"] == "ok"
+        res = c.run_agent("support", "say done", run_id="api-run-1")
+        assert res and res.output == "Done." and res.run_id == "api-run-1"
+        assert model.calls == 3
+        with pytest.raises(eg.RemoteError) as e:
+            list(c.chat("nobody", "hi", session="s"))
+        assert e.value.status == 404
+    # a second server on the same store knows the agent and the session
+    with serve(store_url, tmp_path, token=TOKEN, tools=spec, tools_dir=wasm_dir, name="second") as base, \
+            eg.Client(base, token=TOKEN) as c:
+        assert [a["name"] for a in c.agents() if a["kind"] == "llm"] == ["support"]
+        hist = c.history("support", "web-1")
+        assert [m["role"] for m in hist] == ["user", "assistant", "tool", "tool", "assistant"]
+        assert all(m["ts"].endswith("Z") for m in hist)
+        model.script.append(tool_call("lookup_order", order_id="not a number"))
+        model.script.append(say("Sorry."))
+        events = list(c.chat("support", "And order x?", session="web-1"))
+        assert events[-1]["turn"] == 1 and events[-1]["text"] == "Sorry."
+        result = next(e for e in events if e["type"] == "tool_result")
+        assert result["error"] and "bad arguments" in result["content"]
+
+
+def test_chat_body_is_validated(tmp_path, model):
+    with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, token=TOKEN) as base:
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        r = httpx.post(f"{base}/api/agents", json={"name": "a", "model": "gpt"}, headers=h)
+        assert r.status_code == 400 and r.json()["error"] == "ConfigError"
+        httpx.post(f"{base}/api/agents", json={"name": "a", "model": "openai:m"}, headers=h).raise_for_status()
+        r = httpx.post(f"{base}/api/agents/a/chat", json={"session": "../../etc", "message": "hi"}, headers=h)
+        assert r.status_code == 422
+        r = httpx.post(f"{base}/api/agents/a/chat", json={"session": "s", "message": ""}, headers=h)
+        assert r.status_code == 422
