@@ -31,12 +31,15 @@ def test_compile_validate_run_resume(tmp_path, url):
     out = tmp_path / "pkg"
     r = cli("compile", str(EXAMPLE / "trace.json"), "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["files"] == ["expected_output.json", "input.json", "routine.yaml", "udfs.py"]
+    compiled = json.loads(r.stdout)
+    assert compiled["files"] == ["expected_output.json", "input.json", "routine.yaml", "udfs.py"]
+    assert compiled["udfs"] == [{"name": "parse_csv", "generalized": True, "reason": None},
+                                {"name": "summarize", "generalized": True, "reason": None}]
     assert (out / "routine.yaml").read_text() == (PACKAGE / "routine.yaml").read_text()
 
     r = cli("validate", str(out), "--tools", TOOLS, "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"path": str(out), "valid": True, "issues": []}
+    assert json.loads(r.stdout) == {"path": str(out), "valid": True, "issues": [], "dialect": "engrain", "conversions": []}
 
     r = cli("run", str(out), "--input", str(out / "input.json"), "--tools", TOOLS, "--url", url, "--json")
     assert r.returncode == 3, r.stderr  # needs_input

@@ -28,6 +28,20 @@ steps:
     value: "hello {{ inputs.who }}"
 """
 
+ASKING = """\
+name: asking
+inputs: {type: object, properties: {who: {type: string}}, required: [who]}
+steps:
+  - id: confirm
+    type: prompt.user
+    prompt: "Greet {{ inputs.who }}?"
+    fields: [{name: greeting, type: text}, {name: ok, type: boolean}]
+  - {id: check, type: assert, expr: confirm.ok, message: declined}
+  - id: result
+    type: return
+    value: "{{ confirm.greeting }} {{ inputs.who }}"
+"""
+
 
 def _payload(result) -> object:
     """The tool's JSON result (structured content, unwrapping the SDK's {"result": ...} for lists)."""
@@ -44,6 +58,8 @@ def store(tmp_path):
     url = f"sqlite:///{tmp_path / 'mcp.db'}"
     (tmp_path / "routines" / "hello").mkdir(parents=True)
     (tmp_path / "routines" / "hello" / "routine.yaml").write_text(ROUTINE)
+    (tmp_path / "routines" / "asking").mkdir(parents=True)
+    (tmp_path / "routines" / "asking" / "routine.yaml").write_text(ASKING)
     j = eg.open(url)
     j.append("seeded-run", [eg.NewEvent("run.started", "", {"task": "seeded", "inputs": {}, "tags": []})], 0)
     j.append("seeded-run", [eg.NewEvent("run.completed", "", {"output": 1})], 1)
@@ -79,22 +95,41 @@ def test_mcp_tools_over_stdio(store):
                     out["bad"] = await s.call_tool("run_routine", {"name": "../etc"})
                     out["bad_recall"] = await s.call_tool("recall", {"query": "   "})
                     out["run"] = await s.call_tool("run_routine", {"name": "hello", "inputs": {"who": "Ada"}})
+                    paused = _payload(await s.call_tool("run_routine", {"name": "asking", "inputs": {"who": "Ada"}}))
+                    out["paused"] = paused
+                    rid = paused["run_id"]
+                    out["bad_answer"] = await s.call_tool("answer_routine", {"run_id": rid, "answers": {"greeting": "hi", "okay": True}})
+                    out["bad_shape"] = await s.call_tool("answer_routine", {"run_id": rid, "answers": {"nope": {"ok": True}}})
+                    out["answered"] = _payload(await s.call_tool("answer_routine", {"run_id": rid, "answers": {"greeting": "Hi", "ok": "yes"}}))
+                    out["again"] = await s.call_tool("answer_routine", {"run_id": rid, "answers": {"ok": True}})
+                    out["not_routine"] = await s.call_tool("answer_routine", {"run_id": "seeded-run", "answers": {}})
+                    out["missing"] = await s.call_tool("answer_routine", {"run_id": "nosuch", "answers": {}})
         return out
 
     out = anyio.run(main)
-    assert out["tools"] == ["consolidate", "list_routines", "list_runs", "recall", "remember", "run_routine"]
+    assert out["tools"] == ["answer_routine", "consolidate", "list_routines", "list_runs", "recall", "remember", "run_routine"]
     assert [r["run_id"] for r in out["runs"]] == ["seeded-run"] and out["runs"][0]["status"] == "ok"
     assert len(out["done"]) == 1 and out["none"] == []
     assert out["id1"]["id"].startswith("rec_")
     assert len(out["recall"]) == 2 and all("Deploy" in h["content"] for h in out["recall"])
     assert out["recall"][0]["skill"] == "ops"
     assert out["consolidate"]["errors"] == [] and out["consolidate"]["formed"] >= 1
-    assert out["routines"][0]["name"] == "hello" and out["routines"][0]["description"] == "Greets someone"
+    assert [r["name"] for r in out["routines"]] == ["asking", "hello"]
+    assert out["routines"][1]["description"] == "Greets someone"
     assert out["bad"].is_error and "BadRoutineName" in out["bad"].content[0].text
     assert out["bad_recall"].is_error and "query" in out["bad_recall"].content[0].text
     assert not out["run"].is_error, out["run"].content
     res = _payload(out["run"])
     assert res["status"] == "ok" and res["output"] == "hello Ada"
+    # answer_routine finishes what run_routine started; bad answers are typed errors that record nothing.
+    assert out["paused"]["status"] == "needs_input" and out["paused"]["prompt"]["step"] == "confirm"
+    assert out["bad_answer"].is_error and "RoutineInputError" in out["bad_answer"].content[0].text
+    assert "okay" in out["bad_answer"].content[0].text
+    assert out["bad_shape"].is_error and "no prompt.user step" in out["bad_shape"].content[0].text
+    assert out["answered"]["status"] == "ok" and out["answered"]["output"] == "Hi Ada", out["answered"]
+    assert out["again"].is_error and "not waiting for input" in out["again"].content[0].text
+    assert out["not_routine"].is_error and "not waiting for input" in out["not_routine"].content[0].text
+    assert out["missing"].is_error and "nosuch" in out["missing"].content[0].text
     # The run went to the shared store: visible to the Python API too.
     j = eg.open(url)
     assert j.get_run(res["run_id"]).status == "ok"

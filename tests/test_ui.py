@@ -341,7 +341,9 @@ def test_routine_validate_run_and_answer(page: Page, server):
     expect(page.get_by_label("routine.yaml")).to_contain_text("steps:")
     page.get_by_role("button", name="Validate").click()
     expect(page.locator("#issues")).to_contain_text("Valid: no issues.")
-    # The run form is generated from the routine's input schema; the recorded inputs replay the trace.
+    # The run form is generated from the routine's input schema and pre-filled from its input.json.
+    expect(page.get_by_label("source", exact=False)).to_have_value("employees.csv")
+    expect(page.get_by_label("title", exact=False)).to_have_value("Headcount by department")
     page.get_by_label("source", exact=False).fill("employees.csv")
     page.get_by_label("title", exact=False).fill("Headcount <by dept>")
     shot(page, "routine")
@@ -360,11 +362,50 @@ def test_routine_validate_run_and_answer(page: Page, server):
     shot(page, "routine-run")
     run_id = result.get_by_role("link").first.inner_text()
     assert api(server, "GET", f"/api/runs/{run_id}").json()["run"]["status"] == "ok"
-    # A run the compiled UDFs cannot replay fails with the step and reason shown.
+    # The compiled UDFs are the real functions (run in the sandbox): another CSV works too.
     page.get_by_label("source", exact=False).fill("contractors.csv")
     page.get_by_role("button", name="Run routine").click()
+    expect(result.locator(".badge").first).to_have_text("needs_input")
+    result.get_by_role("button", name="Submit answers").click()
+    expect(result.locator(".badge").first).to_have_text("ok")
+    expect(result.locator("pre.output")).to_contain_text('"department": "Research"')
+    # A failing step is shown with the step and reason.
+    page.get_by_label("source", exact=False).fill("nosuch.csv")
+    page.get_by_role("button", name="Run routine").click()
     expect(result.locator(".badge").first).to_have_text("failed")
-    expect(result.get_by_role("alert")).to_contain_text("step2")
+    expect(result.get_by_role("alert")).to_contain_text("step1")
+
+
+def test_compile_view_previews_validates_and_saves(page: Page, server, tmp_path):
+    if server["no_routine"]:
+        pytest.xfail(server["no_routine"])
+    needs_route(server, "POST", "/api/routines/compile/preview", json={"trace": {}})
+    page.goto(f"{server['base']}/#/routines")
+    page.get_by_role("link", name="Compile a trace into a routine").click()
+    expect(page.get_by_role("heading", name="Compile a trace")).to_be_visible()
+    # Pasted text that is not JSON: a clear error, nothing compiled.
+    page.get_by_label("Trace JSON").fill("{not json")
+    page.get_by_role("button", name="Compile").click()
+    expect(page.locator("#compile-result").get_by_role("alert")).to_contain_text("not JSON")
+    # Upload the example's trace file: the generated routine.yaml and udfs.py, the UDF report, validation.
+    page.get_by_label("Upload a trace file").set_input_files(str(ROOT / "examples/csv_report/trace.json"))
+    expect(page.get_by_label("Trace JSON")).to_have_value(re.compile("engrain.trace/1"))
+    page.get_by_role("button", name="Compile").click()
+    out = page.locator("#compile-result")
+    expect(out.get_by_label("Generated routine.yaml")).to_contain_text("trusted: false")
+    expect(out.get_by_label("Generated udfs.py")).to_contain_text("def parse_csv(text")
+    expect(out.locator('tr[data-udf="parse_csv"]')).to_contain_text("real function")
+    expect(out.locator('tr[data-udf="summarize"]')).to_contain_text("real function")
+    expect(out).to_contain_text("Valid: no issues.")
+    shot(page, "routine-compile")
+    assert api(server, "GET", "/api/routines/from_ui").status_code == 404  # a preview saves nothing
+    page.get_by_label("Routine name").fill("from_ui")
+    page.get_by_role("button", name="Save as routine").click()
+    out.get_by_role("link", name="open routine from_ui").click()
+    expect(page.get_by_role("heading", name="Routine from_ui")).to_be_visible()
+    page.get_by_role("button", name="Validate").click()
+    expect(page.locator("#issues")).to_contain_text("Valid: no issues.")
+    expect(page.get_by_label("source", exact=False)).to_have_value("employees.csv")
 
 
 def test_routine_validate_shows_issues_with_file_step_field(page: Page, server):

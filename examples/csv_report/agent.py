@@ -3,6 +3,10 @@
 The agent (no LLM: its plan is fixed, so it runs offline and the same way every
 time) fetches a CSV file through a tool, parses it with a UDF, asks a human to
 approve, and summarizes headcount and salary by department with a second UDF.
+Both UDFs are ``@eg.udf``: their source is recorded with the run, so the
+compiled routine carries the real functions and runs on any CSV of this shape.
+The compiled routine is untrusted (its UDFs run in the WASM sandbox) until a
+human sets ``trusted: true`` in its routine.yaml.
 
     python examples/csv_report/agent.py            # record a run, write trace.json, compile routine/
     engrain run examples/csv_report/routine --tools examples/csv_report/agent.py:tools --answers approve.json
@@ -37,14 +41,14 @@ def fetch_csv(source: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-@eg.tool(type="udf", registry=tools)
+@eg.udf(registry=tools)
 def parse_csv(text: str) -> list[dict[str, Any]]:
     """Rows of a CSV text as dicts, salary as an int."""
     rows = list(csv.DictReader(io.StringIO(text)))
     return [{"name": r["name"], "department": r["department"], "salary": int(r["salary"])} for r in rows]
 
 
-@eg.tool(type="udf", registry=tools)
+@eg.udf(registry=tools)
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Headcount and total salary per department, sorted by department."""
     by: dict[str, dict[str, Any]] = {}

@@ -30,6 +30,7 @@ from ._durable.patching import patched
 from ._durable.recovery import Recovered, recover
 from ._durable.sleep import sleep, sleep_until
 from ._durable.tools import ToolRegistry, llm, tool, tools
+from ._durable.udf import udf
 from ._errors import (
     ConfigError,
     ConflictError,
@@ -190,4 +191,5 @@ __all__ = [
     "sleep_until",
     "tool",
     "tools",
+    "udf",
 ]

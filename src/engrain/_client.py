@@ -57,7 +57,8 @@ def _run_info(d: dict[str, Any]) -> RunInfo:
 
 def _run_result(d: dict[str, Any]) -> RunResult:
     return RunResult(d["run_id"], d["status"], d.get("output"), d.get("error"), d.get("prompt"),
-                     d.get("replayed", 0), d.get("executed", 0))
+                     d.get("replayed", 0), d.get("executed", 0),
+                     d.get("step_id"), d.get("error_type"), d.get("message"))
 
 
 class Client:

@@ -1,8 +1,9 @@
 """engrain as an MCP server over stdio (``engrain mcp``), built on the official ``mcp`` SDK.
 
 Tools: ``remember``, ``recall``, ``consolidate`` (skill memory), ``list_routines``,
-``run_routine`` (routine packages under the routines dir) and ``list_runs``
-(the journal). They share the HTTP server's state and helpers, so both surfaces
+``run_routine`` and ``answer_routine`` (routine packages under the routines dir:
+run one, and answer a run that stopped at a prompt so it continues) and
+``list_runs`` (the journal). They share the HTTP server's state and helpers, so both surfaces
 behave the same on the same store.
 """
 
@@ -44,7 +45,7 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
     ``tools`` is the registry routine runs call (or ``"module:registry"``; default ``engrain.tools``).
     """
     from ._server import routines as _routines
-    from ._server.state import ServerState
+    from ._server.state import ApiError, ServerState
 
     if isinstance(tools, str):
         from ._routines.runner import resolve_tools
@@ -95,6 +96,26 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
     def run_routine(name: str, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run a routine; returns its result (status ok, failed or needs_input with the prompt)."""
         return _routines.run_routine(state, name, dict(inputs or {}), None)
+
+    @tool()
+    @_clear_errors
+    def answer_routine(run_id: str, answers: dict[str, Any]) -> dict[str, Any]:
+        """Answer a routine run that waits for input (status needs_input) and continue it.
+
+        answers: {field: value} for the prompt the run waits at, or {step_id: {field: value}}
+        for that prompt and later ones. Returns the run's new result (ok, failed or needs_input).
+        """
+        from ._errors import RunNotFoundError
+        from ._server.runs import pending_prompt
+
+        events = state.journal.read(run_id)
+        if not events:
+            raise RunNotFoundError(run_id)
+        if pending_prompt(events) is None:
+            raise ApiError(409, "NotWaitingForInput", f"run {run_id!r} is not waiting for input")
+        if _routines.routine_run_folder(state, events) is None:
+            raise ApiError(400, "NotARoutineRun", f"run {run_id!r} is not a run of a routine in this server's routines dir")
+        return _routines.resume(state, run_id, answers)
 
     @tool()
     @_clear_errors

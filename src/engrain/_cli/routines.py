@@ -3,6 +3,12 @@
 Exit codes of ``run`` and ``resume``: 0 ok, 1 the run failed (or an engrain
 error), 2 bad input (file, JSON, inputs or answers not matching the schema),
 3 the run waits for input (``needs_input``; answer with ``engrain resume``).
+
+``--answers`` takes one format for both commands: a JSON file holding
+``{field: value}`` (the current prompt) or ``{step_id: {field: value}}`` (one or
+more prompts by step id). A failed run prints, with ``--json``, the result with
+em-core's failure fields ``step_id``, ``error_type`` and ``message`` beside
+``error``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from .common import (
 #: Exit code of a run that paused on a ``prompt.user`` step.
 EXIT_NEEDS_INPUT = 3
 
+_ANSWERS_HELP = (
+    "Answers JSON file ('-' for stdin): {field: value} for the current prompt, "
+    "or {step_id: {field: value}} for one or more prompts."
+)
 ToolsOption = Annotated[
     str | None, typer.Option("--tools", help="Tool registry as module:attribute (default: engrain.tools).")
 ]
@@ -61,7 +71,8 @@ def _report(result: Any, json_out: bool, tools: str | None = None) -> None:
         again = f" --tools {tools}" if tools else ""  # the journal's record of it is never imported
         typer.echo(f"answer with: engrain resume {result.run_id} --answers answers.json{again}")
     else:
-        typer.echo(f"run {result.run_id} failed: {result.error}", err=True)
+        where = f" at step {result.step_id}" if result.step_id else ""
+        typer.echo(f"run {result.run_id} failed{where}: {result.error}", err=True)
     if result.status == "failed":
         raise typer.Exit(1)
     if result.status == "needs_input":
@@ -81,9 +92,13 @@ def compile(
         path = compile_trace(trace, out)
     files = sorted(p.name for p in path.iterdir() if p.is_file())
     if json_out:
-        print_json({"path": str(path), "files": files})
-    else:
-        typer.echo(f"compiled {trace} -> {path} ({', '.join(files)})")
+        print_json({"path": str(path), "files": files, "udfs": [r.to_dict() for r in path.report]})
+        return
+    typer.echo(f"compiled {trace} -> {path} ({', '.join(files)})")
+    for r in path.report:
+        typer.echo(f"  udf {r.name}: " + ("real function (generalizes)" if r.generalized else f"replays recorded results: {r.reason}"))
+    if path.report:
+        typer.echo("  the routine is trusted: false (UDFs run in the WASM sandbox); set trusted: true to run them natively")
 
 
 @command
@@ -92,16 +107,25 @@ def validate(
     tools: ToolsOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Check a routine package without running it; exit 1 if it has problems."""
+    """Check a routine package without running it; exit 1 if it has problems.
+
+    An em-core package is converted on load; the conversions are listed.
+    """
     with errors_as_exit():
-        from .._routines.model import validate_routine
+        from .._routines.model import load_routine, validate_routine
         from .._routines.runner import resolve_tools
 
         issues = validate_routine(path, resolve_tools(tools) if tools else None)
+        routine = None if issues else load_routine(path)
+    dialect = routine.dialect if routine else None
+    conversions = routine.conversions if routine else []
     if json_out:
-        print_json({"path": path, "valid": not issues, "issues": [i.to_dict() for i in issues]})
+        print_json({"path": path, "valid": not issues, "issues": [i.to_dict() for i in issues],
+                    "dialect": dialect, "conversions": conversions})
     elif not issues:
-        typer.echo(f"{path}: ok")
+        typer.echo(f"{path}: ok" + (f" ({dialect} format, converted on load)" if conversions else ""))
+        for c in conversions:
+            typer.echo(f"  converted: {c}")
     else:
         for i in issues:
             # An issue about the folder itself already names it; one about a file names the file.
@@ -116,7 +140,7 @@ def run(
     input: Annotated[str, typer.Option("--input", "-i", help="Inputs JSON file ('-' for stdin; default: the package's input.json).")] = "",
     tools: ToolsOption = None,
     sandbox: Annotated[bool, typer.Option("--sandbox", help="Run UDFs in the WASM sandbox even if trusted.")] = False,
-    answers: Annotated[str | None, typer.Option("--answers", help="JSON {step_id: {field: value}} for prompt steps.")] = None,
+    answers: Annotated[str | None, typer.Option("--answers", help=_ANSWERS_HELP)] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (to resume a crashed run).")] = None,
     url: UrlOption = None,
     json_out: JsonOption = False,
@@ -143,7 +167,7 @@ def run(
 @command
 def resume(
     run_id: Annotated[str, typer.Argument(help="Id of a routine run waiting for input.")],
-    answers: Annotated[str, typer.Option("--answers", help="Answers JSON file {field: value} ('-' for stdin).")],
+    answers: Annotated[str, typer.Option("--answers", help=_ANSWERS_HELP)],
     tools: ToolsOption = None,
     url: UrlOption = None,
     json_out: JsonOption = False,

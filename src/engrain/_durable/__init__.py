@@ -8,7 +8,8 @@ steps (:mod:`.steps`: the fold of events into steps, per-tool policy, replay),
 what a run records about its agent (:mod:`.outcome`: its name, its failure and
 traceback), run leases (:mod:`.lease`), recovery of orphaned runs by agent
 (:mod:`.recovery`), the ``@tool``/``@llm`` decorators and tool registry
-(:mod:`.tools`), runs journaled in one transaction (:mod:`.batched`) and trace
+(:mod:`.tools`), ``@udf`` (:mod:`.udf`) and its source capture (:mod:`.udf_source`),
+runs journaled in one transaction (:mod:`.batched`) and trace
 export (:mod:`.trace`).
 
 May import: ``_journal``, ``_events``, ``_errors``, and ``_sandbox`` (WASM tools).

@@ -76,14 +76,17 @@ class StepWriter:
             data["attempt"] = p.attempt
         return data
 
-    def _complete(self, p: _Pending, result: Any) -> Any:
+    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None) -> Any:
         if not is_json(result):
             try:
                 check_json(result, f"step {p.name!r}", "result")
             except NotJSONError as e:
                 self._fail(p, e)
                 raise
-        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, {"call_id": p.call_id, "result": result}))
+        data = {"call_id": p.call_id, "result": result}
+        if meta:
+            data.update(meta)  # e.g. a UDF's source, journaled with its first completion
+        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data))
         if observe.observers:
             self._observe(p, result, None)
         return result

@@ -39,7 +39,7 @@ from .attempts import StepWriter, _Pending, _question
 from . import observe
 from .lease import Lease
 from .outcome import agent_name as _name_of
-from .outcome import check_agent_name, failure
+from .outcome import check_agent_name, failure, failure_report
 from .steps import (
     DEFAULT_POLICY,
     StepPolicy,
@@ -101,7 +101,10 @@ class RunResult:
     """The outcome of :func:`run`: truthy when the run completed.
 
     ``status`` is ``"ok"``, ``"failed"``, ``"needs_input"`` or ``"cancelled"``; ``replayed`` counts
-    steps returned from the journal, ``executed`` steps actually called now.
+    steps returned from the journal, ``executed`` steps actually called now. A
+    failed run also says where and why, as em-core's failure report does:
+    ``step_id`` (the routine step, when the failure is a step's), ``error_type``
+    and ``message``; ``error`` keeps the whole ``"Type: message"`` string.
     """
 
     run_id: str
@@ -111,6 +114,9 @@ class RunResult:
     prompt: dict[str, Any] | None = None
     replayed: int = 0
     executed: int = 0
+    step_id: str | None = None
+    error_type: str | None = None
+    message: str | None = None
 
     def __bool__(self) -> bool:
         return self.status == "ok"
@@ -131,6 +137,9 @@ class RunResult:
             "prompt": self.prompt,
             "replayed": self.replayed,
             "executed": self.executed,
+            "step_id": self.step_id,
+            "error_type": self.error_type,
+            "message": self.message,
         }
 
 
@@ -162,6 +171,7 @@ class RunContext(StepWriter):
         # An existing run executed again (after a crash, an answer, a park): the first event this
         # execution appends says when it resumed, so timelines can mark the boundary at no extra commit.
         self._resumed: float | None = time.time() if len(events) > 1 else None
+        self.udf_sources: set[str] = set()  # UDF sources already journaled by this process (see _durable.udf)
         self._lock = threading.Lock()
         #: The lease epoch appends are fenced with (None: unfenced), see ``Journal.append``.
         self.fence: int | None = None
@@ -246,9 +256,18 @@ class RunContext(StepWriter):
         return p
 
     def call(
-        self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any], policy: StepPolicy = DEFAULT_POLICY
+        self,
+        name: str,
+        type_: str,
+        args: dict[str, Any],
+        thunk: Callable[[], Any],
+        policy: StepPolicy = DEFAULT_POLICY,
+        meta: dict[str, Any] | None = None,
     ) -> Any:
-        """Journal one step: return its recorded result, or run ``thunk`` (with ``policy``'s retries) and record it."""
+        """Journal one step: return its recorded result, or run ``thunk`` (with ``policy``'s retries) and record it.
+
+        ``meta`` (JSON) is added to the ``step.completed`` data, e.g. a UDF's source.
+        """
         step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
             if observe.observers:
@@ -264,7 +283,7 @@ class RunContext(StepWriter):
                     raise
                 err = e
             else:
-                return self._complete(step, result)
+                return self._complete(step, result, meta)
             finally:
                 _step_key.reset(token)
             time.sleep(delay)
@@ -372,7 +391,11 @@ def _start(
     if last.kind == ev.RUN_COMPLETED:
         return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:
-        return events, RunResult(run_id, "failed", error=last.data.get("error"), replayed=steps)
+        f = last.data.get("failure") if isinstance(last.data.get("failure"), dict) else {}
+        return events, RunResult(
+            run_id, "failed", error=last.data.get("error"), replayed=steps,
+            step_id=f.get("step_id"), error_type=f.get("error_type"), message=f.get("message"),
+        )
     if last.kind == ev.RUN_CANCELLED:  # never resumed
         return events, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
     return events, None
@@ -401,8 +424,10 @@ def _finish_error(ctx: RunContext, exc: BaseException) -> RunResult:
     if isinstance(exc, _NOT_THE_RUNS_FAULT):
         raise exc
     data = failure(exc)
+    report = failure_report(exc)
+    data["failure"] = report
     ctx.append(ev.RUN_FAILED, "", data)
-    return RunResult(ctx.run_id, "failed", error=data["error"], replayed=ctx.replayed, executed=ctx.executed)
+    return RunResult(ctx.run_id, "failed", error=data["error"], replayed=ctx.replayed, executed=ctx.executed, **report)
 
 
 class _Execution:

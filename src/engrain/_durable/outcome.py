@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import ConfigError
+from .._errors import ConfigError, StepFailedError
 
 #: Longest agent name a run records.
 AGENT_NAME_LIMIT = 200
@@ -71,3 +71,18 @@ def failure(exc: BaseException) -> dict[str, Any]:
         # Every run.failed is final: neither recover() nor a resume runs the agent again.
         "terminal": True,
     }
+
+
+def failure_report(exc: BaseException) -> dict[str, Any]:
+    """em-core's failure report of ``exc``: ``{step_id, error_type, message}`` (see RunResult).
+
+    A failed step (:class:`~engrain.StepFailedError`, e.g. a routine step) reports
+    its own error type and message; any other exception its class name and text.
+    """
+    if isinstance(exc, StepFailedError):
+        return {"step_id": getattr(exc, "step_id", None), "error_type": exc.error_type, "message": exc.message}
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - as in failure()
+        message = "(the error's message could not be formatted)"
+    return {"step_id": None, "error_type": type(exc).__name__, "message": message}

@@ -4,8 +4,10 @@ Holds the routine model, loader and validator (:mod:`.model`), the trace
 compiler (:mod:`.compiler`) and the JSON Schemas of the traces it reads
 (:mod:`.trace_schema`), the durable runner (:mod:`.runner`), the sandboxed
 ``when``/``assert`` evaluator (:mod:`.expr`, its limits in :mod:`.expr_limits`), ``{{ path }}`` templates
-(:mod:`.template`, shared with the behavior cache) and input/output schemas
-(:mod:`.schema`).
+(:mod:`.template`, shared with the behavior cache), input/output schemas
+(:mod:`.schema`), the writer of compiled ``udfs.py`` files (:mod:`.udfs_file`),
+em-core's package format converted on load (:mod:`.emcore`) and answers to
+prompts (:mod:`.answers`).
 
 May import: ``_durable``, ``_sandbox``, ``_journal``, ``_events``, ``_errors``.
 """

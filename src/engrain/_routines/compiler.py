@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import keyword
-import math
 import os
 import pathlib
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import EngrainError, RoutineError, TraceError
+from .udfs_file import UdfReport, check_recorded, udfs_source
 
 #: Values too common to be evidence of provenance (``True``, ``0``, ``"id"``...).
 _MIN_STRING = 3
@@ -40,6 +39,7 @@ class _Call:
     result: Any = None
     prompt: str = ""
     fields: list[dict[str, Any]] = field(default_factory=list)
+    udf: Any = None  # what the journal recorded about a UDF's source (see _durable.udf), or why it is a stub
 
 
 @dataclass(slots=True)
@@ -103,9 +103,13 @@ def _from_engrain(data: dict[str, Any]) -> _Trace:
             kind_ = "udf" if stype in ("udf", "llm") else "tool"
             calls[cid] = _Call(kind_, e.get("name", ""), d.get("args") or {})
             calls[cid].result = _MISSING
+            if stype == "llm":
+                calls[cid].udf = {"uncaptured": "an LLM call: its recorded answers are replayed"}
             order.append(cid)
         elif kind == "step.completed" and cid in calls:
             calls[cid].result = d.get("result")
+            if "udf" in d:
+                calls[cid].udf = d["udf"]
         elif kind == "step.failed" and cid in calls:
             calls[cid].result = _MISSING
         elif kind == "input.requested":
@@ -121,6 +125,11 @@ def _from_engrain(data: dict[str, Any]) -> _Trace:
             f"trace of run {run.get('run_id', '?')!r} has no run.completed event: only a finished, successful run compiles"
         )
     kept = [calls[c] for c in order if calls[c].result is not _MISSING]
+    # Within a run a UDF's source is journaled once; later calls carry its sha256.
+    sources = {u["sha256"]: u for c in kept if isinstance(u := c.udf, dict) and "source" in u and "sha256" in u}
+    for c in kept:
+        if isinstance(c.udf, dict) and "source" not in c.udf and c.udf.get("sha256") in sources:
+            c.udf = sources[c.udf["sha256"]]
     return _Trace(_slug(task), task, inputs if isinstance(inputs, dict) else {"input": inputs}, kept, output)
 
 
@@ -138,7 +147,8 @@ def _from_emcore(data: dict[str, Any]) -> _Trace:
         if t == "tool_call":
             calls.append(_Call("tool", str(e.get("tool", "")), e.get("args") or {}, e.get("result")))
         elif t == "udf_call":
-            calls.append(_Call("udf", str(e.get("function", "")), e.get("args") or {}, e.get("result")))
+            calls.append(_Call("udf", str(e.get("function", "")), e.get("args") or {}, e.get("result"),
+                               udf={"uncaptured": "an em-core trace records no source"}))
         elif t == "approval":
             calls.append(_Call("prompt", "approval", {}, e.get("answer"), str(e.get("prompt", ""))))
         else:
@@ -270,94 +280,6 @@ def _ident(name: str, taken: set[str]) -> str:
     return out
 
 
-def _literal(v: Any) -> str:
-    """A Python literal for a JSON value (valid for any string and float)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return f'_b.float("{v}")'
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_literal(str(k))}: {_literal(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_literal(x) for x in v) + "]"
-    return repr(v)
-
-
-_UDF_HEADER = '''"""UDFs compiled by engrain from a trace.
-
-Each function replays the results recorded in the trace for the arguments it
-was called with, and raises UnknownInputError for any other arguments: its real
-behaviour could not be derived from the trace. Replace a function's body with
-real code to generalize the routine.
-"""
-
-# Helpers reach builtins through _b: a UDF may be named dict, list, len or float.
-import builtins as _b
-
-try:
-    from engrain import UnknownInputError
-except ImportError:  # inside the UDF sandbox engrain is not importable
-
-    class UnknownInputError(LookupError):
-        def __init__(self, function, args):
-            _b.LookupError.__init__(self, f"udfs.py: {function}() has no recorded result for arguments {args!r}")
-
-_Unknown = UnknownInputError
-
-
-def _same(a, b):
-    """JSON equality that tells True from 1 and 1 from 1.0 apart."""
-    if _b.isinstance(a, _b.dict) and _b.isinstance(b, _b.dict):
-        return a.keys() == b.keys() and _b.all(_same(a[k], b[k]) for k in a)
-    if _b.isinstance(a, _b.list) and _b.isinstance(b, _b.list):
-        return _b.len(a) == _b.len(b) and _b.all(_same(x, y) for x, y in _b.zip(a, b))
-    return _b.type(a) is _b.type(b) and a == b
-
-
-def _copy(v):
-    if _b.isinstance(v, _b.dict):
-        return {k: _copy(x) for k, x in v.items()}
-    if _b.isinstance(v, _b.list):
-        return [_copy(x) for x in v]
-    return v
-
-
-def _replay(name, table, args):
-    for seen, result in table:
-        if _same(seen, args):
-            return _copy(result)
-    raise _Unknown(name, args)
-'''
-
-
-def _param_name(k: Any) -> bool:
-    """Whether a recorded argument name can be a Python parameter as is.
-
-    Python folds identifiers to NFKC ("\ufb00" is ``ff``), so a name that changes
-    under NFKC would be read back under another name: such UDFs take ``**kwargs``.
-    """
-    return (isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_")
-            and unicodedata.normalize("NFKC", k) == k)
-
-
-def _udfs_source(udfs: dict[str, list[tuple[dict[str, Any], Any]]]) -> str:
-    parts = [_UDF_HEADER]
-    for fname, records in udfs.items():
-        keys = [list(a) for a, _ in records]
-        same = all(k == keys[0] for k in keys)
-        simple = same and all(_param_name(k) for k in keys[0])
-        table = f"_{fname.upper()}_CALLS"
-        rows = "".join(f"    ({_literal(a)}, {_literal(r)}),\n" for a, r in records)
-        parts.append(f"\n\n{table} = [\n{rows}]\n")
-        if simple:
-            params = ", ".join(keys[0])
-            pack = "{" + ", ".join(f"{k!r}: {k}" for k in keys[0]) + "}"
-            parts.append(f"\n\ndef {fname}({params}):\n    return _replay({fname!r}, {table}, {pack})\n")
-        else:
-            parts.append(f"\n\ndef {fname}(**kwargs):\n    return _replay({fname!r}, {table}, kwargs)\n")
-    source = "".join(parts)
-    compile(source, "udfs.py", "exec", dont_inherit=True)  # never emit invalid Python (compiled, not run)
-    return source
-
-
 def _schema_of(v: Any, depth: int = 0) -> dict[str, Any]:
     t = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object", type(None): "null"}[type(v)]
     if t == "object" and depth == 0:
@@ -389,12 +311,32 @@ def _prompt_fields(call: _Call) -> tuple[list[dict[str, Any]], Any]:
     return fields, ans
 
 
-def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> pathlib.Path:
+class CompiledRoutine(type(pathlib.Path())):  # type: ignore[misc]
+    """The folder of a compiled routine package (a :class:`pathlib.Path`) with its compile ``report``.
+
+    ``report`` lists each UDF as a :class:`UdfReport`: ``generalized`` when its
+    recorded source was written into ``udfs.py``, else the ``reason`` it replays
+    recorded results. Paths derived from it (``path / "x"``) have ``report = []``.
+    """
+
+    report: list[UdfReport] = []
+
+    def stubs(self) -> list[UdfReport]:
+        """The UDFs that only replay recorded results (the routine fails on other inputs there)."""
+        return [r for r in self.report if not r.generalized]
+
+
+def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> CompiledRoutine:
     """Compile ``trace`` (a dict or a JSON file) into a routine package in ``out_dir``; return the folder.
 
     Writes ``routine.yaml``, ``udfs.py`` (when the trace has UDF or LLM calls),
-    ``input.json`` (the recorded inputs) and ``expected_output.json``. The package
-    is validated before this returns (:class:`~engrain.RoutineError` otherwise).
+    ``input.json`` (the recorded inputs) and ``expected_output.json``. A UDF
+    recorded with its source (``@engrain.udf``) is written as the real function;
+    any other becomes a stub replaying its recorded results, and the returned
+    path's ``report`` says which and why. The routine is written ``trusted:
+    false``, so its UDFs run in the WASM sandbox until a human marks it trusted.
+    The package is validated before this returns (:class:`~engrain.RoutineError`
+    otherwise).
     """
     import yaml
 
@@ -411,6 +353,8 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     tools: dict[str, dict[str, Any]] = {}
     udfs: dict[str, list[tuple[dict[str, Any], Any]]] = {}
     udf_names: dict[str, str] = {}
+    recorded: dict[str, dict[str, Any]] = {}
+    reasons: dict[str, str] = {}
     taken: set[str] = set()
     for call in t.calls:
         sid = f"step{len(steps) + 1}"
@@ -422,6 +366,7 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
             records = udfs.setdefault(fname, [])
             if not any(_key(a) == _key(call.args) for a, _ in records):
                 records.append((call.args, call.result))
+            _note_source(fname, call.udf, recorded, reasons)
             steps.append({"id": sid, "type": "udf.call", "function": fname, "args": {k: prov.param(v, ph) for k, v in call.args.items()}})
         else:
             fields, answers = _prompt_fields(call)
@@ -442,7 +387,7 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
         "name": t.name,
         "description": t.description or f"compiled from a trace of {t.name}",
         "version": t.version,
-        "trusted": True,
+        "trusted": False,  # generated UDFs run sandboxed until a human vouches for them
         "inputs": _schema_of(t.inputs),
         "output": {"type": _schema_of(t.output)["type"]},
     }
@@ -455,11 +400,30 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     (out / "routine.yaml").write_text(
         yaml.safe_dump(routine, sort_keys=False, allow_unicode=True, width=100), encoding="utf-8"
     )
+    report: list[UdfReport] = []
     if udfs:
-        (out / "udfs.py").write_text(_udfs_source(udfs), encoding="utf-8")
+        source, report = udfs_source(udfs, recorded, reasons)
+        (out / "udfs.py").write_text(source, encoding="utf-8")
     (out / "input.json").write_text(json.dumps(t.inputs, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (out / "expected_output.json").write_text(json.dumps(t.output, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     issues = validate_routine(out)
     if issues:
         raise RoutineError(str(out), issues)
-    return out
+    done = CompiledRoutine(out)
+    done.report = report
+    return done
+
+
+def _note_source(fname: str, info: Any, recorded: dict[str, dict[str, Any]], reasons: dict[str, str]) -> None:
+    """Keep the recorded source of UDF ``fname`` if it is usable, else the reason it is a stub."""
+    if fname in reasons:
+        return
+    problem = check_recorded(info)
+    if problem is not None:
+        recorded.pop(fname, None)
+        reasons[fname] = problem
+    elif fname in recorded and recorded[fname].get("sha256") != info.get("sha256"):
+        recorded.pop(fname)
+        reasons[fname] = "the trace records two different sources for it"
+    else:
+        recorded[fname] = info

@@ -2,7 +2,10 @@
 
 A routine package is a folder holding ``routine.yaml`` (``name, description,
 version, trusted, inputs, output, tools, steps``) and, when it calls UDFs,
-``udfs.py``. :func:`validate_routine` reports every problem with its file, step
+``udfs.py``. em-core's own package format (``input_schema``, ``check:``, a
+``prompt:`` mapping, ``udf.py``, ``schemas/``) is converted on load by
+:mod:`.emcore`; the loaded :class:`Routine` lists the conversions.
+:func:`validate_routine` reports every problem with its file, step
 id and field; it parses ``udfs.py`` with :mod:`ast` and never runs it.
 :func:`load_routine` returns a :class:`Routine` (cached by path and mtimes) or
 raises :class:`~engrain.RoutineError` listing the problems.
@@ -110,10 +113,14 @@ class Routine:
     _validators: dict[str, Any] = field(default_factory=dict)
     udf_module: Any = None  # udfs.py once imported (trusted runs); a new file version is a new Routine
     sandbox_host: Any = None  # the SandboxUdfHost of untrusted runs
+    dialect: str = "engrain"  # or "em-core": converted on load, see conversions
+    conversions: list[str] = field(default_factory=list)
+    bare_inputs: bool = False  # em-core: inputs are read by bare name ({{ url }})
+    udf_file: str = UDFS_FILE
 
     @property
     def udfs_path(self) -> pathlib.Path:
-        return self.path / UDFS_FILE
+        return self.path / self.udf_file
 
     def validator(self, key: str, schema: dict[str, Any]) -> Any:
         """A compiled check of ``schema`` (``value -> (path, message) | None``), built once per key."""
@@ -148,14 +155,31 @@ def parse_udfs(source: str) -> dict[str, UdfInfo]:
     return out
 
 
+@dataclass(slots=True)
+class _Package:
+    """What the loader found besides routine.yaml: the UDF file, and em-core conversions."""
+
+    udf_file: str = UDFS_FILE
+    dialect: str = "engrain"
+    conversions: list[str] = field(default_factory=list)
+    bare: set[str] = field(default_factory=set)  # em-core inputs readable by bare name
+    open_inputs: bool = False  # em-core without declared inputs: unknown names are read as inputs
+
+
 class _Checker:
     """Collects issues while walking ``routine.yaml``."""
 
-    def __init__(self, tools: Any, udfs: dict[str, UdfInfo] | None, udf_problem: str | None):
+    def __init__(self, tools: Any, udfs: dict[str, UdfInfo] | None, udf_problem: str | None, pkg: _Package | None = None):
         self.issues: list[RoutineIssue] = []
         self.tools = tools
         self.udfs = udfs
         self.udf_problem = udf_problem
+        self.pkg = pkg or _Package()
+
+    def _undefined(self, names: set[str]) -> list[str]:
+        if self.pkg.open_inputs:
+            return []
+        return sorted(names)
 
     def add(self, step: str | None, field: str, message: str, file: str = ROUTINE_FILE) -> None:
         self.issues.append(RoutineIssue(file, step, field, message))
@@ -179,7 +203,7 @@ class _Checker:
         except EngrainError as e:
             self.add(step, where, f"bad template: {e}")
             return
-        for n in sorted(names - scope):
+        for n in self._undefined(names - scope):
             self.add(step, where, f"undefined template variable {n!r} (defined: {', '.join(sorted(scope))})")
 
     def expression(self, text: Any, step: str, where: str, scope: set[str]) -> Any:
@@ -195,16 +219,18 @@ class _Checker:
             self.add(step, where, f"bad expression: {e}")
             return None
         builtins = set(getattr(_expr, "FUNCTIONS", ()) or getattr(_expr, "BUILTINS", ()))
-        for n in sorted(set(expr.names) - scope - set(expr.calls)):
+        for n in self._undefined(set(expr.names) - scope - set(expr.calls)):
             self.add(step, where, f"undefined name {n!r} (defined: {', '.join(sorted(scope))})")
         for c in sorted(set(expr.calls) - builtins):
             if self.udfs is None or c not in self.udfs:
-                self.add(step, where, f"unknown function {c!r} (not a builtin and not defined in {UDFS_FILE})")
+                self.add(step, where, f"unknown function {c!r} (not a builtin and not defined in {self.pkg.udf_file})")
         return expr
 
 
-def _check(data: Any, tools: Any, udfs: dict[str, UdfInfo] | None, udf_problem: str | None) -> tuple[list[RoutineIssue], list[Step]]:
-    c = _Checker(tools, udfs, udf_problem)
+def _check(
+    data: Any, tools: Any, udfs: dict[str, UdfInfo] | None, udf_problem: str | None, pkg: _Package | None = None
+) -> tuple[list[RoutineIssue], list[Step]]:
+    c = _Checker(tools, udfs, udf_problem, pkg)
     steps: list[Step] = []
     if not isinstance(data, dict):
         c.add(None, "(top)", f"must be a mapping, got {type(data).__name__}")
@@ -243,7 +269,7 @@ def _check(data: Any, tools: Any, udfs: dict[str, UdfInfo] | None, udf_problem: 
     if not isinstance(raw_steps, list) or not raw_steps:
         c.add(None, "steps", "required: a non-empty list of steps")
         return c.issues, steps
-    scope = {"inputs"}
+    scope = {"inputs"} | c.pkg.bare
     seen: set[str] = set()
     has_return = False
     for i, s in enumerate(raw_steps):
@@ -305,15 +331,15 @@ def _check_step(c: _Checker, step: Step, s: dict[str, Any], scope: set[str], too
         elif c.udf_problem:
             c.add(sid, "function", c.udf_problem)
         elif c.udfs is not None and fn not in c.udfs:
-            c.add(sid, "function", f"{UDFS_FILE} defines no function {fn!r} (defined: {', '.join(sorted(c.udfs)) or 'none'})")
+            c.add(sid, "function", f"{c.pkg.udf_file} defines no function {fn!r} (defined: {', '.join(sorted(c.udfs)) or 'none'})")
         elif c.udfs is not None and isinstance(s.get("args", {}), dict):
             info = c.udfs[fn]
             given = set(s.get("args") or {})
             for miss in sorted(set(info.required) - given):
-                c.add(sid, f"args.{miss}", f"{fn}() at {UDFS_FILE}:{info.line} requires argument {miss!r}")
+                c.add(sid, f"args.{miss}", f"{fn}() at {c.pkg.udf_file}:{info.line} requires argument {miss!r}")
             if not info.var_kwargs:
                 for extra in sorted(given - set(info.params)):
-                    c.add(sid, f"args.{extra}", f"{fn}() at {UDFS_FILE}:{info.line} takes no argument {extra!r}")
+                    c.add(sid, f"args.{extra}", f"{fn}() at {c.pkg.udf_file}:{info.line} takes no argument {extra!r}")
         _args(c, s, sid, scope)
     elif stype == "assert":
         step.assert_expr = c.expression(s.get("expr"), sid, "expr", scope) if "expr" in s else None
@@ -383,11 +409,13 @@ def _fields(c: _Checker, sid: str, fields: list[Any], scope: set[str]) -> None:
                 c.template(f["default"], sid, f"{where}.default", scope)
 
 
-def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue]]:
-    """routine.yaml data and udfs.py source; issues for files that cannot be read or parsed."""
+def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], _Package]:
+    """routine.yaml data (em-core's format converted) and the UDF source; issues for unreadable files."""
     import yaml
 
-    issues: list[RoutineIssue] = []
+    from . import emcore
+
+    pkg = _Package()
     if not root.is_dir():
         why = "not a routine folder (no such folder)" if not root.exists() else "not a routine folder (not a folder)"
         raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", why)])
@@ -395,46 +423,60 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return None, None, [RoutineIssue(ROUTINE_FILE, None, "file", "missing")]
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, "file", "missing")], pkg
     try:
         data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # safe loader only
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "yaml"
-        return None, None, [RoutineIssue(ROUTINE_FILE, None, where, f"invalid YAML: {getattr(e, 'problem', e)}")]
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, where, f"invalid YAML: {getattr(e, 'problem', e)}")], pkg
     except RecursionError:
-        return None, None, [RoutineIssue(ROUTINE_FILE, None, "yaml", f"nested deeper than {MAX_DEPTH} levels")]
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, "yaml", f"nested deeper than {MAX_DEPTH} levels")], pkg
     try:
         check_depth(data, ROUTINE_FILE, "routine", MAX_DEPTH)
     except JSONTooDeepError as e:
-        return None, None, [RoutineIssue(ROUTINE_FILE, None, e.path.removeprefix("routine."), f"nested deeper than {MAX_DEPTH} levels")]
-    udfs = _safe_file(root, UDFS_FILE)
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, e.path.removeprefix("routine."), f"nested deeper than {MAX_DEPTH} levels")], pkg
+    issues: list[RoutineIssue] = []
+    has_udfs, has_udf = (root / UDFS_FILE).exists(), (root / emcore.UDF_FILE).exists()
+    if has_udfs and has_udf:
+        issues.append(RoutineIssue(emcore.UDF_FILE, None, "file", f"both {UDFS_FILE} and {emcore.UDF_FILE} exist: keep one"))
+    elif has_udf:
+        pkg.udf_file = emcore.UDF_FILE
+    if emcore.is_emcore(data, root):
+        data, pkg.conversions, problems = emcore.convert(data, root)
+        pkg.dialect = "em-core"
+        pkg.bare = emcore.input_names(data)
+        pkg.open_inputs = not pkg.bare and not (data.get("inputs") or {}).get("properties")
+        issues += [RoutineIssue(f, None, "file", m) for f, m in problems]
+    udfs = _safe_file(root, pkg.udf_file)
     source = udfs.read_text(encoding="utf-8") if udfs.exists() else None
-    return data, source, issues
+    return data, source, issues, pkg
 
 
-def _analyse(root: pathlib.Path, tools: Any) -> tuple[Any, dict[str, UdfInfo] | None, list[RoutineIssue], list[Step]]:
-    data, source, issues = _read(root)
-    if issues:
-        return data, None, issues, []
+def _analyse(
+    root: pathlib.Path, tools: Any
+) -> tuple[Any, dict[str, UdfInfo] | None, list[RoutineIssue], list[Step], _Package]:
+    data, source, issues, pkg = _read(root)
+    if data is None:
+        return data, None, issues, [], pkg
     udfs: dict[str, UdfInfo] | None = None
     problem = None
     if source is not None:
         try:
             udfs = parse_udfs(source)
         except SyntaxError as e:
-            issues.append(RoutineIssue(UDFS_FILE, None, f"line {e.lineno}", f"syntax error: {e.msg}"))
-            problem = f"{UDFS_FILE} has a syntax error"
+            issues.append(RoutineIssue(pkg.udf_file, None, f"line {e.lineno}", f"syntax error: {e.msg}"))
+            problem = f"{pkg.udf_file} has a syntax error"
     else:
         udfs = {}
         problem = None
-    found, steps = _check(data, tools, udfs, problem)
+    found, steps = _check(data, tools, udfs, problem, pkg)
     if source is None:
         found = [
             RoutineIssue(i.file, i.step, i.field, i.message.replace(f"{UDFS_FILE} defines no function", f"{UDFS_FILE} is missing; no function"))
             for i in found
         ]
-    return data, udfs, issues + found, steps
+    return data, udfs, issues + found, steps, pkg
 
 
 def validate_routine(path: str | os.PathLike[str], tools: Any = None) -> list[RoutineIssue]:
@@ -456,7 +498,7 @@ _cache_lock = threading.Lock()
 
 def _mtimes(root: pathlib.Path) -> tuple[float, ...]:
     out = []
-    for name in (ROUTINE_FILE, UDFS_FILE):
+    for name in (ROUTINE_FILE, UDFS_FILE, "udf.py", "schemas/input.schema.json", "schemas/output.schema.json"):
         try:
             st = os.stat(root / name)
             out.append(st.st_mtime_ns + st.st_size * 1e-3)
@@ -477,7 +519,7 @@ def load_routine(path: str | os.PathLike[str]) -> Routine:
         hit = _cache.get(key)
     if hit is not None and hit[0] == stamp:
         return hit[1]
-    data, udfs, issues, steps = _analyse(root, None)
+    data, udfs, issues, steps, pkg = _analyse(root, None)
     if issues:
         raise RoutineError(key, issues)
     from . import template as _template
@@ -498,6 +540,10 @@ def load_routine(path: str | os.PathLike[str]) -> Routine:
         steps=steps,
         udfs=udfs or {},
         raw=data,
+        dialect=pkg.dialect,
+        conversions=pkg.conversions,
+        bare_inputs=pkg.dialect == "em-core",
+        udf_file=pkg.udf_file,
     )
     with _cache_lock:
         _cache[key] = (stamp, r)

@@ -11,7 +11,6 @@ passed to ``eval``.
 
 from __future__ import annotations
 
-import math
 import os
 import pathlib
 import threading
@@ -29,6 +28,7 @@ from .._errors import (
     RoutineStepError,
     RunNotFoundError,
 )
+from .answers import Answers, coerce_answers, parse_answers
 from .expr import Budget
 from .model import Routine, Step, load_routine
 
@@ -125,11 +125,11 @@ def _sandbox_host(routine: Routine) -> Any:
 class _RoutineRun:
     """The state of one routine run: its scope, tools and UDF callers."""
 
-    def __init__(self, routine: Routine, registry: Any, sandbox: bool, answers: dict[str, Any] | None):
+    def __init__(self, routine: Routine, registry: Any, sandbox: bool, answers: Answers):
         self.routine = routine
         self.registry = registry
         self.sandbox = sandbox
-        self.answers = answers or {}
+        self.answers = answers
         self.prompted: str | None = None
         #: Time all of this run's when/assert expressions may take together.
         self.budget = Budget()
@@ -166,7 +166,12 @@ class _RoutineRun:
             if bad:
                 raise RoutineStepError(step.id, "SchemaError", f"tool {name!r} args.{bad[0]}: {bad[1]}")
         try:
-            fn = self.registry.get(name) if hasattr(self.registry, "get") else self.registry[name]
+            if hasattr(self.registry, "get"):
+                fn = self.registry.get(name)
+            elif hasattr(self.registry, "call") and hasattr(self.registry, "has"):
+                fn = _emcore_tool(self.registry, name)  # an em-core ToolRegistry
+            else:
+                fn = self.registry[name]
         except KeyError as e:
             raise RoutineStepError(step.id, "ToolNotFound", str(e.args[0] if e.args else e)) from None
         if fn is None:
@@ -200,8 +205,8 @@ class _RoutineRun:
         spec = step.spec
         req = _template.render({"prompt": spec["prompt"], "fields": spec["fields"]}, scope, f"step {step.id!r}")
         ctx = _current.get()
-        given = self.answers.get(step.id)
-        if given is not None and ctx.cursor not in ctx.steps:
+        given = self.answers.for_step(step.id) if ctx.cursor not in ctx.steps else None
+        if given is not None:
             # Answers supplied up front: journal the request and its answer together.
             answers = coerce_answers(req["fields"], given, where=f"answers.{step.id}")
             call_id = ctx.cursor
@@ -215,8 +220,9 @@ class _RoutineRun:
     def __call__(self, task: str, inputs: dict[str, Any], **_: Any) -> Any:
         from . import template as _template
 
-        scope: dict[str, Any] = {"inputs": inputs}
         routine = self.routine
+        # em-core reads inputs by bare name ({{ url }}); engrain's own format under inputs.
+        scope: dict[str, Any] = {**inputs, "inputs": inputs} if routine.bare_inputs else {"inputs": inputs}
         for step in routine.steps:
             try:
                 if step.when_expr is not None and not step.when_expr.evaluate(
@@ -259,29 +265,62 @@ async def _await(aw: Any) -> Any:
     return await aw
 
 
+def _emcore_tool(registry: Any, name: str) -> Callable[..., Any]:
+    if not registry.has(name):
+        raise KeyError(f"Tool not registered: {name}")
+    return lambda **args: registry.call(name, args)
+
+
+def _alias(value: Any, alias: Any, name: str, alias_name: str) -> Any:
+    if value is not None and alias is not None:
+        raise TypeError(f"run_routine() got both {name}= and its em-core alias {alias_name}=")
+    return alias if value is None else value
+
+
+def prompts_of(routine: Routine) -> dict[str, list[dict[str, Any]]]:
+    """The routine's ``prompt.user`` steps: id -> declared fields."""
+    return {st.id: list(st.spec.get("fields") or []) for st in routine.steps if st.type == "prompt.user"}
+
+
 def run_routine(
-    path: str | os.PathLike[str],
-    inputs: dict[str, Any],
+    path: str | os.PathLike[str] | None = None,
+    inputs: dict[str, Any] | None = None,
     tools: Any = None,
     run_id: str | None = None,
     journal: Any = None,
-    answers: dict[str, dict[str, Any]] | None = None,
+    answers: dict[str, Any] | None = None,
     sandbox: bool | None = None,
+    *,
+    routine_dir: str | os.PathLike[str] | None = None,
+    input_data: dict[str, Any] | None = None,
+    tool_registry: Any = None,
 ) -> RunResult:
     """Run the routine package at ``path`` durably with ``inputs``; return its :class:`~engrain.RunResult`.
 
-    ``tools`` is a :class:`~engrain.ToolRegistry`, a mapping, or ``"module:registry"``
-    (default ``engrain.tools``). ``answers`` maps a ``prompt.user`` step id to its
-    answers, so the run does not pause there. UDFs of untrusted routines (``trusted:
-    false``) or with ``sandbox=True`` run in the WASM sandbox. Bad inputs raise
-    :class:`~engrain.RoutineInputError` before the run starts; a failing step ends
-    the run with status ``failed``; a prompt ends it with ``needs_input``.
+    ``tools`` is a :class:`~engrain.ToolRegistry`, a mapping, an em-core
+    ``ToolRegistry`` or ``"module:registry"`` (default ``engrain.tools``).
+    ``answers`` is ``{field: value}`` for the first prompt the run reaches, or
+    ``{step_id: {field: value}}`` for one or more ``prompt.user`` steps, so the
+    run does not pause there (see :mod:`engrain._routines.answers`). UDFs of
+    untrusted routines (``trusted: false``) or with ``sandbox=True`` run in the
+    WASM sandbox. Bad inputs or answers raise :class:`~engrain.RoutineInputError`
+    before the run starts; a failing step ends the run with status ``failed``
+    (``step_id``, ``error_type``, ``message`` say where and why); a prompt ends
+    it with ``needs_input``. em-core's keyword names are accepted as aliases:
+    ``routine_dir=``, ``input_data=``, ``tool_registry=``.
     """
+    path = _alias(path, routine_dir, "path", "routine_dir")
+    if path is None:
+        raise TypeError("run_routine() needs the routine folder (path= or routine_dir=)")
+    inputs = _alias(inputs, input_data, "inputs", "input_data")
+    tools = _alias(tools, tool_registry, "tools", "tool_registry")
     routine = load_routine(path)
+    inputs = {} if inputs is None else inputs
     check_inputs(routine, inputs)
+    given = parse_answers(answers, prompts_of(routine))
     registry = resolve_tools(tools)
     use_sandbox = (not routine.trusted) if sandbox is None else bool(sandbox)
-    execution = _RoutineRun(routine, registry, use_sandbox, answers)
+    execution = _RoutineRun(routine, registry, use_sandbox, given)
     recorded = {
         "routine": str(routine.path),
         "inputs": inputs,
@@ -300,61 +339,6 @@ def _portable(spec: str) -> str:
     return f"{pathlib.Path(mod).resolve()}:{attr}" if mod.endswith(".py") else spec
 
 
-def _parse_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("true", "yes", "y", "1", "on"):
-            return True
-        if v in ("false", "no", "n", "0", "off"):
-            return False
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    return None
-
-
-def coerce_answers(fields: list[dict[str, Any]], answers: Any, where: str = "answers") -> dict[str, Any]:
-    """Answers checked against the prompt's fields; numbers and booleans parsed from strings."""
-    if not isinstance(answers, dict):
-        raise RoutineInputError(where, "(root)", f"must be a JSON object, got {type(answers).__name__}")
-    known = {f["name"] for f in fields}
-    for extra in sorted(set(answers) - known):
-        raise RoutineInputError(where, extra, f"no such field (fields: {', '.join(sorted(known))})")
-    out: dict[str, Any] = {}
-    for f in fields:
-        name, ftype = f["name"], f.get("type", "text")
-        if name in answers:
-            value = answers[name]
-        elif "default" in f:
-            value = f["default"]
-        elif f.get("required", True):
-            raise RoutineInputError(where, name, "required (no default)")
-        else:
-            continue
-        if ftype == "number":
-            if isinstance(value, str):
-                try:
-                    value = int(value) if value.strip().lstrip("-").isdigit() else float(value)
-                except ValueError:
-                    raise RoutineInputError(where, name, f"{value!r} is not a number") from None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-                raise RoutineInputError(where, name, f"{value!r} is not a number")
-        elif ftype == "boolean":
-            parsed = _parse_bool(value)
-            if parsed is None:
-                raise RoutineInputError(where, name, f"{value!r} is not a boolean (true/false)")
-            value = parsed
-        elif ftype == "select":
-            options = f.get("options") or []
-            if value not in options:
-                raise RoutineInputError(where, name, f"{value!r} is not one of {options!r}")
-        elif not isinstance(value, str):
-            raise RoutineInputError(where, name, f"{value!r} is not text")
-        out[name] = value
-    return out
-
-
 def resume_routine(
     run_id: str,
     answers: dict[str, Any],
@@ -364,13 +348,16 @@ def resume_routine(
 ) -> RunResult:
     """Answer the prompt a ``needs_input`` routine run waits for, and continue it from the journal.
 
-    The routine folder and inputs come from the run's ``run.started`` event; trust
-    never does: UDFs run in the sandbox when the routine is untrusted, when
-    ``sandbox=True``, or when the run was started sandboxed (the journal can only
-    tighten this), and ``tools`` is the caller's (a run started with a ``--tools``
-    spec must be resumed with one: no module named in the journal is imported).
-    Answers are validated against the prompt's fields
-    (:class:`~engrain.RoutineInputError` naming the field).
+    ``answers`` is ``{field: value}`` for the prompt the run waits at, or
+    ``{step_id: {field: value}}`` naming that step (and, optionally, later
+    prompts, which are then answered without pausing). The routine folder and
+    inputs come from the run's ``run.started`` event; trust never does: UDFs run
+    in the sandbox when the routine is untrusted, when ``sandbox=True``, or when
+    the run was started sandboxed (the journal can only tighten this), and
+    ``tools`` is the caller's (a run started with a ``--tools`` spec must be
+    resumed with one: no module named in the journal is imported). Answers are
+    validated against the prompt's fields (:class:`~engrain.RoutineInputError`
+    naming the step and field).
     """
     from .._durable.context import steps_of
     from .._durable.human import answer
@@ -396,14 +383,21 @@ def resume_routine(
             "(engrain loads no code named in the journal)",
         )
     fields = step.args.get("fields") or []
-    answer(run_id, coerce_answers(fields, answers, where=f"answers to step {step.name!r}"), journal=j)
     root = pathlib.Path(rec["routine"])
+    given = parse_answers(answers, prompts_of(load_routine(root)))
+    if given.by_step and step.name not in given.by_step:
+        raise RoutineInputError(
+            "answers", "(root)", f"the run waits at step {step.name!r}, but the answers name {', '.join(sorted(given.by_step))}"
+        )
+    now = given.by_step.pop(step.name) if given.by_step else (given.current or {})
+    answer(run_id, coerce_answers(fields, now, where=f"answers to step {step.name!r}"), journal=j)
     return run_routine(
         root,
         rec.get("inputs") or {},
         tools=tools,
         run_id=run_id,
         journal=j,
+        answers=given.by_step or None,
         # Only the caller may switch the sandbox off; a recorded True merely keeps it on.
         sandbox=sandbox if sandbox is not None else (True if rec.get("sandbox") is True else None),
     )

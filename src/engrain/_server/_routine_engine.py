@@ -51,8 +51,51 @@ def resume(run_id: str, answers: dict[str, Any], journal: Any, tools: Any = None
     return resume_routine(run_id, answers, tools=resolve_tools(tools), journal=journal).to_dict()
 
 
-def compile_into(trace: dict[str, Any], path: Path, *, overwrite: bool = False) -> None:
-    """Compile ``trace`` into a routine package at ``path``.
+def loaded_inputs(path: Path) -> tuple[Any, str, list[str]]:
+    """The routine's effective input schema (em-core's converted), its dialect and its conversions."""
+    from .._routines.model import load_routine
+
+    r = load_routine(path)
+    return r.inputs, r.dialect, list(r.conversions)
+
+
+def _compile(trace: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    from .._routines.compiler import compile_trace
+
+    try:
+        done = compile_trace(trace, out)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
+        # The trace is the client's input: a malformed one is a 422, not a server error.
+        from .state import ApiError
+
+        raise ApiError(422, "TraceError", f"trace is malformed: {type(e).__name__}: {e}") from None
+    return [r.to_dict() for r in done.report]
+
+
+def preview(trace: dict[str, Any], tools: Any = None) -> dict[str, Any]:
+    """Compile ``trace`` into a temporary folder and return what it would write, then delete it."""
+    import json
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="engrain-preview-"))
+    try:
+        report = _compile(trace, tmp / "pkg")
+        pkg = tmp / "pkg"
+        udfs = pkg / "udfs.py"
+        return {
+            "yaml": (pkg / "routine.yaml").read_text(encoding="utf-8"),
+            "udfs_py": udfs.read_text(encoding="utf-8") if udfs.exists() else None,
+            "udfs": report,
+            "input": json.loads((pkg / "input.json").read_text(encoding="utf-8")),
+            "issues": validate(pkg, tools),
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compile_into(trace: dict[str, Any], path: Path, *, overwrite: bool = False) -> list[dict[str, Any]]:
+    """Compile ``trace`` into a routine package at ``path``; the UDF report (see CompiledRoutine.report).
 
     The package is compiled into a hidden sibling folder and moved into place
     only once valid, so a failed compile never leaves a half-written routine and
@@ -61,17 +104,9 @@ def compile_into(trace: dict[str, Any], path: Path, *, overwrite: bool = False) 
     import shutil
     import tempfile
 
-    from .._routines.compiler import compile_trace
-
     tmp = Path(tempfile.mkdtemp(prefix=f".compile-{path.name}-", dir=path.parent))
     try:
-        try:
-            compile_trace(trace, tmp / "pkg")
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            # The trace is the client's input: a malformed one is a 422, not a server error.
-            from .state import ApiError
-
-            raise ApiError(422, "TraceError", f"trace is malformed: {type(e).__name__}: {e}") from None
+        report = _compile(trace, tmp / "pkg")
         if path.exists():
             if not overwrite:
                 from .state import ApiError
@@ -81,3 +116,4 @@ def compile_into(trace: dict[str, Any], path: Path, *, overwrite: bool = False) 
         (tmp / "pkg").rename(path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return report

@@ -34,6 +34,12 @@ class RunBody(Body):
     run_id: str | None = Field(default=None, max_length=200)
 
 
+class PreviewBody(Body):
+    """A trace to compile without saving it (the UI's compile view)."""
+
+    trace: dict[str, Any] = Field(description="An engrain trace (engrain export) or an em-core trace.")
+
+
 class CompileBody(Body):
     """A trace to compile into ``routines_dir/<name>``."""
 
@@ -101,11 +107,41 @@ def list_routines(request: Request) -> list[dict[str, Any]]:
 
 @router.get("/routines/{name}")
 def get_routine(request: Request, name: str) -> dict[str, Any]:
-    """A routine's YAML text, parsed form and validation issues."""
+    """A routine's YAML text, parsed form, validation issues, effective input schema and example inputs.
+
+    ``inputs`` is the input schema after loading (an em-core package's converted
+    ``input_schema``); ``input`` is the package's ``input.json`` (the recorded
+    inputs of a compiled routine), or null.
+    """
     path = routine_dir(state_of(request), name)
     text, doc, err = _read_yaml(path)
     issues = [_issue("error", err, ROUTINE_FILE)] if err else (validate_path(path, state_of(request).tools) if available() else [])
-    return {"name": name, "yaml": text, "routine": _jsonable(doc), "issues": issues}
+    inputs = doc.get("inputs") if isinstance(doc, dict) else None
+    dialect, conversions = "engrain", []
+    if not issues and available():
+        from . import _routine_engine as eng
+
+        inputs, dialect, conversions = eng.loaded_inputs(path)
+    return {"name": name, "yaml": text, "routine": _jsonable(doc), "issues": issues, "inputs": _jsonable(inputs),
+            "input": _example_input(path), "dialect": dialect, "conversions": conversions}
+
+
+_MAX_EXAMPLE = 256 * 1024
+
+
+def _example_input(path: Path) -> Any:
+    """The package's input.json (a JSON object of at most 256 KiB inside the folder), else None."""
+    import json
+
+    file = path / "input.json"
+    try:
+        real = file.resolve()
+        if real.parent != path.resolve() or real.stat().st_size > _MAX_EXAMPLE:
+            return None
+        value = json.loads(real.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 @router.post("/routines/{name}/validate")
@@ -123,6 +159,15 @@ def run(request: Request, name: str, body: RunBody) -> dict[str, Any]:
     return run_routine(state_of(request), name, body.inputs, body.run_id)
 
 
+@router.post("/routines/compile/preview")
+def preview_compile(request: Request, body: PreviewBody) -> dict[str, Any]:
+    """Compile a trace without saving it: the generated routine.yaml, udfs.py, UDF report and validation issues."""
+    _engine(*_CORE, "_routines.compiler")
+    from . import _routine_engine as eng
+
+    return eng.preview(body.trace, state_of(request).tools)
+
+
 @router.post("/routines/compile")
 def compile_trace(request: Request, body: CompileBody) -> dict[str, Any]:
     """Compile a trace into a routine package under the routines dir."""
@@ -134,9 +179,10 @@ def compile_trace(request: Request, body: CompileBody) -> dict[str, Any]:
     from . import _routine_engine as eng
 
     state.routines_dir.mkdir(parents=True, exist_ok=True)
-    eng.compile_into(body.trace, path, overwrite=body.overwrite)
+    report = eng.compile_into(body.trace, path, overwrite=body.overwrite)
     text, doc, _ = _read_yaml(path)
-    return {"name": body.name, "path": str(path), "yaml": text, "routine": _jsonable(doc), "issues": validate_path(path, state.tools) if available() else []}
+    return {"name": body.name, "path": str(path), "yaml": text, "routine": _jsonable(doc), "udfs": report,
+            "issues": validate_path(path, state.tools) if available() else []}
 
 
 # -- engine adapters (used by runs.py too) -------------------------------------------

@@ -347,6 +347,7 @@
       h("td", {}, r.error ? h("span", { class: "badge error", text: "error", title: r.error }) : badge("ok"))));
     return [
       h("h1", { text: "Routines" }),
+      h("p", {}, h("a", { href: "#/compile", text: "Compile a trace into a routine →" })),
       list.length
         ? table(["Routine", "Description", "Inputs", ["Steps", "num"], "State"], rows)
         : h("p", { class: "muted", text: "No routines in the server's routines directory." }),
@@ -379,6 +380,106 @@
     box.replaceChildren(h("h2", { id: "result-title", text: "Result" }), ...nodes);
   }
 
+  /** The input schema with the package's input.json values as defaults, so the run form starts filled in. */
+  function withExample(schema, example) {
+    if (!schema || typeof schema !== "object" || !example || typeof example !== "object") return schema;
+    const props = schema.properties && typeof schema.properties === "object" ? schema.properties : null;
+    if (!props) return schema;
+    const filled = {};
+    for (const [name, spec] of Object.entries(props)) {
+      filled[name] = Object.prototype.hasOwnProperty.call(example, name) ? { ...(spec || {}), default: example[name] } : spec;
+    }
+    return { ...schema, properties: filled };
+  }
+
+  function udfReport(udfs) {
+    if (!udfs || !udfs.length) return h("p", { class: "muted", text: "No UDFs." });
+    return table(["UDF", "Written as", "Why"], udfs.map((u) => h("tr", { "data-udf": u.name },
+      h("td", { class: "mono", text: u.name }),
+      h("td", {}, badge(u.generalized ? "real function" : "replay stub", u.generalized ? "ok" : "needs_input")),
+      h("td", { text: u.reason || "recorded with its source: runs on any input" }))));
+  }
+
+  async function compileView() {
+    const traceBox = h("textarea", { id: "trace-json", rows: 12, class: "mono", placeholder: '{"format": "engrain.trace/1", "events": [...]}' });
+    const file = h("input", {
+      id: "trace-file", type: "file", accept: ".json,application/json",
+      onchange: async () => {
+        const f = file.files && file.files[0];
+        if (f) traceBox.value = await f.text();
+      },
+    });
+    const out = h("section", { id: "compile-result", "aria-live": "polite" });
+    const nameInput = h("input", { id: "routine-name", type: "text" });
+    let lastTrace = null;
+    const readTrace = () => {
+      let trace;
+      try {
+        trace = JSON.parse(traceBox.value);
+      } catch (e) {
+        throw new Error(`The trace is not JSON: ${e.message}`);
+      }
+      if (!trace || typeof trace !== "object" || Array.isArray(trace)) throw new Error("The trace must be a JSON object.");
+      return trace;
+    };
+    const compileBtn = h("button", { type: "submit", text: "Compile" });
+    const saveBtn = h("button", {
+      type: "button", text: "Save as routine", disabled: true,
+      onclick: async () => {
+        saveBtn.disabled = true;
+        try {
+          const res = await api("POST", "/api/routines/compile", { name: nameInput.value, trace: lastTrace });
+          setStatus(`Saved routine ${res.name}.`);
+          out.append(h("p", { class: "ok-box", role: "status" }, "Saved: ",
+            h("a", { href: `#/routines/${enc(res.name)}`, text: `open routine ${res.name}` })));
+        } catch (err) {
+          out.append(errorBox(err));
+        } finally {
+          saveBtn.disabled = false;
+        }
+      },
+    });
+    const form = h("form", {
+      "aria-label": "Compile a trace",
+      onsubmit: async (e) => {
+        e.preventDefault();
+        compileBtn.disabled = true;
+        saveBtn.disabled = true;
+        try {
+          const trace = readTrace();
+          const res = await api("POST", "/api/routines/compile/preview", { trace });
+          lastTrace = trace;
+          out.replaceChildren(
+            h("h2", { text: "Validation" }), issuesTable(res.issues || []),
+            h("h2", { text: "UDFs" }), udfReport(res.udfs),
+            h("div", { class: "grid2" },
+              h("div", {}, h("h2", { text: "routine.yaml" }), h("pre", { class: "yaml", "aria-label": "Generated routine.yaml", text: res.yaml })),
+              h("div", {}, h("h2", { text: "udfs.py" }),
+                h("pre", { class: "yaml", "aria-label": "Generated udfs.py", text: res.udfs_py || "(no UDFs: no udfs.py)" }))));
+          saveBtn.disabled = false;
+          setStatus("Compiled (not saved yet).");
+        } catch (err) {
+          out.replaceChildren(errorBox(err));
+          setStatus("", false);
+        } finally {
+          compileBtn.disabled = false;
+        }
+      },
+    },
+    h("div", { class: "field" }, h("label", { for: "trace-file", text: "Upload a trace file" }), file),
+    h("div", { class: "field" }, h("label", { for: "trace-json", text: "Trace JSON" }),
+      h("span", { class: "hint", text: "The output of engrain export RUN_ID, or an em-core trace." }), traceBox),
+    compileBtn);
+    return [
+      h("p", {}, h("a", { href: "#/routines", text: "← All routines" })),
+      h("h1", { text: "Compile a trace" }),
+      h("section", { class: "panel" }, form),
+      h("section", { class: "panel", "aria-label": "Save" },
+        h("div", { class: "field" }, h("label", { for: "routine-name", text: "Routine name" }), nameInput), saveBtn),
+      out,
+    ];
+  }
+
   async function routineView(name) {
     const r = await api("GET", `/api/routines/${enc(name)}`);
     const routine = r.routine && typeof r.routine === "object" ? r.routine : {};
@@ -398,7 +499,8 @@
         }
       },
     });
-    const { nodes, read } = schemaFields(routine.inputs, "input");
+    // The effective schema (an em-core package's converted input_schema), pre-filled from input.json.
+    const { nodes, read } = schemaFields(withExample(r.inputs || routine.inputs, r.input), "input");
     const resultBox = h("section", { id: "run-result", "aria-live": "polite", class: "panel", hidden: true });
     const runBtn = h("button", { type: "submit", text: "Run routine" });
     const runForm = h("form", {
@@ -598,6 +700,7 @@
     else if (section === "runs") render = () => runsView(params);
     else if (section === "routines" && parts[1]) render = () => routineView(parts[1]);
     else if (section === "routines") render = () => routinesView();
+    else if (section === "compile") render = () => compileView();
     else if (section === "cache") render = () => cacheView();
     else if (section === "queues") render = () => queuesView();
     else if (section === "memory") render = () => memoryView(params);
