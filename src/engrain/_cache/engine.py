@@ -430,6 +430,10 @@ class Engine:
         return self._outcome(s, res)
 
     def _outcome(self, s: Session, res: Any) -> Outcome:
+        if res.status == "failed" and res.error_type == "CacheError":
+            # The engine's own misuse (a snapshot it cannot store, a bad check): the run is journaled
+            # failed, and the caller gets the error, as muscle-mem raises it.
+            raise CacheError(res.message or str(res.error))
         if res.status == "ok" and not s.hit:
             s.stored = self._store_trajectory(s, res.output, res.run_id)
         elif res.status == "ok" and self.refresh_snapshots and s.entry_id is not None:

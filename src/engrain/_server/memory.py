@@ -36,7 +36,7 @@ class Recall(Body):
         default=None, description="Only items whose metadata has these exact values.")
 
 
-class Import(BaseModel):
+class Import(Body):
     """An export to load: a folder under the server's export dir, or the documents themselves."""
 
     export_dir: str | None = Field(default=None, max_length=4096)
@@ -44,14 +44,14 @@ class Import(BaseModel):
     skill_map: dict[str, str] | str | None = None
 
 
-class Forget(BaseModel):
+class Forget(Body):
     """What to forget: one id, or a whole skill."""
 
     id: str | None = Field(default=None, max_length=200)
     skill: str | None = Field(default=None, max_length=200)
 
 
-class Update(BaseModel):
+class Update(Body):
     """New content for a record or an article."""
 
     id: str = Field(min_length=1, max_length=200)
