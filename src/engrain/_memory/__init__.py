@@ -40,6 +40,7 @@ from .consolidate import ConsolidationSummary
 from .filters import check_where, matches
 from .embed import Embedder, default_embedder
 from .index import ANN_THRESHOLD, VectorIndex
+from .items import Record
 from .store import MemoryStore
 from .synth import Synthesizer, default_synthesizer
 
@@ -383,6 +384,18 @@ class Memory:
         ``records`` (new records) and the article ids.
         """
         return _transfer.import_(self, source, skill_map)
+
+    def find(self, where: dict[str, Any], *, skill: str | None = None) -> list[Record]:
+        """Live records whose metadata matches ``where`` (same rule as ``recall(where=)``), oldest first.
+
+        A lookup by metadata, with no query and no ranking: adapters keep their
+        own keys in metadata and fetch them here (the LangGraph store does).
+        """
+        where = check_where(where, "find")
+        if not where:
+            raise MemoryInputError("find: where must name at least one metadata key")
+        ids = self.store.filtered_ids(where, skill, time.time())
+        return sorted(self.store.records(sorted(ids)).values(), key=lambda r: (r.created, r.seq))
 
     def forget(self, id: str | None = None, *, skill: str | None = None) -> dict[str, int]:
         """Delete a record or an article (with its source records) by ``id``, or everything of ``skill``.

@@ -5,7 +5,7 @@ own published interface over engrain's pillars (the journal, durable runs,
 memory, the cache). Import the module you need; each imports its framework,
 which is an optional extra:
 
-* ``engrain.integrations.langgraph``: ``EngrainCheckpointer`` (``pip install engrain[langgraph]``)
+* ``engrain.integrations.langgraph``: ``EngrainCheckpointer``, ``EngrainStore`` (``pip install engrain[langgraph]``)
 * ``engrain.integrations.openai_agents``: ``EngrainSession``, ``durable``, ``cached``
   (``pip install engrain[openai-agents]``)
 * ``engrain.integrations.pydantic_ai``: ``durable`` (``pip install engrain[pydantic-ai]``)

@@ -43,7 +43,7 @@ from .._durable.log import EntryLog
 from .._events import Event
 from .._journal import Journal, open_journal
 
-__all__ = ["EngrainCheckpointer", "thread_run_id"]
+__all__ = ["EngrainCheckpointer", "EngrainStore", "thread_run_id"]
 
 #: Run ids of threads start with this; the rest is the thread id.
 RUN_PREFIX = "langgraph:"
@@ -348,3 +348,12 @@ class EngrainCheckpointer(BaseCheckpointSaver):
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+
+def __getattr__(name: str) -> Any:
+    # EngrainStore loads skill memory (numpy, the embedder) only when asked for.
+    if name == "EngrainStore":
+        from .langgraph_store import EngrainStore
+
+        return EngrainStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
