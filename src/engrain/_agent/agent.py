@@ -223,7 +223,7 @@ class Agent:
         return [r.content for r in self._memory_for(journal).recall(query, skill=self.memory, top_k=5)]
 
     def _remember(self, journal: Journal, text: str) -> str:
-        return self._memory_for(journal).remember(text, skill=self.memory, hint=self.name)
+        return self._memory_for(journal).remember(text, skill=self.memory, label=self.name)
 
     def _store(self, journal: Journal) -> Any:
         with _shared_lock:

@@ -64,8 +64,13 @@ def _real_model() -> tuple[str, str] | None:
 
 
 def _llm_calls(journal: Journal, run_id: str) -> int:
-    """Model calls actually made for a run: every start of an ``agent.llm`` step (a retry counts again)."""
-    return sum(1 for e in journal.read(run_id) if e.kind == "step.started" and e.name == "agent.llm")
+    """Model calls a run paid for and recorded: every outcome of an ``agent.llm`` step.
+
+    Steps journal only their outcome, so a call a crash cut short is not here; the
+    scripted model's own count (printed below) includes it.
+    """
+    return sum(1 for e in journal.read(run_id)
+               if e.kind in ("step.completed", "step.failed") and e.name == "agent.llm")
 
 
 class _Interrupt(KeyboardInterrupt):
