@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from pydantic_ai import Agent  # noqa: E402
+from pydantic_ai import Agent, RunContext  # noqa: E402
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart  # noqa: E402
 from pydantic_ai.models.function import FunctionModel  # noqa: E402
 
@@ -94,3 +94,33 @@ def test_streamed_requests_are_refused_inside_an_engrain_run(store_url):
         assert res.status == "failed"
         message = str(res.error)
     assert "streamed requests are not journaled" in message
+
+
+def test_behavior_cache_replays_a_pydantic_ai_agents_tools_with_zero_model_requests(store_url):
+    from engrain.integrations.pydantic_ai import cached
+
+    calls: list[str] = []
+    agent = _agent(calls)
+    engine = eg.Engine(journal=eg.open(store_url))
+    engine.set_agent(cached(agent, engine)).finalize()
+    first = engine("where is 7?")
+    assert not first and first.stored and first.output == "Order 7 has shipped."
+    assert calls == ["model", "lookup 7", "model"]
+    again = engine("where is 7?")
+    # A hit: the tool replays (it really runs), the model is not asked.
+    assert again and again.output == "Order 7 has shipped." and calls == ["model", "lookup 7", "model", "lookup 7"]
+    engine.close()
+
+
+def test_cached_refuses_tools_that_need_the_run_context(store_url):
+    from engrain.integrations.pydantic_ai import cached
+
+    agent = Agent(FunctionModel(lambda m, i: ModelResponse(parts=[TextPart("x")])))
+
+    @agent.tool
+    def needs_ctx(ctx: RunContext[None], x: int) -> int:
+        """Needs the context."""
+        return x
+
+    with pytest.raises(eg.CacheError, match="needs_ctx.*RunContext"):
+        cached(agent, eg.Engine(journal=eg.open(store_url)))

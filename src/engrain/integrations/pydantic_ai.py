@@ -17,11 +17,16 @@ provider or the tool is not called. Outside an engrain run they pass through.
 A tool result that is not JSON is journaled, and returned live, as its ``str()``.
 Streamed requests are not journaled: inside an engrain run they raise
 :class:`~engrain.EngrainError` rather than run without durability.
+
+:func:`cached` puts an agent behind the behavior cache: its plain tools become
+tools of an engrain :class:`~engrain.Engine`, so a repeated task replays them
+and returns the recorded output without any model request.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import inspect
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -33,10 +38,10 @@ from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.wrapper import WrapperToolset
 
 from .._durable.context import current
-from .._errors import EngrainError
+from .._errors import CacheError, EngrainError
 from .._events import is_json
 
-__all__ = ["DurableModel", "DurableToolset", "durable"]
+__all__ = ["DurableModel", "DurableToolset", "cached", "durable"]
 
 
 def _dump(messages: list[Any]) -> list[Any]:
@@ -102,3 +107,72 @@ def durable(agent: Agent[Any, Any]) -> Iterator[Agent[Any, Any]]:
         overrides["model"] = model
     with agent.override(**overrides):
         yield agent
+
+
+class _CachedToolset(WrapperToolset):
+    """Tool calls go through the engine's recorded tools (by name)."""
+
+    def __init__(self, wrapped: AbstractToolset[Any], recorded: dict[str, Callable[..., Any]]):
+        super().__init__(wrapped)
+        self._recorded = recorded
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
+        fn = self._recorded.get(name)
+        if fn is None:
+            return await self.wrapped.call_tool(name, tool_args, ctx, tool)
+        return fn(tool_args)
+
+
+def _engine_tool(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The engine's tool for ``fn``: it takes the model's arguments as one JSON object."""
+
+    # Synchronous, because the engine replays a hit without an event loop; an async tool runs on
+    # its own loop in a worker thread (the agent's loop may be running in this one).
+    def call(arguments: dict[str, Any]) -> Any:
+        out = fn(**arguments)
+        if inspect.isawaitable(out):
+            import asyncio
+            from concurrent.futures import ThreadPoolExecutor
+
+            async def wait() -> Any:
+                return await out
+
+            with ThreadPoolExecutor(1) as pool:
+                out = pool.submit(asyncio.run, wait()).result()
+        return out if is_json(out) else str(out)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+def cached(agent: Agent[Any, Any], engine: Any) -> Callable[[str], Any]:
+    """The agent as an engine agent: ``engine.set_agent(cached(agent, engine)).finalize()``.
+
+    Each plain tool of the agent (``@agent.tool_plain`` or a ``Tool`` without a
+    ``RunContext``) is registered on ``engine``; ``engine(task)`` then records
+    its tool trajectory on a miss and, on a hit, replays the tools and returns
+    the recorded output with zero model requests. A tool that takes a
+    ``RunContext`` cannot be replayed without the agent, so it is refused here.
+    """
+    from pydantic_ai.toolsets import FunctionToolset
+
+    recorded: dict[str, Callable[..., Any]] = {}
+
+    def register(ts: AbstractToolset[Any]) -> AbstractToolset[Any]:
+        if isinstance(ts, FunctionToolset):
+            for name, t in ts.tools.items():
+                if t.takes_ctx:
+                    raise CacheError(f"cached(agent): tool {name!r} takes a RunContext, so a cache hit could not "
+                                     "replay it without the agent; make it a plain tool (tool_plain)")
+                recorded[name] = engine.function(name=name)(_engine_tool(name, t.function))
+        return ts
+
+    for ts in agent.toolsets:
+        ts.visit_and_replace(register)
+
+    def run(task: str) -> Any:
+        toolsets = [ts.visit_and_replace(lambda t: _CachedToolset(t, recorded)) for ts in agent.toolsets]
+        with durable(agent), agent.override(toolsets=toolsets, tools=[]):
+            return agent.run_sync(task).output
+
+    return run
