@@ -59,7 +59,7 @@ def _real_model() -> tuple[str, str] | None:
     if os.environ.get("OPENAI_API_KEY"):
         return chosen or "openai:gpt-4.1-mini", "OpenAI (OPENAI_API_KEY)"
     if os.environ.get("ANTHROPIC_API_KEY"):
-        return chosen or "anthropic:claude-3-5-haiku-latest", "Anthropic (ANTHROPIC_API_KEY)"
+        return chosen or "anthropic:claude-haiku-4-5", "Anthropic (ANTHROPIC_API_KEY)"
     return None
 
 

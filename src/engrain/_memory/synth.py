@@ -134,7 +134,7 @@ class LLMSynthesizer:
             raise ValueError(f"LLMSynthesizer max_retries must be >= 0, not {max_retries!r}")
         self.provider = provider
         self.model = model or os.environ.get("ENGRAIN_MEMORY_MODEL") or (
-            "gpt-4o-mini" if provider == "openai" else "claude-3-5-haiku-latest")
+            "gpt-4o-mini" if provider == "openai" else "claude-haiku-4-5")
         self.max_tokens = max_tokens
         self.base_url = base_url
         self.timeout = timeout
