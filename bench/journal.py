@@ -44,7 +44,6 @@ from urllib.parse import quote
 
 import engrain as eg
 from engrain import NewEvent
-from engrain._journal.sqlite import _SCHEMA
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -186,14 +185,14 @@ class Floor:
     step, rows built before the clock starts: no engrain code runs.
     """
 
-    INSERT = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
+    INSERT = "INSERT INTO events (run_id, seq, ts, kind, name, data) VALUES (?, ?, ?, ?, ?, ?)"
 
     def __init__(self, path: pathlib.Path, durability: str):
         self.full = durability == "full"
+        eg.open(f"sqlite:///{path}").close()  # engrain's current schema (its migrations), then raw sqlite3 only
         self.db = sqlite3.connect(str(path), isolation_level=None)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={'FULL' if self.full else 'NORMAL'}")
-        self.db.executescript(_SCHEMA)
 
     def rep(self, n: int) -> float:
         """µs/step of one run of ``n`` steps."""
