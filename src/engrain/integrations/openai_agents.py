@@ -56,8 +56,8 @@ from pydantic import TypeAdapter
 from .._durable.context import current, default_journal
 from .._durable.log import EntryLog
 from .._errors import EngrainError
-from .._events import is_json
 from .._journal import Journal, open_journal
+from ._common import recordable, tool_arguments
 
 __all__ = ["DurableModel", "EngrainSession", "cached", "durable"]
 
@@ -194,16 +194,19 @@ class DurableModel(Model):
 
     async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
                            tracing, *, previous_response_id, conversation_id, prompt) -> ModelResponse:
-        async def call() -> dict[str, Any]:
-            r = await self._model().get_response(
+        async def respond() -> ModelResponse:
+            return await self._model().get_response(
                 system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
                 previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
             )
-            return _response_to_json(r)
+
+        async def call() -> dict[str, Any]:
+            return _response_to_json(await respond())
 
         run = current()
         if run is None:
-            return _response_from_json(await call())
+            return await respond()  # outside a run: the model's own response, untouched
+        # Inside a run the live call returns the journaled form too, so a first run and its replay agree.
         args = {"model": self.name, "instructions": system_instructions, "input": _jsonable(input)}
         return _response_from_json(await run.acall(f"llm:{self.name}", "llm", args, call))
 
@@ -225,17 +228,12 @@ def _durable_tool(tool: Any) -> Any:
 
     async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
         async def call() -> Any:
-            out = await invoke(ctx, arguments)
-            return out if is_json(out) else str(out)
+            return recordable(await invoke(ctx, arguments))
 
         run = current()
         if run is None:
             return await invoke(ctx, arguments)
-        try:
-            args: Any = json.loads(arguments) if arguments else {}
-        except ValueError:
-            args = arguments
-        return await run.acall(f"tool:{tool.name}", "tool", {"arguments": args}, call)
+        return await run.acall(f"tool:{tool.name}", "tool", {"arguments": tool_arguments(arguments)}, call)
 
     return dataclasses.replace(tool, on_invoke_tool=on_invoke_tool)
 
@@ -281,20 +279,15 @@ def _engine_tool(tool: Any, engine: Any) -> Any:
         raw = json.dumps(arguments)
         if ctx is None:  # replayed by the engine: the agent (and its run context) is not running
             ctx = ToolContext(context=None, tool_name=name, tool_call_id="engrain-replay", tool_arguments=raw)
-        out = await invoke(ctx, raw)
-        return out if is_json(out) else str(out)
+        return recordable(await invoke(ctx, raw))
 
     call.__name__ = call.__qualname__ = name
     recorded = engine.function(name=name)(call)
 
     async def on_invoke_tool(ctx: Any, arguments: str) -> Any:
-        try:
-            args: Any = json.loads(arguments) if arguments else {}
-        except ValueError:
-            args = arguments
         token = _tool_ctx.set(ctx)
         try:
-            return await recorded(args)
+            return await recorded(tool_arguments(arguments))
         finally:
             _tool_ctx.reset(token)
 

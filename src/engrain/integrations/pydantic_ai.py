@@ -39,7 +39,7 @@ from pydantic_ai.toolsets.wrapper import WrapperToolset
 
 from .._durable.context import current
 from .._errors import CacheError, EngrainError
-from .._events import is_json
+from ._common import recordable
 
 __all__ = ["DurableModel", "DurableToolset", "cached", "durable"]
 
@@ -84,8 +84,7 @@ class DurableToolset(WrapperToolset):
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)
 
         async def call() -> Any:
-            out = await self.wrapped.call_tool(name, tool_args, ctx, tool)
-            return out if is_json(out) else str(out)
+            return recordable(await self.wrapped.call_tool(name, tool_args, ctx, tool))
 
         return await run.acall(f"tool:{name}", "tool", {"arguments": tool_args}, call)
 
@@ -139,7 +138,7 @@ def _engine_tool(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
             with ThreadPoolExecutor(1) as pool:
                 out = pool.submit(asyncio.run, wait()).result()
-        return out if is_json(out) else str(out)
+        return recordable(out)
 
     call.__name__ = call.__qualname__ = name
     return call
