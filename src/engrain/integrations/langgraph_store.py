@@ -151,14 +151,11 @@ class EngrainStore(BaseStore):
             # Ask for more than wanted: value filters are applied after ranking.
             hits = self.memory.recall(op.query, skill=self.skill, top_k=max(want * 4, 10),
                                       where=_ns_where(prefix) or None)
-            ids = []
-            for h in hits:
-                # A record folded into an article comes back as the article: take the records it names.
-                ids += [h.id] if h.tier == "record" else list(h.provenance.get("via") or [])
-            records = self.memory.store.records(ids)
-            scored = [(r, h.score) for h in hits for rid in ([h.id] if h.tier == "record"
-                                                             else h.provenance.get("via") or [])
-                      if (r := records.get(rid)) is not None]
+            # A record folded into an article comes back as the article: take the records it names.
+            ranked = [(rid, h.score) for h in hits
+                      for rid in ([h.id] if h.tier == "record" else h.provenance.get("via") or [])]
+            records = self.memory.store.records([rid for rid, _ in ranked])
+            scored = [(records[rid], score) for rid, score in ranked if rid in records]
         else:  # no query: newest first
             scored = [(r, None) for r in reversed(self._find(prefix) if prefix else self._all())]
         out, seen = [], set()
