@@ -279,3 +279,21 @@ def test_worker_cli_errors_are_one_line(tmp_path):
     out = subprocess.run([ENGRAIN, "worker", "--agents", "no_such_module:AGENTS", "--url", url],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--agents 'no_such_module:AGENTS'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_worker_takeover_fences_the_dead_holders_appends(journal):
+    """Claiming an orphan moves the lease epoch, so the dead worker's late append is refused."""
+    from engrain import LeaseLostError, NewEvent
+    from engrain._workers.store import QueueStore
+
+    qs = QueueStore(journal)
+    qs.enqueue("orph", "agent", "t", "q", {}, 0, [], owner="host:1:dead")
+    (first,) = qs.claim("q", "host:1:dead", ttl=0.05, limit=1)
+    stale_epoch = journal.get_run("orph").lease_epoch
+    time.sleep(0.1)  # the dead worker's lease expires
+    (again,) = qs.claim("q", "host:2:alive", ttl=30, limit=1)
+    assert first.run_id == again.run_id == "orph" and journal.get_run("orph").lease_owner == "host:2:alive"
+    assert journal.get_run("orph").lease_epoch > stale_epoch
+    with pytest.raises(LeaseLostError):
+        journal.append("orph", [NewEvent("step.completed", "x", {"call_id": 0, "result": 1})],
+                       journal.get_run("orph").next_seq, fence=stale_epoch)

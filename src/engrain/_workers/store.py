@@ -226,7 +226,10 @@ class QueueStore:
                 (queue, now, limit),
             ).fetchall()
             for rid, agent in orphans:
-                q(f"UPDATE {r} SET lease_owner = {p}, lease_until = {p} WHERE run_id = {p}", (owner, now + ttl, rid))
+                # A takeover moves the lease epoch, as Journal.claim_runs does: the dead holder's late
+                # appends are fenced off (they carry the old epoch).
+                q(f"UPDATE {r} SET lease_owner = {p}, lease_until = {p}, lease_epoch = lease_epoch + 1 WHERE run_id = {p}",
+                  (owner, now + ttl, rid))
                 got.append(Claimed(rid, agent, queue))
             free = limit - len(got)
             if conc is not None:
@@ -250,8 +253,8 @@ class QueueStore:
                 (queue, now, free),
             ).fetchall()
             for rid, agent, first in rows:
-                q(f"UPDATE {r} SET status = 'running', lease_owner = {p}, lease_until = {p}, updated = {p} WHERE run_id = {p}",
-                  (owner, now + ttl, now, rid))
+                q(f"UPDATE {r} SET status = 'running', lease_owner = {p}, lease_until = {p}, updated = {p},"
+                  f" lease_epoch = lease_epoch + 1 WHERE run_id = {p}", (owner, now + ttl, now, rid))
                 if first is None:
                     q(f"UPDATE engrain_queue SET first_claimed = {p} WHERE run_id = {p}", (now, rid))
                 got.append(Claimed(rid, agent, queue))
