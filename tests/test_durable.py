@@ -72,6 +72,31 @@ def test_resume_after_crash_mid_run(journal, calls):
     assert retry.kind == "step.completed" and retry.data["attempt"] == 2 and retry.data["args"] == {"a": 15, "b": 1}
 
 
+def test_results_the_fast_decoder_refuses_replay_exactly(journal):
+    """Integers past 64 bits replay as the same ints, not floats, through the batch decoder a resume uses."""
+    calls = []
+    registry = eg.ToolRegistry()
+
+    @eg.tool(registry=registry)
+    def value(kind: str):
+        calls.append(kind)
+        return {"big": 2**70 + 1, "neg": -(10**30), "float": 1e300, "text": "naïve ✓"}[kind]
+
+    def agent(task):
+        return [value("big"), value("neg"), value("float"), value("text")]
+
+    journal.append("dec", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
+    for i, kind in enumerate(["big", "neg", "float"]):
+        data = {"call_id": i, "result": value.__wrapped__(kind), "type": "tool", "args": {"kind": kind}}
+        journal.append("dec", [NewEvent("step.completed", "value", data)], i + 1)
+    calls.clear()
+    first = eg.run(agent, "t", run_id="dec", journal=journal)
+    assert first.output == [2**70 + 1, -(10**30), 1e300, "naïve ✓"]
+    assert type(first.output[0]) is int and first.replayed == 3 and calls == ["text"]
+    # Resuming reads every recorded result back through the batch decoder.
+    assert [e.data.get("result") for e in journal.read("dec")[1:4]] == [2**70 + 1, -(10**30), 1e300]
+
+
 def test_nondeterminism_names_both_steps(journal, calls):
     add, boom = make_tools(calls, eg.ToolRegistry())
     journal.append("r3", [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)

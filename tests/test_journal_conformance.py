@@ -311,3 +311,13 @@ def test_bad_arguments_are_clear(journal):
         journal.append("r", [], 0)
     with pytest.raises(ValueError, match="expected_seq"):
         journal.append("r", [started()], -1)
+
+
+def test_batch_decoding_reads_what_the_fast_decoder_refuses():
+    """Text msgspec refuses (NaN, 1e400, a lone surrogate escape) is read by the stdlib, as before."""
+    from engrain._events import loads_many
+
+    assert loads_many(['{"a":1}', '{"b":[2,3]}']) == [{"a": 1}, {"b": [2, 3]}]
+    out = loads_many(['{"x":NaN}', '{"y":1e400}', '{"z":"\\ud800"}', '{"w":123456789012345678901234567890}'])
+    assert out[0]["x"] != out[0]["x"] and out[1]["y"] == float("inf") and out[2]["z"] == "\ud800"
+    assert out[3]["w"] == 123456789012345678901234567890

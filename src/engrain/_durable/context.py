@@ -211,6 +211,23 @@ class RunContext(StepWriter):
                 raise
             self.seq += 1
 
+    def replay_next(self, name: str) -> StepRecord | None:
+        """The next step's record when the journal completed it as ``name``: a tool call's replay fast path.
+
+        Anything else (a new step, another name, a failure, a step to retry or
+        to ask about) returns ``None`` without taking the step, and the caller
+        goes through :meth:`call`, which handles every case.
+        """
+        with self._lock:
+            rec = self.steps.get(self.cursor)
+            if rec is None or rec.state != "completed" or rec.name != name:
+                return None
+            self.cursor += 1
+            self.replayed += 1
+        if observe.observers:
+            _observe_replay(self, rec)
+        return rec
+
     def _begin(
         self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy = DEFAULT_POLICY
     ) -> StepRecord | _Pending:
@@ -359,6 +376,9 @@ def idempotency_key() -> str | None:
     return _step_key.get()
 
 
+_FINISHED_KINDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
+
+
 def _start(
     journal: Journal,
     run_id: str,
@@ -387,6 +407,8 @@ def _start(
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
     last = events[-1]
+    if last.kind not in _FINISHED_KINDS:
+        return events, None  # resumable: the common case, so the count below is not paid for it
     steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
     if last.kind == ev.RUN_COMPLETED:
         return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)

@@ -106,13 +106,21 @@ def _record(steps: dict[int, StepRecord], e: ev.Event) -> StepRecord:
 def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
     """Fold a run's events into one record per step."""
     steps: dict[int, StepRecord] = {}
+    get = steps.get
     for e in events:
         d = e.data
         kind = e.kind
         if kind == ev.STEP_COMPLETED:
-            rec = _record(steps, e)
-            rec.state, rec.result = "completed", d.get("result")
-            rec.attempts = max(rec.attempts, d.get("attempt", 1))
+            cid = d["call_id"]
+            rec = get(cid)
+            if rec is None:
+                # The common event of a long run (a completion-only step), built in one go:
+                # resuming a 10k-step run folds 10k of these.
+                steps[cid] = StepRecord(cid, e.name, d.get("type", "tool"), d.get("args") or {},
+                                        d.get("attempt", 1), "completed", d.get("result"))
+            else:
+                rec.state, rec.result = "completed", d.get("result")
+                rec.attempts = max(rec.attempts, d.get("attempt", 1))
         elif kind == ev.STEP_STARTED:
             rec = steps.get(d["call_id"])
             if rec is None:

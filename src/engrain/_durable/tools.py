@@ -234,6 +234,8 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
+                if (rec := ctx.replay_next(step_name)) is not None:
+                    return rec.result
                 return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
 
             wrapper: Callable[..., Any] = awrapper
@@ -244,6 +246,8 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
+                if (rec := ctx.replay_next(step_name)) is not None:  # a resumed run: no binding, no thunk
+                    return rec.result
                 return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
 
             wrapper = swrapper
