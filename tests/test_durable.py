@@ -389,7 +389,7 @@ def test_a_long_run_keeps_its_lease_alive(journal):
 
 
 def test_renewals_never_bring_back_a_dropped_lease(journal, monkeypatch):
-    import engrain._durable.context as durable
+    import engrain._durable.execution as durable
     from engrain._durable.lease import Lease
 
     monkeypatch.setattr(durable, "Lease", lambda j, run_id: Lease(j, run_id, ttl=0.03))  # renewed every 10 ms

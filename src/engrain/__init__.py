@@ -20,9 +20,8 @@ from ._durable.context import (
     default_journal,
     idempotency_key,
     new_run_id,
-    run,
-    run_async,
 )
+from ._durable.execution import run, run_async
 from ._durable.human import answer, ask, now
 from ._durable.operate import cancel, fork, gc
 from ._durable.outcome import agent_name
@@ -51,10 +50,10 @@ from ._errors import (
     UnknownStatusError,
 )
 from ._events import Event, NewEvent, RunInfo
-from ._workers.queues import enqueue, queue, queues
 from ._journal import Journal, default_url
 from ._journal import open_journal as open
 from ._version import __version__
+from ._workers.queues import enqueue, queue, queues
 
 # Heavy parts (numpy/onnxruntime, wasmtime, fastapi, ...) load on first use so
 # ``import engrain`` stays fast. To export a lazy name, ADD one line here:

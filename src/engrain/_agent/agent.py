@@ -10,8 +10,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._durable.context import RunResult, current, default_journal
-from .._durable.context import run as _run
-from .._durable.tools import ToolRegistry, tools as _default_tools, validate_tool_name
+from .._durable.execution import run as _run
+from .._durable.tools import ToolRegistry, validate_tool_name
+from .._durable.tools import tools as _default_tools
 from .._errors import ConfigError
 from .._journal import Journal
 from . import sessions

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._durable.batched import arun_batched, run_batched
-from .._durable.context import current, default_journal, new_run_id, run, run_async
+from .._durable.context import current, default_journal, new_run_id
+from .._durable.execution import run, run_async
 from .._durable.tools import (
     ToolRegistry,
     _binder,
@@ -39,9 +40,9 @@ from .._durable.tools import (
 from .._errors import CacheError
 from .._events import check_json
 from .._journal import Journal, open_journal
+from .binding import bind, entry_key, json_type, shape_key
 from .checks import Check, encode_snapshot
 from .metrics import Metrics
-from .binding import bind, entry_key, json_type, shape_key
 from .plan import PlannedStep, ToolSpec
 from .replay import Continuation, Session, StepDone, current_session
 from .store import CacheStore, Entry, canonical_task, key, task_key

@@ -1,6 +1,7 @@
 """Durable runs: the pillar every other one runs on.
 
-Holds the run context (:mod:`.context`: ``run``, replay, cancellation), the
+Holds the run context (:mod:`.context`: a run's journal cursor, replay,
+cancellation), a run's life (:mod:`.execution`: ``run``/``run_async``), the
 clock and human input (:mod:`.human`: ``now``, ``ask``/``answer``), sleep
 (:mod:`.sleep`), versioning (:mod:`.patching`), cancel/fork/gc
 (:mod:`.operate`), observers for exporters (:mod:`.observe`, :mod:`.otel`),

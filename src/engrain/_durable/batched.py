@@ -17,15 +17,8 @@ from typing import Any
 from .. import _events as ev
 from .._events import NewEvent
 from .._journal import Journal
-from .context import (
-    RunContext,
-    RunResult,
-    _current,
-    _finish_error,
-    _finish_ok,
-    _Pending,
-    check_args,
-)
+from .context import RunContext, RunResult, _current, _Pending, check_args
+from .execution import _finish_error, _finish_ok
 from .outcome import agent_name
 from .steps import DEFAULT_POLICY, StepPolicy
 

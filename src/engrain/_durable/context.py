@@ -25,21 +25,14 @@ from typing import Any
 from .. import _events as ev
 from .._errors import (
     ConflictError,
-    EngrainError,
-    LeaseHeldError,
     NondeterminismError,
-    NotJSONError,
     RunFailedError,
-    StepFailedError,
     StorageError,
 )
 from .._events import NewEvent, check_json, is_json
 from .._journal import Journal, default_url, open_journal
-from .attempts import StepWriter, _Pending, _question
 from . import observe
-from .lease import Lease
-from .outcome import agent_name as _name_of
-from .outcome import check_agent_name, failure, failure_report
+from .attempts import StepWriter, _Pending, _question
 from .steps import (
     DEFAULT_POLICY,
     StepPolicy,
@@ -218,6 +211,8 @@ class RunContext(StepWriter):
         to ask about) returns ``None`` without taking the step, and the caller
         goes through :meth:`call`, which handles every case.
         """
+        if self.cursor not in self.steps:
+            return None  # a new step: the executed path pays one dict lookup for this fast path, no lock
         with self._lock:
             rec = self.steps.get(self.cursor)
             if rec is None or rec.state != "completed" or rec.name != name:
@@ -374,247 +369,3 @@ def current() -> RunContext | None:
 def idempotency_key() -> str | None:
     """``"run_id:N"`` while a journaled step executes (stable across retries), else ``None``."""
     return _step_key.get()
-
-
-_FINISHED_KINDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
-
-
-def _start(
-    journal: Journal,
-    run_id: str,
-    task: str,
-    inputs: dict[str, Any],
-    tags: list[str],
-    lease: Lease | None = None,
-    agent: str | None = None,
-) -> tuple[list[ev.Event], RunResult | None]:
-    """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
-
-    ``agent`` is the agent name a new run records, which :func:`~engrain.recover` matches.
-    """
-    events = journal.read(run_id)
-    if not events:
-        data: dict[str, Any] = {"task": task, "inputs": inputs, "tags": tags}
-        if agent is not None:
-            data["agent"] = agent
-        check_json(data, f"run {run_id!r}", "inputs")
-        held = None if lease is None else (lease.owner, lease.ttl)
-        events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
-        if lease is not None:
-            lease.take()
-        return events, None
-    recorded = events[0].data.get("task")
-    if recorded != task:
-        raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
-    last = events[-1]
-    if last.kind not in _FINISHED_KINDS:
-        return events, None  # resumable: the common case, so the count below is not paid for it
-    steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
-    if last.kind == ev.RUN_COMPLETED:
-        return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
-    if last.kind == ev.RUN_FAILED:
-        f = last.data.get("failure") if isinstance(last.data.get("failure"), dict) else {}
-        return events, RunResult(
-            run_id, "failed", error=last.data.get("error"), replayed=steps,
-            step_id=f.get("step_id"), error_type=f.get("error_type"), message=f.get("message"),
-        )
-    if last.kind == ev.RUN_CANCELLED:  # never resumed
-        return events, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
-    return events, None
-
-
-def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
-    try:
-        check_json(output, f"run {ctx.run_id!r}", "output")
-    except NotJSONError as e:
-        # Resuming cannot change the output (the steps replay), so this is final.
-        return _finish_error(ctx, e)
-    ctx.append(ev.RUN_COMPLETED, "", {"output": output})
-    return RunResult(ctx.run_id, "ok", output, replayed=ctx.replayed, executed=ctx.executed)
-
-
-#: Errors that say nothing about the run itself (another executor wrote to it or
-#: holds it): they propagate and leave the run resumable. Everything else an
-#: agent raises, NondeterminismError included, ends the run ``failed``; a run
-#: left ``running`` would be claimed by every recover() and fail the same way forever.
-_NOT_THE_RUNS_FAULT: tuple[type[BaseException], ...] = (ConflictError, LeaseHeldError, StorageError)
-
-
-def _finish_error(ctx: RunContext, exc: BaseException) -> RunResult:
-    if isinstance(exc, _Suspend):
-        return RunResult(ctx.run_id, "needs_input", prompt=exc.prompt, replayed=ctx.replayed, executed=ctx.executed)
-    if isinstance(exc, _NOT_THE_RUNS_FAULT):
-        raise exc
-    data = failure(exc)
-    report = failure_report(exc)
-    data["failure"] = report
-    ctx.append(ev.RUN_FAILED, "", data)
-    return RunResult(ctx.run_id, "failed", error=data["error"], replayed=ctx.replayed, executed=ctx.executed, **report)
-
-
-class _Execution:
-    """What :func:`run` and :func:`run_async` share: open the run, lease it, bind its context."""
-
-    def __init__(
-        self,
-        task: str,
-        run_id: str | None,
-        inputs: dict[str, Any] | None,
-        tags: list[str] | None,
-        journal: Journal | None,
-        agent: str,
-    ):
-        self.task = task
-        self.journal = journal or default_journal()
-        self.run_id = run_id or new_run_id()
-        self.inputs = dict(inputs or {})
-        self._lease = lease = Lease(self.journal, self.run_id)
-        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent)
-        if self.done is None and not lease.held:
-            # Resuming: take the lease, then read again. A dead executor's last
-            # append may have landed after the first read (PostgreSQL finishes
-            # a killed client's statement); after the takeover its appends are
-            # fenced off, so this read is the journal the run continues from.
-            lease.acquire()
-            if len(self.journal.read(self.run_id, after=len(events) - 1)):
-                events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease,
-                                           agent)
-                if self.done is not None:
-                    lease.__exit__(None, None, None)
-        self.ctx = RunContext(self.journal, self.run_id, events)
-        self.ctx.fence = lease.epoch
-
-    def __enter__(self) -> _Execution:
-        self._lease.__enter__()
-        self._token = _current.set(self.ctx)
-        self.result: RunResult | None = None
-        if observe.observers:
-            observe.notify("run_started", self.ctx, self.task)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        _current.reset(self._token)
-        self._lease.__exit__(*exc)
-        if observe.observers:
-            r = self.result
-            status = r.status if r is not None else ("parked" if isinstance(exc[1], _Park) else "interrupted")
-            observe.notify("run_ended", self.ctx, status, r.error if r is not None else None)
-
-    # The event that finishes a run drops its lease in the journal (see
-    # Journal.append), so renewal stops before it and no release follows it.
-
-    def finished(self, output: Any) -> RunResult:
-        """The result of an agent that returned ``output``, journaled."""
-        if self.ctx.storage_error is not None:
-            raise self.ctx.storage_error  # a step went unrecorded: the run stays resumable, not ok
-        self._lease.stop()
-        try:
-            res = _finish_ok(self.ctx, output)
-        except _Cancelled:
-            res = self._cancelled()
-        self._lease.dropped()
-        self.result = res
-        return res
-
-    def _cancelled(self) -> RunResult:
-        # run.cancelled dropped the lease in the journal.
-        self._lease.stop()
-        self._lease.dropped()
-        c = self.ctx
-        self.result = RunResult(c.run_id, ev.CANCELLED, error="cancelled", replayed=c.replayed, executed=c.executed)
-        return self.result
-
-    def failed(self, exc: BaseException) -> RunResult:
-        """The result of an agent that raised ``exc``; KeyboardInterrupt and SystemExit propagate."""
-        if isinstance(exc, _Cancelled):
-            return self._cancelled()
-        if not isinstance(exc, (Exception, _Suspend)):
-            raise exc  # the process is going away: the run stays resumable
-        if self.ctx.storage_error is not None:
-            # The store failed, not the agent (even if the agent caught it and raised its own
-            # error): record nothing more, so the run is resumed once the store works.
-            if exc is self.ctx.storage_error:
-                raise exc
-            raise self.ctx.storage_error from exc
-        self._lease.stop()
-        try:
-            res = _finish_error(self.ctx, exc)
-        except _Cancelled:
-            return self._cancelled()
-        if res.status == "failed":
-            self._lease.dropped()
-        self.result = res
-        return res
-
-
-def run(
-    agent: Callable[..., Any],
-    task: str,
-    *,
-    run_id: str | None = None,
-    inputs: dict[str, Any] | None = None,
-    tags: list[str] | None = None,
-    journal: Journal | None = None,
-    agent_name: str | None = None,
-) -> RunResult:
-    """Run ``agent(task, **inputs)`` durably and return its :class:`RunResult`.
-
-    Start again with the same ``run_id`` after a crash to resume: journaled
-    steps return their recorded results. A finished run returns its recorded
-    outcome without calling the agent. While it executes, the run holds a
-    lease (:class:`~engrain.LeaseHeldError` if another live process runs it).
-    Async agents are run with :func:`asyncio.run`; inside an event loop use
-    :func:`run_async`.
-
-    A new run records the agent's name in ``run.started``: ``agent_name`` if
-    given, else ``module:qualname`` of ``agent``. :func:`~engrain.recover`
-    resumes a run only with an agent of that name.
-
-    An exception from the agent ends the run ``failed`` with the error and its
-    traceback journaled in ``run.failed``; so do a
-    :class:`~engrain.NondeterminismError` and an output that is not JSON, which
-    no resume could fix. Only :class:`~engrain.ConflictError` and
-    :class:`~engrain.LeaseHeldError` (another executor has the run) propagate
-    and leave the run resumable.
-    """
-    import inspect  # lazily, like asyncio below: both weigh on every CLI start
-
-    if inspect.iscoroutinefunction(agent):
-        import asyncio  # lazily: importing asyncio costs ~40 ms of start-up for every CLI command
-
-        return asyncio.run(
-            run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal, agent_name=agent_name)
-        )
-    name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
-    ex = _Execution(task, run_id, inputs, tags, journal, name)
-    if ex.done is not None:
-        return ex.done
-    with ex:
-        try:
-            output = agent(task, **ex.inputs)
-        except BaseException as e:
-            return ex.failed(e)
-        return ex.finished(output)
-
-
-async def run_async(
-    agent: Callable[..., Awaitable[Any]],
-    task: str,
-    *,
-    run_id: str | None = None,
-    inputs: dict[str, Any] | None = None,
-    tags: list[str] | None = None,
-    journal: Journal | None = None,
-    agent_name: str | None = None,
-) -> RunResult:
-    """Async :func:`run` for coroutine agents."""
-    name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
-    ex = _Execution(task, run_id, inputs, tags, journal, name)
-    if ex.done is not None:
-        return ex.done
-    with ex:
-        try:
-            output = await agent(task, **ex.inputs)
-        except BaseException as e:
-            return ex.failed(e)
-        return ex.finished(output)

@@ -19,7 +19,8 @@ from typing import Any
 from .. import _events as ev
 from .._errors import ConfigError
 from .._journal import Journal
-from .context import RunResult, default_journal, run
+from .context import RunResult, default_journal
+from .execution import run
 from .lease import DEFAULT_TTL, owner_id
 from .outcome import agent_name, check_agent_name
 

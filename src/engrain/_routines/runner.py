@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _events as ev
-from .._durable.context import RunResult, _current, default_journal, run
+from .._durable.context import RunResult, _current, default_journal
+from .._durable.execution import run
 from .._errors import (
     ConflictError,
     EngrainError,

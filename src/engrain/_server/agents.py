@@ -116,7 +116,8 @@ class AgentRunner:
 
     def start(self, name: str, task: str, inputs: dict[str, Any], run_id: str | None, wait: float) -> dict[str, Any]:
         """Start (or continue, for an unfinished ``run_id``) a run of agent ``name``."""
-        from .._durable.context import _start, new_run_id
+        from .._durable.context import new_run_id
+        from .._durable.execution import _start
 
         agent = self.get(name)
         if run_id is not None and (not run_id.strip() or run_id != run_id.strip()):
@@ -180,7 +181,7 @@ class AgentRunner:
         journal = self.state.journal
 
         def work() -> None:
-            from .._durable.context import run
+            from .._durable.execution import run
 
             with self._slots:
                 fut.set_running_or_notify_cancel()
