@@ -13,8 +13,9 @@ limits hold across any number of workers. A run whose executor died
 A run sleeping past the worker's threshold is parked: ``queued`` again with
 ``available`` set to its wake-up time.
 
-The tables are created idempotently here (``CREATE TABLE IF NOT EXISTS``); once
-the journal has a schema-version migration list they belong there.
+The tables are part of the store's schema: journal migration 6
+(``_journal/sqlite_schema.py`` and ``postgres_schema.py``) creates them, so
+opening any store brings them, and older stores gain them on upgrade.
 """
 
 from __future__ import annotations
@@ -30,41 +31,6 @@ from .._events import NewEvent, check_json
 from .._journal import Journal
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
-
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS engrain_queue (
-    run_id TEXT PRIMARY KEY,
-    queue TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 0,
-    available REAL NOT NULL,
-    first_claimed REAL
-);
-CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available);
-CREATE TABLE IF NOT EXISTS engrain_queues (
-    name TEXT PRIMARY KEY,
-    concurrency INTEGER,
-    rate_limit INTEGER,
-    rate_period REAL
-);
-"""
-_PG_SCHEMA = """
-CREATE TABLE IF NOT EXISTS engrain_queue (
-    run_id TEXT PRIMARY KEY,
-    queue TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 0,
-    available DOUBLE PRECISION NOT NULL,
-    first_claimed DOUBLE PRECISION
-);
-CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available);
-CREATE TABLE IF NOT EXISTS engrain_queues (
-    name TEXT PRIMARY KEY,
-    concurrency INTEGER,
-    rate_limit INTEGER,
-    rate_period DOUBLE PRECISION
-);
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +75,6 @@ class QueueStore:
         self._lock = journal._lock  # type: ignore[attr-defined]
         self.ph = "%s" if self.pg else "?"
         self.runs = "engrain_runs" if self.pg else "runs"
-        with self._lock:
-            if self.pg:
-                with self._db.transaction():
-                    self._db.execute("SELECT pg_advisory_xact_lock(727402)")
-                    self._db.execute(_PG_SCHEMA)
-            else:
-                self._db.executescript(_SQLITE_SCHEMA)
 
     # -- transactions --------------------------------------------------------------
 
@@ -201,6 +160,8 @@ class QueueStore:
 
         def write(q: Any) -> None:
             now = self._now(q)
+            # The append above created the run, so a row under its id is left from a deleted run (gc).
+            q(f"DELETE FROM engrain_queue WHERE run_id = {p}", (run_id,))
             q(f"INSERT INTO engrain_queue VALUES ({p}, {p}, {p}, {p}, {p}, NULL)", (run_id, queue, agent, priority, now))
             q(f"UPDATE {r} SET status = 'queued', lease_owner = NULL, lease_until = NULL WHERE run_id = {p}", (run_id,))
 
