@@ -6,8 +6,11 @@ the queue's shared concurrency and rate limits), and executes each with
 :func:`engrain.run` in a thread; the run's lease is renewed by the durable
 runner's renewal thread. A run that sleeps longer than ``park_after`` seconds
 is parked: back in its queue until its wake-up time, holding no thread.
-``stop()`` (SIGTERM) stops claiming, lets runs in flight finish for ``grace``
-seconds, and leaves the rest to be claimed again once their lease expires.
+``stop()`` (SIGTERM) stops claiming and lets runs in flight finish for
+``grace`` seconds. Runs still executing then are listed in
+``WorkerStats.unfinished``; ``engrain worker`` releases their leases and exits
+at once, so another worker resumes them right away instead of after the lease
+expires (their completed steps are not run again).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from .._durable.lease import DEFAULT_TTL, owner_id
 from .._errors import EngrainError
 from .._journal import Journal
 from .queues import store_of
-from .store import Claimed
+from .store import Claimed, check_queue_name
 
 
 @dataclass(slots=True)
@@ -35,6 +38,13 @@ class WorkerStats:
     finished: dict[str, int] = field(default_factory=dict)
     parked: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Runs still executing when the grace period ended (their leases are still this process's).
+    unfinished: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (what ``engrain worker`` prints when it stops)."""
+        return {"finished": dict(self.finished), "parked": self.parked, "errors": list(self.errors),
+                "released": list(self.unfinished)}
 
 
 class Worker:
@@ -50,13 +60,20 @@ class Worker:
         poll: float = 0.2,
         ttl: float = DEFAULT_TTL,
         park_after: float = 5.0,
+        grace: float = 30.0,
     ):
         if not agents:
             raise EngrainError("a worker needs at least one agent (--agents module:attr)")
         if not queues:
             raise EngrainError("a worker needs at least one queue (--queue NAME)")
-        if not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 1000:
             raise EngrainError(f"worker concurrency must be from 1 to 1000, got {concurrency!r}")
+        for q in queues:
+            check_queue_name(q)
+        for name, value, top in (("poll", poll, 60.0), ("ttl", ttl, 3600.0), ("park_after", park_after, 86400.0)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
+                raise EngrainError(f"worker {name} must be a number of seconds above 0 and at most {top:g}, got {value!r}")
+        self.grace = _check_grace(grace)
         self.journal = journal
         self.store = store_of(journal)
         self.agents = agents
@@ -80,8 +97,29 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
 
-    def run(self, *, until_idle: bool = False, grace: float = 30.0) -> WorkerStats:
-        """Claim and execute until :meth:`stop` (or, with ``until_idle``, until nothing is left to claim)."""
+    def release_unfinished(self) -> list[str]:
+        """Drop this process's leases on the runs still executing, so another worker claims them now.
+
+        Call it only when the process exits right after (``engrain worker`` does): a
+        thread still executing one of them would otherwise race its next owner (its
+        appends are fenced off once that owner claims the run).
+        """
+        owner = owner_id()
+        for rid in self.stats.unfinished:
+            try:
+                self.journal.release_lease(rid, owner)
+            except Exception:  # noqa: BLE001 - the lease expires by itself
+                pass
+        return list(self.stats.unfinished)
+
+    def run(self, *, until_idle: bool = False, grace: float | None = None) -> WorkerStats:
+        """Claim and execute until :meth:`stop` (or, with ``until_idle``, until nothing is left to claim).
+
+        On stop, runs in flight get ``grace`` seconds (default: the worker's) to
+        finish; those still executing are listed in ``stats.unfinished`` (see
+        :meth:`release_unfinished`).
+        """
+        grace = self.grace if grace is None else _check_grace(grace)
         owner = owner_id()
         try:
             while not self._stop.is_set():
@@ -142,8 +180,17 @@ class Worker:
         deadline = time.monotonic() + grace
         while self._busy() and time.monotonic() < deadline:
             time.sleep(0.05)
-        # Threads still running hold leases that expire; another worker takes their runs over.
+        with self._lock:
+            self.stats.unfinished = sorted(self._active)
+        # Threads still running hold leases that expire (or that release_unfinished drops);
+        # another worker takes their runs over.
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _check_grace(grace: float) -> float:
+    if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 <= grace <= 86400:
+        raise EngrainError(f"worker grace must be from 0 to 86400 seconds, got {grace!r}")
+    return float(grace)
 
 
 def _run_parked(worker: Worker, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any]) -> Any:
