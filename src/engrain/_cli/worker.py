@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from .common import JsonOption, UrlOption, command, errors_as_exit, open_store, print_json
+from .operate import json_object
 
 
 @command
@@ -73,7 +74,7 @@ def enqueue(
     from .._workers.queues import enqueue as _enqueue
 
     with errors_as_exit():
-        data = _json_object(inputs, "--inputs") if inputs is not None else None
+        data = json_object(inputs, "--inputs") if inputs is not None else None
         rid = _enqueue(agent, task, queue=queue, inputs=data, run_id=run_id, priority=priority, journal=open_store(url))
     if json_out:
         print_json({"run_id": rid, "queue": queue, "status": "queued"})
@@ -113,22 +114,6 @@ def queues(
         lim = "-" if q.concurrency is None else str(q.concurrency)
         per = "-" if q.rate is None else f"{q.rate[0]}/{q.rate[1]:g}s"
         typer.echo(f"{q.name:<24} {lim:>11} {per:>12} {q.queued:>7} {q.running:>7}")
-
-
-def _json_object(text: str, option: str) -> dict:
-    import json
-
-    from .._errors import EngrainError
-
-    if len(text) > 1_000_000:
-        raise EngrainError(f"{option}: at most 1000000 characters of JSON")
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise EngrainError(f"{option}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise EngrainError(f"{option}: must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _rate(text: str) -> tuple[int, float]:

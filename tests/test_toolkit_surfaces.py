@@ -1,0 +1,163 @@
+"""Issue 16 bullets through their other surfaces, on SQLite and PostgreSQL: the at-most-once
+"did this step happen?" question answered from the CLI and the API, a worker process parking a
+sleeping run (holding no thread while it sleeps), and gc beside queued, parked and leased runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+import engrain as eg
+from engrain import NewEvent
+
+HERE = Path(__file__).parent
+ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
+
+
+def cli(*args: str, url: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([ENGRAIN, *args, "--url", url], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def one_line_error(r: subprocess.CompletedProcess, needle: str) -> None:
+    err = r.stderr.strip()
+    assert r.returncode != 0 and r.stdout == "" and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert needle in err, err
+
+
+def _payment_agent(calls: list[str]):
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg, at_most_once=True)
+    def charge(amount: int) -> str:
+        calls.append(eg.idempotency_key())
+        return f"charged {amount}"
+
+    return lambda task: charge(5)
+
+
+def _crashed_payment(journal, run_id: str) -> None:
+    """A run whose process died inside an at-most-once step: its durable start, no outcome."""
+    journal.append(run_id, [
+        NewEvent("run.started", "", {"task": "pay", "inputs": {}, "tags": []}),
+        NewEvent("step.started", "charge", {"call_id": 0, "type": "tool", "args": {"amount": 5}, "attempt": 1,
+                                            "at_most_once": True}),
+    ], 0)
+
+
+def test_cli_answers_did_this_step_happen(store_url):
+    j = eg.open(store_url)
+    calls: list[str] = []
+    agent = _payment_agent(calls)
+    try:
+        for rid in ("paid", "retried"):
+            _crashed_payment(j, rid)
+            assert eg.run(agent, "pay", run_id=rid, journal=j).status == "needs_input" and calls == []
+        one_line_error(cli("answer", "paid", "{nope", url=store_url), "not valid JSON")
+        one_line_error(cli("answer", "paid", '{"happened": "maybe"}', url=store_url), "exactly one of")
+        one_line_error(cli("answer", "nope", '{"retry": true}', url=store_url), "nope")
+        out = cli("answer", "paid", '{"result": "ch_123"}', "--json", url=store_url)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"run_id": "paid", "answered": True, "status": "running"}
+        one_line_error(cli("answer", "paid", '{"retry": true}', url=store_url), "not waiting for input")
+        assert cli("answer", "retried", '{"retry": true}', url=store_url).returncode == 0
+        paid = eg.run(agent, "pay", run_id="paid", journal=j)
+        assert paid and paid.output == "ch_123" and calls == []  # it happened: never called again
+        retried = eg.run(agent, "pay", run_id="retried", journal=j)
+        assert retried and retried.output == "charged 5" and calls == ["retried:0"]  # same idempotency key
+    finally:
+        j.close()
+
+
+def test_api_answers_did_this_step_happen(store_url, tmp_path):
+    from engrain._server.app import create_app
+
+    j = eg.open(store_url)
+    calls: list[str] = []
+    agent = _payment_agent(calls)
+    try:
+        _crashed_payment(j, "p")
+        paused = eg.run(agent, "pay", run_id="p", journal=j)
+        assert "did this step happen?" in paused.prompt["prompt"]
+        with TestClient(create_app(store_url, routines_dir=tmp_path / "r"), base_url="http://127.0.0.1") as c:
+            shown = c.get("/api/runs/p").json()
+            assert shown["run"]["status"] == "needs_input" and shown["prompt"]["at_most_once"] is True
+            bad = c.post("/api/runs/p/answers", json={"answers": {"result": 1, "retry": True}})
+            assert bad.status_code == 400 and "exactly one of" in bad.json()["detail"]
+            ok = c.post("/api/runs/p/answers", json={"answers": {"error": "declined by the provider"}})
+            assert ok.status_code == 200 and ok.json()["status"] == "running"
+            again = c.post("/api/runs/p/answers", json={"answers": {"retry": True}})
+            assert again.status_code == 409 and again.json()["error"] == "NotWaitingForInput"
+        done = eg.run(agent, "pay", run_id="p", journal=j)
+        assert done.status == "failed" and "declined by the provider" in done.error and calls == []
+    finally:
+        j.close()
+
+
+def test_worker_process_parks_a_sleeping_run(store_url, tmp_path):
+    """With one thread, a quick run executes while the napping run is parked: queued, no lease, nothing held."""
+    env = {**os.environ, "ENGRAIN_TEST_EFFECTS": str(tmp_path / "effects.log"),
+           "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    j = eg.open(store_url)
+    try:
+        napper = eg.enqueue("nap", "t", queue="naps", inputs={"seconds": 2.0}, priority=5, journal=j)
+        quick = eg.enqueue("steps", "t", queue="naps", inputs={"steps": 1}, journal=j)
+        p = subprocess.Popen([ENGRAIN, "worker", "--agents", "worker_agents:AGENTS", "--queue", "naps", "--concurrency", "1",
+                              "--park-after", "0.5", "--until-idle", "--url", store_url],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen_parked = False
+        deadline = time.time() + 30
+        while p.poll() is None and time.time() < deadline:
+            info = j.get_run(napper)
+            if info.status == "queued" and any(e.name == "engrain.sleep" for e in j.read(napper)):
+                assert info.lease_owner is None  # parked: no process holds it
+                seen_parked = True
+            time.sleep(0.02)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        stats = json.loads(out)
+        assert stats["parked"] == 1 and stats["finished"] == {"ok": 2} and seen_parked
+        assert j.get_run(quick).updated < j.get_run(napper).updated  # the quick run went while the napper slept
+        sleep = next(e for e in j.read(napper) if e.name == "engrain.sleep")
+        assert j.get_run(napper).updated >= sleep.ts + 2.0 - 0.05  # woke no earlier than its journaled time
+    finally:
+        j.close()
+
+
+def test_gc_never_touches_queued_parked_or_leased_runs(store_url):
+    j = eg.open(store_url)
+    try:
+        eg.run(lambda t: 1, "t", run_id="done", journal=j)
+        eg.enqueue("agent", "t", queue="q", run_id="queued", journal=j)
+        eg.enqueue("agent", "t", queue="q", run_id="parked", journal=j)
+        from engrain._workers.queues import store_of
+
+        qs = store_of(j)
+        (claimed,) = qs.claim("q", "host:1:w", ttl=3600, limit=1)
+        assert claimed.run_id == "queued"
+        # The second is claimed, then parked until an hour from now (a long durable sleep).
+        (c2,) = qs.claim("q", "host:1:w", ttl=3600, limit=1)
+        qs.park(c2.run_id, time.time() + 3600, "host:1:w")
+        j.append("leased", [NewEvent("run.started", "", {"task": "t"})], 0, lease=("host:2:x", 3600.0))
+        time.sleep(0.05)
+        before = {r.run_id: r.status for r in j.runs()}
+        assert before == {"done": "ok", "queued": "running", "parked": "queued", "leased": "running"}
+        dry = cli("gc", "--older-than", "0s", "--dry-run", "--json", url=store_url)
+        assert dry.returncode == 0 and json.loads(dry.stdout) == {"deleted": 1, "run_ids": ["done"], "dry_run": True}
+        assert j.get_run("done") is not None
+        out = cli("gc", "--older-than", "0s", "--json", url=store_url)
+        assert out.returncode == 0 and json.loads(out.stdout)["run_ids"] == ["done"]
+        assert {r.run_id: r.status for r in j.runs()} == {k: v for k, v in before.items() if k != "done"}
+        assert j.read("done") == [] and len(j.read("parked")) == 1
+        # A deleted id may be used again, on a queue too.
+        assert eg.enqueue("agent", "t", queue="q", run_id="done", journal=j) == "done"
+        assert {q.name: q.queued for q in eg.queues(journal=j)} == {"q": 2}
+    finally:
+        j.close()
