@@ -161,3 +161,80 @@ def test_gc_never_touches_queued_parked_or_leased_runs(store_url):
         assert {q.name: q.queued for q in eg.queues(journal=j)} == {"q": 2}
     finally:
         j.close()
+
+
+def test_queue_limits_hold_across_workers_on_separate_connections(store_url):
+    """Two workers, each on its own connection to the store: the queue's concurrency and rate are shared."""
+    import threading
+
+    from engrain._workers.worker import Worker
+
+    state = {"now": 0, "max": 0}  # runs of queue "shared" executing at once
+    lock = threading.Lock()
+    reg = eg.ToolRegistry()
+
+    @eg.tool(registry=reg)
+    def step(n: int, gauge: bool) -> int:
+        if gauge:
+            with lock:
+                state["now"] += 1
+                state["max"] = max(state["max"], state["now"])
+        time.sleep(0.03)
+        if gauge:
+            with lock:
+                state["now"] -= 1
+        return n
+
+    def agent(task, k):
+        return step(k, task == "shared") + step(k, task == "shared")
+
+    setup = eg.open(store_url)
+    eg.queue("shared", concurrency=2, journal=setup)
+    eg.queue("paced", rate=(3, 1.0), journal=setup)
+    ids = [eg.enqueue(agent, "shared", queue="shared", inputs={"k": k}, journal=setup) for k in range(10)]
+    paced = [eg.enqueue(agent, "paced", queue="paced", inputs={"k": k}, journal=setup) for k in range(6)]
+    journals = [eg.open(store_url), eg.open(store_url)]
+    workers = [Worker(j, {"agent": agent}, ["shared", "paced"], concurrency=3, poll=0.02) for j in journals]
+    stats: list = [None, None]
+
+    def go(i: int) -> None:
+        stats[i] = workers[i].run(until_idle=True)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert all(s is not None and not s.errors for s in stats), stats
+        assert sum(s.finished.get("ok", 0) for s in stats) == 16  # every run once
+        assert state["max"] == 2  # the shared limit, not 2 workers x 3 threads
+        for k, rid in enumerate(ids + paced):
+            kinds = [e.kind for e in setup.read(rid)]
+            assert kinds.count("run.completed") == 1 and setup.read(rid)[-1].data["output"] == 2 * (k % 10 if k < 10 else k - 10)
+        from engrain._workers.queues import store_of
+
+        qs = store_of(setup)
+        with qs._lock:
+            starts = sorted(r[0] for r in qs._db.execute("SELECT first_claimed FROM engrain_queue WHERE queue = 'paced'").fetchall())
+        assert all(starts[i + 3] - starts[i] >= 0.99 for i in range(3))  # 3 per second across both workers
+    finally:
+        for j in journals:
+            j.close()
+        setup.close()
+
+
+def test_lease_ttl_defaults_to_10_seconds_and_a_claim_uses_it(journal, tmp_path):
+    code = "from engrain._durable.lease import DEFAULT_TTL; print(DEFAULT_TTL)"
+    env = {k: v for k, v in os.environ.items() if k != "ENGRAIN_LEASE_TTL"}
+    got = [subprocess.run([sys.executable, "-c", code], env={**env, **extra}, capture_output=True, text=True).stdout.strip()
+           for extra in ({}, {"ENGRAIN_LEASE_TTL": "2.5"}, {"ENGRAIN_LEASE_TTL": "soon"}, {"ENGRAIN_LEASE_TTL": "0"})]
+    assert got == ["10.0", "2.5", "10.0", "10.0"]
+    from engrain._durable.lease import DEFAULT_TTL
+    from engrain._workers.queues import store_of
+
+    rid = eg.enqueue("agent", "t", queue="ttl", journal=journal)
+    (c,) = store_of(journal).claim("ttl", "host:1:w", DEFAULT_TTL, 1)
+    info = journal.get_run(rid)
+    assert c.run_id == rid and info.lease_owner == "host:1:w"
+    assert abs(info.lease_until - (time.time() + DEFAULT_TTL)) < 2.0
