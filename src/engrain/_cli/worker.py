@@ -22,6 +22,9 @@ def worker(
     grace: Annotated[
         float, typer.Option(help="On SIGTERM, seconds runs in flight get to finish; the rest are released to other workers.")
     ] = 30.0,
+    otel: Annotated[
+        bool, typer.Option("--otel", help="Export runs as OpenTelemetry spans (OTEL_TRACES_EXPORTER=otlp or console).")
+    ] = False,
     url: UrlOption = None,
 ) -> None:
     """Claim and execute queued runs (and runs whose worker died) until SIGTERM; finishes what it holds first."""
@@ -43,11 +46,18 @@ def worker(
             if not callable(fn):
                 raise
             table = {getattr(fn, "__name__", "agent"): fn}
+        provider = None
+        if otel:
+            from .._durable.otel import instrument_from_env
+
+            provider = instrument_from_env()[1]
         w = Worker(open_store(url), table, list(queue or ["default"]), concurrency=concurrency, park_after=park_after,
                    grace=grace)
     w.install_signal_handlers()
     typer.echo(f"worker: queues {', '.join(w.queues)}; agents {', '.join(sorted(table))}; concurrency {concurrency}", err=True)
     stats = w.run(until_idle=until_idle)
+    if provider is not None:
+        provider.force_flush()
     if stats.unfinished:
         # Runs still executing after the grace period: hand them to other workers now and exit at
         # once (their threads die with the process, as in a crash; completed steps are journaled).
@@ -57,6 +67,8 @@ def worker(
         sys.stderr.flush()
         os._exit(0)
     print_json(stats.to_dict())
+    if provider is not None:
+        provider.shutdown()
 
 
 @command
