@@ -238,3 +238,55 @@ def test_lease_ttl_defaults_to_10_seconds_and_a_claim_uses_it(journal, tmp_path)
     info = journal.get_run(rid)
     assert c.run_id == rid and info.lease_owner == "host:1:w"
     assert abs(info.lease_until - (time.time() + DEFAULT_TTL)) < 2.0
+
+
+def test_cli_shows_retries_sleeps_patches_and_the_patch_a_run_cannot_replay(store_url):
+    import datetime as dt
+
+    reg = eg.ToolRegistry()
+    tries = {"n": 0}
+
+    @eg.tool(registry=reg, retries=2, backoff=0.01, retry_on=(IOError,))
+    def flaky(x: int) -> int:
+        tries["n"] += 1
+        if tries["n"] == 1:
+            raise IOError("timeout")
+        return x
+
+    def v1(task):
+        return flaky(1)
+
+    def v2(task):
+        if eg.patched("use-flaky-2"):
+            a = flaky(2)
+        else:
+            a = flaky(1)
+        eg.sleep(0.05)
+        eg.sleep_until(dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=0.05))
+        return a
+
+    @eg.tool(registry=reg)
+    def fresh(x: int) -> int:
+        return x
+
+    def v3(task):  # the old branch (flaky) removed while old runs are in flight
+        if eg.patched("use-fresh"):
+            return fresh(2)
+        return fresh(2)
+
+    j = eg.open(store_url)
+    try:
+        assert eg.run(v2, "t", run_id="new", journal=j).output == 2
+        j.append("old", [NewEvent("run.started", "", {"task": "t"}),
+                         NewEvent("step.completed", "flaky", {"call_id": 0, "type": "tool", "args": {"x": 1}, "result": 1})], 0)
+        assert eg.run(v3, "t", run_id="old", journal=j).status == "failed"
+    finally:
+        j.close()
+    shown = cli("show", "new", url=store_url)
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert 'engrain.patched({"name": "use-flaky-2"}) -> true' in text
+    assert "flaky attempt 1 failed OSError: timeout; retry in" in text
+    assert text.count("engrain.sleep(") == 2 and '"until"' in text
+    old = cli("show", "old", url=store_url)
+    assert old.returncode == 0 and "NondeterminismError" in old.stdout and "use-fresh" in old.stdout, old.stdout
