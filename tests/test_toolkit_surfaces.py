@@ -290,3 +290,39 @@ def test_cli_shows_retries_sleeps_patches_and_the_patch_a_run_cannot_replay(stor
     assert text.count("engrain.sleep(") == 2 and '"until"' in text
     old = cli("show", "old", url=store_url)
     assert old.returncode == 0 and "NondeterminismError" in old.stdout and "use-fresh" in old.stdout, old.stdout
+
+
+def test_api_fork_cancel_queued_and_queues_view(store_url, tmp_path):
+    from engrain._server.app import create_app
+
+    reg = eg.ToolRegistry()
+    calls: list[int] = []
+
+    @eg.tool(registry=reg)
+    def add(a: int) -> int:
+        calls.append(a)
+        return a + 1
+
+    def agent(task):
+        return add(add(1))
+
+    j = eg.open(store_url)
+    try:
+        assert eg.run(agent, "t", run_id="src", journal=j).output == 3
+        eg.queue("mail", concurrency=3, rate=(10, 60), journal=j)
+        queued = eg.enqueue("agent", "t", queue="mail", journal=j)
+        j.append("held", [NewEvent("run.started", "", {"task": "t"})], 0, lease=("host-a:77:ab", 3600.0))
+        with TestClient(create_app(store_url, routines_dir=tmp_path / "r"), base_url="http://127.0.0.1") as c:
+            r = c.post("/api/runs/src/fork", json={"at_step": 1, "run_id": "forked"})
+            assert r.status_code == 200 and r.json() == {"run_id": "forked", "source": "src", "at_step": 1}
+            view = c.get("/api/queues").json()
+            assert view["queues"] == [{"name": "mail", "concurrency": 3, "rate": [10, 60.0], "queued": 1, "running": 0}]
+            assert {"owner": "host-a:77:ab", "runs": ["held"]} in view["workers"]
+            r = c.post(f"/api/runs/{queued}/cancel", json={"reason": "not needed"})
+            assert r.status_code == 200 and r.json() == {"run_id": queued, "cancelled": True, "status": "cancelled"}
+            assert c.get("/api/queues").json()["queues"][0]["queued"] == 0
+        calls.clear()
+        resumed = eg.run(agent, "t", run_id="forked", journal=j)
+        assert resumed.output == 3 and resumed.replayed == 1 and calls == [2]  # step 0 reused, step 1 executed
+    finally:
+        j.close()
