@@ -326,3 +326,27 @@ def test_api_fork_cancel_queued_and_queues_view(store_url, tmp_path):
         assert resumed.output == 3 and resumed.replayed == 1 and calls == [2]  # step 0 reused, step 1 executed
     finally:
         j.close()
+
+
+def test_a_worker_leaves_runs_of_agents_it_does_not_have(journal):
+    """A run for an agent this worker lacks stays queued for one that has it (no claim/release loop)."""
+    import threading
+
+    from engrain._workers.worker import Worker
+
+    mine = eg.enqueue("mine", "t", queue="mix", journal=journal)
+    theirs = eg.enqueue("theirs", "t", queue="mix", priority=9, journal=journal)
+    w = Worker(journal, {"mine": lambda task: "mine done"}, ["mix"], poll=0.02)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(w.run(until_idle=True)))
+    t.start()
+    t.join(20)
+    if t.is_alive():
+        w.stop()
+        t.join(20)
+        pytest.fail("the worker kept going: it is waiting on (or looping over) a run it cannot execute")
+    assert out[0].finished == {"ok": 1} and out[0].errors == []
+    info = journal.get_run(theirs)
+    assert info.status == "queued" and info.lease_owner is None and journal.get_run(mine).status == "ok"
+    other = Worker(journal, {"theirs": lambda task: "theirs done"}, ["mix"], poll=0.02).run(until_idle=True)
+    assert other.finished == {"ok": 1} and journal.get_run(theirs).status == "ok"

@@ -169,10 +169,17 @@ class QueueStore:
 
     # -- claims --------------------------------------------------------------------------------
 
-    def claim(self, queue: str, owner: str, ttl: float, limit: int) -> list[Claimed]:
-        """Lease up to ``limit`` runs of ``queue``: orphans first, then available queued runs, within its limits."""
+    def claim(self, queue: str, owner: str, ttl: float, limit: int, agents: list[str] | None = None) -> list[Claimed]:
+        """Lease up to ``limit`` runs of ``queue``: orphans first, then available queued runs, within its limits.
+
+        With ``agents``, only runs of those agents: a worker never takes a run it cannot
+        execute (it would hand it back and take it again, forever).
+        """
         p, r = self.ph, self.runs
         skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
+        which, names = ("", ()) if agents is None else (f" AND q.agent IN ({', '.join([p] * len(agents))})", tuple(agents))
+        if agents is not None and not agents:
+            return []
 
         def pick(q: Any) -> list[Claimed]:
             now = self._now(q)
@@ -182,9 +189,9 @@ class QueueStore:
             # Orphans: executing runs whose lease expired; they already count as running.
             orphans = q(
                 f"SELECT q.run_id, q.agent FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
-                f" WHERE q.queue = {p} AND r.status = 'running' AND (r.lease_until IS NULL OR r.lease_until < {p})"
+                f" WHERE q.queue = {p} AND r.status = 'running' AND (r.lease_until IS NULL OR r.lease_until < {p}){which}"
                 f" ORDER BY q.priority DESC, q.available LIMIT {p}{skip}",
-                (queue, now, limit),
+                (queue, now, *names, limit),
             ).fetchall()
             for rid, agent in orphans:
                 # A takeover moves the lease epoch, as Journal.claim_runs does: the dead holder's late
@@ -209,9 +216,9 @@ class QueueStore:
                 return got
             rows = q(
                 f"SELECT q.run_id, q.agent, q.first_claimed FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
-                f" WHERE q.queue = {p} AND r.status = 'queued' AND q.available <= {p}"
+                f" WHERE q.queue = {p} AND r.status = 'queued' AND q.available <= {p}{which}"
                 f" ORDER BY q.priority DESC, q.available LIMIT {p}{skip}",
-                (queue, now, free),
+                (queue, now, *names, free),
             ).fetchall()
             for rid, agent, first in rows:
                 q(f"UPDATE {r} SET status = 'running', lease_owner = {p}, lease_until = {p}, updated = {p},"
@@ -233,6 +240,20 @@ class QueueStore:
               f" WHERE run_id = {p} AND status = 'running'", (run_id,))
 
         self._tx(write)
+
+    def pending(self, queues: list[str], agents: list[str]) -> int:
+        """Runs of ``agents`` on ``queues`` still queued (or parked) or executing."""
+        if not queues or not agents:
+            return 0
+        p, r = self.ph, self.runs
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT COUNT(*) FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
+                f" WHERE q.queue IN ({', '.join([p] * len(queues))}) AND q.agent IN ({', '.join([p] * len(agents))})"
+                f" AND r.status IN ('queued', 'running')",
+                (*queues, *agents),
+            ).fetchone()
+        return int(row[0])
 
     def queue_of(self, run_id: str) -> str | None:
         """The queue ``run_id`` was enqueued on, or ``None``."""

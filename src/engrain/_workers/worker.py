@@ -128,7 +128,7 @@ class Worker:
                     free = self.concurrency - self._busy()
                     if free <= 0:
                         break
-                    for c in self.store.claim(queue, owner, self.ttl, free):
+                    for c in self.store.claim(queue, owner, self.ttl, free, agents=sorted(self.agents)):
                         self._start(c)
                         claimed += 1
                 if until_idle and not claimed and not self._busy() and not self._waiting():
@@ -139,8 +139,8 @@ class Worker:
         return self.stats
 
     def _waiting(self) -> bool:
-        """Runs of our queues still queued or parked (for ``until_idle``)."""
-        return any(q.queued or q.running for q in self.store.queues() if q.name in self.queues)
+        """Runs of our queues and agents still queued, parked or executing elsewhere (for ``until_idle``)."""
+        return self.store.pending(self.queues, sorted(self.agents)) > 0
 
     def _busy(self) -> int:
         with self._lock:
@@ -167,7 +167,8 @@ class Worker:
                 self.stats.parked += 1
         except Exception as e:  # noqa: BLE001 - one bad run must not stop the worker; the run stays resumable
             with self._lock:
-                self.stats.errors.append(f"{c.run_id}: {type(e).__name__}: {e}")
+                if len(self.stats.errors) < 1000:  # a long-lived worker keeps the first ones, not an unbounded list
+                    self.stats.errors.append(f"{c.run_id}: {type(e).__name__}: {e}")
             try:
                 self.journal.release_lease(c.run_id, owner_id())
             except Exception:  # noqa: BLE001 - the lease expires by itself
