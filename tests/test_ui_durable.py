@@ -47,6 +47,29 @@ def parse(page: str) -> str:
     return page[::-1]
 
 
+_charged: list[str] = []
+
+
+@eg.tool(registry=tools, at_most_once=True)
+def charge(amount: int) -> str:
+    _charged.append(eg.idempotency_key())
+    return f"charged {amount}"
+
+
+def pay(task: str) -> str:
+    return charge(5)
+
+
+def _crashed_payment(j, run_id: str) -> None:
+    """A run whose process died inside its at-most-once charge: a durable start, no outcome."""
+    j.append(run_id, [
+        eg.NewEvent("run.started", "", {"task": "pay", "inputs": {}, "tags": []}),
+        eg.NewEvent("step.started", "charge", {"call_id": 0, "type": "tool", "args": {"amount": 5}, "attempt": 1,
+                                               "at_most_once": True}),
+    ], 0)
+    assert eg.run(pay, "pay", run_id=run_id, journal=j).status == "needs_input"
+
+
 def pipeline(task: str) -> str:
     page = fetch(task)
     eg.sleep(0.05)
@@ -84,6 +107,8 @@ def server(request, tmp_path_factory):
         for i in range(3):
             eg.enqueue("send", f"email {i}", queue="emails", journal=j)
         eg.enqueue("send", "queued to cancel", queue="emails", run_id="to-cancel", journal=j)
+        for rid in ("pay-result", "pay-retry"):
+            _crashed_payment(j, rid)
         # A run a worker process holds right now (its lease outlives the test).
         j.append("held", [eg.NewEvent("run.started", "", {"task": "held run"})], 0, lease=(WORKER, 3600.0))
     finally:
@@ -186,5 +211,42 @@ def test_cancel_button_cancels_a_queued_run(page, server):
     try:
         assert j.get_run("to-cancel").status == "cancelled"
         assert [q.queued for q in eg.queues(journal=j) if q.name == "emails"] == [3]
+    finally:
+        j.close()
+
+
+def test_did_this_step_happen_is_answered_with_a_result(page, server):
+    page.goto(f"{server['base']}/#/runs/pay-result")
+    panel = page.locator("#happened")
+    expect(panel).to_contain_text("did this step happen?")
+    expect(panel.get_by_role("heading")).to_have_text("Did step 0 (charge) happen?")
+    shot(page, "did-this-step-happen")
+    page.fill("#happened-result", "{not json")
+    page.click("#happened-yes")
+    expect(panel.locator(".error-box")).to_contain_text("not valid JSON")
+    page.fill("#happened-result", '{"id": "ch_123"}')
+    page.click("#happened-yes")
+    expect(page.locator("#happened")).to_have_count(0)
+    expect(page.locator("#run-view .badge.running")).to_be_visible()
+    j = eg.open(server["url"])
+    try:
+        _charged.clear()
+        done = eg.run(pay, "pay", run_id="pay-result", journal=j)
+        assert done and done.output == {"id": "ch_123"} and _charged == []  # it happened: never charged again
+    finally:
+        j.close()
+
+
+def test_did_this_step_happen_is_answered_with_a_retry(page, server):
+    page.goto(f"{server['base']}/#/runs/pay-retry")
+    page.click("#happened-fail")  # no reason given: refused in the page, nothing sent
+    expect(page.locator("#happened .error-box")).to_contain_text("say why")
+    page.click("#happened-retry")
+    expect(page.locator("#happened")).to_have_count(0)
+    j = eg.open(server["url"])
+    try:
+        _charged.clear()
+        done = eg.run(pay, "pay", run_id="pay-retry", journal=j)
+        assert done and done.output == "charged 5" and _charged == ["pay-retry:0"]
     finally:
         j.close()
