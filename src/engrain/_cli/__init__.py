@@ -32,8 +32,11 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - only click's usage errors are handled here; the rest re-raise
         kind = type(e).__name__
         if kind == "NoArgsIsHelpError":  # a bare `engrain` or `engrain memory`: show the help as before
-            app(args=[*sys.argv[1:], "--help"])
-            return
+            app(args=[*sys.argv[1:], "--help"], standalone_mode=False)
+            sys.exit(getattr(e, "exit_code", 2))
+        if kind == "Abort":  # Ctrl-C or end of input at a prompt (click turns both into Abort)
+            sys.stderr.write("error: interrupted\n")
+            sys.exit(130)
         if not hasattr(e, "format_message") or not hasattr(e, "exit_code"):
             raise
         message = " ".join(str(e.format_message()).split())
@@ -44,6 +47,4 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         sys.exit(130)
-    if type(code).__name__ == "Abort":
-        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
