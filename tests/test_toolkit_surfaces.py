@@ -107,7 +107,8 @@ def test_worker_process_parks_a_sleeping_run(store_url, tmp_path):
            "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     j = eg.open(store_url)
     try:
-        napper = eg.enqueue("nap", "t", queue="naps", inputs={"seconds": 2.0}, priority=5, journal=j)
+        # 4 s against --park-after 0.5: parked even if journaling the sleep stalls for seconds on a loaded machine.
+        napper = eg.enqueue("nap", "t", queue="naps", inputs={"seconds": 4.0}, priority=5, journal=j)
         quick = eg.enqueue("steps", "t", queue="naps", inputs={"steps": 1}, journal=j)
         p = subprocess.Popen([ENGRAIN, "worker", "--agents", "worker_agents:AGENTS", "--queue", "naps", "--concurrency", "1",
                               "--park-after", "0.5", "--until-idle", "--url", store_url],
@@ -123,10 +124,10 @@ def test_worker_process_parks_a_sleeping_run(store_url, tmp_path):
         out, err = p.communicate(timeout=60)
         assert p.returncode == 0, err
         stats = json.loads(out)
-        assert stats["parked"] == 1 and stats["finished"] == {"ok": 2} and seen_parked
+        assert stats["parked"] == 1 and stats["finished"] == {"ok": 2} and seen_parked, (stats, seen_parked, err)
         assert j.get_run(quick).updated < j.get_run(napper).updated  # the quick run went while the napper slept
         sleep = next(e for e in j.read(napper) if e.name == "engrain.sleep")
-        assert j.get_run(napper).updated >= sleep.ts + 2.0 - 0.05  # woke no earlier than its journaled time
+        assert j.get_run(napper).updated >= sleep.data["result"]["until"]  # woke no earlier than its journaled time
     finally:
         j.close()
 
@@ -350,3 +351,37 @@ def test_a_worker_leaves_runs_of_agents_it_does_not_have(journal):
     assert info.status == "queued" and info.lease_owner is None and journal.get_run(mine).status == "ok"
     other = Worker(journal, {"theirs": lambda task: "theirs done"}, ["mix"], poll=0.02).run(until_idle=True)
     assert other.finished == {"ok": 1} and journal.get_run(theirs).status == "ok"
+
+
+def test_a_worker_resumes_orphaned_runs_never_queued(journal):
+    """A run started with engrain.run whose process died is resumed by a worker that has its agent."""
+    from engrain._workers.worker import Worker
+
+    reg = eg.ToolRegistry()
+    calls: list[int] = []
+    crash = {"on": True}
+
+    @eg.tool(registry=reg)
+    def step(n: int) -> int:
+        if n == 1 and crash["on"]:
+            raise KeyboardInterrupt  # the process dies here
+        calls.append(n)
+        return n
+
+    def pay(task):
+        return step(0) + step(1) + 10
+
+    with pytest.raises(KeyboardInterrupt):
+        eg.run(pay, "t", run_id="orphan", agent_name="pay", journal=journal)
+    with pytest.raises(KeyboardInterrupt):
+        eg.run(pay, "t", run_id="not-mine", agent_name="other", journal=journal)
+    for rid in ("orphan", "not-mine"):  # their process died: the leases ran out
+        info = journal.get_run(rid)
+        journal.release_lease(rid, info.lease_owner)
+    crash["on"] = False
+    calls.clear()
+    stats = Worker(journal, {"pay": pay}, ["default"], poll=0.02).run(until_idle=True)
+    assert stats.finished == {"ok": 1} and not stats.errors
+    assert journal.get_run("orphan").status == "ok" and calls == [1]  # step 0 came from the journal
+    assert journal.read("orphan")[-1].data["output"] == 11
+    assert journal.get_run("not-mine").status == "running"  # no agent "other" here: left for recover()

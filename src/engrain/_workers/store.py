@@ -51,7 +51,7 @@ class QueueInfo:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """A run a worker claimed: what it needs to execute it."""
+    """A run a worker claimed: what it needs to execute it (``queue`` is ``""`` for a run never queued)."""
 
     run_id: str
     agent: str
@@ -229,6 +229,34 @@ class QueueStore:
             return got
 
         return self._tx(pick, queue_lock=queue)
+
+    def claim_orphans(self, owner: str, ttl: float, limit: int, agents: list[str]) -> list[Claimed]:
+        """Lease up to ``limit`` runs of ``agents`` that were never queued and whose executor died.
+
+        What ``engrain.recover`` does, for a worker: a run started with ``engrain.run``
+        (its agent name recorded) whose lease expired is resumed by a worker that has
+        its agent. Queued runs are left to :meth:`claim`, which applies their queue's limits.
+        """
+        if limit <= 0 or not agents:
+            return []
+        p, r = self.ph, self.runs
+        skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
+
+        def pick(q: Any) -> list[Claimed]:
+            now = self._now(q)
+            rows = q(
+                f"SELECT r.run_id, r.agent FROM {r} r WHERE r.status = 'running'"
+                f" AND (r.lease_until IS NULL OR r.lease_until < {p}) AND r.agent IN ({', '.join([p] * len(agents))})"
+                f" AND NOT EXISTS (SELECT 1 FROM engrain_queue q WHERE q.run_id = r.run_id)"
+                f" ORDER BY r.updated LIMIT {p}{skip}",
+                (now, *agents, limit),
+            ).fetchall()
+            for rid, _ in rows:
+                q(f"UPDATE {r} SET lease_owner = {p}, lease_until = {p}, lease_epoch = lease_epoch + 1 WHERE run_id = {p}",
+                  (owner, now + ttl, rid))
+            return [Claimed(rid, agent, "") for rid, agent in rows]
+
+        return self._tx(pick)
 
     def park(self, run_id: str, until: float, owner: str) -> None:
         """Put an executing run back in its queue until ``until`` (a durable sleep), dropping ``owner``'s lease."""

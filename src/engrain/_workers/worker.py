@@ -2,7 +2,8 @@
 
 One :class:`Worker` per process (``engrain worker``). Each pass claims, per
 queue, as many runs as it has free threads (:meth:`QueueStore.claim` applies
-the queue's shared concurrency and rate limits), and executes each with
+the queue's shared concurrency and rate limits), then runs never queued whose
+executor died and whose agent it has (as ``engrain.recover`` would), and executes each with
 :func:`engrain.run` in a thread; the run's lease is renewed by the durable
 runner's renewal thread. A run that sleeps longer than ``park_after`` seconds
 is parked: back in its queue until its wake-up time, holding no thread.
@@ -131,6 +132,10 @@ class Worker:
                     for c in self.store.claim(queue, owner, self.ttl, free, agents=sorted(self.agents)):
                         self._start(c)
                         claimed += 1
+                # Runs started with engrain.run (not queued) whose process died, if we have their agent.
+                for c in self.store.claim_orphans(owner, self.ttl, self.concurrency - self._busy(), sorted(self.agents)):
+                    self._start(c)
+                    claimed += 1
                 if until_idle and not claimed and not self._busy() and not self._waiting():
                     break
                 self._stop.wait(self.poll if not claimed else 0.01)
@@ -157,7 +162,9 @@ class Worker:
                 raise EngrainError(f"run {c.run_id!r} needs agent {c.agent!r}, not given to this worker")
             events = self.journal.read(c.run_id, after=-1)[:1]
             data = events[0].data if events else {}
-            result = _run_parked(self, agent, data.get("task", ""), c.run_id, data.get("inputs") or {})
+            # A run never queued has no queue row to wait in, so its sleeps run in this thread.
+            park_after = self.park_after if c.queue else None
+            result = _run_parked(park_after, self.journal, agent, data.get("task", ""), c.run_id, data.get("inputs") or {})
             if result is not None:
                 with self._lock:
                     self.stats.finished[result.status] = self.stats.finished.get(result.status, 0) + 1
@@ -194,11 +201,13 @@ def _check_grace(grace: float) -> float:
     return float(grace)
 
 
-def _run_parked(worker: Worker, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any]) -> Any:
-    """``engrain.run`` with long sleeps parking the run (``RunContext.park_after``)."""
-    token = _park_after.set(worker.park_after)
+def _run_parked(
+    park_after: float | None, journal: Journal, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any]
+) -> Any:
+    """``engrain.run`` with sleeps longer than ``park_after`` parking the run (``RunContext.park_after``)."""
+    token = _park_after.set(park_after)
     try:
-        return _ctx.run(agent, task, run_id=run_id, inputs=inputs, journal=worker.journal)
+        return _ctx.run(agent, task, run_id=run_id, inputs=inputs, journal=journal)
     finally:
         _park_after.reset(token)
 
