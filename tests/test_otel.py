@@ -93,3 +93,45 @@ def test_replayed_steps_and_a_run_without_caller(journal, spans):
     steps = [s for s in spans_ if s.name != "invoke_agent"]
     assert len(steps) == 3 and all(s.attributes["engrain.step.replayed"] for s in steps)
     assert all(s.context.trace_id == run.context.trace_id for s in steps)
+
+
+def test_worker_cli_exports_spans_with_otel(store_url, tmp_path):
+    """``engrain worker --otel``: each run one trace (no caller), its steps children of the run span."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from tests.servers import engrain_exe
+
+    here = Path(__file__).parent
+    env = {**os.environ, "ENGRAIN_TEST_EFFECTS": str(tmp_path / "effects.log"), "OTEL_TRACES_EXPORTER": "console",
+           "PYTHONPATH": str(here) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    j = eg.open(store_url)
+    try:
+        rid = eg.enqueue("steps", "traced", inputs={"steps": 2}, journal=j)
+    finally:
+        j.close()
+    cmd = [engrain_exe(), "worker", "--agents", "worker_agents:AGENTS", "--until-idle", "--otel", "--url", store_url]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["finished"] == {"ok": 1}
+    spans = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    (run,) = [s for s in spans if s["name"] == "invoke_agent"]
+    assert run["attributes"]["engrain.run_id"] == rid and run["parent_id"] is None
+    assert run["resource"]["attributes"]["service.name"] == "engrain-worker"
+    steps = [s for s in spans if s["name"] == "execute_tool work"]
+    assert len(steps) == 2
+    for s in steps:
+        assert s["parent_id"] == run["context"]["span_id"] and s["context"]["trace_id"] == run["context"]["trace_id"]
+        assert s["attributes"]["gen_ai.tool.name"] == "work" and s["attributes"]["gen_ai.operation.name"] == "execute_tool"
+    bad = subprocess.run(cmd, env={**env, "OTEL_TRACES_EXPORTER": "zipkin-ish"}, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "OTEL_TRACES_EXPORTER" in bad.stderr
+    try:
+        has_otlp = importlib.util.find_spec("opentelemetry.exporter.otlp") is not None
+    except ModuleNotFoundError:
+        has_otlp = False
+    if not has_otlp:
+        missing = subprocess.run(cmd, env={**env, "OTEL_TRACES_EXPORTER": "otlp"}, capture_output=True, text=True, timeout=60)
+        assert missing.returncode == 1 and "opentelemetry-exporter-otlp" in missing.stderr and "Traceback" not in missing.stderr

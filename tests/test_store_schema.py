@@ -167,3 +167,35 @@ def test_unversioned_postgres_store_is_migrated(store_url):
     assert j.get_run("old").status == "ok" and j.get_run("live").lease_epoch == 0
     assert [r.run_id for r in j.runs(status="ok")] == ["old"]
     j.close()
+
+
+
+def test_a_version_5_store_gains_the_queue_tables(store_url):
+    """Migration 6 adds the toolkit's queue tables to a store at version 5, keeping its runs."""
+    con, ph, prefix = _raw(store_url)
+    migrations = sqlite_schema.MIGRATIONS if prefix == "" else postgres_schema.MIGRATIONS
+    con.execute("CREATE TABLE engrain_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for step in migrations[:5]:
+        step(con)
+    con.execute(f"INSERT INTO engrain_meta (key, value) VALUES ('journal', {ph})", ("5",))
+    con.execute(f"INSERT INTO {prefix}events VALUES ('old', 0, 1, 'run.started', '', '{{\"task\": \"t\"}}')")
+    if prefix:  # PostgreSQL's append writes the runs row itself (no trigger)
+        con.execute("INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq)"
+                    " VALUES ('old', 'running', 't', '[]', 1, 1, 1)")
+    tables = "name FROM sqlite_master WHERE type = 'table'" if not prefix else "tablename FROM pg_tables WHERE schemaname = current_schema()"
+    assert not {"engrain_queue", "engrain_queues"} & {r[0] for r in con.execute(f"SELECT {tables}").fetchall()}
+    con.close()
+
+    j = eg.open(store_url)
+    try:
+        con, _, _ = _raw(store_url)
+        assert con.execute("SELECT value FROM engrain_meta WHERE key = 'journal'").fetchone() == (str(sqlite_schema.VERSION),)
+        assert {"engrain_queue", "engrain_queues"} <= {r[0] for r in con.execute(f"SELECT {tables}").fetchall()}
+        con.close()
+        assert sqlite_schema.VERSION >= 6 and j.get_run("old").task == "t"
+        eg.queue("emails", concurrency=2, journal=j)
+        rid = eg.enqueue("agent", "job", queue="emails", journal=j)
+        assert [(q.name, q.concurrency, q.queued) for q in eg.queues(journal=j)] == [("emails", 2, 1)]
+        assert j.get_run(rid).status == "queued"
+    finally:
+        j.close()

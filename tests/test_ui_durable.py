@@ -1,5 +1,6 @@
-"""Web UI for the durable toolkit, in headless Debian Chromium over a real server: the run waterfall,
-cancel and fork buttons, and the queues/workers page. Screenshots go to ``test-artifacts/ui/``."""
+"""Web UI for the durable toolkit, in headless Debian Chromium over a real server on SQLite and on
+PostgreSQL: the run waterfall, cancel and fork buttons, and the queues/workers page. Screenshots go
+to ``test-artifacts/ui/``."""
 
 from __future__ import annotations
 
@@ -46,6 +47,29 @@ def parse(page: str) -> str:
     return page[::-1]
 
 
+_charged: list[str] = []
+
+
+@eg.tool(registry=tools, at_most_once=True)
+def charge(amount: int) -> str:
+    _charged.append(eg.idempotency_key())
+    return f"charged {amount}"
+
+
+def pay(task: str) -> str:
+    return charge(5)
+
+
+def _crashed_payment(j, run_id: str) -> None:
+    """A run whose process died inside its at-most-once charge: a durable start, no outcome."""
+    j.append(run_id, [
+        eg.NewEvent("run.started", "", {"task": "pay", "inputs": {}, "tags": []}),
+        eg.NewEvent("step.started", "charge", {"call_id": 0, "type": "tool", "args": {"amount": 5}, "attempt": 1,
+                                               "at_most_once": True}),
+    ], 0)
+    assert eg.run(pay, "pay", run_id=run_id, journal=j).status == "needs_input"
+
+
 def pipeline(task: str) -> str:
     page = fetch(task)
     eg.sleep(0.05)
@@ -58,10 +82,17 @@ def broken(task: str) -> str:
     raise RuntimeError("a bug in the agent")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+WORKER = "worker-host:4242:beef"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def server(request, tmp_path_factory):
+    from conftest import drop_pg_schema, pg_schema_url
+
     tmp = tmp_path_factory.mktemp("ui-durable")
-    url = f"sqlite:///{tmp / 'ui.db'}"
+    schema = "ui_" + os.urandom(6).hex()
+    url = f"sqlite:///{tmp / 'ui.db'}" if request.param == "sqlite" else pg_schema_url(schema)
+    _flaky["n"] = 0
     j = eg.open(url)
     try:
         _crash["on"] = True
@@ -75,10 +106,19 @@ def server(tmp_path_factory):
         eg.queue("emails", concurrency=5, rate=(100, 60), journal=j)
         for i in range(3):
             eg.enqueue("send", f"email {i}", queue="emails", journal=j)
+        eg.enqueue("send", "queued to cancel", queue="emails", run_id="to-cancel", journal=j)
+        for rid in ("pay-result", "pay-retry"):
+            _crashed_payment(j, rid)
+        # A run a worker process holds right now (its lease outlives the test).
+        j.append("held", [eg.NewEvent("run.started", "", {"task": "held run"})], 0, lease=(WORKER, 3600.0))
     finally:
         j.close()
-    with serve(url, tmp, token=TOKEN) as base:
-        yield {"base": base, "url": url}
+    try:
+        with serve(url, tmp, token=TOKEN) as base:
+            yield {"base": base, "url": url}
+    finally:
+        if request.param == "postgres":
+            drop_pg_schema(schema)
 
 
 @pytest.fixture
@@ -146,14 +186,67 @@ def test_cancel_button_cancels_a_waiting_run(page, server):
     shot(page, "run-cancelled")
 
 
-def test_queues_page_lists_queues_and_queued_runs(page, server):
+def test_queues_page_lists_queues_workers_and_queued_runs(page, server):
     page.goto(f"{server['base']}/#/queues")
     row = page.locator("tr[data-queue='emails']")
     expect(row).to_contain_text("100 / 60 s")
     expect(row.locator("td").nth(1)).to_have_text("5")
-    expect(row.locator("td").nth(3)).to_have_text("3")
+    expect(row.locator("td").nth(3)).to_have_text("4")
     expect(page.get_by_role("heading", name="Workers")).to_be_visible()
+    worker = page.locator(f"tr[data-worker='{WORKER}']")
+    expect(worker.locator("td").nth(1)).to_have_text("1")
+    expect(worker.locator("a")).to_have_text("held")
     shot(page, "queues")
     row.locator("a").click()
     expect(page.locator("#runs-status")).to_have_value("queued")
-    expect(page.locator("tr[data-run-id]")).to_have_count(3)
+    expect(page.locator("tr[data-run-id]")).to_have_count(4)
+
+
+def test_cancel_button_cancels_a_queued_run(page, server):
+    page.goto(f"{server['base']}/#/runs/to-cancel")
+    expect(page.locator("#run-view .badge.queued")).to_be_visible()
+    page.click("#cancel-run")
+    expect(page.locator("#run-view .badge.cancelled")).to_be_visible()
+    j = eg.open(server["url"])
+    try:
+        assert j.get_run("to-cancel").status == "cancelled"
+        assert [q.queued for q in eg.queues(journal=j) if q.name == "emails"] == [3]
+    finally:
+        j.close()
+
+
+def test_did_this_step_happen_is_answered_with_a_result(page, server):
+    page.goto(f"{server['base']}/#/runs/pay-result")
+    panel = page.locator("#happened")
+    expect(panel).to_contain_text("did this step happen?")
+    expect(panel.get_by_role("heading")).to_have_text("Did step 0 (charge) happen?")
+    shot(page, "did-this-step-happen")
+    page.fill("#happened-result", "{not json")
+    page.click("#happened-yes")
+    expect(panel.locator(".error-box")).to_contain_text("not valid JSON")
+    page.fill("#happened-result", '{"id": "ch_123"}')
+    page.click("#happened-yes")
+    expect(page.locator("#happened")).to_have_count(0)
+    expect(page.locator("#run-view .badge.running")).to_be_visible()
+    j = eg.open(server["url"])
+    try:
+        _charged.clear()
+        done = eg.run(pay, "pay", run_id="pay-result", journal=j)
+        assert done and done.output == {"id": "ch_123"} and _charged == []  # it happened: never charged again
+    finally:
+        j.close()
+
+
+def test_did_this_step_happen_is_answered_with_a_retry(page, server):
+    page.goto(f"{server['base']}/#/runs/pay-retry")
+    page.click("#happened-fail")  # no reason given: refused in the page, nothing sent
+    expect(page.locator("#happened .error-box")).to_contain_text("say why")
+    page.click("#happened-retry")
+    expect(page.locator("#happened")).to_have_count(0)
+    j = eg.open(server["url"])
+    try:
+        _charged.clear()
+        done = eg.run(pay, "pay", run_id="pay-retry", journal=j)
+        assert done and done.output == "charged 5" and _charged == ["pay-retry:0"]
+    finally:
+        j.close()

@@ -3,7 +3,8 @@
 ``AGENTS["steps"]`` runs ``inputs["steps"]`` tool steps; each appends
 ``KEY PID START END`` to ``$ENGRAIN_TEST_EFFECTS`` (O_APPEND, one write) so the
 test can count executions per idempotency key and measure how many runs
-executed at once. ``AGENTS["slow"]`` is one step of ``inputs["seconds"]``.
+executed at once. ``AGENTS["slow"]`` is one step of ``inputs["seconds"]``;
+``AGENTS["nap"]`` sleeps ``inputs["seconds"]`` durably, then runs one step.
 """
 
 from __future__ import annotations
@@ -36,4 +37,9 @@ def slow(task: str, seconds: float = 1.0) -> int:
     return work(0, seconds)
 
 
-AGENTS = {"steps": steps, "slow": slow}
+def nap(task: str, seconds: float = 1.0) -> int:
+    eg.sleep(seconds)
+    return work(0, 0.0)
+
+
+AGENTS = {"steps": steps, "slow": slow, "nap": nap}

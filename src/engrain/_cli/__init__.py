@@ -24,5 +24,27 @@ from . import serve as _serve  # noqa: E402,F401
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: usage errors are one line on stderr (exit 2), like engrain's own errors."""
+    import sys
+
+    try:
+        code = app(standalone_mode=False)
+    except Exception as e:  # noqa: BLE001 - only click's usage errors are handled here; the rest re-raise
+        kind = type(e).__name__
+        if kind == "NoArgsIsHelpError":  # a bare `engrain` or `engrain memory`: show the help as before
+            app(args=[*sys.argv[1:], "--help"], standalone_mode=False)
+            sys.exit(getattr(e, "exit_code", 2))
+        if kind == "Abort":  # Ctrl-C or end of input at a prompt (click turns both into Abort)
+            sys.stderr.write("error: interrupted\n")
+            sys.exit(130)
+        if not hasattr(e, "format_message") or not hasattr(e, "exit_code"):
+            raise
+        message = " ".join(str(e.format_message()).split())
+        ctx = getattr(e, "ctx", None)
+        where = getattr(ctx, "command_path", "") or "engrain"
+        sys.stderr.write(f"error: {message} (see {where} --help)\n")
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

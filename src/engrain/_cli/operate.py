@@ -1,4 +1,4 @@
-"""``engrain cancel``, ``engrain fork``, ``engrain gc``: operate runs in the journal."""
+"""``engrain cancel``, ``engrain fork``, ``engrain gc``, ``engrain answer``: operate runs in the journal."""
 
 from __future__ import annotations
 
@@ -67,3 +67,44 @@ def gc(
     n = len(report.runs)
     verb = "would delete" if dry_run else "deleted"
     typer.echo(f"{verb} {n} run{'s' if n != 1 else ''}")
+
+
+@command
+def answer(
+    run_id: Annotated[str, typer.Argument(help="The run waiting for input (status needs_input).")],
+    answers: Annotated[str, typer.Argument(help='The answers as a JSON object, e.g. \'{"retry": true}\'.')],
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Answer a run waiting for input; the next resume (engrain.run, a worker, recover) continues it.
+
+    For an at-most-once step asking "did this step happen?": {"result": VALUE} (it
+    happened), {"retry": true} (call it again) or {"error": "MESSAGE"} (fail it).
+    """
+    from .._durable.human import answer as _answer
+
+    with errors_as_exit():
+        journal = open_store(url, create=False)
+        _answer(run_id, json_object(answers, "ANSWERS"), journal=journal)
+        info = journal.get_run(run_id)
+    if json_out:
+        print_json({"run_id": run_id, "answered": True, "status": info.status if info else None})
+    else:
+        typer.echo(f"run {run_id} answered; it continues when resumed with its agent")
+
+
+def json_object(text: str, what: str) -> dict:
+    """``text`` parsed as a JSON object (at most 1 MB), else a one-line :class:`EngrainError` naming ``what``."""
+    import json
+
+    from .._errors import EngrainError
+
+    if len(text) > 1_000_000:
+        raise EngrainError(f"{what}: at most 1000000 characters of JSON")
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise EngrainError(f"{what}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise EngrainError(f"{what}: must be a JSON object, got {type(value).__name__}")
+    return value

@@ -73,8 +73,9 @@ def timeline(events: list) -> list[str]:
         elif e.kind == "step.completed":
             s = started.get(d["call_id"])
             # A completion-only step (the default) carries its arguments and start time itself.
-            t0 = d.get("started") if "started" in d else (s.ts if s else None)
-            dur = f"{(e.ts - t0) * 1000:.1f}ms" if isinstance(t0, (int, float)) else "?"
+            # Its own start: t0 stays the run's start, which every line's offset is measured from.
+            begun = d.get("started") if "started" in d else (s.ts if s else None)
+            dur = f"{(e.ts - begun) * 1000:.1f}ms" if isinstance(begun, (int, float)) else "?"
             args = _short(d["args"] if "args" in d else (s.data.get("args", {}) if s else ""), 40)
             lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)}({args}) -> {_short(d.get('result'), 40)}  [{dur}]")
         elif e.kind == "step.failed" and "retry_in" in d:

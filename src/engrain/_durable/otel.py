@@ -117,3 +117,49 @@ def instrument(tracer_provider: Any = None) -> OtelObserver:
 def uninstrument(observer: OtelObserver) -> None:
     """Stop exporting through ``observer``."""
     observe.remove(observer)
+
+
+def instrument_from_env() -> tuple[OtelObserver, Any]:
+    """Export this process's runs the way OpenTelemetry's environment says (``engrain worker --otel``).
+
+    A global SDK ``TracerProvider`` already set (e.g. under ``opentelemetry-instrument``)
+    is used as is. Otherwise one is made from ``OTEL_TRACES_EXPORTER``: ``otlp``
+    (the default; needs ``opentelemetry-exporter-otlp``, configured by the usual
+    ``OTEL_EXPORTER_OTLP_*`` variables) or ``console`` (one JSON span per line on
+    stderr). Returns the observer and the provider to flush at exit (``None`` when
+    it was not ours).
+    """
+    import os
+    import sys
+
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+    except ImportError as e:
+        raise ConfigError("--otel needs the otel extra: pip install 'engrain[otel]'") from e
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):
+        return instrument(current), None
+    kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")[0].strip().lower() or "otlp"
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "engrain-worker")})
+    provider = TracerProvider(resource=resource)
+    if kind == "console":
+        exporter = ConsoleSpanExporter(out=sys.stderr, formatter=lambda span: span.to_json(indent=None) + "\n")
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif kind == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            try:
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
+            except ImportError as e:
+                raise ConfigError(
+                    "OTEL_TRACES_EXPORTER=otlp needs pip install opentelemetry-exporter-otlp"
+                    " (or set OTEL_TRACES_EXPORTER=console)"
+                ) from e
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER must be otlp or console for engrain, got {kind!r}")
+    return instrument(provider), provider

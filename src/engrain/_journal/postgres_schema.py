@@ -67,8 +67,33 @@ def _v5_cancelled(db: Any) -> None:
     """``run.cancelled`` finishes a run. The append derives statuses in code (``status_after``): nothing to change."""
 
 
+def _v6_queues(db: Any) -> None:
+    """The toolkit's queue tables (IF NOT EXISTS: stores used by workers before this version have them)."""
+    for stmt in (
+        """CREATE TABLE IF NOT EXISTS engrain_queue (
+            run_id TEXT PRIMARY KEY,
+            queue TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            priority INTEGER NOT NULL DEFAULT 0,
+            available DOUBLE PRECISION NOT NULL,
+            first_claimed DOUBLE PRECISION
+        )""",
+        "CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available)",
+        """CREATE TABLE IF NOT EXISTS engrain_queues (
+            name TEXT PRIMARY KEY,
+            concurrency INTEGER,
+            rate_limit INTEGER,
+            rate_period DOUBLE PRECISION
+        )""",
+    ):
+        db.execute(stmt)
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
-MIGRATIONS: list[Callable[[Any], None]] = [_v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent, _v5_cancelled]
+MIGRATIONS: list[Callable[[Any], None]] = [
+    _v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent, _v5_cancelled,
+    _v6_queues,
+]
 VERSION = len(MIGRATIONS)
 
 

@@ -154,9 +154,36 @@ def _v5_cancelled(db: sqlite3.Connection) -> None:
     db.execute(_STATUS_TRIGGER_V5)
 
 
+def _v6_queues(db: sqlite3.Connection) -> None:
+    """The toolkit's queue tables: a queued run's queue, agent, priority and due time; each queue's limits.
+
+    IF NOT EXISTS: stores used by workers before this version already have them
+    (the queue store created them itself then).
+    """
+    for stmt in (
+        """CREATE TABLE IF NOT EXISTS engrain_queue (
+            run_id TEXT PRIMARY KEY,
+            queue TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            priority INTEGER NOT NULL DEFAULT 0,
+            available REAL NOT NULL,
+            first_claimed REAL
+        )""",
+        "CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available)",
+        """CREATE TABLE IF NOT EXISTS engrain_queues (
+            name TEXT PRIMARY KEY,
+            concurrency INTEGER,
+            rate_limit INTEGER,
+            rate_period REAL
+        )""",
+    ):
+        db.execute(stmt)
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent, _v5_cancelled,
+    _v6_queues,
 ]
 VERSION = len(MIGRATIONS)
 

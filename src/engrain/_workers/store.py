@@ -13,8 +13,9 @@ limits hold across any number of workers. A run whose executor died
 A run sleeping past the worker's threshold is parked: ``queued`` again with
 ``available`` set to its wake-up time.
 
-The tables are created idempotently here (``CREATE TABLE IF NOT EXISTS``); once
-the journal has a schema-version migration list they belong there.
+The tables are part of the store's schema: journal migration 6
+(``_journal/sqlite_schema.py`` and ``postgres_schema.py``) creates them, so
+opening any store brings them, and older stores gain them on upgrade.
 """
 
 from __future__ import annotations
@@ -30,41 +31,6 @@ from .._events import NewEvent, check_json
 from .._journal import Journal
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
-
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS engrain_queue (
-    run_id TEXT PRIMARY KEY,
-    queue TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 0,
-    available REAL NOT NULL,
-    first_claimed REAL
-);
-CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available);
-CREATE TABLE IF NOT EXISTS engrain_queues (
-    name TEXT PRIMARY KEY,
-    concurrency INTEGER,
-    rate_limit INTEGER,
-    rate_period REAL
-);
-"""
-_PG_SCHEMA = """
-CREATE TABLE IF NOT EXISTS engrain_queue (
-    run_id TEXT PRIMARY KEY,
-    queue TEXT NOT NULL,
-    agent TEXT NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 0,
-    available DOUBLE PRECISION NOT NULL,
-    first_claimed DOUBLE PRECISION
-);
-CREATE INDEX IF NOT EXISTS engrain_queue_pick ON engrain_queue (queue, priority DESC, available);
-CREATE TABLE IF NOT EXISTS engrain_queues (
-    name TEXT PRIMARY KEY,
-    concurrency INTEGER,
-    rate_limit INTEGER,
-    rate_period DOUBLE PRECISION
-);
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +51,7 @@ class QueueInfo:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """A run a worker claimed: what it needs to execute it."""
+    """A run a worker claimed: what it needs to execute it (``queue`` is ``""`` for a run never queued)."""
 
     run_id: str
     agent: str
@@ -109,13 +75,6 @@ class QueueStore:
         self._lock = journal._lock  # type: ignore[attr-defined]
         self.ph = "%s" if self.pg else "?"
         self.runs = "engrain_runs" if self.pg else "runs"
-        with self._lock:
-            if self.pg:
-                with self._db.transaction():
-                    self._db.execute("SELECT pg_advisory_xact_lock(727402)")
-                    self._db.execute(_PG_SCHEMA)
-            else:
-                self._db.executescript(_SQLITE_SCHEMA)
 
     # -- transactions --------------------------------------------------------------
 
@@ -201,6 +160,8 @@ class QueueStore:
 
         def write(q: Any) -> None:
             now = self._now(q)
+            # The append above created the run, so a row under its id is left from a deleted run (gc).
+            q(f"DELETE FROM engrain_queue WHERE run_id = {p}", (run_id,))
             q(f"INSERT INTO engrain_queue VALUES ({p}, {p}, {p}, {p}, {p}, NULL)", (run_id, queue, agent, priority, now))
             q(f"UPDATE {r} SET status = 'queued', lease_owner = NULL, lease_until = NULL WHERE run_id = {p}", (run_id,))
 
@@ -208,10 +169,17 @@ class QueueStore:
 
     # -- claims --------------------------------------------------------------------------------
 
-    def claim(self, queue: str, owner: str, ttl: float, limit: int) -> list[Claimed]:
-        """Lease up to ``limit`` runs of ``queue``: orphans first, then available queued runs, within its limits."""
+    def claim(self, queue: str, owner: str, ttl: float, limit: int, agents: list[str] | None = None) -> list[Claimed]:
+        """Lease up to ``limit`` runs of ``queue``: orphans first, then available queued runs, within its limits.
+
+        With ``agents``, only runs of those agents: a worker never takes a run it cannot
+        execute (it would hand it back and take it again, forever).
+        """
         p, r = self.ph, self.runs
         skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
+        which, names = ("", ()) if agents is None else (f" AND q.agent IN ({', '.join([p] * len(agents))})", tuple(agents))
+        if agents is not None and not agents:
+            return []
 
         def pick(q: Any) -> list[Claimed]:
             now = self._now(q)
@@ -221,9 +189,9 @@ class QueueStore:
             # Orphans: executing runs whose lease expired; they already count as running.
             orphans = q(
                 f"SELECT q.run_id, q.agent FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
-                f" WHERE q.queue = {p} AND r.status = 'running' AND (r.lease_until IS NULL OR r.lease_until < {p})"
+                f" WHERE q.queue = {p} AND r.status = 'running' AND (r.lease_until IS NULL OR r.lease_until < {p}){which}"
                 f" ORDER BY q.priority DESC, q.available LIMIT {p}{skip}",
-                (queue, now, limit),
+                (queue, now, *names, limit),
             ).fetchall()
             for rid, agent in orphans:
                 # A takeover moves the lease epoch, as Journal.claim_runs does: the dead holder's late
@@ -248,9 +216,9 @@ class QueueStore:
                 return got
             rows = q(
                 f"SELECT q.run_id, q.agent, q.first_claimed FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
-                f" WHERE q.queue = {p} AND r.status = 'queued' AND q.available <= {p}"
+                f" WHERE q.queue = {p} AND r.status = 'queued' AND q.available <= {p}{which}"
                 f" ORDER BY q.priority DESC, q.available LIMIT {p}{skip}",
-                (queue, now, free),
+                (queue, now, *names, free),
             ).fetchall()
             for rid, agent, first in rows:
                 q(f"UPDATE {r} SET status = 'running', lease_owner = {p}, lease_until = {p}, updated = {p},"
@@ -262,6 +230,34 @@ class QueueStore:
 
         return self._tx(pick, queue_lock=queue)
 
+    def claim_orphans(self, owner: str, ttl: float, limit: int, agents: list[str]) -> list[Claimed]:
+        """Lease up to ``limit`` runs of ``agents`` that were never queued and whose executor died.
+
+        What ``engrain.recover`` does, for a worker: a run started with ``engrain.run``
+        (its agent name recorded) whose lease expired is resumed by a worker that has
+        its agent. Queued runs are left to :meth:`claim`, which applies their queue's limits.
+        """
+        if limit <= 0 or not agents:
+            return []
+        p, r = self.ph, self.runs
+        skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
+
+        def pick(q: Any) -> list[Claimed]:
+            now = self._now(q)
+            rows = q(
+                f"SELECT r.run_id, r.agent FROM {r} r WHERE r.status = 'running'"
+                f" AND (r.lease_until IS NULL OR r.lease_until < {p}) AND r.agent IN ({', '.join([p] * len(agents))})"
+                f" AND NOT EXISTS (SELECT 1 FROM engrain_queue q WHERE q.run_id = r.run_id)"
+                f" ORDER BY r.updated LIMIT {p}{skip}",
+                (now, *agents, limit),
+            ).fetchall()
+            for rid, _ in rows:
+                q(f"UPDATE {r} SET lease_owner = {p}, lease_until = {p}, lease_epoch = lease_epoch + 1 WHERE run_id = {p}",
+                  (owner, now + ttl, rid))
+            return [Claimed(rid, agent, "") for rid, agent in rows]
+
+        return self._tx(pick)
+
     def park(self, run_id: str, until: float, owner: str) -> None:
         """Put an executing run back in its queue until ``until`` (a durable sleep), dropping ``owner``'s lease."""
         p, r = self.ph, self.runs
@@ -272,6 +268,20 @@ class QueueStore:
               f" WHERE run_id = {p} AND status = 'running'", (run_id,))
 
         self._tx(write)
+
+    def pending(self, queues: list[str], agents: list[str]) -> int:
+        """Runs of ``agents`` on ``queues`` still queued (or parked) or executing."""
+        if not queues or not agents:
+            return 0
+        p, r = self.ph, self.runs
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT COUNT(*) FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
+                f" WHERE q.queue IN ({', '.join([p] * len(queues))}) AND q.agent IN ({', '.join([p] * len(agents))})"
+                f" AND r.status IN ('queued', 'running')",
+                (*queues, *agents),
+            ).fetchone()
+        return int(row[0])
 
     def queue_of(self, run_id: str) -> str | None:
         """The queue ``run_id`` was enqueued on, or ``None``."""

@@ -2,12 +2,16 @@
 
 One :class:`Worker` per process (``engrain worker``). Each pass claims, per
 queue, as many runs as it has free threads (:meth:`QueueStore.claim` applies
-the queue's shared concurrency and rate limits), and executes each with
+the queue's shared concurrency and rate limits), then runs never queued whose
+executor died and whose agent it has (as ``engrain.recover`` would), and executes each with
 :func:`engrain.run` in a thread; the run's lease is renewed by the durable
 runner's renewal thread. A run that sleeps longer than ``park_after`` seconds
 is parked: back in its queue until its wake-up time, holding no thread.
-``stop()`` (SIGTERM) stops claiming, lets runs in flight finish for ``grace``
-seconds, and leaves the rest to be claimed again once their lease expires.
+``stop()`` (SIGTERM) stops claiming and lets runs in flight finish for
+``grace`` seconds. Runs still executing then are listed in
+``WorkerStats.unfinished``; ``engrain worker`` releases their leases and exits
+at once, so another worker resumes them right away instead of after the lease
+expires (their completed steps are not run again).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from .._durable.lease import DEFAULT_TTL, owner_id
 from .._errors import EngrainError
 from .._journal import Journal
 from .queues import store_of
-from .store import Claimed
+from .store import Claimed, check_queue_name
 
 
 @dataclass(slots=True)
@@ -35,6 +39,13 @@ class WorkerStats:
     finished: dict[str, int] = field(default_factory=dict)
     parked: int = 0
     errors: list[str] = field(default_factory=list)
+    #: Runs still executing when the grace period ended (their leases are still this process's).
+    unfinished: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (what ``engrain worker`` prints when it stops)."""
+        return {"finished": dict(self.finished), "parked": self.parked, "errors": list(self.errors),
+                "released": list(self.unfinished)}
 
 
 class Worker:
@@ -50,13 +61,20 @@ class Worker:
         poll: float = 0.2,
         ttl: float = DEFAULT_TTL,
         park_after: float = 5.0,
+        grace: float = 30.0,
     ):
         if not agents:
             raise EngrainError("a worker needs at least one agent (--agents module:attr)")
         if not queues:
             raise EngrainError("a worker needs at least one queue (--queue NAME)")
-        if not isinstance(concurrency, int) or not 1 <= concurrency <= 1000:
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 1000:
             raise EngrainError(f"worker concurrency must be from 1 to 1000, got {concurrency!r}")
+        for q in queues:
+            check_queue_name(q)
+        for name, value, top in (("poll", poll, 60.0), ("ttl", ttl, 3600.0), ("park_after", park_after, 86400.0)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
+                raise EngrainError(f"worker {name} must be a number of seconds above 0 and at most {top:g}, got {value!r}")
+        self.grace = _check_grace(grace)
         self.journal = journal
         self.store = store_of(journal)
         self.agents = agents
@@ -80,8 +98,29 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
 
-    def run(self, *, until_idle: bool = False, grace: float = 30.0) -> WorkerStats:
-        """Claim and execute until :meth:`stop` (or, with ``until_idle``, until nothing is left to claim)."""
+    def release_unfinished(self) -> list[str]:
+        """Drop this process's leases on the runs still executing, so another worker claims them now.
+
+        Call it only when the process exits right after (``engrain worker`` does): a
+        thread still executing one of them would otherwise race its next owner (its
+        appends are fenced off once that owner claims the run).
+        """
+        owner = owner_id()
+        for rid in self.stats.unfinished:
+            try:
+                self.journal.release_lease(rid, owner)
+            except Exception:  # noqa: BLE001 - the lease expires by itself
+                pass
+        return list(self.stats.unfinished)
+
+    def run(self, *, until_idle: bool = False, grace: float | None = None) -> WorkerStats:
+        """Claim and execute until :meth:`stop` (or, with ``until_idle``, until nothing is left to claim).
+
+        On stop, runs in flight get ``grace`` seconds (default: the worker's) to
+        finish; those still executing are listed in ``stats.unfinished`` (see
+        :meth:`release_unfinished`).
+        """
+        grace = self.grace if grace is None else _check_grace(grace)
         owner = owner_id()
         try:
             while not self._stop.is_set():
@@ -90,9 +129,13 @@ class Worker:
                     free = self.concurrency - self._busy()
                     if free <= 0:
                         break
-                    for c in self.store.claim(queue, owner, self.ttl, free):
+                    for c in self.store.claim(queue, owner, self.ttl, free, agents=sorted(self.agents)):
                         self._start(c)
                         claimed += 1
+                # Runs started with engrain.run (not queued) whose process died, if we have their agent.
+                for c in self.store.claim_orphans(owner, self.ttl, self.concurrency - self._busy(), sorted(self.agents)):
+                    self._start(c)
+                    claimed += 1
                 if until_idle and not claimed and not self._busy() and not self._waiting():
                     break
                 self._stop.wait(self.poll if not claimed else 0.01)
@@ -101,8 +144,8 @@ class Worker:
         return self.stats
 
     def _waiting(self) -> bool:
-        """Runs of our queues still queued or parked (for ``until_idle``)."""
-        return any(q.queued or q.running for q in self.store.queues() if q.name in self.queues)
+        """Runs of our queues and agents still queued, parked or executing elsewhere (for ``until_idle``)."""
+        return self.store.pending(self.queues, sorted(self.agents)) > 0
 
     def _busy(self) -> int:
         with self._lock:
@@ -119,7 +162,9 @@ class Worker:
                 raise EngrainError(f"run {c.run_id!r} needs agent {c.agent!r}, not given to this worker")
             events = self.journal.read(c.run_id, after=-1)[:1]
             data = events[0].data if events else {}
-            result = _run_parked(self, agent, data.get("task", ""), c.run_id, data.get("inputs") or {})
+            # A run never queued has no queue row to wait in, so its sleeps run in this thread.
+            park_after = self.park_after if c.queue else None
+            result = _run_parked(park_after, self.journal, agent, data.get("task", ""), c.run_id, data.get("inputs") or {})
             if result is not None:
                 with self._lock:
                     self.stats.finished[result.status] = self.stats.finished.get(result.status, 0) + 1
@@ -129,7 +174,8 @@ class Worker:
                 self.stats.parked += 1
         except Exception as e:  # noqa: BLE001 - one bad run must not stop the worker; the run stays resumable
             with self._lock:
-                self.stats.errors.append(f"{c.run_id}: {type(e).__name__}: {e}")
+                if len(self.stats.errors) < 1000:  # a long-lived worker keeps the first ones, not an unbounded list
+                    self.stats.errors.append(f"{c.run_id}: {type(e).__name__}: {e}")
             try:
                 self.journal.release_lease(c.run_id, owner_id())
             except Exception:  # noqa: BLE001 - the lease expires by itself
@@ -142,15 +188,26 @@ class Worker:
         deadline = time.monotonic() + grace
         while self._busy() and time.monotonic() < deadline:
             time.sleep(0.05)
-        # Threads still running hold leases that expire; another worker takes their runs over.
+        with self._lock:
+            self.stats.unfinished = sorted(self._active)
+        # Threads still running hold leases that expire (or that release_unfinished drops);
+        # another worker takes their runs over.
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _run_parked(worker: Worker, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any]) -> Any:
-    """``engrain.run`` with long sleeps parking the run (``RunContext.park_after``)."""
-    token = _park_after.set(worker.park_after)
+def _check_grace(grace: float) -> float:
+    if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 <= grace <= 86400:
+        raise EngrainError(f"worker grace must be from 0 to 86400 seconds, got {grace!r}")
+    return float(grace)
+
+
+def _run_parked(
+    park_after: float | None, journal: Journal, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any]
+) -> Any:
+    """``engrain.run`` with sleeps longer than ``park_after`` parking the run (``RunContext.park_after``)."""
+    token = _park_after.set(park_after)
     try:
-        return _ctx.run(agent, task, run_id=run_id, inputs=inputs, journal=worker.journal)
+        return _ctx.run(agent, task, run_id=run_id, inputs=inputs, journal=journal)
     finally:
         _park_after.reset(token)
 

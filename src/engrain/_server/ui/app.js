@@ -156,7 +156,10 @@
         h("pre", { class: "traceback", text: trace })));
     }
     if (run.status === "ok") nodes.push(h("section", { "aria-labelledby": "run-output" }, h("h2", { id: "run-output", text: "Output" }), h("pre", { class: "output", text: pretty(data.output) })));
-    if (data.prompt) nodes.push(promptPanel(run.run_id, data.prompt, () => reload()));
+    if (data.prompt) {
+      nodes.push(data.prompt.at_most_once ? happenedPanel(run.run_id, data.prompt, () => reload())
+        : promptPanel(run.run_id, data.prompt, () => reload()));
+    }
     nodes.push(runActions(run, data.steps || [], reload));
     const steps = data.steps || [];
     nodes.push(waterfall(steps, events));
@@ -167,6 +170,52 @@
     nodes.push(h("h2", { text: `Events (${events.length})` }));
     nodes.push(table([["Seq", "num"], ["Time", "num"], "Kind", "Name", "Data"], events.map((e) => eventRow(e, t0))));
     container.replaceChildren(...nodes);
+  }
+
+  // An at-most-once step found started but unfinished asks "did this step happen?": exactly one
+  // of {result}, {retry: true} or {error} answers it, so each gets its own button.
+  function happenedPanel(runId, prompt, onAnswered) {
+    const out = h("div", { "aria-live": "polite" });
+    const result = h("textarea", { id: "happened-result", placeholder: 'What it returned, as JSON, e.g. {"id": "ch_123"}' });
+    const message = h("input", { id: "happened-error", type: "text", placeholder: "e.g. declined by the provider" });
+    const send = async (answers) => {
+      out.replaceChildren();
+      try {
+        const res = await api("POST", `/api/runs/${enc(runId)}/answers`, { answers });
+        setStatus(res.resumed ? `Run resumed: ${res.status}` : "Answer recorded: the run continues when it is resumed.");
+        onAnswered(res);
+      } catch (err) {
+        out.replaceChildren(errorBox(err));
+      }
+    };
+    const button = (id, text, answers) => h("button", { type: "button", id, text, onclick: () => {
+      let value;
+      try {
+        value = answers();
+      } catch (err) {
+        out.replaceChildren(errorBox(err));
+        return;
+      }
+      send(value);
+    } });
+    return h("section", { class: "panel prompt", id: "happened", "aria-labelledby": "happened-title" },
+      h("h2", { id: "happened-title", text: `Did step ${prompt.call_id} (${prompt.step || ""}) happen?` }),
+      h("p", { class: "prompt-text", text: prompt.prompt || "" }),
+      h("div", { class: "field" }, h("label", { for: "happened-result", text: "It happened, and returned" }), result),
+      button("happened-yes", "Record this result", () => {
+        try {
+          return { result: JSON.parse(result.value) };
+        } catch (e) {
+          throw new Error(`the result is not valid JSON (${e.message})`);
+        }
+      }),
+      h("div", { class: "toolbar" }, button("happened-retry", "It did not happen: call it again", () => ({ retry: true }))),
+      h("div", { class: "field" }, h("label", { for: "happened-error", text: "Fail the step with" }), message),
+      button("happened-fail", "Fail the step", () => {
+        if (!message.value.trim()) throw new Error("say why the step failed");
+        return { error: message.value };
+      }),
+      out);
   }
 
   // Cancel and fork: journal operations on this run (POST /api/runs/{id}/cancel, /fork).
