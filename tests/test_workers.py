@@ -55,6 +55,19 @@ def test_enqueue_returns_at_once_and_shows_queued(journal, tmp_path):
         eg.queue("emails", rate=(10,), journal=journal)
 
 
+def test_deleting_a_queued_run_removes_its_queue_row(journal):
+    """gc and delete_run leave no queue row behind: the queue tables are part of the store's schema."""
+    from engrain._workers.queues import store_of
+
+    rid = eg.enqueue("steps", "job", queue="gone", journal=journal)
+    keep = eg.enqueue("steps", "job", queue="gone", journal=journal)
+    journal.delete_run(rid)
+    store = store_of(journal)
+    with store._lock:
+        rows = [r[0] for r in store._db.execute("SELECT run_id FROM engrain_queue WHERE queue = 'gone'").fetchall()]
+    assert rows == [keep] and store.queue_of(rid) is None
+
+
 def test_worker_runs_queued_runs_within_the_concurrency_limit(journal):
     state, enter, leave = _gauge()
     reg = eg.ToolRegistry()

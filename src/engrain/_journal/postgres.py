@@ -208,6 +208,7 @@ class PostgresJournal(Journal):
     def delete_run(self, run_id: str) -> None:
         with self._lock, self._db.transaction():
             self._db.execute("DELETE FROM engrain_events WHERE run_id = %s", (run_id,))
+            self._db.execute("DELETE FROM engrain_queue WHERE run_id = %s", (run_id,))  # a queued run's row (schema v6)
             self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
 
     def read(self, run_id: str, after: int = -1) -> list[Event]:

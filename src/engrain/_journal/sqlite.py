@@ -276,6 +276,7 @@ class SQLiteJournal(Journal):
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
+            self._db.execute("DELETE FROM engrain_queue WHERE run_id = ?", (run_id,))  # a queued run's row (schema v6)
             self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
             self._db.execute("COMMIT")
 
