@@ -68,6 +68,35 @@ def test_deleting_a_queued_run_removes_its_queue_row(journal):
     assert rows == [keep] and store.queue_of(rid) is None
 
 
+def test_an_error_outside_the_run_is_retried_once_per_lease_not_in_a_loop(journal, monkeypatch):
+    """An exception the worker itself meets (not the agent's: that fails the run) frees the run once;
+    when it recurs, the run keeps its lease until expiry, and until_idle still ends."""
+    import engrain._workers.worker as worker_mod
+
+    attempts = collections.Counter()
+    real = worker_mod._run_parked
+
+    def flaky(park_after, j, agent, task, run_id, inputs):
+        attempts[run_id] += 1
+        if task == "broken":
+            raise RuntimeError("store hiccup")
+        return real(park_after, j, agent, task, run_id, inputs)
+
+    monkeypatch.setattr(worker_mod, "_run_parked", flaky)
+
+    def agent(task):
+        return task
+
+    bad = eg.enqueue(agent, "broken", queue="e", journal=journal)
+    good = eg.enqueue(agent, "fine", queue="e", journal=journal)
+    t0 = time.monotonic()
+    stats = Worker(journal, {"agent": agent}, ["e"], ttl=30, poll=0.02).run(until_idle=True)
+    assert time.monotonic() - t0 < 20
+    assert stats.finished == {"ok": 1} and journal.get_run(good).status == "ok"
+    assert attempts[bad] == 2 and len(stats.errors) == 2 and "store hiccup" in stats.errors[0]
+    assert journal.get_run(bad).lease_owner is not None  # kept until it expires: the next try waits for it
+
+
 def test_worker_runs_queued_runs_within_the_concurrency_limit(journal):
     state, enter, leave = _gauge()
     reg = eg.ToolRegistry()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._durable import context as _ctx
+from .._durable import execution as _execution
 from .._durable.lease import DEFAULT_TTL, owner_id
 from .._errors import EngrainError
 from .._journal import Journal
@@ -86,6 +87,7 @@ class Worker:
         self.stats = WorkerStats()
         self._stop = threading.Event()
         self._active: dict[str, Future[Any]] = {}
+        self._failed: dict[str, int] = {}  # run id -> errors this worker met executing it
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="engrain-worker")
 
@@ -145,7 +147,10 @@ class Worker:
 
     def _waiting(self) -> bool:
         """Runs of our queues and agents still queued, parked or executing elsewhere (for ``until_idle``)."""
-        return self.store.pending(self.queues, sorted(self.agents)) > 0
+        n = self.store.pending(self.queues, sorted(self.agents))
+        # A run that failed here twice keeps its lease until it expires and counts as pending;
+        # until_idle does not wait on it forever (its errors are in stats.errors).
+        return n > sum(1 for k in self._failed.values() if k >= 2)
 
     def _busy(self) -> int:
         with self._lock:
@@ -176,10 +181,16 @@ class Worker:
             with self._lock:
                 if len(self.stats.errors) < 1000:  # a long-lived worker keeps the first ones, not an unbounded list
                     self.stats.errors.append(f"{c.run_id}: {type(e).__name__}: {e}")
-            try:
-                self.journal.release_lease(c.run_id, owner_id())
-            except Exception:  # noqa: BLE001 - the lease expires by itself
-                pass
+                again = self._failed.get(c.run_id, 0)
+                if len(self._failed) < 10000:
+                    self._failed[c.run_id] = again + 1
+            if not again:
+                # The first error frees the run at once; a run that fails again keeps the lease until it
+                # expires, so an error that recurs is retried once per lease period instead of in a tight loop.
+                try:
+                    self.journal.release_lease(c.run_id, owner_id())
+                except Exception:  # noqa: BLE001 - the lease expires by itself
+                    pass
         finally:
             with self._lock:
                 self._active.pop(c.run_id, None)
@@ -207,7 +218,7 @@ def _run_parked(
     """``engrain.run`` with sleeps longer than ``park_after`` parking the run (``RunContext.park_after``)."""
     token = _park_after.set(park_after)
     try:
-        return _ctx.run(agent, task, run_id=run_id, inputs=inputs, journal=journal)
+        return _execution.run(agent, task, run_id=run_id, inputs=inputs, journal=journal)
     finally:
         _park_after.reset(token)
 
