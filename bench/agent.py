@@ -22,6 +22,7 @@ Three figures, each with the scripted model's own time taken out:
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import sys
@@ -40,6 +41,46 @@ from tests.servers import serve  # noqa: E402 - the same start/stop as the tests
 
 PG_URL = os.environ.get("ENGRAIN_TEST_PG_URL", "postgresql://engrain:engrain@127.0.0.1:5432/engrain_test")
 ENGRAM_CREATE_AGENT_MS = 4.0  # Engram's stated CreateAgent latency
+
+
+class RemoteModel:
+    """A :class:`ScriptedModel` in its own process, so its threads never share this process's GIL.
+
+    In-process, the stub's handler threads run while engrain and the client do,
+    and their time lands in engrain's figures. Forked (the script may be a
+    closure), it reports its URL and its first-token timestamps over a pipe;
+    ``time.monotonic`` is the system's clock, the same in both processes.
+    """
+
+    def __init__(self, script, **kw):
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=self._serve, args=(child, script, kw), daemon=True)
+        self._proc.start()
+        self.url = self._conn.recv()
+        self.openai_url = self.url + "/v1"
+
+    @staticmethod
+    def _serve(conn, script, kw) -> None:
+        model = ScriptedModel(script, **kw).start()
+        conn.send(model.url)
+        while (cmd := conn.recv()) != "stop":
+            conn.send(list(model.first_text_sent) if cmd == "first" else model.calls)
+        model.stop()
+
+    @property
+    def first_text_sent(self) -> list[float]:
+        self._conn.send("first")
+        return self._conn.recv()
+
+    @property
+    def calls(self) -> int:
+        self._conn.send("calls")
+        return self._conn.recv()
+
+    def stop(self) -> None:
+        self._conn.send("stop")
+        self._proc.join(5)
 
 
 def pg_schema(schema: str) -> str:
@@ -65,8 +106,8 @@ def ms(xs: list[float]) -> str:
 
 
 def bench_create_and_stream(n: int, runs: int) -> None:
-    model = ScriptedModel(lambda api, body: say("Hello there, this is the scripted model answering."),
-                          first_token_delay=0.02).start()
+    model = RemoteModel(lambda api, body: say("Hello there, this is the scripted model answering."),
+                        first_token_delay=0.02)
     os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"] = model.openai_url, "scripted"
     tmp = Path(tempfile.mkdtemp(prefix="engrain-bench-agent-"))
     try:
@@ -100,9 +141,10 @@ def bench_create_and_stream(n: int, runs: int) -> None:
                     for line in resp.iter_lines():
                         if got is None and line.startswith("event: text"):
                             got = time.monotonic()
-                    assert got is not None and len(model.first_text_sent) == sent_before + 1
+                    sent = model.first_text_sent
+                    assert got is not None and len(sent) == sent_before + 1
                 if i >= 3:  # the first chats warm the server's agent and SDK client
-                    lat.append(got - model.first_text_sent[-1])
+                    lat.append(got - sent[-1])
                     first.append(got - t_req)
             import openai
 
@@ -136,8 +178,8 @@ def bench_turns(turns: int, runs: int) -> None:
             schema = "bench_" + uuid.uuid4().hex[:8]
             url = pg_schema(schema)
         journal = eg.open(url)
-        model = ScriptedModel(lambda api, body: (tool_call("add", a=1, b=2) if sum(
-            1 for m in body["messages"] if m["role"] == "tool") < turns else say("Done."))).start()
+        model = RemoteModel(lambda api, body: (tool_call("add", a=1, b=2) if sum(
+            1 for m in body["messages"] if m["role"] == "tool") < turns else say("Done.")))
 
         def add(a: int, b: int) -> int:
             """Add two integers."""

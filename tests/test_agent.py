@@ -114,6 +114,25 @@ def test_loop_runs_tools_in_parallel_and_feeds_errors_back(model, journal, provi
     assert [n for n, t in names if t == "tool"] == ["lookup_order", "lookup_customer", "refund"]
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_streamed_replies_parse_usage_and_a_stream_error_fails_the_step(model, journal, provider):
+    model.script = [say("All good here."), Reply(text="Half an answer", stream_error="the model overloaded")]
+    events: list[dict] = []
+    agent = _agent(model, provider, journal)
+    res = agent.run("first", on_event=events.append)
+    assert res and res.output == "All good here."
+    assert "".join(e["delta"] for e in events if e["type"] == "text") == "All good here."
+    llm = [s for s in steps_of(journal.read(res.run_id)).values() if s.name == "agent.llm"]
+    usage = llm[0].result["usage"]  # read from the stream's usage chunk / message_start + message_delta
+    assert usage["input"] > 0 and usage["output"] == 3
+    events.clear()
+    bad = agent.run("second", on_event=events.append)
+    # the SDK's own error type, as its typed stream raises it; the text before the error was streamed
+    assert not bad and bad.error_type == "APIError" and "the model overloaded" in bad.message
+    assert "".join(e["delta"] for e in events if e["type"] == "text") == "Half an answer"
+    assert model.calls == 2
+
+
 def test_tool_exception_is_fed_back_and_replayed(model, journal):
     calls = []
 
