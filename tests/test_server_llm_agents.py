@@ -4,6 +4,7 @@ server speaking the OpenAI wire format, not an LLM), reached through ``OPENAI_BA
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -96,3 +97,31 @@ def test_chat_body_is_validated(tmp_path, model):
         assert r.status_code == 422
         r = httpx.post(f"{base}/api/agents/a/chat", json={"session": "s", "message": ""}, headers=h)
         assert r.status_code == 422
+
+
+def test_a_client_that_leaves_mid_stream_does_not_stall_the_turn(tmp_path, model):
+    # The server paces the agent's thread on the SSE writes (first token out before the next chunk
+    # is parsed); a reader that goes away must release it: the turn finishes in the journal.
+    text = " ".join(f"word{i}" for i in range(60))
+    model.script = [say(text), say("Second answer.")]
+    model.chunk_delay = 0.002
+    with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, token=TOKEN) as base, \
+            eg.Client(base, token=TOKEN) as c:
+        c.create_agent("talker", "openai:scripted", "Talk.")
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.stream("POST", f"{base}/api/agents/talker/chat", json={"session": "s1", "message": "go"},
+                          headers=h) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("event: text"):
+                    break  # leave after the first token
+        left = time.monotonic()
+        while not c.history("talker", "s1") and time.monotonic() < left + 20:
+            time.sleep(0.05)
+        waited = time.monotonic() - left
+        hist = c.history("talker", "s1")
+        # paced on a gone reader, 60 words would take >= 3 s (one 50 ms wait each): it took one at most
+        assert waited < 2.5, waited
+        assert [m["role"] for m in hist] == ["user", "assistant"] and hist[1]["content"] == text
+        events = list(c.chat("talker", "again", session="s1"))
+        assert events[-1]["status"] == "ok" and events[-1]["turn"] == 1
+        assert "".join(e["delta"] for e in events if e["type"] == "text") == "Second answer."
