@@ -133,6 +133,40 @@ def test_streamed_replies_parse_usage_and_a_stream_error_fails_the_step(model, j
     assert model.calls == 2
 
 
+def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_path):
+    # On a "full" store each flush is a disk sync. A reply that calls tools is flushed before the
+    # tools run; a tool's result and the final reply are committed unflushed and flushed by the
+    # next durable append (the next model step, run.completed), which always follows.
+    from engrain._journal.sqlite import SQLiteJournal
+
+    appends: list[tuple[str, str, bool]] = []
+
+    class Recording(SQLiteJournal):
+        def append(self, run_id, events, expected_seq, *, durable=True, **kw):
+            out = super().append(run_id, events, expected_seq, durable=durable, **kw)
+            appends.extend((e.kind, e.name, durable) for e in events)
+            return out
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    j = Recording(tmp_path / "full.db", durability="full")
+    model.script = [tool_call("add", a=1, b=2), tool_calls(("add", {"a": 3, "b": 4}), ("add", {"a": 5, "b": 6})),
+                    say("Done.")]
+    res = _agent(model, "openai", j, [add]).run("add", run_id="flush-1")
+    assert res and res.output == "Done."
+    assert appends == [
+        ("run.started", "", True), ("step.completed", "engrain.now", False), ("step.completed", "agent.llm", True), ("step.completed", "add", False),
+        ("step.completed", "agent.llm", True), ("step.completed", "add", False), ("step.completed", "add", False),
+        ("step.completed", "agent.llm", False), ("run.completed", "", True)]
+    # resumed from the journal these unflushed commits replay like any others: nothing runs again
+    again = eg.Agent("helper", "openai:scripted", "Help with orders.", [add], base_url=model.openai_url,
+                     journal=j).run("add", run_id="flush-1")
+    assert again.output == "Done." and model.calls == 3
+    j.close()
+
+
 def test_tool_exception_is_fed_back_and_replayed(model, journal):
     calls = []
 
