@@ -596,3 +596,23 @@ def test_sigkill_at_random_points_never_pays_or_runs_twice(store_url, tmp_path):
     finally:
         model.stop()
     assert cut >= 1  # at least one kill landed mid-run
+
+
+def test_demo_agent_part_uses_the_model_the_environment_names(monkeypatch, journal):
+    # `engrain demo` part 5 with OPENAI_BASE_URL set runs on that server, not on its own scripted
+    # model. The server here is a scripted model too (playing the demo's replies), in this process,
+    # so the test can see the requests arrive.
+    from engrain._demo.agent import _scripted_reply, agent_section
+
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ENGRAIN_DEMO_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    with ScriptedModel(_scripted_reply) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_url)
+        lines: list[str] = []
+        assert agent_section(journal, None, lines.append), "\n".join(lines)
+        out = "\n".join(lines)
+        assert f"model: openai:llama3.1 via OpenAI-compatible server {server.openai_url}" in out
+        assert "scripted model (a local stub" not in out and "the scripted model received" not in out
+        assert {body["model"] for _, body in server.requests} == {"llama3.1"}
+        # lookup + refund + answer (one cut by the crash, replayed), the cache's first run, two chat turns
+        assert server.calls >= 6 and "model calls 1 before + 2 after the crash" in out
