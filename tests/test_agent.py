@@ -312,8 +312,13 @@ def test_sigkill_during_a_streamed_reply_then_resume_the_session(store_url, tmp_
         assert seen[-1]["delta"] == "This "
         child.kill()
         assert model.calls == 2
+        time.sleep(1.1)  # a gap the model can see: the resumed call's current time is past the message's
         events = Child(store_url, model, effects, "chat", "What is in order 9?", "s-kill").finish()
         assert model.calls == 3  # the cut stream was asked again; the first reply was replayed
+        said = model.requests[0][1]["messages"][1]["content"]  # "[<time it was sent>Z] What is in order 9?"
+        resumed = model.requests[2][1]["messages"]
+        assert resumed[1]["content"] == said  # its original time, replayed from the journal after the kill
+        assert resumed[0]["content"].split("Current time: ")[1][:20] > said[1:21]
         assert "".join(e["delta"] for e in events if e["type"] == "text") == long
         assert events[-1]["status"] == "ok" and events[-1]["turn"] == 0
         assert effects.read_text().count("lookup") == 1
