@@ -530,6 +530,43 @@ def test_tool_schemas_from_type_hints():
             t.check(bad)
 
 
+def test_the_quick_argument_check_never_accepts_what_the_schema_refuses():
+    # Flat schemas are checked in plain Python first (jsonschema costs ~0.1 ms a call); it may only
+    # say "valid" where jsonschema does, and every verdict of check() is jsonschema's.
+    import jsonschema
+
+    from engrain._agent.toolspec import _quick_check, from_function
+
+    def flat(name: str, n: int, x: float = 1.0, on: bool = False, meta: dict | None = None, items: list = [],
+             anything=None) -> None:
+        """A flat signature."""
+
+    def nested(order: Literal["a", "b"], ids: list[int]) -> None:
+        """Not flat: an enum and typed items."""
+
+    assert _quick_check(from_function(nested).parameters) is None
+    values = [None, True, False, 0, 1, -3, 1.0, 2.5, "", "s", [], [1], {}, {"k": 1}]
+    for fn in (flat, nested):
+        t = from_function(fn)
+        quick, full = _quick_check(t.parameters), jsonschema.Draft202012Validator(t.parameters)
+        names = list(t.parameters["properties"])
+        cases = [{}, {"zzz": 1}] + [{k: v for k in names} for v in values]
+        cases += [{names[0]: v, names[1]: w} for v in values for w in values]
+        cases += [{**c, "extra": 1} for c in cases[:20]]
+        if quick is not None:  # it does take the common case
+            assert any(quick(c) for c in cases) and quick({"name": "s", "n": 1})
+        for args in cases:
+            valid = full.is_valid(args)
+            if quick is not None and quick(args):
+                assert valid, (fn.__name__, args)
+            try:
+                t.check(json.dumps(args))
+                accepted = True
+            except ValueError:
+                accepted = False
+            assert accepted == valid, (fn.__name__, args)
+
+
 def test_an_unfinished_turn_is_finished_before_the_next_message(model, journal):
     class Crash(BaseException):
         pass
