@@ -27,6 +27,7 @@ OLLAMA_URL = "http://localhost:11434/v1"
 PROVIDERS = ("openai", "anthropic", "ollama")
 
 Delta = Callable[[str], None]
+MAX_EVENT = 8 * 1024 * 1024  # characters of one streamed event read from a model server
 
 
 def utc_iso(t: _dt.datetime | None = None) -> str:
@@ -127,9 +128,10 @@ class OpenAIChat(Provider):
             u = chunk.get("usage")
             if u:
                 usage = {"input": u.get("prompt_tokens"), "output": u.get("completion_tokens")}
-            if not chunk.get("choices"):
+            choices = chunk.get("choices")
+            if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
                 continue
-            d = chunk["choices"][0].get("delta") or {}
+            d = choices[0].get("delta") or {}
             if d.get("content"):
                 text.append(d["content"])
                 on_delta(d["content"])
@@ -172,6 +174,9 @@ def _chunks(resource: Any, sdk: str, kw: dict[str, Any]) -> Iterator[dict[str, A
         for data in _sse_data(resp.iter_lines()):
             if data.startswith("[DONE]"):
                 return
+            if len(data) > MAX_EVENT:
+                raise _stream_error(sdk, resp, f"the model's stream sent an event of {len(data)} characters "
+                                    f"(at most {MAX_EVENT})", None)
             try:
                 event = json.loads(data)
             except ValueError:

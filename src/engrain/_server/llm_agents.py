@@ -194,7 +194,7 @@ async def chat(name: str, body: ChatRequest, request: Request) -> StreamingRespo
     state = state_of(request)
     agent = await run_in_threadpool(state.llm_agents.get, name)
     loop = asyncio.get_running_loop()
-    q: asyncio.Queue[tuple[dict[str, Any], threading.Event] | None] = asyncio.Queue()
+    q: asyncio.Queue[tuple[dict[str, Any], threading.Event | None] | None] = asyncio.Queue()
     paced = [True]
 
     def put(e: dict[str, Any] | None) -> None:
