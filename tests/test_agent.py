@@ -167,6 +167,23 @@ def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_p
     j.close()
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_unstreamed_model_calls(model, journal, provider):
+    def lookup_order(order_id: int) -> dict:
+        """Look up an order by id."""
+        return {"order": order_id, "status": "paid"}
+
+    model.script = [tool_call("lookup_order", order_id=3), say("Order 3 is paid.")]
+    events: list[dict] = []
+    res = _agent(model, provider, journal, [lookup_order], stream=False).run("order 3?", on_event=events.append)
+    assert res and res.output == "Order 3 is paid." and model.calls == 2
+    assert not any(body.get("stream") for _, body in model.requests)
+    assert [e["type"] for e in events] == ["tool_call", "tool_result", "text"]
+    assert events[1]["content"] == '{"order": 3, "status": "paid"}'
+    llm = [s for s in steps_of(journal.read(res.run_id)).values() if s.name == "agent.llm"]
+    assert llm[0].result["tool_calls"][0]["name"] == "lookup_order" and llm[1].result["usage"]["output"] > 0
+
+
 def test_tool_exception_is_fed_back_and_replayed(model, journal):
     calls = []
 
