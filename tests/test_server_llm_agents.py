@@ -3,6 +3,7 @@ server speaking the OpenAI wire format, not an LLM), reached through ``OPENAI_BA
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -125,3 +126,35 @@ def test_a_client_that_leaves_mid_stream_does_not_stall_the_turn(tmp_path, model
         events = list(c.chat("talker", "again", session="s1"))
         assert events[-1]["status"] == "ok" and events[-1]["turn"] == 1
         assert "".join(e["delta"] for e in events if e["type"] == "text") == "Second answer."
+
+
+def test_sigkill_the_server_mid_stream_after_a_tool_call_then_resume_on_another(store_url, tmp_path, model,
+                                                                                 monkeypatch):
+    effects = tmp_path / "effects.log"
+    monkeypatch.setenv("ENGRAIN_TEST_EFFECTS", str(effects))  # the servers inherit it
+    spec = f"{ROOT / 'tests' / 'agent_tools.py'}:tools"
+    long = "Order 5 has shipped and this reply streams slowly so that the server can be killed in the middle."
+    model.script = [tool_call("lookup_order", order_id=5), say(long), say(long)]
+    model.chunk_delay = 0.1  # ~1.8 s of stream to kill the server in
+    procs: list[subprocess.Popen] = []
+    with serve(store_url, tmp_path, token=TOKEN, tools=spec, name="killed", procs=procs) as base, \
+            eg.Client(base, token=TOKEN) as c:
+        c.create_agent("support", "openai:scripted", "Answer order questions.", ["lookup_order"])
+        seen = []
+        for e in c.chat("support", "Where is order 5?", session="k1"):
+            seen.append(e["type"])
+            if e["type"] == "text":
+                procs[0].send_signal(signal.SIGKILL)
+                procs[0].wait()
+                break
+    assert seen == ["tool_call", "tool_result", "text"] and model.calls == 2
+    with serve(store_url, tmp_path, token=TOKEN, tools=spec, name="after") as base, \
+            eg.Client(base, token=TOKEN) as c:
+        events = list(c.chat("support", "Where is order 5?", session="k1"))  # the same message: that turn resumes
+        assert events[-1]["status"] == "ok" and events[-1]["turn"] == 0
+        assert "".join(e["delta"] for e in events if e["type"] == "text") == long
+        assert model.calls == 3  # the cut stream was asked again; the tool-calling reply was replayed
+        assert effects.read_text().splitlines() == ["lookup_order 5"]  # the tool ran once
+        hist = c.history("support", "k1")
+        assert [m["role"] for m in hist] == ["user", "assistant", "tool", "assistant"]
+        assert hist[-1]["content"] == long
