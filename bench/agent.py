@@ -133,7 +133,8 @@ def bench_create_and_stream(n: int, runs: int) -> None:
                 create.append(time.perf_counter() - t0)
                 r.raise_for_status()
             print("1. create an agent over HTTP (engrain serve, SQLite)")
-            print(f"   POST /api/agents      {ms(create)}   (target <= 2 ms; Engram states ~{ENGRAM_CREATE_AGENT_MS:.0f} ms; N={n})")
+            print(f"   POST /api/agents      {ms(create)}   "
+                  f"(target <= 2 ms; Engram states ~{ENGRAM_CREATE_AGENT_MS:.0f} ms; N={n})")
             print(f"   GET /api/health       {ms(health)}   (the HTTP floor on the same connection)")
 
             http.post("/api/agents", json={"name": "streamer", "model": "openai:scripted"}).raise_for_status()
@@ -164,7 +165,8 @@ def bench_create_and_stream(n: int, runs: int) -> None:
                     direct.append(got_direct - model.first_text_sent[-1])
             print("3. first streamed token through engrain serve (POST /api/agents/{name}/chat, SSE)")
             print(f"   model's first token written -> client reads it   {ms(lat)}   (target <= 1 ms; N={len(lat)})")
-            print(f"   for scale, one hop: the model straight to the openai SDK  {ms(direct)}   (same runs, alternately)")
+            print(f"   for scale, one hop: the model straight to the openai SDK  {ms(direct)}   "
+                  "(same runs, alternately)")
             print(f"   request sent -> first token at the client        {ms(first)}   "
                   f"(includes the model's 20 ms first-token delay)")
     finally:

@@ -157,7 +157,8 @@ def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_p
     res = _agent(model, "openai", j, [add]).run("add", run_id="flush-1")
     assert res and res.output == "Done."
     assert appends == [
-        ("run.started", "", True), ("step.completed", "engrain.now", False), ("step.completed", "agent.llm", True), ("step.completed", "add", False),
+        ("run.started", "", True), ("step.completed", "engrain.now", False),
+        ("step.completed", "agent.llm", True), ("step.completed", "add", False),
         ("step.completed", "agent.llm", True), ("step.completed", "add", False), ("step.completed", "add", False),
         ("step.completed", "agent.llm", False), ("run.completed", "", True)]
     # resumed from the journal these unflushed commits replay like any others: nothing runs again

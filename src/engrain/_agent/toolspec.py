@@ -170,7 +170,8 @@ def _quick_check(schema: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | N
     """
     if set(schema) - {"type", "properties", "required", "additionalProperties"} or schema.get("type") != "object":
         return None
-    props, required, extra = schema.get("properties", {}), schema.get("required", []), schema.get("additionalProperties", True)
+    props, required = schema.get("properties", {}), schema.get("required", [])
+    extra = schema.get("additionalProperties", True)
     if not isinstance(props, dict) or not isinstance(required, list) or extra not in (True, False):
         return None
     checks: dict[str, Callable[[Any], bool]] = {}
