@@ -31,12 +31,13 @@ def engrain_exe() -> str:
 @contextmanager
 def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", routines: Path | None = None,
           tools: str | None = None, agents: str | None = None, allow_hosts: tuple[str, ...] = (),
-          tools_dir: Path | None = None) -> Iterator[str]:
+          tools_dir: Path | None = None, procs: list[subprocess.Popen] | None = None) -> Iterator[str]:
     """Run ``engrain serve`` on ``url`` until the block ends; yields its base URL.
 
     The server's output goes to ``workdir/<name>.log`` (never to our pipes), it must
     answer ``/api/health`` within 30 s, and it is terminated, then killed, on exit.
     ``token=None`` serves without a token (on loopback, with the Host guard).
+    ``procs``, if given, receives the server's process (for a test that kills it).
     """
     port = free_port()
     log_path = workdir / f"{name}.log"
@@ -57,6 +58,8 @@ def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", r
         env["ENGRAIN_TOKEN"] = token
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir)
+    if procs is not None:
+        procs.append(proc)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

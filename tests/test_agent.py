@@ -114,6 +114,77 @@ def test_loop_runs_tools_in_parallel_and_feeds_errors_back(model, journal, provi
     assert [n for n, t in names if t == "tool"] == ["lookup_order", "lookup_customer", "refund"]
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_streamed_replies_parse_usage_and_a_stream_error_fails_the_step(model, journal, provider):
+    model.script = [say("All good here."), Reply(text="Half an answer", stream_error="the model overloaded")]
+    events: list[dict] = []
+    agent = _agent(model, provider, journal)
+    res = agent.run("first", on_event=events.append)
+    assert res and res.output == "All good here."
+    assert "".join(e["delta"] for e in events if e["type"] == "text") == "All good here."
+    llm = [s for s in steps_of(journal.read(res.run_id)).values() if s.name == "agent.llm"]
+    usage = llm[0].result["usage"]  # read from the stream's usage chunk / message_start + message_delta
+    assert usage["input"] > 0 and usage["output"] == 3
+    events.clear()
+    bad = agent.run("second", on_event=events.append)
+    # the SDK's own error type, as its typed stream raises it; the text before the error was streamed
+    assert not bad and bad.error_type == "APIError" and "the model overloaded" in bad.message
+    assert "".join(e["delta"] for e in events if e["type"] == "text") == "Half an answer"
+    assert model.calls == 2
+
+
+def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_path):
+    # On a "full" store each flush is a disk sync. A reply that calls tools is flushed before the
+    # tools run; a tool's result and the final reply are committed unflushed and flushed by the
+    # next durable append (the next model step, run.completed), which always follows.
+    from engrain._journal.sqlite import SQLiteJournal
+
+    appends: list[tuple[str, str, bool]] = []
+
+    class Recording(SQLiteJournal):
+        def append(self, run_id, events, expected_seq, *, durable=True, **kw):
+            out = super().append(run_id, events, expected_seq, durable=durable, **kw)
+            appends.extend((e.kind, e.name, durable) for e in events)
+            return out
+
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    j = Recording(tmp_path / "full.db", durability="full")
+    model.script = [tool_call("add", a=1, b=2), tool_calls(("add", {"a": 3, "b": 4}), ("add", {"a": 5, "b": 6})),
+                    say("Done.")]
+    res = _agent(model, "openai", j, [add]).run("add", run_id="flush-1")
+    assert res and res.output == "Done."
+    assert appends == [
+        ("run.started", "", True), ("step.completed", "engrain.now", False),
+        ("step.completed", "agent.llm", True), ("step.completed", "add", False),
+        ("step.completed", "agent.llm", True), ("step.completed", "add", False), ("step.completed", "add", False),
+        ("step.completed", "agent.llm", False), ("run.completed", "", True)]
+    # resumed from the journal these unflushed commits replay like any others: nothing runs again
+    again = eg.Agent("helper", "openai:scripted", "Help with orders.", [add], base_url=model.openai_url,
+                     journal=j).run("add", run_id="flush-1")
+    assert again.output == "Done." and model.calls == 3
+    j.close()
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_unstreamed_model_calls(model, journal, provider):
+    def lookup_order(order_id: int) -> dict:
+        """Look up an order by id."""
+        return {"order": order_id, "status": "paid"}
+
+    model.script = [tool_call("lookup_order", order_id=3), say("Order 3 is paid.")]
+    events: list[dict] = []
+    res = _agent(model, provider, journal, [lookup_order], stream=False).run("order 3?", on_event=events.append)
+    assert res and res.output == "Order 3 is paid." and model.calls == 2
+    assert not any(body.get("stream") for _, body in model.requests)
+    assert [e["type"] for e in events] == ["tool_call", "tool_result", "text"]
+    assert events[1]["content"] == '{"order": 3, "status": "paid"}'
+    llm = [s for s in steps_of(journal.read(res.run_id)).values() if s.name == "agent.llm"]
+    assert llm[0].result["tool_calls"][0]["name"] == "lookup_order" and llm[1].result["usage"]["output"] > 0
+
+
 def test_tool_exception_is_fed_back_and_replayed(model, journal):
     calls = []
 
@@ -259,8 +330,13 @@ def test_sigkill_during_a_streamed_reply_then_resume_the_session(store_url, tmp_
         assert seen[-1]["delta"] == "This "
         child.kill()
         assert model.calls == 2
+        time.sleep(1.1)  # a gap the model can see: the resumed call's current time is past the message's
         events = Child(store_url, model, effects, "chat", "What is in order 9?", "s-kill").finish()
         assert model.calls == 3  # the cut stream was asked again; the first reply was replayed
+        said = model.requests[0][1]["messages"][1]["content"]  # "[<time it was sent>Z] What is in order 9?"
+        resumed = model.requests[2][1]["messages"]
+        assert resumed[1]["content"] == said  # its original time, replayed from the journal after the kill
+        assert resumed[0]["content"].split("Current time: ")[1][:20] > said[1:21]
         assert "".join(e["delta"] for e in events if e["type"] == "text") == long
         assert events[-1]["status"] == "ok" and events[-1]["turn"] == 0
         assert effects.read_text().count("lookup") == 1
@@ -472,6 +548,43 @@ def test_tool_schemas_from_type_hints():
             t.check(bad)
 
 
+def test_the_quick_argument_check_never_accepts_what_the_schema_refuses():
+    # Flat schemas are checked in plain Python first (jsonschema costs ~0.1 ms a call); it may only
+    # say "valid" where jsonschema does, and every verdict of check() is jsonschema's.
+    import jsonschema
+
+    from engrain._agent.toolspec import _quick_check, from_function
+
+    def flat(name: str, n: int, x: float = 1.0, on: bool = False, meta: dict | None = None, items: list = [],
+             anything=None) -> None:
+        """A flat signature."""
+
+    def nested(order: Literal["a", "b"], ids: list[int]) -> None:
+        """Not flat: an enum and typed items."""
+
+    assert _quick_check(from_function(nested).parameters) is None
+    values = [None, True, False, 0, 1, -3, 1.0, 2.5, "", "s", [], [1], {}, {"k": 1}]
+    for fn in (flat, nested):
+        t = from_function(fn)
+        quick, full = _quick_check(t.parameters), jsonschema.Draft202012Validator(t.parameters)
+        names = list(t.parameters["properties"])
+        cases = [{}, {"zzz": 1}] + [{k: v for k in names} for v in values]
+        cases += [{names[0]: v, names[1]: w} for v in values for w in values]
+        cases += [{**c, "extra": 1} for c in cases[:20]]
+        if quick is not None:  # it does take the common case
+            assert any(quick(c) for c in cases) and quick({"name": "s", "n": 1})
+        for args in cases:
+            valid = full.is_valid(args)
+            if quick is not None and quick(args):
+                assert valid, (fn.__name__, args)
+            try:
+                t.check(json.dumps(args))
+                accepted = True
+            except ValueError:
+                accepted = False
+            assert accepted == valid, (fn.__name__, args)
+
+
 def test_an_unfinished_turn_is_finished_before_the_next_message(model, journal):
     class Crash(BaseException):
         pass
@@ -543,3 +656,23 @@ def test_sigkill_at_random_points_never_pays_or_runs_twice(store_url, tmp_path):
     finally:
         model.stop()
     assert cut >= 1  # at least one kill landed mid-run
+
+
+def test_demo_agent_part_uses_the_model_the_environment_names(monkeypatch, journal):
+    # `engrain demo` part 5 with OPENAI_BASE_URL set runs on that server, not on its own scripted
+    # model. The server here is a scripted model too (playing the demo's replies), in this process,
+    # so the test can see the requests arrive.
+    from engrain._demo.agent import _scripted_reply, agent_section
+
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "ENGRAIN_DEMO_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    with ScriptedModel(_scripted_reply) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.openai_url)
+        lines: list[str] = []
+        assert agent_section(journal, None, lines.append), "\n".join(lines)
+        out = "\n".join(lines)
+        assert f"model: openai:llama3.1 via OpenAI-compatible server {server.openai_url}" in out
+        assert "scripted model (a local stub" not in out and "the scripted model received" not in out
+        assert {body["model"] for _, body in server.requests} == {"llama3.1"}
+        # lookup + refund + answer (one cut by the crash, replayed), the cache's first run, two chat turns
+        assert server.calls >= 6 and "model calls 1 before + 2 after the crash" in out

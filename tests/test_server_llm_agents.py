@@ -3,7 +3,9 @@ server speaking the OpenAI wire format, not an LLM), reached through ``OPENAI_BA
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -96,3 +98,63 @@ def test_chat_body_is_validated(tmp_path, model):
         assert r.status_code == 422
         r = httpx.post(f"{base}/api/agents/a/chat", json={"session": "s", "message": ""}, headers=h)
         assert r.status_code == 422
+
+
+def test_a_client_that_leaves_mid_stream_does_not_stall_the_turn(tmp_path, model):
+    # The server paces the agent's thread on the SSE writes (first token out before the next chunk
+    # is parsed); a reader that goes away must release it: the turn finishes in the journal.
+    text = " ".join(f"word{i}" for i in range(60))
+    model.script = [say(text), say("Second answer.")]
+    model.chunk_delay = 0.002
+    with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, token=TOKEN) as base, \
+            eg.Client(base, token=TOKEN) as c:
+        c.create_agent("talker", "openai:scripted", "Talk.")
+        h = {"Authorization": f"Bearer {TOKEN}"}
+        with httpx.stream("POST", f"{base}/api/agents/talker/chat", json={"session": "s1", "message": "go"},
+                          headers=h) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("event: text"):
+                    break  # leave after the first token
+        left = time.monotonic()
+        while not c.history("talker", "s1") and time.monotonic() < left + 20:
+            time.sleep(0.05)
+        waited = time.monotonic() - left
+        hist = c.history("talker", "s1")
+        # paced on a gone reader, 60 words would take >= 3 s (one 50 ms wait each): it took one at most
+        assert waited < 2.5, waited
+        assert [m["role"] for m in hist] == ["user", "assistant"] and hist[1]["content"] == text
+        events = list(c.chat("talker", "again", session="s1"))
+        assert events[-1]["status"] == "ok" and events[-1]["turn"] == 1
+        assert "".join(e["delta"] for e in events if e["type"] == "text") == "Second answer."
+
+
+def test_sigkill_the_server_mid_stream_after_a_tool_call_then_resume_on_another(store_url, tmp_path, model,
+                                                                                 monkeypatch):
+    effects = tmp_path / "effects.log"
+    monkeypatch.setenv("ENGRAIN_TEST_EFFECTS", str(effects))  # the servers inherit it
+    spec = f"{ROOT / 'tests' / 'agent_tools.py'}:tools"
+    long = "Order 5 has shipped and this reply streams slowly so that the server can be killed in the middle."
+    model.script = [tool_call("lookup_order", order_id=5), say(long), say(long)]
+    model.chunk_delay = 0.1  # ~1.8 s of stream to kill the server in
+    procs: list[subprocess.Popen] = []
+    with serve(store_url, tmp_path, token=TOKEN, tools=spec, name="killed", procs=procs) as base, \
+            eg.Client(base, token=TOKEN) as c:
+        c.create_agent("support", "openai:scripted", "Answer order questions.", ["lookup_order"])
+        seen = []
+        for e in c.chat("support", "Where is order 5?", session="k1"):
+            seen.append(e["type"])
+            if e["type"] == "text":
+                procs[0].send_signal(signal.SIGKILL)
+                procs[0].wait()
+                break
+    assert seen == ["tool_call", "tool_result", "text"] and model.calls == 2
+    with serve(store_url, tmp_path, token=TOKEN, tools=spec, name="after") as base, \
+            eg.Client(base, token=TOKEN) as c:
+        events = list(c.chat("support", "Where is order 5?", session="k1"))  # the same message: that turn resumes
+        assert events[-1]["status"] == "ok" and events[-1]["turn"] == 0
+        assert "".join(e["delta"] for e in events if e["type"] == "text") == long
+        assert model.calls == 3  # the cut stream was asked again; the tool-calling reply was replayed
+        assert effects.read_text().splitlines() == ["lookup_order 5"]  # the tool ran once
+        hist = c.history("support", "k1")
+        assert [m["role"] for m in hist] == ["user", "assistant", "tool", "assistant"]
+        assert hist[-1]["content"] == long

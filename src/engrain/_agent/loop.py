@@ -8,6 +8,16 @@ any of them runs, so the step numbers are the same on every replay whatever
 order the threads finish in. Unknown tools and bad arguments never reach a
 tool: the error goes back to the model as the tool's result.
 
+One disk flush per model call that asks for tools: that LLM step is flushed
+before its tools run. The other steps of a turn (the clock read that stamps
+the user's message, each tool's result, the final reply) are committed before
+anything uses them, so a killed process never redoes them, but not flushed on
+their own: the next durable append (the next LLM step, ``run.completed``),
+which always follows before the run ends, flushes them too. Only a crash of
+the database server or the machine inside that window can lose them; a lost
+tool result then reruns the tool with the same idempotency key, as a tool
+cut off by a crash always does.
+
 With the behavior cache on, a task seen before is played from its recorded
 trajectory: the recorded model replies are reused, the tools run again, and
 as long as every tool returns what it returned then, no model is called. The
@@ -18,6 +28,7 @@ point, so a replay never answers from stale results.
 from __future__ import annotations
 
 import contextvars
+import datetime as _dt
 import json
 import re
 import time
@@ -26,7 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._durable.context import RunContext, StepRecord, _current, _step_key
-from .._durable.human import now
 from .._errors import NotJSONError
 from .providers import system_text, utc_iso
 
@@ -98,7 +108,9 @@ def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: st
             out[i].update(content=_error(type(e).__name__, str(e)), error=True)
             return
         try:
-            ctx._complete(step, result)
+            # Not flushed on its own: the next model call's step (flushed before its reply is
+            # used) or the run's end flushes it too, one disk flush per turn on a "full" store.
+            ctx._complete(step, result, durable=False)
         except NotJSONError as e:  # journaled as the step's failure by _complete
             out[i].update(content=_error("NotJSONError", str(e)), error=True)
             return
@@ -115,6 +127,10 @@ def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: st
     return out
 
 
+def _calls_tools(reply: dict[str, Any]) -> bool:
+    return bool(reply["tool_calls"])
+
+
 def _canonical(task: str) -> str:
     return re.sub(r"\s+", " ", task).strip()
 
@@ -122,7 +138,9 @@ def _canonical(task: str) -> str:
 def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text: str, emit: Emit,
              on_delta: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Play one user message to a final answer; returns ``{"text", "messages"}`` (the new messages)."""
-    user = {"role": "user", "content": text, "ts": utc_iso(now())}
+    # engrain.now()'s step, unflushed: only the model sees it, after the next durable append.
+    iso = ctx.call("engrain.now", "clock", {}, lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(), durable=False)
+    user = {"role": "user", "content": text, "ts": utc_iso(_dt.datetime.fromisoformat(iso))}
     msgs = [*history, user]
     new = [user]
     extra, recalled = "", []
@@ -161,8 +179,11 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
                 time.sleep(0)
 
             system = system_text(agent.instructions, extra)
+            # A reply that calls tools is flushed before they run; a final one is the run's output,
+            # flushed with run.completed (or the memory step) in the same disk flush.
             reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn},
-                             lambda: agent.provider.complete(system, msgs, specs, delta if agent.stream else None))
+                             lambda: agent.provider.complete(system, msgs, specs, delta if agent.stream else None),
+                             durable=_calls_tools)
             if reply["text"] and not streamed[0]:  # replayed from the journal, or not streamed
                 emit({"type": "text", "delta": reply["text"]})
         msg = {"role": "assistant", "content": reply["text"], "tool_calls": reply["tool_calls"], "ts": reply["ts"]}

@@ -43,11 +43,14 @@ class Reply:
     """One scripted model reply: text, tool calls, or both.
 
     A tool call's arguments are a dict, or a string sent verbatim (to script
-    malformed arguments).
+    malformed arguments). ``stream_error`` makes a streamed Chat Completions or
+    Messages reply break off after its text with an error event carrying that
+    message, as a provider's stream does when it fails midway.
     """
 
     text: str = ""
     calls: list[tuple[str, dict[str, Any] | str]] = field(default_factory=list)
+    stream_error: str = ""
 
 
 def say(text: str) -> Reply:
@@ -291,6 +294,9 @@ class _Chat:
         yield self._chunk({"role": "assistant", "content": ""})
         for w in _words(self.r.text):
             yield self._chunk({"content": w})
+        if self.r.stream_error:
+            yield None, {"error": {"message": self.r.stream_error, "type": "server_error", "code": None}}
+            return
         for k, (cid, name, args) in enumerate(self.calls):
             head = {"index": k, "id": cid, "type": "function", "function": {"name": name, "arguments": ""}}
             yield self._chunk({"tool_calls": [head]})
@@ -405,6 +411,10 @@ class _Messages:
                 for w in _words(b["text"]):
                     yield "content_block_delta", {"type": "content_block_delta", "index": i,
                                                   "delta": {"type": "text_delta", "text": w}}
+                if self.r.stream_error:
+                    yield "error", {"type": "error", "error": {"type": "overloaded_error",
+                                                               "message": self.r.stream_error}}
+                    return
             else:
                 yield "content_block_start", {"type": "content_block_start", "index": i,
                                               "content_block": {**b, "input": {}}}

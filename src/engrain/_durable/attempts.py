@@ -76,7 +76,9 @@ class StepWriter:
             data["attempt"] = p.attempt
         return data
 
-    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None) -> Any:
+    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None, *, durable: bool = True) -> Any:
+        """Journal the step's result (``durable=False``: see ``Journal.append``; the caller
+        guarantees a durable append follows before anything depends on it staying recorded)."""
         if not is_json(result):
             try:
                 check_json(result, f"step {p.name!r}", "result")
@@ -86,7 +88,7 @@ class StepWriter:
         data = {"call_id": p.call_id, "result": result}
         if meta:
             data.update(meta)  # e.g. a UDF's source, journaled with its first completion
-        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data))
+        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable)
         if observe.observers:
             self._observe(p, result, None)
         return result

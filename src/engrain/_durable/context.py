@@ -275,10 +275,14 @@ class RunContext(StepWriter):
         thunk: Callable[[], Any],
         policy: StepPolicy = DEFAULT_POLICY,
         meta: dict[str, Any] | None = None,
+        durable: bool | Callable[[Any], bool] = True,
     ) -> Any:
         """Journal one step: return its recorded result, or run ``thunk`` (with ``policy``'s retries) and record it.
 
         ``meta`` (JSON) is added to the ``step.completed`` data, e.g. a UDF's source.
+        ``durable`` (or ``durable(result)``) ``False`` commits the completion without its own
+        flush to disk (see ``Journal.append``): for a result nothing outside the run uses
+        before the run's next durable append.
         """
         step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
@@ -295,7 +299,8 @@ class RunContext(StepWriter):
                     raise
                 err = e
             else:
-                return self._complete(step, result, meta)
+                flush = durable if isinstance(durable, bool) else durable(result)
+                return self._complete(step, result, meta, durable=flush)
             finally:
                 _step_key.reset(token)
             time.sleep(delay)

@@ -36,6 +36,7 @@ DEF_TAG = "llm-agent-definition"
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$"
 MAX_WORKERS = 8
 DEFAULT_WAIT, MAX_WAIT = 5.0, 60.0
+PACE_WAIT = 0.05  # seconds the agent's thread waits for one SSE event to be written (see chat)
 
 
 class AgentDefinition(Body):
@@ -193,23 +194,39 @@ async def chat(name: str, body: ChatRequest, request: Request) -> StreamingRespo
     state = state_of(request)
     agent = await run_in_threadpool(state.llm_agents.get, name)
     loop = asyncio.get_running_loop()
-    q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    q: asyncio.Queue[tuple[dict[str, Any], threading.Event | None] | None] = asyncio.Queue()
+    paced = [True]
 
     def put(e: dict[str, Any] | None) -> None:
         # Straight from the agent's thread onto the event loop: one hop per event, no thread pool.
+        # Then the agent's thread waits until the loop has written the event: parsing the model's
+        # next chunks meanwhile would hold the GIL the loop needs, and the first token would wait
+        # for the whole burst (up to the 5 ms switch interval). A client that stops reading costs
+        # one wait: after a timeout the turn runs on unpaced.
+        sent = threading.Event() if e is not None and paced[0] else None
         try:
-            loop.call_soon_threadsafe(q.put_nowait, e)
+            loop.call_soon_threadsafe(q.put_nowait, None if e is None else (e, sent))
         except RuntimeError:  # the loop is gone (server stopped); the turn still finishes in the journal
-            pass
+            return
+        if sent is not None and not sent.wait(PACE_WAIT):
+            paced[0] = False
 
     agent.start_chat(body.message, session=body.session, on_event=put)
 
     async def stream() -> Any:
         state.streams += 1
         try:
-            while (e := await q.get()) is not None:
+            while (item := await q.get()) is not None:
+                e, sent = item
                 yield f"event: {e['type']}\ndata: {json.dumps(e)}\n\n"
+                if sent is not None:  # resumed: the server has handed the event to the socket
+                    sent.set()
         finally:
+            paced[0] = False
+            while not q.empty():  # the client left: release the agent's thread at once
+                item = q.get_nowait()
+                if item is not None and item[1] is not None:
+                    item[1].set()
             state.streams -= 1
 
     return StreamingResponse(stream(), media_type="text/event-stream",
