@@ -112,7 +112,7 @@ def validate(
     An em-core package is converted on load; the conversions are listed.
     """
     with errors_as_exit():
-        from .._routines.model import load_routine, validate_routine
+        from .._routines.loader import load_routine, validate_routine
         from .._routines.runner import resolve_tools
 
         issues = validate_routine(path, resolve_tools(tools) if tools else None)

@@ -30,7 +30,8 @@ from .._errors import (
 )
 from .answers import Answers, coerce_answers, parse_answers
 from .expr import Budget
-from .model import Routine, Step, load_routine
+from .loader import load_routine
+from .model import Routine, Step
 
 #: Tag on every routine run; the run's recorded inputs name the routine folder.
 ROUTINE_TAG = "routine"
