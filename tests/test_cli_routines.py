@@ -101,3 +101,75 @@ def test_validate_prints_every_issue(tmp_path):
     assert {"file": "routine.yaml", "step": "a", "field": "type"} in [
         {k: i[k] for k in ("file", "step", "field")} for i in issues
     ]
+
+
+def test_fast_path_reads_exactly_the_options_typer_declares():
+    """`run`/`resume` skip typer (engrain._cli.fast); their option tables must match the typer commands."""
+    import typer.main
+
+    from engrain._cli import app
+    from engrain._cli.fast import ENVVARS, SPECS
+
+    group = typer.main.get_command(app)
+    for name, (positional, options) in SPECS.items():
+        params = group.commands[name].params
+        declared = {opt: (p.name, not p.is_flag) for p in params for opt in p.opts if opt.startswith("-")}
+        assert declared == options, name
+        assert [p.name for p in params if not p.opts[0].startswith("-")] == [positional]
+        names = {q for q, _ in options.values()}
+        assert {p.name: p.envvar for p in params if p.envvar} == {k: v for k, v in ENVVARS.items() if k in names}
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["run", "pkg"], ("run", {"path": "pkg"})),
+        (["run", "pkg", "--json", "-i", "in.json", "--url=sqlite:///x.db", "--sandbox"],
+         ("run", {"path": "pkg", "json_out": True, "input": "in.json", "url": "sqlite:///x.db", "sandbox": True})),
+        (["run", "--input", "-", "pkg"], ("run", {"input": "-", "path": "pkg"})),
+        (["resume", "r1", "--answers", "a.json"], ("resume", {"run_id": "r1", "answers": "a.json"})),
+        (["run", "pkg", "--help"], None),  # help, usage errors: typer's job
+        (["run"], None),
+        (["run", "a", "b"], None),
+        (["run", "pkg", "--tools"], None),
+        (["run", "pkg", "--json=yes"], None),
+        (["run", "pkg", "--bogus"], None),
+        (["resume", "r1"], None),  # --answers is required
+        (["validate", "pkg"], None),
+        ([], None),
+    ],
+)
+def test_fast_path_parses_plain_lines_and_leaves_the_rest_to_typer(argv, expected, monkeypatch):
+    from engrain._cli.fast import parse
+
+    monkeypatch.delenv("ENGRAIN_URL", raising=False)
+    assert parse(argv) == expected
+
+
+def test_fast_path_reads_the_url_from_the_environment(monkeypatch):
+    from engrain._cli.fast import parse
+
+    monkeypatch.setenv("ENGRAIN_URL", "sqlite:///env.db")
+    assert parse(["run", "pkg"]) == ("run", {"path": "pkg", "url": "sqlite:///env.db"})
+    assert parse(["run", "pkg", "--url", "sqlite:///flag.db"])[1]["url"] == "sqlite:///flag.db"
+
+
+def test_fast_path_and_typer_print_the_same(tmp_path, url):
+    """The same command line through the fast path and through the typer app: same stdout, stderr, exit code."""
+    given = tmp_path / "a.json"
+    given.write_text(json.dumps({"step3": {}}))
+    typer_run = [sys.executable, "-c", "import sys; from engrain._cli import app; sys.argv[0] = 'engrain'; app()"]
+    for args in (
+        ["run", str(PACKAGE), "--tools", TOOLS, "--url", url, "--answers", str(given), "--json"],
+        ["run", str(PACKAGE), "--tools", TOOLS, "--url", url, "--answers", str(given)],
+        ["run", str(tmp_path / "nope"), "--url", url],
+        ["run", str(PACKAGE), "--input", str(tmp_path / "missing.json"), "--url", url],
+    ):
+        fast = cli(*args)
+        slow = subprocess.run([*typer_run, *args], capture_output=True, text=True, timeout=120, check=False)
+        assert (fast.returncode, fast.stderr) == (slow.returncode, slow.stderr), args
+        if "--json" in args:  # run ids differ
+            a, b = json.loads(fast.stdout), json.loads(slow.stdout)
+            assert {k: v for k, v in a.items() if k != "run_id"} == {k: v for k, v in b.items() if k != "run_id"}
+        else:
+            assert fast.stdout == slow.stdout, args

@@ -17,6 +17,7 @@ import pathlib
 import threading
 from typing import Any
 
+from .._disk_cache import cache_dir, digest, read_verified, write_verified
 from .._errors import JSONTooDeepError, RoutineError
 from .._events import MAX_DEPTH, check_depth
 from .model import ROUTINE_FILE, UDFS_FILE, Package, Routine, RoutineIssue, Step, UdfInfo
@@ -46,10 +47,51 @@ def parse_udfs(source: str) -> dict[str, UdfInfo]:
     return out
 
 
+_MISS = object()
+
+
+def _yaml_cache_file(text: str) -> pathlib.Path | None:
+    folder = cache_dir("routines")
+    return None if folder is None else folder / f"{digest(text.encode('utf-8'))}.json"
+
+
+def _cached_yaml(text: str) -> Any:
+    """The data of this exact routine.yaml text, parsed before (``_MISS`` if not cached).
+
+    Importing PyYAML costs more than running a small routine, so the CLI, a new
+    process each time, keeps parsed routine.yaml data as JSON in engrain's cache
+    directory, named by the text's SHA-256 (see :mod:`engrain._disk_cache` for
+    what makes an entry usable). The data is then checked as if just parsed.
+    """
+    path = _yaml_cache_file(text)
+    payload = read_verified(path) if path is not None else None
+    if payload is None:
+        return _MISS
+    import json
+
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError):
+        return _MISS
+
+
+def _cache_yaml(text: str, data: Any) -> None:
+    """Keep ``data`` for :func:`_cached_yaml` when JSON holds it exactly (str keys, no dates, no NaN)."""
+    import json
+
+    try:
+        payload = json.dumps(data, allow_nan=False, separators=(",", ":"))
+        if json.loads(payload) != data:
+            return
+    except (TypeError, ValueError, RecursionError):
+        return
+    path = _yaml_cache_file(text)
+    if path is not None:
+        write_verified(path, payload.encode("utf-8"))
+
+
 def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], Package]:
     """routine.yaml data (em-core's format converted) and the UDF source; issues for unreadable files."""
-    import yaml
-
     from . import emcore
 
     pkg = Package()
@@ -61,14 +103,19 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], Pack
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None, None, [RoutineIssue(ROUTINE_FILE, None, "file", "missing")], pkg
-    try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # safe loader only
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "yaml"
-        return None, None, [RoutineIssue(ROUTINE_FILE, None, where, f"invalid YAML: {getattr(e, 'problem', e)}")], pkg
-    except RecursionError:
-        return None, None, [RoutineIssue(ROUTINE_FILE, None, "yaml", f"nested deeper than {MAX_DEPTH} levels")], pkg
+    data = _cached_yaml(text)
+    if data is _MISS:
+        import yaml
+
+        try:
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # safe loader only
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark is not None else "yaml"
+            return None, None, [RoutineIssue(ROUTINE_FILE, None, where, f"invalid YAML: {getattr(e, 'problem', e)}")], pkg
+        except RecursionError:
+            return None, None, [RoutineIssue(ROUTINE_FILE, None, "yaml", f"nested deeper than {MAX_DEPTH} levels")], pkg
+        _cache_yaml(text, data)
     try:
         check_depth(data, ROUTINE_FILE, "routine", MAX_DEPTH)
     except JSONTooDeepError as e:
