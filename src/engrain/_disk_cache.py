@@ -26,7 +26,7 @@ except ImportError:
     except ImportError:
         from hashlib import sha256 as _sha256  # type: ignore[assignment]
 
-__all__ = ["cache_dir", "default_cache_dir", "digest", "read_verified", "write_verified"]
+__all__ = ["cache_dir", "default_cache_dir", "digest", "read_private", "read_verified", "write_private", "write_verified"]
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -63,12 +63,8 @@ def cache_dir(kind: str, root: pathlib.Path | None = None) -> pathlib.Path | Non
     return path
 
 
-def read_verified(path: pathlib.Path) -> bytes | None:
-    """The payload of a cache file written by :func:`write_verified`, or None if it is not one.
-
-    The file must be a regular file (no symlink) owned by this user and not
-    writable by others, and its payload must match the SHA-256 it carries.
-    """
+def read_private(path: pathlib.Path) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file (no symlink) owned by this user that others cannot write."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
@@ -79,12 +75,23 @@ def read_verified(path: pathlib.Path) -> bytes | None:
             return None
         with os.fdopen(fd, "rb") as f:
             fd = -1
-            blob = f.read()
+            return f.read()
     except OSError:
         return None
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def read_verified(path: pathlib.Path) -> bytes | None:
+    """The payload of a cache file written by :func:`write_verified`, or None if it is not one.
+
+    The file must pass :func:`read_private`, and its payload must match the
+    SHA-256 it carries.
+    """
+    blob = read_private(path)
+    if blob is None:
+        return None
     head, sep, payload = blob.partition(b"\n")
     if not sep or head != digest(payload).encode():
         return None
@@ -92,7 +99,12 @@ def read_verified(path: pathlib.Path) -> bytes | None:
 
 
 def write_verified(path: pathlib.Path, payload: bytes) -> None:
-    """Write ``payload`` (with its SHA-256) to ``path`` atomically, readable by this user only.
+    """Write ``payload`` with its SHA-256 for :func:`read_verified` (see :func:`write_private`)."""
+    write_private(path, digest(payload).encode() + b"\n" + payload)
+
+
+def write_private(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, readable by this user only.
 
     Best effort: a cache that cannot be written is simply not written.
     """
@@ -104,8 +116,7 @@ def write_verified(path: pathlib.Path, payload: bytes) -> None:
         return
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(digest(payload).encode() + b"\n")
-            f.write(payload)
+            f.write(data)
         os.replace(tmp, path)  # a concurrent reader sees the old file or the whole new one
     except OSError:
         try:

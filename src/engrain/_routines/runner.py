@@ -117,7 +117,7 @@ def _sandbox_host(routine: Routine) -> Any:
     """One sandbox host per loaded package (a changed udfs.py makes a new Routine, so a new host)."""
     host = routine.sandbox_host
     if host is None:
-        from .._sandbox.wasi import SandboxUdfHost
+        from .._sandbox.udf_host import SandboxUdfHost
 
         host = routine.sandbox_host = SandboxUdfHost(routine.udfs_path)
     return host
