@@ -230,6 +230,11 @@ def test_udf_host_stdlib_cache_that_does_not_match_its_manifest_is_extracted_aga
     again = udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
     assert again.call("dialect", {}) == ","
     assert (folder / "csv.pyc").read_bytes() == original
+    # A module the manifest does not list would shadow the zip's: its presence alone means extracting again.
+    (folder / "textwrap.pyc").write_bytes(original)
+    udf_host._stdlib_dirs.clear()
+    udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert not (folder / "textwrap.pyc").exists() and (folder / "csv.pyc").read_bytes() == original
 
 
 def test_udf_host_compiles_udfs_once_and_checks_the_cached_code(udf_cache, tmp_path):

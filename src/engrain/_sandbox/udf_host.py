@@ -25,7 +25,7 @@ runtime, never from a UDF:
 The guest sees no other directory, an environment holding only
 ``PYTHONPATH=/stdlib``, and no network. Requests go in as ``marshal`` (host-made,
 trusted) and replies come out as ``repr`` parsed with :func:`ast.literal_eval`
-on the host, never ``marshal``: importing json inside the guest costs ~50 ms.
+on the host, never ``marshal`` (json would be one more import in every call).
 """
 
 from __future__ import annotations
@@ -168,16 +168,19 @@ def stdlib_dir(cache_root: pathlib.Path, module: wasmtime.Module, fuel: bool) ->
     with _lock:
         if key in _stdlib_dirs:
             return _stdlib_dirs[key]
-    folder = _private_dir(f"python-stdlib-{key}", cache_root)
+    parent = _private_dir("python-stdlib", cache_root)
     result = None
-    if folder is not None:
-        result = folder if _verify(folder) else (_extract(folder, module, fuel) and _verify(folder) and folder) or None
+    if parent is not None:
+        folder = parent / key
+        if _verify(folder) or (_extract(folder, module, fuel) and _verify(folder)):
+            result = folder
     with _lock:
         _stdlib_dirs[key] = result
     return result
 
 
 def _verify(folder: pathlib.Path) -> bool:
+    """Every file the manifest lists, with its hash, and nothing else (an extra module would shadow the zip's)."""
     raw = read_verified(folder / "MANIFEST.json")
     if raw is None:
         return False
@@ -187,11 +190,46 @@ def _verify(folder: pathlib.Path) -> bool:
         return False
     if not isinstance(manifest, dict) or manifest.get("preload") != list(PRELOAD) or not isinstance(manifest.get("files"), dict):
         return False
+    import os
+
+    present = {
+        str((pathlib.Path(d) / f).relative_to(folder)) for d, _dirs, fs in os.walk(folder) for f in fs
+    } - {"MANIFEST.json"}
+    if present != set(manifest["files"]):
+        return False
     return all(isinstance(h, str) and _ENTRY.match(name) and _file_ok(folder / name, h) for name, h in manifest["files"].items())
 
 
 def _extract(folder: pathlib.Path, module: wasmtime.Module, fuel: bool) -> bool:
-    """Write the zip's modules under the top-level names PRELOAD pulls in, then the manifest."""
+    """Write the zip's modules under the top-level names PRELOAD pulls in, and the manifest, into ``folder``.
+
+    Written to a new folder beside it, then swapped in, so nothing of an earlier
+    folder (a stale or planted file) survives.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    try:
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".new", dir=folder.parent))
+    except OSError:
+        return False
+    try:
+        if not _export(staging, module, fuel):
+            return False
+        if folder.exists():
+            old = pathlib.Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".old", dir=folder.parent))
+            os.replace(folder, old / "x")
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(staging, folder)
+        return True
+    except OSError:
+        return False
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _export(folder: pathlib.Path, module: wasmtime.Module, fuel: bool) -> bool:
     import hashlib
     import io
     import zipfile
