@@ -173,3 +173,25 @@ def test_fast_path_and_typer_print_the_same(tmp_path, url):
             assert {k: v for k, v in a.items() if k != "run_id"} == {k: v for k, v in b.items() if k != "run_id"}
         else:
             assert fast.stdout == slow.stdout, args
+
+
+def test_engrain_run_imports_neither_typer_nor_yaml(tmp_path, url):
+    """What keeps `engrain run` fast (bench/routines.py): the facade loads nothing, the fast path skips
+    typer, and a routine.yaml parsed before comes from the cache, so PyYAML is not imported."""
+    env = {**os.environ, "ENGRAIN_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", "import engrain, sys; print(sorted(m for m in sys.modules if 'engrain' in m))"],
+                       capture_output=True, text=True, env=env, check=True)
+    assert r.stdout.split() == ["['engrain',", "'engrain._version']"]
+    given = tmp_path / "a.json"
+    given.write_text(json.dumps({"step3": {}}))
+    pkg = tmp_path / "pkg"
+    shutil.copytree(PACKAGE, pkg)
+    (pkg / "routine.yaml").write_text((pkg / "routine.yaml").read_text().replace("trusted: false", "trusted: true"))
+    args = ["run", str(pkg), "--tools", TOOLS, "--url", url, "--answers", str(given)]
+    first = subprocess.run([sys.executable, "-X", "importtime", "-m", "engrain", *args], capture_output=True, text=True, env=env)
+    again = subprocess.run([sys.executable, "-X", "importtime", "-m", "engrain", *args], capture_output=True, text=True, env=env)
+    assert first.returncode == again.returncode == 0, again.stderr[-2000:]
+    imported = lambda p: {line.split("|")[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}  # noqa: E731
+    assert "yaml" in imported(first) and "typer" not in imported(first)
+    assert not {"yaml", "typer", "click"} & imported(again)
+    assert json.loads(again.stdout) == json.loads(first.stdout)
