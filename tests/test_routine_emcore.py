@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import engrain as eg
-from engrain._routines.model import load_routine
+from engrain._routines.loader import load_routine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -13,7 +13,7 @@ import pytest
 
 import engrain as eg
 from engrain._durable.trace import export_run
-from engrain._routines.model import load_routine
+from engrain._routines.loader import load_routine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "csv_report"

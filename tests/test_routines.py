@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import engrain as eg
-from engrain._routines.model import load_routine
+from engrain._routines.loader import load_routine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "csv_report"
@@ -580,3 +580,53 @@ def test_trace_of_a_routine_run_compiles_with_the_routines_inputs(tmp_path):
     assert json.loads((out / "input.json").read_text()) == agent.INPUTS
     again = eg.run_routine(out, agent.INPUTS, tools=agent.tools, journal=j, answers={"step3": {}})
     assert again.status == "ok" and again.output == res.output
+
+
+def _fresh_load(path):
+    from engrain._routines import loader
+
+    loader._cache.clear()  # the in-process cache would answer first
+    return loader.load_routine(path)
+
+
+def test_parsed_routine_yaml_is_cached_by_content_and_verified(tmp_path, monkeypatch):
+    """The CLI skips PyYAML on a known routine.yaml; an entry that is not exactly ours is not used."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ENGRAIN_CACHE_DIR", str(cache))
+    pkg = tmp_path / "pkg"
+    shutil.copytree(PACKAGE, pkg)
+    first = _fresh_load(pkg)
+    (entry,) = (cache / "routines").iterdir()
+    assert oct((cache / "routines").stat().st_mode & 0o777) == "0o700" and oct(entry.stat().st_mode & 0o777) == "0o600"
+    assert entry.name == f"{__import__('hashlib').sha256((pkg / 'routine.yaml').read_bytes()).hexdigest()}.json"
+    assert _fresh_load(pkg).raw == first.raw and first.trusted is False
+
+    # A planted entry for this very text that flips trusted: without a matching hash it is ignored.
+    head, _, payload = entry.read_bytes().partition(b"\n")
+    forged = payload.replace(b'"trusted":false', b'"trusted":true')
+    assert forged != payload
+    entry.write_bytes(head + b"\n" + forged)
+    assert _fresh_load(pkg).trusted is False
+    # With a matching hash but writable by others, it is ignored too (and so is a symlink).
+    entry.write_bytes(__import__("hashlib").sha256(forged).hexdigest().encode() + b"\n" + forged)
+    entry.chmod(0o666)
+    assert _fresh_load(pkg).trusted is False
+    entry.unlink()
+    other = tmp_path / "elsewhere.json"
+    other.write_bytes(__import__("hashlib").sha256(forged).hexdigest().encode() + b"\n" + forged)
+    other.chmod(0o600)
+    entry.symlink_to(other)
+    assert _fresh_load(pkg).trusted is False
+
+
+def test_routine_yaml_that_json_cannot_hold_exactly_is_not_cached(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ENGRAIN_CACHE_DIR", str(cache))
+    pkg = write(tmp_path / "p", "name: p\ninputs: {type: object}\nsteps:\n- {id: r, type: return, value: {1: 2024-01-01}}\n")
+    routine = _fresh_load(pkg)
+    assert routine.steps[0].spec["value"] == {1: __import__("datetime").date(2024, 1, 1)}
+    assert list((cache / "routines").iterdir()) == []  # a date is not JSON: parsed again each time
+    (cache / "routines").chmod(0o777)  # a directory others can write is not used at all
+    pkg2 = write(tmp_path / "q", "name: q\ninputs: {type: object}\nsteps:\n- {id: r, type: return, value: 1}\n")
+    assert _fresh_load(pkg2).name == "q"
+    assert list((cache / "routines").iterdir()) == []

@@ -181,7 +181,7 @@ def test_udf_host_runs_function_and_refuses_files(udf_cache, tmp_path):
             host.call("missing", {})
     finally:
         host.close()
-    assert list(udf_cache.glob("python-*.cwasm"))
+    assert list(udf_cache.glob("wasm/python-*.cwasm"))
 
 
 def test_udf_host_default_bounds_cpu_by_wall_clock(udf_cache, tmp_path):
@@ -195,6 +195,106 @@ def test_udf_host_default_bounds_cpu_by_wall_clock(udf_cache, tmp_path):
         assert e.value.limit == "wall_clock" and e.value.tool == "udf:spin"
     finally:
         host.close()
+
+
+def test_udf_host_sees_only_a_read_only_stdlib_and_its_path(udf_cache, tmp_path):
+    udfs = tmp_path / "udfs.py"
+    udfs.write_text(
+        "import csv, io, os, sys\n"
+        "def where():\n"
+        "    return {'env': dict(os.environ), 'csv': csv.__spec__.origin, 'path': sys.path[0]}\n"
+        "def scribble():\n"
+        "    open('/stdlib/csv.pyc', 'wb').write(b'x')\n"
+        "def parse(text):\n"
+        "    return list(csv.DictReader(io.StringIO(text)))\n"
+    )
+    host = engrain.sandbox.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert host.call("where", {}) == {"env": {"PYTHONPATH": "/stdlib"}, "csv": "/stdlib/csv.pyc", "path": "/stdlib"}
+    with pytest.raises(SandboxError, match="Read-only|Permission|not permitted|Errno"):
+        host.call("scribble", {})
+    assert host.call("parse", {"text": "a,b\n1,2\n"}) == [{"a": "1", "b": "2"}]
+
+
+
+def test_udf_host_serves_every_allow_listed_module_without_the_zip(udf_cache, tmp_path):
+    """Reading the runtime's stdlib zip costs ~15 ms a call: what compiled UDFs import must be extracted."""
+    from engrain._durable.udf_source import ALLOWED_MODULES
+    from engrain._sandbox.udf_host import PRELOAD
+
+    assert ALLOWED_MODULES <= set(PRELOAD)
+    udfs = tmp_path / "udfs.py"
+    udfs.write_text(
+        "from __future__ import annotations\n"
+        f"import sys, {', '.join(sorted(ALLOWED_MODULES))}\n"
+        "def from_zip():\n"
+        "    return sorted(n for n, m in sys.modules.items()\n"
+        "                  if '.zip' in str(getattr(getattr(m, '__spec__', None), 'origin', '')))\n"
+    )
+    assert engrain.sandbox.SandboxUdfHost(udfs, cache_dir=udf_cache).call("from_zip", {}) == []
+
+
+def test_udf_host_stdlib_cache_that_does_not_match_its_manifest_is_extracted_again(udf_cache, tmp_path):
+    """A .pyc changed on disk (by anyone) never runs: the manifest's hashes disagree, so engrain extracts again."""
+    from engrain._sandbox import udf_host
+
+    udfs = tmp_path / "udfs.py"
+    udfs.write_text("import csv\ndef dialect():\n    return csv.excel.delimiter\n")
+    host = udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    folder = pathlib.Path(host._limits.readonly_dirs["/stdlib"])
+    original = (folder / "csv.pyc").read_bytes()
+    # A valid .pyc for 3.12 is not at hand on a 3.11 host; garbage in its place is enough to tell.
+    (folder / "csv.pyc").write_bytes(original[:16] + b"\x00" * 64)
+    udf_host._stdlib_dirs.clear()  # a new process: verified again
+    again = udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert again.call("dialect", {}) == ","
+    assert (folder / "csv.pyc").read_bytes() == original
+    # A module the manifest does not list would shadow the zip's: its presence alone means extracting again.
+    (folder / "textwrap.pyc").write_bytes(original)
+    udf_host._stdlib_dirs.clear()
+    udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert not (folder / "textwrap.pyc").exists() and (folder / "csv.pyc").read_bytes() == original
+
+
+def test_udf_host_compiles_udfs_once_and_checks_the_cached_code(udf_cache, tmp_path):
+    from engrain._sandbox import udf_host
+
+    udfs = tmp_path / "udfs.py"
+    udfs.write_text("def twice(x):\n    return 2 * x\n")
+    host = udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert host._code is not None and host.call("twice", {"x": 21}) == 42
+    (entry,) = [p for p in (udf_cache / "python-code").iterdir() if p.read_bytes().endswith(host._code)]
+    entry.write_bytes(entry.read_bytes()[:-4] + b"\x00\x00\x00\x00")  # not what the compiler wrote
+    again = udf_host.SandboxUdfHost(udfs, cache_dir=udf_cache)
+    assert again._code == host._code and again.call("twice", {"x": 4}) == 8
+
+    broken = tmp_path / "broken" / "udfs.py"
+    broken.parent.mkdir()
+    broken.write_text("def f(:\n    pass\n")
+    bad = udf_host.SandboxUdfHost(broken, cache_dir=udf_cache)
+    assert bad._code is None
+    with pytest.raises(SandboxError, match="SyntaxError"):
+        bad.call("f", {})
+
+
+def test_disk_cache_entries_are_used_only_when_private_and_intact(tmp_path):
+    from engrain._disk_cache import cache_dir, read_verified, write_verified
+
+    folder = cache_dir("t", tmp_path)
+    assert folder is not None and (folder.stat().st_mode & 0o777) == 0o700
+    entry = folder / "e"
+    write_verified(entry, b"payload")
+    assert read_verified(entry) == b"payload"
+    entry.write_bytes(entry.read_bytes()[:-1] + b"X")  # changed after writing
+    assert read_verified(entry) is None
+    write_verified(entry, b"payload")
+    entry.chmod(0o622)  # writable by others
+    assert read_verified(entry) is None
+    entry.chmod(0o600)
+    link = folder / "link"
+    link.symlink_to(entry)
+    assert read_verified(link) is None
+    folder.chmod(0o777)  # a directory others can write is not a cache
+    assert cache_dir("t", tmp_path) is None
 
 
 _EXIT_CHILD = textwrap.dedent("""

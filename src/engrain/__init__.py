@@ -14,56 +14,113 @@ are internal.
 
 from __future__ import annotations
 
-from ._durable.context import (
-    RunResult,
-    current,
-    default_journal,
-    idempotency_key,
-    new_run_id,
-)
-from ._durable.execution import run, run_async
-from ._durable.human import answer, ask, now
-from ._durable.operate import cancel, fork, gc
-from ._durable.outcome import agent_name
-from ._durable.patching import patched
-from ._durable.recovery import Recovered, recover
-from ._durable.sleep import sleep, sleep_until
-from ._durable.tools import ToolRegistry, llm, tool, tools
-from ._durable.udf import udf
-from ._errors import (
-    ConfigError,
-    ConflictError,
-    EngrainError,
-    JSONTooDeepError,
-    LeaseHeldError,
-    LeaseLostError,
-    NondeterminismError,
-    NotJSONError,
-    RetriesExhaustedError,
-    RunFailedError,
-    RunNotFoundError,
-    StepFailedError,
-    StorageError,
-    StoreCorruptError,
-    StoreNotFoundError,
-    StoreVersionError,
-    UnknownStatusError,
-)
-from ._events import Event, NewEvent, RunInfo
-from ._journal import Journal, default_url
-from ._journal import open_journal as open
-from ._version import __version__
-from ._workers.queues import enqueue, queue, queues
+from typing import TYPE_CHECKING
 
-# Heavy parts (numpy/onnxruntime, wasmtime, fastapi, ...) load on first use so
-# ``import engrain`` stays fast. To export a lazy name, ADD one line here:
-# public name -> (module, attribute); an attribute of None exports the module.
+from ._version import __version__
+
+if TYPE_CHECKING:
+    from ._durable.context import (
+        RunResult,
+        current,
+        default_journal,
+        idempotency_key,
+        new_run_id,
+    )
+    from ._durable.execution import run, run_async
+    from ._durable.human import answer, ask, now
+    from ._durable.operate import cancel, fork, gc
+    from ._durable.outcome import agent_name
+    from ._durable.patching import patched
+    from ._durable.recovery import Recovered, recover
+    from ._durable.sleep import sleep, sleep_until
+    from ._durable.tools import ToolRegistry, llm, tool, tools
+    from ._durable.udf import udf
+    from ._errors import (
+        ConfigError,
+        ConflictError,
+        EngrainError,
+        JSONTooDeepError,
+        LeaseHeldError,
+        LeaseLostError,
+        NondeterminismError,
+        NotJSONError,
+        RetriesExhaustedError,
+        RunFailedError,
+        RunNotFoundError,
+        StepFailedError,
+        StorageError,
+        StoreCorruptError,
+        StoreNotFoundError,
+        StoreVersionError,
+        UnknownStatusError,
+    )
+    from ._events import Event, NewEvent, RunInfo
+    from ._workers.queues import enqueue, queue, queues
+    from ._journal import Journal, default_url
+    from ._journal import open_journal as open
+
+# Every public name loads on first use: ``import engrain`` runs before any
+# ``engrain._x`` import (the CLI's included), so it must cost almost nothing, and
+# heavy parts (numpy/onnxruntime, wasmtime, fastapi, ...) load only when used. The
+# TYPE_CHECKING imports above give type checkers the same names. To export a name,
+# ADD one line here: public name -> (module, attribute); an attribute of None
+# exports the module.
 _LAZY: dict[str, tuple[str, str | None]] = {
+    "RunResult": ("._durable.context", "RunResult"),
+    "current": ("._durable.context", "current"),
+    "default_journal": ("._durable.context", "default_journal"),
+    "idempotency_key": ("._durable.context", "idempotency_key"),
+    "new_run_id": ("._durable.context", "new_run_id"),
+    "run": ("._durable.execution", "run"),
+    "run_async": ("._durable.execution", "run_async"),
+    "answer": ("._durable.human", "answer"),
+    "ask": ("._durable.human", "ask"),
+    "now": ("._durable.human", "now"),
+    "cancel": ("._durable.operate", "cancel"),
+    "fork": ("._durable.operate", "fork"),
+    "gc": ("._durable.operate", "gc"),
+    "agent_name": ("._durable.outcome", "agent_name"),
+    "patched": ("._durable.patching", "patched"),
+    "Recovered": ("._durable.recovery", "Recovered"),
+    "recover": ("._durable.recovery", "recover"),
+    "sleep": ("._durable.sleep", "sleep"),
+    "sleep_until": ("._durable.sleep", "sleep_until"),
+    "ToolRegistry": ("._durable.tools", "ToolRegistry"),
+    "llm": ("._durable.tools", "llm"),
+    "tool": ("._durable.tools", "tool"),
+    "tools": ("._durable.tools", "tools"),
+    "udf": ("._durable.udf", "udf"),
+    "ConfigError": ("._errors", "ConfigError"),
+    "ConflictError": ("._errors", "ConflictError"),
+    "EngrainError": ("._errors", "EngrainError"),
+    "JSONTooDeepError": ("._errors", "JSONTooDeepError"),
+    "LeaseHeldError": ("._errors", "LeaseHeldError"),
+    "LeaseLostError": ("._errors", "LeaseLostError"),
+    "NondeterminismError": ("._errors", "NondeterminismError"),
+    "NotJSONError": ("._errors", "NotJSONError"),
+    "RetriesExhaustedError": ("._errors", "RetriesExhaustedError"),
+    "RunFailedError": ("._errors", "RunFailedError"),
+    "RunNotFoundError": ("._errors", "RunNotFoundError"),
+    "StepFailedError": ("._errors", "StepFailedError"),
+    "StorageError": ("._errors", "StorageError"),
+    "StoreCorruptError": ("._errors", "StoreCorruptError"),
+    "StoreNotFoundError": ("._errors", "StoreNotFoundError"),
+    "StoreVersionError": ("._errors", "StoreVersionError"),
+    "UnknownStatusError": ("._errors", "UnknownStatusError"),
+    "Event": ("._events", "Event"),
+    "NewEvent": ("._events", "NewEvent"),
+    "RunInfo": ("._events", "RunInfo"),
+    "enqueue": ("._workers.queues", "enqueue"),
+    "queue": ("._workers.queues", "queue"),
+    "queues": ("._workers.queues", "queues"),
+    "Journal": ("._journal", "Journal"),
+    "default_url": ("._journal", "default_url"),
+    "open": ("._journal", "open_journal"),
     "compile_trace": ("._routines.compiler", "compile_trace"),
     "run_routine": ("._routines.runner", "run_routine"),
     "resume_routine": ("._routines.runner", "resume_routine"),
-    "validate_routine": ("._routines.model", "validate_routine"),
-    "load_routine": ("._routines.model", "load_routine"),
+    "validate_routine": ("._routines.loader", "validate_routine"),
+    "load_routine": ("._routines.loader", "load_routine"),
     "RoutineError": ("._errors", "RoutineError"),
     "RoutineInputError": ("._errors", "RoutineInputError"),
     "RoutineStepError": ("._errors", "RoutineStepError"),

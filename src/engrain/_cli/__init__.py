@@ -1,32 +1,54 @@
 """The ``engrain`` command line (typer).
 
-One module per area registers its commands on :data:`app` (made in
+One module per area registers its commands on the typer app (made in
 :mod:`.common`, so the command modules never import this package). Modules import only
 typer and the standard library at the top and import engrain's heavier parts
 inside each command, so ``engrain --help`` and simple commands start fast.
+``engrain run`` and ``engrain resume`` first try the fast path (:mod:`.fast`),
+which reads their options without importing typer at all.
 
 May import: every pillar, and the other surfaces (``serve`` starts the server).
 """
 
 from __future__ import annotations
 
-from .common import app
+import sys
+from typing import Any
 
-# Registration happens on import; order is the order in --help.
-from . import runs as _runs  # noqa: E402,F401
-from . import operate as _operate  # noqa: E402,F401
-from . import worker as _worker  # noqa: E402,F401
-from . import routines as _routines  # noqa: E402,F401
-from . import cache as _cache  # noqa: E402,F401
-from . import demo as _demo  # noqa: E402,F401
-from . import memory as _memory  # noqa: E402,F401
-from . import serve as _serve  # noqa: E402,F401
+
+def _app() -> Any:
+    from .common import app
+
+    # Registration happens on import; order is the order in --help.
+    from . import runs as _runs  # noqa: F401
+    from . import operate as _operate  # noqa: F401
+    from . import worker as _worker  # noqa: F401
+    from . import routines as _routines  # noqa: F401
+    from . import cache as _cache  # noqa: F401
+    from . import demo as _demo  # noqa: F401
+    from . import memory as _memory  # noqa: F401
+    from . import serve as _serve  # noqa: F401
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # the typer app, with every command registered
+        return _app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    """Console-script entry point: usage errors are one line on stderr (exit 2), like engrain's own errors."""
-    import sys
+    """Console-script entry point: usage errors are one line on stderr (exit 2), like engrain's own errors.
 
+    ``engrain run`` and ``engrain resume`` go through the fast path when they can.
+    """
+    from .fast import main as fast_main
+
+    fast = fast_main(sys.argv[1:])
+    if fast is not None:
+        sys.exit(fast)
+    app = _app()
     try:
         code = app(standalone_mode=False)
     except Exception as e:  # noqa: BLE001 - only click's usage errors are handled here; the rest re-raise

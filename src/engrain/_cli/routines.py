@@ -1,8 +1,10 @@
 """``engrain compile``, ``validate``, ``run``, ``resume``: routine packages.
 
-Exit codes of ``run`` and ``resume``: 0 ok, 1 the run failed (or an engrain
-error), 2 bad input (file, JSON, inputs or answers not matching the schema),
-3 the run waits for input (``needs_input``; answer with ``engrain resume``).
+``run`` and ``resume`` do their work in :mod:`.routine_run`, shared with the
+fast path (:mod:`.fast`) that skips typer. Exit codes of ``run`` and ``resume``:
+0 ok, 1 the run failed (or an engrain error), 2 bad input (file, JSON, inputs or
+answers not matching the schema), 3 the run waits for input (``needs_input``;
+answer with ``engrain resume``).
 
 ``--answers`` takes one format for both commands: a JSON file holding
 ``{field: value}`` (the current prompt) or ``{step_id: {field: value}}`` (one or
@@ -13,7 +15,9 @@ em-core's failure fields ``step_id``, ``error_type`` and ``message`` beside
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
 
 import typer
 
@@ -22,13 +26,8 @@ from .common import (
     UrlOption,
     command,
     errors_as_exit,
-    fail,
-    open_store,
     print_json,
 )
-
-#: Exit code of a run that paused on a ``prompt.user`` step.
-EXIT_NEEDS_INPUT = 3
 
 _ANSWERS_HELP = (
     "Answers JSON file ('-' for stdin): {field: value} for the current prompt, "
@@ -39,44 +38,15 @@ ToolsOption = Annotated[
 ]
 
 
-def _load_json(path: str, what: str) -> Any:
-    import json
-    import pathlib
-    import sys
+@contextmanager
+def _typer_exit() -> Iterator[None]:
+    """The shared command bodies end with routine_run.Exit; typer wants its own Exit."""
+    from .routine_run import Exit
 
     try:
-        text = sys.stdin.read() if path == "-" else pathlib.Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise fail(f"{what} {path}: {e.strerror or e}", 2) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise fail(f"{what} {path}: not JSON (line {e.lineno}: {e.msg})", 2) from None
-
-
-def _report(result: Any, json_out: bool, tools: str | None = None) -> None:
-    import json
-
-    if json_out:
-        print_json(result.to_dict())
-    elif result.status == "ok":
-        typer.echo(json.dumps(result.output, indent=2, ensure_ascii=False))
-    elif result.status == "needs_input":
-        p = result.prompt or {}
-        typer.echo(f"run {result.run_id} needs input (step {p.get('step')}): {p.get('prompt')}")
-        for f in p.get("fields") or []:
-            extra = f" options={f['options']}" if f.get("options") else ""
-            default = f" default={json.dumps(f['default'])}" if "default" in f else ""
-            typer.echo(f"  {f.get('name')} ({f.get('type', 'text')}){extra}{default}")
-        again = f" --tools {tools}" if tools else ""  # the journal's record of it is never imported
-        typer.echo(f"answer with: engrain resume {result.run_id} --answers answers.json{again}")
-    else:
-        where = f" at step {result.step_id}" if result.step_id else ""
-        typer.echo(f"run {result.run_id} failed{where}: {result.error}", err=True)
-    if result.status == "failed":
-        raise typer.Exit(1)
-    if result.status == "needs_input":
-        raise typer.Exit(EXIT_NEEDS_INPUT)
+        yield
+    except Exit as e:
+        raise typer.Exit(e.code) from None
 
 
 @command
@@ -112,7 +82,7 @@ def validate(
     An em-core package is converted on load; the conversions are listed.
     """
     with errors_as_exit():
-        from .._routines.model import load_routine, validate_routine
+        from .._routines.loader import load_routine, validate_routine
         from .._routines.runner import resolve_tools
 
         issues = validate_routine(path, resolve_tools(tools) if tools else None)
@@ -146,22 +116,10 @@ def run(
     json_out: JsonOption = False,
 ) -> None:
     """Run a routine package as a durable run. Exit 0 ok, 1 failed, 2 bad input, 3 needs input."""
-    import pathlib
+    from .routine_run import run_command
 
-    folder = pathlib.Path(path)
-    if not folder.is_dir():
-        raise fail(f"{path}: no such routine folder" if not folder.exists() else f"{path}: not a routine folder", 2)
-    if not (folder / "routine.yaml").is_file():
-        raise fail(f"{path}: not a routine folder (no routine.yaml in it)", 2)
-    inputs = _load_json(input, "--input") if input else _load_json(str(pathlib.Path(path) / "input.json"), "input")
-    given = _load_json(answers, "--answers") if answers else None
-    with errors_as_exit():
-        from .._routines.runner import run_routine
-
-        result = run_routine(
-            path, inputs, tools=tools, run_id=run_id, journal=open_store(url), answers=given, sandbox=True if sandbox else None
-        )
-    _report(result, json_out, tools)
+    with _typer_exit():
+        run_command(path, input, tools, sandbox, answers, run_id, url, json_out)
 
 
 @command
@@ -173,9 +131,7 @@ def resume(
     json_out: JsonOption = False,
 ) -> None:
     """Answer a paused routine run and continue it from the journal (exit codes as ``run``)."""
-    given = _load_json(answers, "--answers")
-    with errors_as_exit():
-        from .._routines.runner import resume_routine
+    from .routine_run import resume_command
 
-        result = resume_routine(run_id, given, tools=tools, journal=open_store(url))
-    _report(result, json_out, tools)
+    with _typer_exit():
+        resume_command(run_id, answers, tools, url, json_out)

@@ -1,6 +1,7 @@
 """Routines: a finished run compiled into a package that runs again with no LLM.
 
-Holds the routine model, loader and validator (:mod:`.model`), the trace
+Holds the routine model (:mod:`.model`), the package loader (:mod:`.loader`) and
+the checks of ``routine.yaml`` (:mod:`.validator`), the trace
 compiler (:mod:`.compiler`) and the JSON Schemas of the traces it reads
 (:mod:`.trace_schema`), the durable runner (:mod:`.runner`), the sandboxed
 ``when``/``assert`` evaluator (:mod:`.expr`, its limits in :mod:`.expr_limits`), ``{{ path }}`` templates

@@ -341,7 +341,7 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     import yaml
 
     from . import template as _template
-    from .model import validate_routine
+    from .loader import validate_routine
 
     data, fmt = _read_trace(trace)
     t = _from_engrain(data) if fmt == "engrain" else _from_emcore(data)

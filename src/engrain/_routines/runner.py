@@ -31,7 +31,8 @@ from .._errors import (
 )
 from .answers import Answers, coerce_answers, parse_answers
 from .expr import Budget
-from .model import Routine, Step, load_routine
+from .loader import load_routine
+from .model import Routine, Step
 
 #: Tag on every routine run; the run's recorded inputs name the routine folder.
 ROUTINE_TAG = "routine"
@@ -117,7 +118,7 @@ def _sandbox_host(routine: Routine) -> Any:
     """One sandbox host per loaded package (a changed udfs.py makes a new Routine, so a new host)."""
     host = routine.sandbox_host
     if host is None:
-        from .._sandbox.wasi import SandboxUdfHost
+        from .._sandbox.udf_host import SandboxUdfHost
 
         host = routine.sandbox_host = SandboxUdfHost(routine.udfs_path)
     return host

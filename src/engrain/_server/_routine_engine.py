@@ -16,7 +16,7 @@ from .._events import Event
 
 def validate(path: Path, tools: Any = None) -> list[dict[str, Any]]:
     """Issues of the routine at ``path`` as ``{severity, file, step, field, message}``."""
-    from .._routines.model import validate_routine
+    from .._routines.loader import validate_routine
 
     return [{"severity": "error", **i.to_dict()} for i in validate_routine(path, tools)]
 
@@ -53,7 +53,7 @@ def resume(run_id: str, answers: dict[str, Any], journal: Any, tools: Any = None
 
 def loaded_inputs(path: Path) -> tuple[Any, str, list[str]]:
     """The routine's effective input schema (em-core's converted), its dialect and its conversions."""
-    from .._routines.model import load_routine
+    from .._routines.loader import load_routine
 
     r = load_routine(path)
     return r.inputs, r.dialect, list(r.conversions)

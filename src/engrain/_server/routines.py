@@ -24,7 +24,7 @@ router = APIRouter(tags=["routines"])
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ROUTINE_FILE = "routine.yaml"
 #: Modules the routine engine needs to validate and run routines.
-_CORE = ("_routines.model", "_routines.runner", "_routines.template", "_routines.expr")
+_CORE = ("_routines.model", "_routines.loader", "_routines.validator", "_routines.runner", "_routines.template", "_routines.expr")
 
 
 class RunBody(Body):

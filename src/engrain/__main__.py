@@ -1,0 +1,5 @@
+"""``python -m engrain``: the ``engrain`` command line."""
+
+from ._cli import main
+
+main()

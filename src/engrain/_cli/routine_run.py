@@ -1,0 +1,140 @@
+"""What ``engrain run`` and ``engrain resume`` do, without typer.
+
+Both commands are reached two ways: through the typer app (``routines.py``)
+and through the fast path (:mod:`.fast`), which parses their options by hand
+so that running a routine does not pay typer's import. Either way the work and
+the output are these functions'; a command ends by raising :class:`Exit`.
+
+Exit codes: 0 ok, 1 the run failed (or an engrain error), 2 bad input (file,
+JSON, inputs or answers not matching the schema), 3 the run waits for input.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+#: Exit code of a run that paused on a ``prompt.user`` step.
+EXIT_NEEDS_INPUT = 3
+
+
+class Exit(Exception):
+    """End the command with ``code`` (what typer.Exit is to the typer app)."""
+
+    def __init__(self, code: int = 0):
+        super().__init__(code)
+        self.code = code
+
+
+def echo(text: str, err: bool = False) -> None:
+    """One line to stdout (or stderr), flushed as typer.echo does."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def fail(message: str, code: int = 1) -> Exit:
+    """Print ``error: message`` to stderr and return the Exit to raise."""
+    echo(f"error: {message}", err=True)
+    return Exit(code)
+
+
+@contextmanager
+def errors_as_exit() -> Iterator[None]:
+    """engrain's typed errors as one line and exit code 1 (2 for bad input), as the typer app does."""
+    from .._errors import EngrainError
+
+    try:
+        yield
+    except (EngrainError, FileNotFoundError, ValueError) as e:
+        raise fail(str(e), 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1) from None
+
+
+def load_json(path: str, what: str) -> Any:
+    """The JSON in file ``path`` (``-``: stdin); exit 2 naming ``what`` when unreadable or not JSON."""
+    import json
+    import pathlib
+
+    try:
+        text = sys.stdin.read() if path == "-" else pathlib.Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise fail(f"{what} {path}: {e.strerror or e}", 2) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise fail(f"{what} {path}: not JSON (line {e.lineno}: {e.msg})", 2) from None
+
+
+def report(result: Any, json_out: bool, tools: str | None = None) -> None:
+    """Print a routine run's result; raise :class:`Exit` 1 when it failed, 3 when it needs input."""
+    import json
+
+    if json_out:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=str) + "\n")
+    elif result.status == "ok":
+        echo(json.dumps(result.output, indent=2, ensure_ascii=False))
+    elif result.status == "needs_input":
+        p = result.prompt or {}
+        echo(f"run {result.run_id} needs input (step {p.get('step')}): {p.get('prompt')}")
+        for f in p.get("fields") or []:
+            extra = f" options={f['options']}" if f.get("options") else ""
+            default = f" default={json.dumps(f['default'])}" if "default" in f else ""
+            echo(f"  {f.get('name')} ({f.get('type', 'text')}){extra}{default}")
+        again = f" --tools {tools}" if tools else ""  # the journal's record of it is never imported
+        echo(f"answer with: engrain resume {result.run_id} --answers answers.json{again}")
+    else:
+        where = f" at step {result.step_id}" if result.step_id else ""
+        echo(f"run {result.run_id} failed{where}: {result.error}", err=True)
+    if result.status == "failed":
+        raise Exit(1)
+    if result.status == "needs_input":
+        raise Exit(EXIT_NEEDS_INPUT)
+
+
+def _journal(url: str | None):
+    from .._journal import open_journal
+
+    return open_journal(url, create=True)
+
+
+def run_command(
+    path: str,
+    input: str = "",
+    tools: str | None = None,
+    sandbox: bool = False,
+    answers: str | None = None,
+    run_id: str | None = None,
+    url: str | None = None,
+    json_out: bool = False,
+) -> None:
+    """``engrain run``: run the routine package at ``path`` as a durable run."""
+    import pathlib
+
+    folder = pathlib.Path(path)
+    if not folder.is_dir():
+        raise fail(f"{path}: no such routine folder" if not folder.exists() else f"{path}: not a routine folder", 2)
+    if not (folder / "routine.yaml").is_file():
+        raise fail(f"{path}: not a routine folder (no routine.yaml in it)", 2)
+    inputs = load_json(input, "--input") if input else load_json(str(folder / "input.json"), "input")
+    given = load_json(answers, "--answers") if answers else None
+    with errors_as_exit():
+        from .._routines.runner import run_routine
+
+        result = run_routine(
+            path, inputs, tools=tools, run_id=run_id, journal=_journal(url), answers=given, sandbox=True if sandbox else None
+        )
+    report(result, json_out, tools)
+
+
+def resume_command(
+    run_id: str, answers: str, tools: str | None = None, url: str | None = None, json_out: bool = False
+) -> None:
+    """``engrain resume``: answer a paused routine run and continue it from the journal."""
+    given = load_json(answers, "--answers")
+    with errors_as_exit():
+        from .._routines.runner import resume_routine
+
+        result = resume_routine(run_id, given, tools=tools, journal=_journal(url))
+    report(result, json_out, tools)

@@ -1,0 +1,234 @@
+"""Reading a routine package folder: :func:`load_routine` and :func:`validate_routine`.
+
+The YAML is loaded safely, em-core's own package format (``input_schema``,
+``check:``, a ``prompt:`` mapping, ``udf.py``, ``schemas/``) is converted on load
+by :mod:`.emcore` (the loaded :class:`~.model.Routine` lists the conversions),
+``udfs.py`` is parsed with :mod:`ast` and never run, and the data is checked by
+:mod:`.validator`. :func:`load_routine` returns a :class:`~.model.Routine`
+(cached by path and mtimes) or raises :class:`~engrain.RoutineError` listing the
+problems; :func:`validate_routine` returns them.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pathlib
+import threading
+from typing import Any
+
+from .._disk_cache import cache_dir, digest, read_verified, write_verified
+from .._errors import JSONTooDeepError, RoutineError
+from .._events import MAX_DEPTH, check_depth
+from .model import ROUTINE_FILE, UDFS_FILE, Package, Routine, RoutineIssue, Step, UdfInfo
+from .validator import check_routine_data
+
+
+def _safe_file(root: pathlib.Path, name: str) -> pathlib.Path:
+    """``root/name``, refusing a file whose real path (symlinks resolved) leaves ``root``."""
+    p = root / name
+    real = p.resolve()
+    if real.parent != root.resolve():
+        raise RoutineError(str(root), [RoutineIssue(name, None, "file", f"resolves outside the routine folder: {real}")])
+    return p
+
+
+def parse_udfs(source: str) -> dict[str, UdfInfo]:
+    """Top-level functions of ``udfs.py`` source, found with :mod:`ast` (never executed)."""
+    out: dict[str, UdfInfo] = {}
+    for node in ast.parse(source, UDFS_FILE).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+            a = node.args
+            pos = [p.arg for p in a.posonlyargs + a.args]
+            kwonly = [p.arg for p in a.kwonlyargs]
+            n_default = len(a.defaults)
+            required = pos[: len(pos) - n_default] + [p.arg for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is None]
+            out[node.name] = UdfInfo(node.name, pos + kwonly, required, a.kwarg is not None, a.vararg is not None, node.lineno)
+    return out
+
+
+_MISS = object()
+
+
+def _yaml_cache_file(text: str) -> pathlib.Path | None:
+    folder = cache_dir("routines")
+    return None if folder is None else folder / f"{digest(text.encode('utf-8'))}.json"
+
+
+def _cached_yaml(text: str) -> Any:
+    """The data of this exact routine.yaml text, parsed before (``_MISS`` if not cached).
+
+    Importing PyYAML costs more than running a small routine, so the CLI, a new
+    process each time, keeps parsed routine.yaml data as JSON in engrain's cache
+    directory, named by the text's SHA-256 (see :mod:`engrain._disk_cache` for
+    what makes an entry usable). The data is then checked as if just parsed.
+    """
+    path = _yaml_cache_file(text)
+    payload = read_verified(path) if path is not None else None
+    if payload is None:
+        return _MISS
+    import json
+
+    try:
+        return json.loads(payload)
+    except (ValueError, RecursionError):
+        return _MISS
+
+
+def _cache_yaml(text: str, data: Any) -> None:
+    """Keep ``data`` for :func:`_cached_yaml` when JSON holds it exactly (str keys, no dates, no NaN)."""
+    import json
+
+    try:
+        payload = json.dumps(data, allow_nan=False, separators=(",", ":"))
+        if json.loads(payload) != data:
+            return
+    except (TypeError, ValueError, RecursionError):
+        return
+    path = _yaml_cache_file(text)
+    if path is not None:
+        write_verified(path, payload.encode("utf-8"))
+
+
+def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], Package]:
+    """routine.yaml data (em-core's format converted) and the UDF source; issues for unreadable files."""
+    from . import emcore
+
+    pkg = Package()
+    if not root.is_dir():
+        why = "not a routine folder (no such folder)" if not root.exists() else "not a routine folder (not a folder)"
+        raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", why)])
+    path = _safe_file(root, ROUTINE_FILE)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, "file", "missing")], pkg
+    data = _cached_yaml(text)
+    if data is _MISS:
+        import yaml
+
+        try:
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # safe loader only
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark is not None else "yaml"
+            return None, None, [RoutineIssue(ROUTINE_FILE, None, where, f"invalid YAML: {getattr(e, 'problem', e)}")], pkg
+        except RecursionError:
+            return None, None, [RoutineIssue(ROUTINE_FILE, None, "yaml", f"nested deeper than {MAX_DEPTH} levels")], pkg
+        _cache_yaml(text, data)
+    try:
+        check_depth(data, ROUTINE_FILE, "routine", MAX_DEPTH)
+    except JSONTooDeepError as e:
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, e.path.removeprefix("routine."), f"nested deeper than {MAX_DEPTH} levels")], pkg
+    issues: list[RoutineIssue] = []
+    has_udfs, has_udf = (root / UDFS_FILE).exists(), (root / emcore.UDF_FILE).exists()
+    if has_udfs and has_udf:
+        issues.append(RoutineIssue(emcore.UDF_FILE, None, "file", f"both {UDFS_FILE} and {emcore.UDF_FILE} exist: keep one"))
+    elif has_udf:
+        pkg.udf_file = emcore.UDF_FILE
+    if emcore.is_emcore(data, root):
+        data, pkg.conversions, problems = emcore.convert(data, root)
+        pkg.dialect = "em-core"
+        pkg.bare = emcore.input_names(data)
+        pkg.open_inputs = not pkg.bare and not (data.get("inputs") or {}).get("properties")
+        issues += [RoutineIssue(f, None, "file", m) for f, m in problems]
+    udfs = _safe_file(root, pkg.udf_file)
+    source = udfs.read_text(encoding="utf-8") if udfs.exists() else None
+    return data, source, issues, pkg
+
+
+def _analyse(
+    root: pathlib.Path, tools: Any
+) -> tuple[Any, dict[str, UdfInfo] | None, list[RoutineIssue], list[Step], Package]:
+    data, source, issues, pkg = _read(root)
+    if data is None:
+        return data, None, issues, [], pkg
+    udfs: dict[str, UdfInfo] | None = None
+    problem = None
+    if source is not None:
+        try:
+            udfs = parse_udfs(source)
+        except SyntaxError as e:
+            issues.append(RoutineIssue(pkg.udf_file, None, f"line {e.lineno}", f"syntax error: {e.msg}"))
+            problem = f"{pkg.udf_file} has a syntax error"
+    else:
+        udfs = {}
+        problem = None
+    found, steps = check_routine_data(data, tools, udfs, problem, pkg)
+    if source is None:
+        found = [
+            RoutineIssue(i.file, i.step, i.field, i.message.replace(f"{UDFS_FILE} defines no function", f"{UDFS_FILE} is missing; no function"))
+            for i in found
+        ]
+    return data, udfs, issues + found, steps, pkg
+
+
+def validate_routine(path: str | os.PathLike[str], tools: Any = None) -> list[RoutineIssue]:
+    """Every problem of the routine package at ``path`` (empty when valid).
+
+    With ``tools`` (a :class:`~engrain.ToolRegistry`), tool names must be registered.
+    ``udfs.py`` is parsed, never imported or executed.
+    """
+    root = pathlib.Path(path)
+    try:
+        return _analyse(root, tools)[2]
+    except RoutineError as e:
+        return list(e.issues)
+
+
+_cache: dict[str, tuple[tuple[float, ...], Routine]] = {}
+_cache_lock = threading.Lock()
+
+
+def _mtimes(root: pathlib.Path) -> tuple[float, ...]:
+    out = []
+    for name in (ROUTINE_FILE, UDFS_FILE, "udf.py", "schemas/input.schema.json", "schemas/output.schema.json"):
+        try:
+            st = os.stat(root / name)
+            out.append(st.st_mtime_ns + st.st_size * 1e-3)
+        except FileNotFoundError:
+            out.append(-1.0)
+    return tuple(out)
+
+
+def load_routine(path: str | os.PathLike[str]) -> Routine:
+    """The routine package at ``path``; :class:`~engrain.RoutineError` listing every problem.
+
+    Parsed packages are cached by absolute path and the mtimes of their files.
+    """
+    root = pathlib.Path(path).absolute()
+    key = str(root)
+    stamp = _mtimes(root)
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    data, udfs, issues, steps, pkg = _analyse(root, None)
+    if issues:
+        raise RoutineError(key, issues)
+    from . import template as _template
+
+    for st in steps:
+        value = st.spec.get("args", {}) if st.type in ("tool.call", "udf.call") else st.spec.get("value")
+        if st.type in ("tool.call", "udf.call", "return"):
+            st.dynamic = bool(_template.variables(value))
+    r = Routine(
+        path=root,
+        name=data["name"],
+        description=str(data.get("description", "")),
+        version=str(data.get("version", "")),
+        trusted=bool(data.get("trusted", False)),
+        inputs=data["inputs"],
+        output=data.get("output"),
+        tools={k: (v or {}) for k, v in (data.get("tools") or {}).items()},
+        steps=steps,
+        udfs=udfs or {},
+        raw=data,
+        dialect=pkg.dialect,
+        conversions=pkg.conversions,
+        bare_inputs=pkg.dialect == "em-core",
+        udf_file=pkg.udf_file,
+    )
+    with _cache_lock:
+        _cache[key] = (stamp, r)
+    return r
