@@ -467,7 +467,9 @@ class MemoryStore(TextSearch):
         over the whole table.
         """
         out: dict[str, list[Record]] = {}
-        sql = (f"SELECT {_REC_COLS} FROM engrain_mem_records WHERE skill = ? AND seq BETWEEN ? AND ? "
+        # SQLite would otherwise pick the (skill, digest) index and sort every record of the skill.
+        table = "engrain_mem_records NOT INDEXED" if self.backend == "sqlite" else "engrain_mem_records"
+        sql = (f"SELECT {_REC_COLS} FROM {table} WHERE skill = ? AND seq BETWEEN ? AND ? "
                "AND (expires IS NULL OR expires > ?) ORDER BY seq {} LIMIT 1")
         with self._lock:
             for r in hits:
