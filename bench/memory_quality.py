@@ -39,7 +39,7 @@ Measured 2026-11-23 (525 questions; any@5 all@5 any@10 all@10): engrain .347 .17
 bm25 .225 .109 .286 .149, dense .354 .190 .467 .263, rrf .310 .156 .427 .230, expand .349 .248
 .476 .383, ctx .330 .168 .429 .236, prev .360 .234 .469 .331. At 100k records: recall p50
 11.4 ms, rrf 8.9 ms, expand 11.5 ms (load 2). e5 (6-owner slice, 43 questions): dense any@10
-.372 vs MiniLM .558, and ~110 ms per query embedding vs MiniLM's ~5 ms: not adopted.
+.372 vs MiniLM .558, and ~110 ms per query embedding vs MiniLM's ~7 ms: not adopted.
 
 Usage:
     python bench/memory_quality.py [--owners 40] [--sessions 30] [--per-owner 30] [--ideas rrf,expand,ctx,prev]
