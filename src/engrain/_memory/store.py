@@ -459,6 +459,25 @@ class MemoryStore(TextSearch):
                           "ORDER BY seq DESC LIMIT 1", (skill, seq)).fetchone()
         return _record(row) if row else None
 
+    def adjacent_records(self, hits: Sequence[Record], now: float, window: int = 1000) -> dict[str, list[Record]]:
+        """For each record in ``hits``: the live records of its skill stored just before and just after it.
+
+        Looks at most ``window`` rows either way (a range on the primary key),
+        so a skill whose records are far apart costs a bounded scan, not one
+        over the whole table.
+        """
+        out: dict[str, list[Record]] = {}
+        # SQLite would otherwise pick the (skill, digest) index and sort every record of the skill.
+        table = "engrain_mem_records NOT INDEXED" if self.backend == "sqlite" else "engrain_mem_records"
+        sql = (f"SELECT {_REC_COLS} FROM {table} WHERE skill = ? AND seq BETWEEN ? AND ? "
+               "AND (expires IS NULL OR expires > ?) ORDER BY seq {} LIMIT 1")
+        with self._lock:
+            for r in hits:
+                rows = [self._x(sql.format("DESC"), (r.skill, r.seq - window, r.seq - 1, now)).fetchone(),
+                        self._x(sql.format("ASC"), (r.skill, r.seq + 1, r.seq + window, now)).fetchone()]
+                out[r.id] = [_record(row) for row in rows if row]
+        return out
+
     def release(self, token: str, seqs: Sequence[int]) -> None:
         """Give claimed rows back to the buffer (their cluster failed; a later run retries them)."""
         with self.tx():

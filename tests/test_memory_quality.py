@@ -1,0 +1,131 @@
+"""bench/memory_quality.py: its metric code on known rankings, and hybrid recall on a slice of its data set.
+
+The slice is built offline from the chitchat-dataset package like the bench's
+full set, and embedded with the real packaged MiniLM model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def mq():
+    spec = importlib.util.spec_from_file_location("memory_quality", ROOT / "bench" / "memory_quality.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["memory_quality"] = mod  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop("memory_quality", None)
+
+
+def test_recall_at_on_known_rankings(mq):
+    ranked = ["a", "b", "c", "d", "e", "f"]
+    assert mq.recall_at(ranked, {"c"}, 3) == (1.0, 1.0)
+    assert mq.recall_at(ranked, {"d"}, 3) == (0.0, 0.0)
+    assert mq.recall_at(ranked, {"a", "f"}, 5) == (1.0, 0.0)  # one of two in the top 5: any, not all
+    assert mq.recall_at(ranked, {"a", "f"}, 6) == (1.0, 1.0)
+    assert mq.recall_at(["a"], {"a", "z"}, 10) == (1.0, 0.0)  # a short ranking counts what it has
+    with pytest.raises(ValueError):
+        mq.recall_at(ranked, set(), 5)
+
+
+def test_score_averages_over_questions(mq):
+    rankings = [["a", "b", "x", "y", "z", "c"], ["q", "r"], ["m", "n", "o"]]
+    evidence = [{"a", "c"}, {"r"}, {"zz"}]
+    s = mq.score(rankings, evidence, ks=(1, 5, 10))
+    assert s == {"any@1": pytest.approx(1 / 3), "all@1": 0.0,
+                 "any@5": pytest.approx(2 / 3), "all@5": pytest.approx(1 / 3),
+                 "any@10": pytest.approx(2 / 3), "all@10": pytest.approx(2 / 3)}
+    with pytest.raises(ValueError):
+        mq.score(rankings, evidence[:2])
+
+
+def test_rrf_order(mq):
+    # "b" is 2nd in both lists: 2/(60+2) beats "a" (1st in one list only: 1/61) and "c".
+    assert mq.rrf(["a", "b"], ["b", "c"]) == ["b", "a", "c"]
+    assert mq.rrf(["a", "b", "c"], [], k=1) == ["a", "b", "c"]
+
+
+def test_questions_are_topical_and_answers_substantive(mq):
+    assert mq.is_question("What kind of music do you listen to?")
+    assert not mq.is_question("how are you?")
+    assert not mq.is_question("What about you?")
+    assert not mq.is_question("I play the guitar.")
+    assert mq.is_answer("mostly indie rock lately")
+    assert not mq.is_answer("haha")
+    assert not mq.is_answer("what do you listen to?")
+
+
+@pytest.fixture(scope="module")
+def slice_store(mq, embedder, tmp_path_factory):
+    ds = mq.build(mq.load_corpus(), owners=6, sessions=8, per_owner=30)
+    st = mq.fill(ds, embedder, "plain", tmp_path_factory.mktemp("mq"), "slice", cache=False)
+    yield ds, st
+    st.mem.close()
+
+
+def test_slice_is_multi_session_with_held_out_questions(mq, slice_store):
+    ds, st = slice_store
+    assert len(ds.owners) == 6 and len(ds.questions) >= 30
+    for owner in ds.owners:
+        assert len({t.session for t in ds.turns if t.owner == owner}) == 8
+    stored = {(t.owner, t.text) for t in ds.turns}
+    # The question message is held out; the same words said again elsewhere by the two people stay in memory.
+    assert sum((q.owner, q.text) in stored for q in ds.questions) <= len(ds.questions) // 10
+    for q in ds.questions:
+        assert q.evidence
+        for i in q.evidence:
+            t = ds.turns[i]
+            assert t.owner == q.owner and t.session == q.session and t.speaker == "owner" and t.time >= q.time
+            assert mq.is_answer(t.text)
+
+
+def test_hybrid_recall_against_each_single_method_on_the_slice(mq, slice_store):
+    """Hybrid beats BM25 alone; with neighbouring turns it beats both single methods on all-evidence recall.
+
+    Not asserted, because it does not hold on this data: hybrid >= dense alone.
+    On chat messages BM25 matches few topic words and its 0.20 weight pulls
+    weak word matches above better cosine hits (bench/memory_quality.py prints
+    the full table).
+    """
+    ds, st = slice_store
+    res = mq.run_methods(ds, st, ["engrain", "bm25", "dense", "expand"])
+    s = {m: r[0] for m, r in res.items()}
+    for k in ("any@5", "any@10", "all@10"):
+        assert s["engrain"][k] >= s["bm25"][k], (k, s)
+    for single in ("bm25", "dense"):
+        assert s["expand"]["all@10"] > s[single]["all@10"], (single, s)
+    assert s["expand"]["all@10"] > s["engrain"]["all@10"]
+    assert s["engrain"]["any@10"] > 0.3  # far above chance: each owner holds ~350 messages
+    for _, p50 in res.values():
+        assert p50 > 0
+
+
+def test_recall_neighbours_brings_the_turn_beside_a_hit(store_url, embedder):
+    """``recall(neighbours=True)``: the answer stored right after the matching question comes with it."""
+    from engrain._memory import NEIGHBOUR_SHARE, Memory
+    from engrain._memory.synth import ExtractiveSynthesizer
+
+    turns = ["What instrument did you learn as a kid?", "the cello, for about eight years",
+             "We adopted a puppy last spring.", "Which city did you grow up in?", "mostly in Porto, near the river"]
+    with Memory(store_url, embedder=embedder, synthesizer=ExtractiveSynthesizer()) as mem:
+        ids = mem.remember_many([{"data": t, "skill": "chat", "metadata": {"who": "ann" if i % 2 else "bob"}}
+                                 for i, t in enumerate(turns)])
+        mem.remember("Which instrument is the loudest in an orchestra?", skill="other")  # another skill: never a neighbour
+        q = "what instrument did you learn as a child?"
+        plain = mem.recall(q, skill="chat", top_k=2)
+        near = mem.recall(q, skill="chat", top_k=2, neighbours=True)
+        assert plain[0].id == ids[0] and near[0].id == ids[0]
+        assert near[1].id == ids[1] and near[1].provenance["neighbour_of"] == ids[0]
+        assert near[1].score == pytest.approx(NEIGHBOUR_SHARE * near[0].score, abs=1e-5)
+        # A metadata filter also holds for neighbours: bob's question has no neighbour by bob.
+        only_bob = mem.recall(q, skill="chat", top_k=3, where={"who": "bob"}, neighbours=True)
+        assert ids[1] not in {r.id for r in only_bob}
+        assert all(r.skill == "chat" for r in mem.recall(q, top_k=5, neighbours=True) if r.id in ids[:2])
