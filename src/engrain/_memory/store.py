@@ -19,7 +19,8 @@ Vectors are float32 bytes (BLOB / BYTEA) searched in numpy by :mod:`.index`;
 with the ``vector`` extension (pgvector) on the server, a ``vec`` column (filled
 from the bytes for older rows) is searched in SQL instead, through an HNSW index
 with the in-process graph's parameters (iterative scans keep filtered searches
-full).
+full; a search they leave short ranks its filter's rows exactly, through the
+skill btree or the GIN index on ``metadata::jsonb``).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ CREATE TABLE IF NOT EXISTS engrain_mem_records (
     expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', hint || ' ' || content)) STORED,
     UNIQUE (skill, digest));
-CREATE INDEX IF NOT EXISTS engrain_mem_records_tsv ON engrain_mem_records USING GIN (tsv);
+DROP INDEX IF EXISTS engrain_mem_records_tsv;
+CREATE INDEX IF NOT EXISTS engrain_mem_records_meta ON engrain_mem_records USING GIN ((metadata::jsonb) jsonb_path_ops);
 CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     seq BIGSERIAL PRIMARY KEY,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
@@ -76,7 +78,7 @@ CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL, synthesizer TEXT NOT NULL,
     embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', title || ' ' || content)) STORED);
-CREATE INDEX IF NOT EXISTS engrain_mem_articles_tsv ON engrain_mem_articles USING GIN (tsv);
+DROP INDEX IF EXISTS engrain_mem_articles_tsv;
 CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
     seq BIGSERIAL PRIMARY KEY,
     kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
@@ -417,6 +419,13 @@ class MemoryStore(TextSearch):
             params.append(skill)
         with self._lock:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted here
             rows = self._x(sql + " ORDER BY d LIMIT ?", (*params, limit)).fetchall()
+            if len(rows) < limit:
+                # An iterative scan gives up after hnsw.max_scan_tuples: a filter that keeps few rows, all far
+                # from the query, can leave it short. Those rows are few, so rank them all exactly (found
+                # through the filter's own index: skill btree, metadata GIN); a store smaller than limit lands
+                # here too, at no cost.
+                rows = self._x(f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?",
+                               (*params, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
     def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
