@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from engrain._memory import Memory
+from engrain._memory import store as store_mod
 from engrain._memory.store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M
 from engrain._memory.synth import ExtractiveSynthesizer
 from tests.test_memory import PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
@@ -129,21 +130,32 @@ def test_hnsw_search_equals_exact_search(forced: Memory):
     assert hits / (10 * len(qs)) >= 0.95
 
 
-def test_selective_filters_still_return_top_k(forced: Memory):
+def test_selective_filters_still_return_top_k(forced: Memory, monkeypatch):
     m, emb = forced, WordHashEmbedder()
     qv = emb.embed(["ann fixed the router in paris"])[0]
     rare = _exact(m, qv, 20, lambda r: r.metadata.get("user") == "rare")
-    # 30 of 2000 rows match: ef_search alone would see about one of them.
-    got = [i for i, _ in m.store.pg_vector_search("record", qv, None, time.time(), 20, {"user": "rare"})]
-    assert got == rare
     tiny = _exact(m, qv, 20, lambda r: r.skill == "tiny")
-    assert len(tiny) == 5
-    assert [i for i, _ in m.store.pg_vector_search("record", qv, "tiny", time.time(), 20)] == tiny
-    # When the iterative scan gives up early (or is off), the few matching rows are ranked exactly instead.
+    assert len(rare) == 20 and len(tiny) == 5
+
+    def search(skill=None, where=None):
+        return [i for i, _ in m.store.pg_vector_search("record", qv, skill, time.time(), 20, where)]
+
+    # 30 and 5 of 2000 rows match: the planner says so, and those rows are ranked exactly.
+    sent = _captured(m, lambda: search(where={"user": "rare"}))
+    assert sent[-1][0].startswith("WITH f AS MATERIALIZED")
+    assert search(where={"user": "rare"}) == rare and search("tiny") == tiny
+    # Past the threshold the HNSW graph is walked with an iterative scan (ef_search alone would see about
+    # one of the 30 rows) and still fills the limit.
+    monkeypatch.setattr(store_mod, "PG_EXACT_ROWS", 0)
+    sent = _captured(m, lambda: search(where={"user": "rare"}))
+    assert not sent[-1][0].startswith("WITH") and "Index Scan using engrain_mem_records_vec" in _plan(m, *sent[-1])
+    assert search(where={"user": "rare"}) == rare
+    # When the scan gives up early (or iterative scans are off), the few matching rows are ranked exactly.
     m.store._db.execute("SET hnsw.max_scan_tuples = 50")
-    assert [i for i, _ in m.store.pg_vector_search("record", qv, None, time.time(), 20, {"user": "rare"})] == rare
+    assert search(where={"user": "rare"}) == rare
     m.store._db.execute("SET hnsw.iterative_scan = off")
-    assert [i for i, _ in m.store.pg_vector_search("record", qv, "tiny", time.time(), 20)] == tiny
+    assert search("tiny") == tiny
+    monkeypatch.undo()
     # Through recall: a filtered recall keeps top_k, every hit from the filter.
     hits = m.recall("ann fixed the router in paris", top_k=10, where={"user": "rare"})
     assert len(hits) == 10 and {h.metadata["user"] for h in hits} == {"rare"}

@@ -95,6 +95,10 @@ _ART_COLS = ("seq, id, skill, title, content, sources, metadata, created, update
              " importance")
 #: HNSW parameters, shared by pgvector's index and the in-process hnswlib graph.
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 96
+#: A filtered pgvector search expected to keep at most this many rows ranks them all exactly instead of
+#: scanning the HNSW graph: a few milliseconds of distances, against an HNSW walk that grows as 1/selectivity
+#: and (iterative scans) may stop short of the limit.
+PG_EXACT_ROWS = 5000
 
 
 def _vec_literal(vec: np.ndarray) -> str:
@@ -404,29 +408,49 @@ class MemoryStore(TextSearch):
 
     def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
                          where: dict[str, Any] | None = None) -> list[tuple[str, float]]:
-        """pgvector search: up to ``limit`` ``(id, cosine)`` of live rows (of ``skill`` if given), nearest first."""
+        """pgvector search: up to ``limit`` ``(id, cosine)`` of live rows (of ``skill`` if given), nearest first.
+
+        Unfiltered, the HNSW index serves it. A filter (``skill``, ``where``) that
+        the planner expects to keep at most :data:`PG_EXACT_ROWS` rows is ranked
+        exactly over those rows (found through the skill btree or the metadata
+        GIN): an HNSW scan would walk ``limit / selectivity`` graph nodes to
+        collect as many matches, more work than ranking the rows themselves, and
+        an iterative scan stops after ``hnsw.max_scan_tuples`` with fewer than
+        ``limit``. Wider filters use the HNSW iterative scan; if it still comes
+        back short, the exact ranking runs instead.
+        """
         table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
-        sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE vec IS NOT NULL"
-        params: list[Any] = [_vec_literal(vec)]
+        cond, params = "vec IS NOT NULL", []
         if tier == "record":
-            sql += " AND (expires IS NULL OR expires > ?)"
+            cond += " AND (expires IS NULL OR expires > ?)"
             params.append(now)
-            cond, cp = _filters.sql(self.backend, where)
-            sql += cond
-            params += cp
+            wcond, wp = _filters.sql(self.backend, where)
+            cond += wcond
+            params += wp
+        else:
+            where = None
         if skill is not None:
-            sql += " AND skill = ?"
+            cond += " AND skill = ?"
             params.append(skill)
-        with self._lock:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted here
-            rows = self._x(sql + " ORDER BY d LIMIT ?", (*params, limit)).fetchall()
-            if len(rows) < limit:
-                # An iterative scan gives up after hnsw.max_scan_tuples: a filter that keeps few rows, all far
-                # from the query, can leave it short. Those rows are few, so rank them all exactly (found
-                # through the filter's own index: skill btree, metadata GIN); a store smaller than limit lands
-                # here too, at no cost.
-                rows = self._x(f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?",
-                               (*params, limit)).fetchall()
+        sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE {cond}"
+        qparams = [_vec_literal(vec), *params]
+        exact = f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?"
+        with self._lock:
+            if (where or skill is not None) and self._pg_rows(f"SELECT 1 FROM {table} WHERE {cond}", params) \
+                    <= PG_EXACT_ROWS:
+                rows = self._x(exact, (*qparams, limit)).fetchall()
+            else:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted below
+                rows = self._x(sql + " ORDER BY d LIMIT ?", (*qparams, limit)).fetchall()
+                if len(rows) < limit:  # the scan gave up, or the store holds fewer rows than limit
+                    rows = self._x(exact, (*qparams, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
+
+    def _pg_rows(self, sql: str, params: Sequence[Any]) -> float:
+        """The planner's estimate of the rows ``sql`` returns (planning only: a fraction of a millisecond)."""
+        plan = self._x("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return float(plan[0]["Plan"]["Plan Rows"])
 
     def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
         """Ids of live records matching the metadata filter ``where`` (of ``skill`` if given)."""
