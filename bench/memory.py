@@ -344,7 +344,8 @@ def main() -> None:
                          len(r["lat"]), pct(r["wlat"]), r["wfull"], len(r["wlat"])))
         if pg is not None and n in pg_s:
             qv = emb.embed(qs[:a.check_queries])
-            extra.append((n, mp.correctness(pg, n, vn, qv), mp.explain(pg, n, qv[0], qs[0])))
+            extra.append((n, mp.correctness(pg, n, vn, qv), mp.explain(pg, n, qv[0], qs[0]),
+                          mp.phases(mp.store_url(pg, n), qs[:a.check_queries])))
         for s in sides:
             s.close()
     print(f"\nend: {time.strftime('%H:%M:%S')}, {load()}")
@@ -358,7 +359,7 @@ def main() -> None:
         bulk = f"{info['bulk']:.0f}" if "bulk" in info else "-"
         print(f"{n:>8} {name:<34} {p50:>6.2f}ms {p95:>6.2f}ms {lo:>5.2f}-{hi:<5.2f}ms {nq:>4} {wp50:>7.2f}ms "
               f"{wfull / max(wn, 1):>5.0%} {single:>8.0f} {bulk:>8}  {build}")
-    for n, corr, plans in extra:
+    for n, corr, plans, steps in extra:
         print(f"\nPostgreSQL {n}: HNSW (m={HNSW_M}, ef_construction={HNSW_EF_CONSTRUCTION}, "
               f"ef_search={HNSW_EF}, iterative scan) vs exact, {a.check_queries} queries:")
         for label, c in corr.items():
@@ -366,6 +367,7 @@ def main() -> None:
                   f"vector half p50 {c['p50_ms']:.2f}ms")
         for what, plan in plans:
             print(f"  EXPLAIN ANALYZE {what}: {plan}")
+        print("  recall steps, p50: " + ", ".join(f"{k} {v:.2f}ms" for k, v in steps.items()))
     for n, name, info, *_ in rows:
         if "hnsw_s" in info:
             print(f"PostgreSQL {n}: HNSW build {info['hnsw_s']:.0f}s; index sizes {info.get('index_sizes')}")

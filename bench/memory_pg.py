@@ -214,16 +214,21 @@ def explain(admin: str, n: int, qvec: np.ndarray, query: str) -> list[tuple[str,
     real = st._db.execute
 
     def spy(sql, params=None, **kw):  # the statements recall sends, to EXPLAIN them as sent
-        if sql.lstrip().upper().startswith("SELECT") and ("ORDER BY" in sql):
+        if sql.lstrip().upper().startswith(("SELECT", "WITH")) and "ORDER BY" in sql:
             captured.append((sql, list(params or [])))
         return real(sql, params, **kw)
 
     st._db.execute = spy  # type: ignore[method-assign]
-    st.pg_vector_search("record", qvec, None, time.time(), 20)
-    st.pg_vector_search("record", qvec, None, time.time(), 20, {"user": "u17"})
-    st.text_search(query, None, time.time(), 20)
+    names = []
+    for name, call in (("vector half", lambda: st.pg_vector_search("record", qvec, None, time.time(), 20)),
+                       ("vector half, where user (0.1%)",
+                        lambda: st.pg_vector_search("record", qvec, None, time.time(), 20, {"user": "u17"})),
+                       ("vector half, skill (2%)", lambda: st.pg_vector_search("record", qvec, "team7", time.time(), 20)),
+                       ("full-text half", lambda: st.text_search(query, None, time.time(), 20))):
+        before = len(captured)
+        call()
+        names += [name] * (len(captured) - before)
     st._db.execute = real  # type: ignore[method-assign]
-    names = ["vector half", "vector half, where user (0.1%)", "full-text half"]
     for name, (sql, params) in zip(names, captured):
         plan = [r[0] for r in st._db.execute("EXPLAIN (ANALYZE, BUFFERS OFF) " + sql, params).fetchall()]
         nodes = [p.strip().lstrip("-> ").split("  (")[0] for p in plan if "(cost=" in p]
@@ -250,6 +255,30 @@ def main() -> None:
     info = build(admin, n, texts, vecs, Lookup.name, Lookup.dim, sys.argv[2] if len(sys.argv) > 2 else "4GB",
                  int(sys.argv[3]) if len(sys.argv) > 3 else 1)
     print(info, flush=True)
+
+
+def phases(url: str, qs: list[str]) -> dict[str, float]:
+    """p50 ms of each step of a recall on the store at ``url`` (query embedding, each half, the whole recall)."""
+    from engrain._memory import Memory
+    from engrain._memory.synth import ExtractiveSynthesizer
+
+    m = Memory(url, synthesizer=ExtractiveSynthesizer())
+    st, t_ = m.store, {"embed": [], "vector records": [], "vector articles": [], "full text": [], "whole recall": []}
+    for q in qs[:5]:
+        m.recall(q)
+    for q in qs:
+        t = time.perf_counter()
+        qv = m.embedder.embed([q])[0]
+        t_["embed"].append(time.perf_counter() - t)
+        for name, call in (("vector records", lambda: st.pg_vector_search("record", qv, None, time.time(), 20)),
+                           ("vector articles", lambda: st.pg_vector_search("article", qv, None, time.time(), 20)),
+                           ("full text", lambda: st.text_search(q, None, time.time(), 20)),
+                           ("whole recall", lambda: m.recall(q))):
+            t = time.perf_counter()
+            call()
+            t_[name].append(time.perf_counter() - t)
+    m.close()
+    return {k: float(np.median(v)) * 1000 for k, v in t_.items()}
 
 
 if __name__ == "__main__":

@@ -118,6 +118,7 @@ class MemoryStore(TextSearch):
         self._ns = "public"
         self._pg_stats: tuple[float, dict[str, tuple[dict[str, float], float, float]]] | None = None
         self._lex: dict[str, str] = {}
+        self._last_literal: tuple[np.ndarray, str] | None = None
         self._lock = threading.RLock()
         if backend == "sqlite":
             assert self.path is not None
@@ -344,12 +345,17 @@ class MemoryStore(TextSearch):
 
     def add_recall_event(self, skill: str | None, data: dict[str, Any], now: float) -> None:
         """Leave a recall event (query and hits) in the buffer."""
-        with self.tx():
-            if self.backend != "sqlite":
-                # A recall event is a hint for the next consolidation: losing the last few to a crash costs
-                # nothing, waiting for the WAL flush on every search costs milliseconds.
-                self._x("SET LOCAL synchronous_commit = off")
-            self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
+        if self.backend == "sqlite":
+            with self.tx():
+                self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
+                        (skill, json.dumps(data), now))
+            return
+        # A recall event is a hint for the next consolidation: losing the last few to a crash costs nothing,
+        # waiting for the WAL flush on every search costs milliseconds. One statement, its own transaction
+        # (autocommit), with synchronous_commit off for that transaction only: one round trip, not four.
+        with self._lock:
+            self._x("WITH s AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)) "
+                    "INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) SELECT 'recall', ?, NULL, ?, ? FROM s",
                     (skill, json.dumps(data), now))
 
     def records(self, ids: Sequence[str]) -> dict[str, Record]:
@@ -433,7 +439,7 @@ class MemoryStore(TextSearch):
             cond += " AND skill = ?"
             params.append(skill)
         sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE {cond}"
-        qparams = [_vec_literal(vec), *params]
+        qparams = [self._literal(vec), *params]
         exact = f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?"
         with self._lock:
             if (where or skill is not None) and self._pg_rows(f"SELECT 1 FROM {table} WHERE {cond}", params) \
@@ -444,6 +450,13 @@ class MemoryStore(TextSearch):
                 if len(rows) < limit:  # the scan gave up, or the store holds fewer rows than limit
                     rows = self._x(exact, (*qparams, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
+
+    def _literal(self, vec: np.ndarray) -> str:
+        """``_vec_literal(vec)``, remembered for the next call: a recall searches both tiers with one vector."""
+        last = self._last_literal
+        if last is None or not np.array_equal(last[0], vec):
+            last = self._last_literal = (np.array(vec, dtype=np.float32), _vec_literal(vec))
+        return last[1]
 
     def _pg_rows(self, sql: str, params: Sequence[Any]) -> float:
         """The planner's estimate of the rows ``sql`` returns (planning only: a fraction of a millisecond)."""
