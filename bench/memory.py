@@ -23,6 +23,9 @@ Measured per size, with every system open at once:
   of the rounds' p50s is printed;
 * the same with a metadata filter (``where={"user": ...}``, 0.1% of records) and
   the share of filtered recalls that returned the full top_k;
+* PostgreSQL stores are warmed first (``memory_pg.warm``: files read once, tables
+  scanned), as a server that has been serving them holds them; SQLite and
+  ChromaDB load theirs into the process when opened;
 * ``remember`` one item at a time, embedding included (``--single`` new items,
   forgotten/deleted afterwards); bulk fill rate when the store is built;
 * on PostgreSQL: recall@10 of the HNSW path against exact search (numpy over the
@@ -105,6 +108,7 @@ class EngrainSide:
                 self.info = mp.build(pg, n, texts, vecs, Lookup.name, Lookup.dim, a.pg_build_mem, a.pg_workers)
                 self.info["bulk"] = n / self.info["load_s"]
             url = mp.store_url(pg, n)
+            self.info["warm_s"] = mp.warm(pg, n)
         else:
             path = mc.CACHE / f"sqlite-{n}-{SQLITE_VERSION}.db"
             url = f"sqlite:///{path}"

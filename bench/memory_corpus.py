@@ -90,11 +90,15 @@ def pool() -> tuple[list[str], np.ndarray]:
     return texts, v
 
 
+MAX = 1_000_000
+
+
 def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pool sentences joined in records ``POOL .. n-1``: always drawn for MAX records, so sizes are prefixes."""
     rng = np.random.default_rng(11)
-    a = rng.integers(0, POOL, size=max(0, n - POOL))
+    a = rng.integers(0, POOL, size=max(n, MAX) - POOL)
     b = (a + 1 + rng.integers(0, POOL - 1, size=len(a))) % POOL  # never a itself
-    return a, b
+    return a[:max(0, n - POOL)], b[:max(0, n - POOL)]
 
 
 def corpus(n: int) -> tuple[list[str], np.ndarray]:
