@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from engrain._memory import Memory
-from engrain._memory import store as store_mod
+from engrain._memory import pgvector as pgvector_mod
 from engrain._memory.store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M
 from engrain._memory.synth import ExtractiveSynthesizer
 from tests.test_memory import PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
@@ -146,7 +146,7 @@ def test_selective_filters_still_return_top_k(forced: Memory, monkeypatch):
     assert search(where={"user": "rare"}) == rare and search("tiny") == tiny
     # Past the threshold the HNSW graph is walked with an iterative scan (ef_search alone would see about
     # one of the 30 rows) and still fills the limit.
-    monkeypatch.setattr(store_mod, "PG_EXACT_ROWS", 0)
+    monkeypatch.setattr(pgvector_mod, "PG_EXACT_ROWS", 0)
     sent = _captured(m, lambda: search(where={"user": "rare"}))
     assert not sent[-1][0].startswith("WITH") and "Index Scan using engrain_mem_records_vec" in _plan(m, *sent[-1])
     assert search(where={"user": "rare"}) == rare
