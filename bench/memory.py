@@ -1,25 +1,47 @@
-"""Skill memory: remember throughput and recall latency at 10k and 100k records, beside ChromaDB.
+"""Skill memory at 10k, 100k and 1M records: engrain on SQLite and on PostgreSQL + pgvector, beside ChromaDB.
 
-Both sides use the same embedder (engrain's all-MiniLM-L6-v2 int8 ONNX; the
+All three use the same embedder (engrain's all-MiniLM-L6-v2 int8 ONNX; the
 ChromaDB side loads ``src/engrain/_memory/embed.py`` by file path inside its own
-venv ``bench/.peers/chromadb``, which this script creates with pip).
+venv ``bench/.peers/chromadb``, which this script creates with pip) and the same
+records (``memory_corpus.py``: a 20k-sentence pool embedded exactly, the rest
+joins two pool sentences with the normalised sum of their embeddings as vector;
+the run prints how close that is to the true embedding).
 
-Measured per size, on each side:
-* ``remember`` throughput one item at a time, embedding included (first
-  ``--single`` items);
-* bulk fill of the rest with vectors embedded once in batches beforehand and
-  handed in (engrain: ``remember_many`` with a lookup embedder; ChromaDB: ``add``
-  with ``embeddings=``), so the fill measures storage and indexing, not the model;
-* recall p50/p95 over ``--queries`` queries, query embedding included
-  (engrain: hybrid vector + full text + scoring + the recall event it writes;
-  ChromaDB: vector query only).
+Stores are built once and cached outside the repo, so re-measuring is fast:
+SQLite files and ChromaDB folders under ``$ENGRAIN_BENCH_CACHE`` (default
+``~/.cache/engrain-bench``), PostgreSQL schemas ``mem_<n>_v1`` in the database
+``engrain_bench`` of the pgvector server (``$ENGRAIN_TEST_PGVECTOR_URL`` or
+``scripts/pgvector.sh``), bulk-loaded with COPY, HNSW built under nice
+(``memory_pg.py``; ``python bench/memory_pg.py 1000000`` builds ahead).
+Build times print when a store is built in this run.
 
-Engrain also runs on PostgreSQL with pgvector (vector search in SQL) at the
-``--pgvector-sizes`` (default 10k): the server from ``$ENGRAIN_TEST_PGVECTOR_URL``
-or ``scripts/pgvector.sh``, one throwaway schema per size.
+Measured per size, with every system open at once:
+* recall p50/p95 over ``--queries`` queries, query embedding included (engrain:
+  hybrid vector + full text + scoring + the recall event it writes; ChromaDB:
+  vector query only), in ``--rounds`` rounds, each round running one block per
+  system in rotating order, so all systems share the machine's load; the spread
+  of the rounds' p50s is printed;
+* the same with a metadata filter (``where={"user": ...}``, 0.1% of records) and
+  the share of filtered recalls that returned the full top_k;
+* PostgreSQL stores are warmed first (``memory_pg.warm``: files read once, tables
+  scanned), as a server that has been serving them holds them; SQLite and
+  ChromaDB load theirs into the process when opened;
+* ``remember`` one item at a time, embedding included (``--single`` new items,
+  forgotten/deleted afterwards); bulk fill rate when the store is built;
+* on PostgreSQL: recall@10 of the HNSW path against exact search (numpy over the
+  same vectors), plain and filtered, and EXPLAIN ANALYZE of each half.
 
-Target: engrain recall p50 <= 10 ms at 100k. Usage:
-    python bench/memory.py [--sizes 10000,100000] [--queries 200] [--single 500] [--pgvector-sizes 10000]
+The 1M PostgreSQL store needs a server whose shared_buffers hold its HNSW index
+(1.9 GB) and hot heap; the figures in the report came from a second pgvector server
+of the same build with shared_buffers 4GB (the run prints the server's setting):
+    ENGRAIN_PGVECTOR_DIR=/var/tmp/engrain-bench-pg ENGRAIN_PGVECTOR_PORT=5434 bash scripts/pgvector.sh
+    psql ... -c "ALTER SYSTEM SET shared_buffers = '4GB'"  # then restart that server (pg_ctl restart)
+    ENGRAIN_TEST_PGVECTOR_URL=postgresql://engrain:engrain@127.0.0.1:5434/engrain_test python bench/memory.py ...
+Building the 1M store took 4 min of COPY and 40 min of HNSW (2 shared, loaded cores).
+
+Targets: recall p50 <= 10 ms at 100k (SQLite), <= 15 ms at 1M on PostgreSQL. Usage:
+    python bench/memory.py [--sizes 10000,100000,1000000] [--queries 200] [--single 100]
+        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--no-peer]
 """
 
 from __future__ import annotations
@@ -27,69 +49,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
-from urllib.parse import quote
 
 import numpy as np
 
+import memory_corpus as mc
+import memory_pg as mp
+
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "bench" / ".peers" / "chromadb"
-CACHE = ROOT / "bench" / ".peers" / "memory-cache"
-
-NAMES = "Alice Bob Carol Dave Erin Frank Grace Heidi Ivan Judy Mallory Niaj Olivia Peggy Rupert Sybil Trent Victor Walter Yolanda".split()
-VERBS = ["fixed", "reported", "deployed", "reviewed", "scheduled", "cancelled", "approved", "migrated", "tested",
-         "documented", "rolled back", "escalated", "benchmarked", "archived", "renamed"]
-ADJS = ["flaky", "slow", "new", "legacy", "critical", "blue", "nightly", "shared", "encrypted", "temporary", "primary"]
-OBJS = ["login service", "billing job", "search index", "payment gateway", "cache cluster", "mobile app", "data pipeline",
-        "email queue", "analytics dashboard", "backup volume", "load balancer", "auth token", "invoice export",
-        "chat widget", "GPU node", "DNS record", "feature flag", "report generator", "sensor feed", "CI runner"]
-PLACES = ["Berlin", "Tokyo", "Lagos", "Lima", "Oslo", "Austin", "Pune", "Sydney", "Toronto", "Nairobi", "Madrid", "Seoul"]
-DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
-
-
-def sentences(n: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        out.append(f"{rng.choice(NAMES)} {rng.choice(VERBS)} the {rng.choice(ADJS)} {rng.choice(OBJS)} in "
-                   f"{rng.choice(PLACES)} on {rng.choice(DAYS)} at {rng.randrange(24):02d}:{rng.randrange(60):02d} "
-                   f"(ticket {seed * 1_000_000 + i}).")
-    return out
-
-
-def queries(n: int) -> list[str]:
-    rng = random.Random(7)
-    forms = ["who {v} the {o} in {p}?", "what happened to the {o} on {d}", "{o} problems in {p}",
-             "when was the {a} {o} {v}", "did anyone touch the {o} last {d}?"]
-    return [rng.choice(forms).format(v=rng.choice(VERBS), o=rng.choice(OBJS), p=rng.choice(PLACES),
-                                     d=rng.choice(DAYS), a=rng.choice(ADJS)) for _ in range(n)]
-
-
-def embed_cached(texts: list[str], tag: str) -> np.ndarray:
-    """Embed once in batches of 64 (cached under bench/.peers) so both sides store identical vectors."""
-    from engrain._memory.embed import default_embedder
-
-    CACHE.mkdir(parents=True, exist_ok=True)
-    f = CACHE / f"{tag}.npy"
-    if f.exists():
-        v = np.load(f)
-        if len(v) == len(texts):
-            return v
-    t = time.perf_counter()
-    e = default_embedder()
-    e.batch_size = 64  # type: ignore[attr-defined]
-    v = e.embed(texts)
-    print(f"  (embedded {len(texts)} texts in batches in {time.perf_counter() - t:.1f}s; cached in {f})", flush=True)
-    np.save(f, v)
-    return v
+SQLITE_VERSION = "v1"
 
 
 class Lookup:
@@ -122,96 +95,137 @@ def pgvector_url() -> str:
     return url
 
 
-def bench_engrain(texts: list[str], vecs: np.ndarray, qs: list[str], single: int, pg: str | None = None) -> dict:
-    """One engrain run on a fresh SQLite file, or on a fresh schema of the PostgreSQL server ``pg``."""
-    import psycopg
+def probes(n: int, tag: str) -> list[str]:
+    """New, unique texts for the one-at-a-time remember measure."""
+    return [f"probe {tag} {i}: {s}" for i, s in enumerate(mc.sentences(n, 99))]
 
-    from engrain._memory import Memory
-    from engrain._memory.embed import default_embedder
-    from engrain._memory.synth import ExtractiveSynthesizer
 
-    emb = default_embedder()
-    emb.batch_size = 32  # type: ignore[attr-defined]
-    tmp = Path(tempfile.mkdtemp(prefix="engrain-membench-"))
-    url, schema = f"sqlite:///{tmp / 'engrain.db'}", "bench_" + uuid.uuid4().hex[:12]
-    if pg is not None:
-        with psycopg.connect(pg, autocommit=True) as c:
-            c.execute(f'CREATE SCHEMA "{schema}"')
-        url = f"{pg}{'&' if '?' in pg else '?'}options={quote(f'-csearch_path={schema}', safe='')}"
-    mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
-    emb.embed(["warm up"])
-    t = time.perf_counter()
-    for s in texts[:single]:
-        mem.remember(s)
-    single_rate = single / (time.perf_counter() - t)
-    mem.embedder = Lookup(texts, vecs)
-    t = time.perf_counter()
-    rest = texts[single:]
-    for i in range(0, len(rest), 2000):
-        mem.remember_many(rest[i:i + 2000])
-    bulk_rate = len(rest) / (time.perf_counter() - t)
-    mem.embedder = emb
-    t = time.perf_counter()
-    mem.recall("warm up the index")  # loads vectors; builds the hnswlib graph past the threshold
-    first = time.perf_counter() - t
-    for q in qs[:10]:
-        mem.recall(q)
-    lat, emb_lat = [], []
-    for q in qs:
+class EngrainSide:
+    """engrain's Memory on a cached store of ``n`` records (SQLite file or PostgreSQL schema)."""
+
+    def __init__(self, n: int, texts: list[str], vecs: np.ndarray, pg: str | None, a: argparse.Namespace):
+        from engrain._memory import Memory
+        from engrain._memory.embed import default_embedder
+        from engrain._memory.synth import ExtractiveSynthesizer
+
+        self.info: dict = {}
+        emb = default_embedder()
+        if pg is not None:
+            if not mp.ready(pg, n):
+                print(f"  building the PostgreSQL store of {n} (COPY, then HNSW under nice) ...", flush=True)
+                self.info = mp.build(pg, n, texts, vecs, Lookup.name, Lookup.dim, a.pg_build_mem, a.pg_workers)
+                self.info["bulk"] = n / self.info["load_s"]
+            url = mp.store_url(pg, n)
+            self.info["warm_s"] = mp.warm(pg, n)
+        else:
+            path = mc.CACHE / f"sqlite-{n}-{SQLITE_VERSION}.db"
+            url = f"sqlite:///{path}"
+            if not self._sqlite_ready(path, n):
+                print(f"  building the SQLite store of {n} (remember_many, batches of 2000) ...", flush=True)
+                for f in path.parent.glob(path.name + "*"):
+                    f.unlink()
+                mem = Memory(url, embedder=Lookup(texts, vecs), synthesizer=ExtractiveSynthesizer())  # type: ignore[arg-type]
+                t = time.perf_counter()
+                for i in range(0, n, 2000):
+                    mem.remember_many([{"data": texts[j], "skill": mc.skill(j), "metadata": {"user": mc.user(j)}}
+                                       for j in range(i, min(i + 2000, n))])
+                self.info = {"load_s": time.perf_counter() - t}
+                self.info["bulk"] = n / self.info["load_s"]
+                with mem.store.tx():
+                    mem.store._x("INSERT INTO engrain_mem_state (name, value) VALUES ('bench:ready', ?)", (n,))
+                mem.close()
+        self.mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
+        emb.embed(["warm up"])
         t = time.perf_counter()
-        mem.recall(q, top_k=5)
-        lat.append((time.perf_counter() - t) * 1000)
+        self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the hnswlib graph
+        self.info["open_s"] = time.perf_counter() - t
+        st = self.mem.stats()
+        self.name = f"engrain {st['backend']} ({st['vector_search']})"
+
+    @staticmethod
+    def _sqlite_ready(path: Path, n: int) -> bool:
+        import sqlite3
+
+        if not path.exists():
+            return False
+        try:
+            with sqlite3.connect(str(path)) as c:
+                row = c.execute("SELECT value FROM engrain_mem_state WHERE name = 'bench:ready'").fetchone()
+        except sqlite3.Error:
+            return False
+        return bool(row and row[0] == n)
+
+    def single(self, texts: list[str]) -> float:
         t = time.perf_counter()
-        emb.embed([q])
-        emb_lat.append((time.perf_counter() - t) * 1000)
-    p50, p95 = pct(lat)
-    st = mem.stats()
-    mem.close()
-    # A new process on the same store: on SQLite it loads the saved graph instead of rebuilding it.
-    mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
-    t = time.perf_counter()
-    mem.recall("warm up the index")
-    reopen = time.perf_counter() - t
-    mem.close()
-    shutil.rmtree(tmp, ignore_errors=True)
-    if pg is not None:
-        with psycopg.connect(pg, autocommit=True) as c:
-            c.execute(f'DROP SCHEMA "{schema}" CASCADE')
-    return {"single": single_rate, "bulk": bulk_rate, "p50": p50, "p95": p95, "embed_p50": pct(emb_lat)[0],
-            "first_recall_s": first, "reopen_recall_s": reopen, "search": st["vector_search"], "records": st["records"],
-            "backend": st["backend"]}
+        ids = [self.mem.remember(s, skill="probe") for s in texts]
+        rate = len(texts) / (time.perf_counter() - t)
+        self.mem.forget(skill="probe")
+        del ids
+        return rate
+
+    def recall(self, qs: list[str], where: dict | None = None, k: int = 5) -> tuple[list[float], int]:
+        lat, full = [], 0
+        for q in qs:
+            t = time.perf_counter()
+            r = self.mem.recall(q, top_k=k, where=where)
+            lat.append((time.perf_counter() - t) * 1000)
+            full += len(r) >= k
+        return lat, full
+
+    def close(self) -> None:
+        self.mem.close()
 
 
 PEER_SCRIPT = r"""
-import importlib.util, json, statistics, sys, tempfile, time
-import numpy as np
+import importlib.util, json, sys, time
 import chromadb
 spec = importlib.util.spec_from_file_location("engrain_embed", sys.argv[1])
 embed = importlib.util.module_from_spec(spec); spec.loader.exec_module(embed)
-data = json.load(open(sys.argv[2])); vecs = np.load(sys.argv[3]); single = int(sys.argv[4])
-texts, qs = data["texts"], data["queries"]
+sys.path.insert(0, sys.argv[2])
+import memory_corpus as mc
 emb = embed.MiniLMEmbedder(); emb.embed(["warm up"])
-client = chromadb.PersistentClient(path=sys.argv[5])
-col = client.create_collection("bench", metadata={"hnsw:space": "cosine"})
-t = time.perf_counter()
-for i, s in enumerate(texts[:single]):
-    col.add(ids=[str(i)], documents=[s], embeddings=emb.embed([s]))
-single_rate = single / (time.perf_counter() - t)
-t = time.perf_counter(); step = 2000
-for i in range(single, len(texts), step):
-    col.add(ids=[str(j) for j in range(i, min(i + step, len(texts)))], documents=texts[i:i + step],
-            embeddings=vecs[i:i + step])
-bulk_rate = (len(texts) - single) / (time.perf_counter() - t)
-for q in qs[:10]:
-    col.query(query_embeddings=emb.embed([q]), n_results=5)
-lat = []
-for q in qs:
-    t = time.perf_counter()
-    col.query(query_embeddings=emb.embed([q]), n_results=5)
-    lat.append((time.perf_counter() - t) * 1000)
-s = sorted(lat)
-print(json.dumps({"single": single_rate, "bulk": bulk_rate, "p50": statistics.median(s),
-                  "p95": s[max(0, int(len(s) * 0.95) - 1)], "version": chromadb.__version__}))
+col = None
+def reply(x):
+    sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd["op"] == "open":
+        n = cmd["n"]
+        client = chromadb.PersistentClient(path=cmd["dir"])
+        col = client.get_or_create_collection(f"bench{n}", metadata={"hnsw:space": "cosine"})
+        info = {"version": chromadb.__version__}
+        if col.count() != n:
+            client.delete_collection(f"bench{n}")
+            col = client.create_collection(f"bench{n}", metadata={"hnsw:space": "cosine"})
+            texts, vecs = mc.corpus(n)
+            t = time.perf_counter()
+            for i in range(0, n, 2000):
+                j = range(i, min(i + 2000, n))
+                col.add(ids=[str(x) for x in j], documents=texts[i:i + 2000], embeddings=vecs[i:i + 2000],
+                        metadatas=[{"user": mc.user(x), "skill": mc.skill(x)} for x in j])
+            info["load_s"] = time.perf_counter() - t
+            info["bulk"] = n / info["load_s"]
+            del texts, vecs
+        t = time.perf_counter()
+        col.query(query_embeddings=emb.embed(["warm up"]), n_results=5)
+        info["open_s"] = time.perf_counter() - t
+        reply(info)
+    elif cmd["op"] == "single":
+        t = time.perf_counter()
+        ids = [f"probe{i}" for i in range(len(cmd["texts"]))]
+        for i, s in zip(ids, cmd["texts"]):
+            col.add(ids=[i], documents=[s], embeddings=emb.embed([s]))
+        rate = len(ids) / (time.perf_counter() - t)
+        col.delete(ids=ids)
+        reply({"rate": rate})
+    elif cmd["op"] == "recall":
+        lat, full = [], 0
+        for q in cmd["qs"]:
+            t = time.perf_counter()
+            r = col.query(query_embeddings=emb.embed([q]), n_results=cmd["k"], where=cmd["where"])
+            lat.append((time.perf_counter() - t) * 1000)
+            full += len(r["ids"][0]) >= cmd["k"]
+        reply({"lat": lat, "full": full})
 """
 
 
@@ -227,64 +241,160 @@ def ensure_peer() -> Path:
     return py
 
 
-def bench_chroma(py: Path, texts: list[str], vecs: np.ndarray, qs: list[str], single: int) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix="chroma-input-"))
-    (tmp / "data.json").write_text(json.dumps({"texts": texts, "queries": qs}))
-    np.save(tmp / "vecs.npy", vecs)
-    (tmp / "peer.py").write_text(PEER_SCRIPT)
-    r = subprocess.run([str(py), str(tmp / "peer.py"), str(ROOT / "src/engrain/_memory/embed.py"),
-                        str(tmp / "data.json"), str(tmp / "vecs.npy"), str(single), str(tmp / "chroma")],
-                       capture_output=True, text=True, timeout=3600, stdin=subprocess.DEVNULL)
-    shutil.rmtree(tmp, ignore_errors=True)
-    if r.returncode != 0:
-        raise SystemExit(f"chromadb side failed:\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+class ChromaSide:
+    """ChromaDB (a persistent collection cached per size) in its own venv, driven over a pipe."""
+
+    def __init__(self, py: Path, n: int):
+        mc.CACHE.mkdir(parents=True, exist_ok=True)
+        script = mc.CACHE / "chroma_peer.py"
+        script.write_text(PEER_SCRIPT)
+        self.proc = subprocess.Popen([str(py), str(script), str(ROOT / "src/engrain/_memory/embed.py"),
+                                      str(ROOT / "bench")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._ask({"op": "open", "n": n, "dir": str(mc.CACHE / f"chroma-{n}-v1")})
+        self.name = f"chromadb {self.info['version']}"
+
+    def _ask(self, cmd: dict) -> dict:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"chromadb side failed (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def single(self, texts: list[str]) -> float:
+        return self._ask({"op": "single", "texts": texts})["rate"]
+
+    def recall(self, qs: list[str], where: dict | None = None, k: int = 5) -> tuple[list[float], int]:
+        r = self._ask({"op": "recall", "qs": qs, "where": where, "k": k})
+        return r["lat"], r["full"]
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def load() -> str:
+    return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def measure(sides: list, qs: list[str], rounds: int, where_qs: list[tuple[str, dict]]) -> dict:
+    """Recall latencies per side, in rounds with rotating order (same load for every side)."""
+    res = {id(s): {"lat": [], "round_p50": [], "wlat": [], "wfull": 0} for s in sides}
+    for s in sides:  # warm up: caches, the first query plans
+        s.recall(qs[:10])
+    blk, wblk = max(1, len(qs) // rounds), max(1, len(where_qs) // rounds)
+    for r in range(rounds):
+        order = sides[r % len(sides):] + sides[:r % len(sides)]
+        for s in order:
+            lat, _ = s.recall(qs[r * blk:(r + 1) * blk])
+            res[id(s)]["lat"] += lat
+            res[id(s)]["round_p50"].append(statistics.median(lat))
+            for q, w in where_qs[r * wblk:(r + 1) * wblk]:
+                lat, full = s.recall([q], where=w)
+                res[id(s)]["wlat"] += lat
+                res[id(s)]["wfull"] += full
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--sizes", default="10000,100000,1000000")
+    ap.add_argument("--sqlite-sizes", default=None, help="sizes run on SQLite (default: --sizes)")
+    ap.add_argument("--chroma-sizes", default=None, help="sizes run on ChromaDB (default: --sizes)")
+    ap.add_argument("--pgvector-sizes", default=None, help="sizes run on PostgreSQL + pgvector (default: --sizes)")
     ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--single", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--single", type=int, default=100)
+    ap.add_argument("--check-queries", type=int, default=50, help="queries for recall@10 vs exact on PostgreSQL")
     ap.add_argument("--no-peer", action="store_true", help="engrain only")
-    ap.add_argument("--pgvector-sizes", default="10000", help="sizes also run on PostgreSQL + pgvector ('' for none)")
+    ap.add_argument("--pg-build-mem", default="4GB", help="maintenance_work_mem for the HNSW build")
+    ap.add_argument("--pg-workers", type=int, default=1, help="parallel workers for the HNSW build")
     a = ap.parse_args()
-    sizes = [int(s) for s in a.sizes.split(",")]
-    pgv_sizes = {int(s) for s in a.pgvector_sizes.split(",") if s.strip()}
-    pgv = pgvector_url() if pgv_sizes else None
+
+    def sizes(x: str | None) -> set[int]:
+        return {int(s) for s in (a.sizes if x is None else x).split(",") if s.strip()}
+
+    all_sizes = sorted(sizes(None))
+    sq, ch, pg_s = sizes(a.sqlite_sizes), (set() if a.no_peer else sizes(a.chroma_sizes)), sizes(a.pgvector_sizes)
+    pg = pgvector_url() if pg_s else None
     sys.path.insert(0, str(ROOT / "src"))
-    py = None if a.no_peer else ensure_peer()
-    corpus = sentences(max(sizes), 1)
-    vecs = embed_cached(corpus, f"corpus-{max(sizes)}")
-    qs = queries(a.queries)
-    rows = []
-    for n in sizes:
-        print(f"size {n}: engrain ...", flush=True)
-        e = bench_engrain(corpus[:n], vecs[:n], qs, a.single)
-        c = None
-        if py is not None:
-            print(f"size {n}: chromadb ...", flush=True)
-            c = bench_chroma(py, corpus[:n], vecs[:n], qs, a.single)
-        rows.append((n, e, c))
-        if pgv is not None and n in pgv_sizes:
+    py = ensure_peer() if ch else None
+    print(f"start: {time.strftime('%H:%M:%S')}, {load()}, {os.cpu_count()} cores")
+    if pg is not None:
+        import psycopg
+
+        with psycopg.connect(pg) as c:
+            print("PostgreSQL: " + ", ".join(f"{k} {c.execute(f'SHOW {k}').fetchone()[0]}" for k in (
+                "server_version", "shared_buffers")) + ", pgvector " +
+                str(c.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]))
+    print(mc.METHOD)
+    texts, vecs = mc.corpus(max(all_sizes))
+    fid = mc.derived_fidelity(texts, vecs)
+    if fid:
+        print(f"derived records: cosine(vector used, true embedding of the text) median {fid[0]:.3f}, min {fid[1]:.3f}"
+              " over 100 sampled records")
+    from engrain._memory.embed import default_embedder
+    from engrain._memory.store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M
+
+    emb = default_embedder()
+    rows, extra = [], []
+    for n in all_sizes:
+        tn, vn = texts[:n], vecs[:n]
+        qs = mc.queries(a.queries, n)
+        where_qs = [(q, {"user": mc.user(i * 37)}) for i, q in enumerate(mc.queries(max(a.rounds, a.queries // 4), n))]
+        sides = []
+        if n in sq:
+            print(f"size {n}: engrain on SQLite ...", flush=True)
+            sides.append(EngrainSide(n, tn, vn, None, a))
+        if pg is not None and n in pg_s:
             print(f"size {n}: engrain on PostgreSQL + pgvector ...", flush=True)
-            rows.append((n, bench_engrain(corpus[:n], vecs[:n], qs, a.single, pg=pgv), None))
-    print()
-    print("remember: 'single' = one remember()/add() per item incl. embedding; 'bulk' = batches of 2000,")
-    print("pre-embedded in batches (same model), so it measures storage + indexing. recall incl. query embedding.")
-    print(f"{'records':>8} {'system':<30} {'single/s':>9} {'bulk/s':>9} {'recall p50':>11} {'p95':>8}  notes")
-    for n, e, c in rows:
-        print(f"{n:>8} {'engrain ' + e['backend'] + ' (' + e['search'] + ')':<30} {e['single']:>9.0f} {e['bulk']:>9.0f} "
-              f"{e['p50']:>9.2f}ms {e['p95']:>6.2f}ms  hybrid vector+FTS; query embed p50 {e['embed_p50']:.2f}ms; "
-              f"first recall (index build) {e['first_recall_s']:.1f}s, "
-              f"in a new Memory (index load) {e['reopen_recall_s']:.1f}s")
-        if c:
-            print(f"{n:>8} {'chromadb ' + c['version']:<30} {c['single']:>9.0f} {c['bulk']:>9.0f} "
-                  f"{c['p50']:>9.2f}ms {c['p95']:>6.2f}ms  vector only")
-    big = [e for n, e, _ in rows if n >= 100_000 and e["backend"] == "sqlite"]
-    if big:
-        print(f"target recall p50 <= 10 ms at 100k: {'MET' if big[0]['p50'] <= 10 else 'NOT MET'} "
-              f"({big[0]['p50']:.2f} ms)")
+            sides.append(EngrainSide(n, tn, vn, pg, a))
+        if py is not None and n in ch:
+            print(f"size {n}: chromadb ...", flush=True)
+            sides.append(ChromaSide(py, n))
+        print(f"size {n}: measuring ({load()}) ...", flush=True)
+        single = {id(s): s.single(probes(a.single, f"{n}-{int(time.time())}")) for s in sides}
+        res = measure(sides, qs, a.rounds, where_qs)
+        for s in sides:
+            r = res[id(s)]
+            rows.append((n, s.name, s.info, single[id(s)], pct(r["lat"]), (min(r["round_p50"]), max(r["round_p50"])),
+                         len(r["lat"]), pct(r["wlat"]), r["wfull"], len(r["wlat"])))
+        if pg is not None and n in pg_s:
+            qv = emb.embed(qs[:a.check_queries])
+            extra.append((n, mp.correctness(pg, n, vn, qv), mp.explain(pg, n, qv[0], qs[0]),
+                          mp.phases(mp.store_url(pg, n), qs[:a.check_queries])))
+        for s in sides:
+            s.close()
+    print(f"\nend: {time.strftime('%H:%M:%S')}, {load()}")
+    print("recall: top_k=5, query embedding included, N queries in rounds (rotating order); 'rounds' = range of the")
+    print("rounds' p50s. filtered: where={'user': ...} (0.1% of records), 'full' = share returning all 5.")
+    print("single = remember()/add() one at a time incl. embedding; bulk = the build's fill rate (cached: -).")
+    print(f"{'records':>8} {'system':<34} {'p50':>8} {'p95':>8} {'rounds':>13} {'N':>4} {'filt p50':>9} {'full':>5} "
+          f"{'single/s':>8} {'bulk/s':>8}  build")
+    for n, name, info, single, (p50, p95), (lo, hi), nq, (wp50, _), wfull, wn in rows:
+        build = ", ".join(f"{k} {v:.0f}s" for k, v in info.items() if k.endswith("_s") and isinstance(v, float))
+        bulk = f"{info['bulk']:.0f}" if "bulk" in info else "-"
+        print(f"{n:>8} {name:<34} {p50:>6.2f}ms {p95:>6.2f}ms {lo:>5.2f}-{hi:<5.2f}ms {nq:>4} {wp50:>7.2f}ms "
+              f"{wfull / max(wn, 1):>5.0%} {single:>8.0f} {bulk:>8}  {build}")
+    for n, corr, plans, steps in extra:
+        print(f"\nPostgreSQL {n}: HNSW (m={HNSW_M}, ef_construction={HNSW_EF_CONSTRUCTION}, "
+              f"ef_search={HNSW_EF}, iterative scan) vs exact, {a.check_queries} queries:")
+        for label, c in corr.items():
+            print(f"  {label:<20} recall@10 {c['recall']:.3f}, full top 10 in {c['full']:.0%}, "
+                  f"vector half p50 {c['p50_ms']:.2f}ms")
+        for what, plan in plans:
+            print(f"  EXPLAIN ANALYZE {what}: {plan}")
+        print("  recall steps, p50: " + ", ".join(f"{k} {v:.2f}ms" for k, v in steps.items()))
+    for n, name, info, *_ in rows:
+        if "hnsw_s" in info:
+            print(f"PostgreSQL {n}: HNSW build {info['hnsw_s']:.0f}s; index sizes {info.get('index_sizes')}")
+    for n, name, _, _, (p50, _), *_ in rows:
+        if n >= 1_000_000 and "postgres" in name:
+            print(f"target recall p50 <= 15 ms at 1M on PostgreSQL: {'MET' if p50 <= 15 else 'NOT MET'} ({p50:.2f} ms)")
+        if n == 100_000 and "sqlite" in name:
+            print(f"target recall p50 <= 10 ms at 100k on SQLite: {'MET' if p50 <= 10 else 'NOT MET'} ({p50:.2f} ms)")
 
 
 if __name__ == "__main__":

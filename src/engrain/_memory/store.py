@@ -19,7 +19,8 @@ Vectors are float32 bytes (BLOB / BYTEA) searched in numpy by :mod:`.index`;
 with the ``vector`` extension (pgvector) on the server, a ``vec`` column (filled
 from the bytes for older rows) is searched in SQL instead, through an HNSW index
 with the in-process graph's parameters (iterative scans keep filtered searches
-full).
+full; a search they leave short ranks its filter's rows exactly, through the
+skill btree or the GIN index on ``metadata::jsonb``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from typing import Any
 import numpy as np
 
 from . import filters as _filters
-from .items import Article, BufferItem, Record, _article, _record, from_blob, to_blob
+from .items import Article, BufferItem, Record, _article, _record, to_blob
+from .pgvector import (  # noqa: F401  (constants and _vec_literal: re-exported)
+    HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, PG_EXACT_ROWS, PgVectorSearch, _vec_literal)
 from .text import TextSearch, query_terms  # noqa: F401  (query_terms: re-exported)
 
 _SQLITE_SCHEMA = """
@@ -68,7 +71,8 @@ CREATE TABLE IF NOT EXISTS engrain_mem_records (
     expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', hint || ' ' || content)) STORED,
     UNIQUE (skill, digest));
-CREATE INDEX IF NOT EXISTS engrain_mem_records_tsv ON engrain_mem_records USING GIN (tsv);
+DROP INDEX IF EXISTS engrain_mem_records_tsv;
+CREATE INDEX IF NOT EXISTS engrain_mem_records_meta ON engrain_mem_records USING GIN ((metadata::jsonb) jsonb_path_ops);
 CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     seq BIGSERIAL PRIMARY KEY,
     id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
@@ -76,7 +80,7 @@ CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL, synthesizer TEXT NOT NULL,
     embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', title || ' ' || content)) STORED);
-CREATE INDEX IF NOT EXISTS engrain_mem_articles_tsv ON engrain_mem_articles USING GIN (tsv);
+DROP INDEX IF EXISTS engrain_mem_articles_tsv;
 CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
     seq BIGSERIAL PRIMARY KEY,
     kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
@@ -91,16 +95,7 @@ CREATE INDEX IF NOT EXISTS engrain_mem_text_tsv ON engrain_mem_text USING GIN (t
 _REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding, importance"
 _ART_COLS = ("seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding,"
              " importance")
-#: HNSW parameters, shared by pgvector's index and the in-process hnswlib graph.
-HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 96
-
-
-def _vec_literal(vec: np.ndarray) -> str:
-    """pgvector's text form of a vector (9 significant digits round-trip float32)."""
-    return "[" + ",".join(f"{x:.9g}" for x in np.asarray(vec, dtype=np.float32).tolist()) + "]"
-
-
-class MemoryStore(TextSearch):
+class MemoryStore(TextSearch, PgVectorSearch):
     """Memory's tables on one database; ``url`` is a journal URL, ``path`` the SQLite file."""
 
     def __init__(self, backend: str, *, path: str | Path | None = None, url: str | None = None):
@@ -112,6 +107,7 @@ class MemoryStore(TextSearch):
         self._ns = "public"
         self._pg_stats: tuple[float, dict[str, tuple[dict[str, float], float, float]]] | None = None
         self._lex: dict[str, str] = {}
+        self._last_literal: tuple[np.ndarray, str] | None = None
         self._lock = threading.RLock()
         if backend == "sqlite":
             assert self.path is not None
@@ -141,54 +137,6 @@ class MemoryStore(TextSearch):
                         "INSERT INTO engrain_mem_text (rowid, id, skill, expires, tsv) SELECT seq, id, skill, expires, "
                         "tsv FROM engrain_mem_records UNION ALL SELECT -seq, id, skill, NULL, tsv FROM engrain_mem_articles")
                 self.pgvector = self._setup_pgvector()
-
-    def _setup_pgvector(self) -> bool:
-        find = "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE extname = 'vector'"
-        have = self._db.execute(find).fetchone()
-        if not have:
-            avail = self._db.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
-            if not avail:
-                return False
-            self._db.execute("CREATE EXTENSION IF NOT EXISTS vector")
-            have = self._db.execute(find).fetchone()
-        # The extension lives in one schema per database, often not the one on our
-        # search_path (a store per schema): name its type and operator explicitly.
-        ns = '"' + have[0].replace('"', '""') + '"'
-        self._vtype, self._vdist = f"{ns}.vector", f"OPERATOR({ns}.<=>)"
-        for table in ("engrain_mem_records", "engrain_mem_articles"):
-            if not self._db.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
-                                    " AND table_name = %s AND column_name = 'vec'", (table,)).fetchone():
-                # Inline (pgvector's default moves it out of these >2 kB rows): 4x faster scans.
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN vec {self._vtype}, ALTER COLUMN vec SET STORAGE PLAIN")
-                # Rows stored before the extension was there would be invisible to the search.
-                with self._db.cursor() as cur:
-                    cur.executemany(f"UPDATE {table} SET vec = %s::{self._vtype} WHERE seq = %s", [
-                        (_vec_literal(from_blob(e)), q) for q, e in cur.execute(f"SELECT seq, embedding FROM {table}")])
-        self._ns = ns
-        self._hnsw_session()
-        return True
-
-    def _pg_vector_index(self, dim: int) -> None:
-        """Give ``vec`` the embedder's dimension and an HNSW index (inside the bind transaction)."""
-        for table in ("engrain_mem_records", "engrain_mem_articles"):
-            typ = self._x("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = ?::regclass "
-                          "AND attname = 'vec'", (table,)).fetchone()[0]
-            if not typ.endswith(f"({dim})"):
-                self._x(f"ALTER TABLE {table} ALTER COLUMN vec TYPE {self._vtype}({int(dim)})")
-            # The graph the in-process index uses (same M and ef_construction), so both paths recall alike.
-            self._x(f"CREATE INDEX IF NOT EXISTS {table}_vec ON {table} USING hnsw (vec {self._ns}.vector_cosine_ops)"
-                    f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})")
-
-    def _hnsw_session(self) -> None:
-        """Search settings of this connection: the in-process ef, and filtered scans that keep going."""
-        import psycopg
-
-        self._db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
-        try:  # pgvector >= 0.8: a filter (skill, TTL, metadata) does not starve the LIMIT
-            with self._db.transaction():
-                self._db.execute("SET hnsw.iterative_scan = relaxed_order")
-        except psycopg.Error:
-            pass
 
     # -- plumbing -------------------------------------------------------------
 
@@ -338,12 +286,17 @@ class MemoryStore(TextSearch):
 
     def add_recall_event(self, skill: str | None, data: dict[str, Any], now: float) -> None:
         """Leave a recall event (query and hits) in the buffer."""
-        with self.tx():
-            if self.backend != "sqlite":
-                # A recall event is a hint for the next consolidation: losing the last few to a crash costs
-                # nothing, waiting for the WAL flush on every search costs milliseconds.
-                self._x("SET LOCAL synchronous_commit = off")
-            self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
+        if self.backend == "sqlite":
+            with self.tx():
+                self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
+                        (skill, json.dumps(data), now))
+            return
+        # A recall event is a hint for the next consolidation: losing the last few to a crash costs nothing,
+        # waiting for the WAL flush on every search costs milliseconds. One statement, its own transaction
+        # (autocommit), with synchronous_commit off for that transaction only: one round trip, not four.
+        with self._lock:
+            self._x("WITH s AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)) "
+                    "INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) SELECT 'recall', ?, NULL, ?, ? FROM s",
                     (skill, json.dumps(data), now))
 
     def records(self, ids: Sequence[str]) -> dict[str, Record]:
@@ -399,25 +352,6 @@ class MemoryStore(TextSearch):
         mat = (np.frombuffer(b"".join(bytes(r[4]) for r in rows), dtype=np.float32).reshape(len(rows), -1)
                if rows else np.zeros((0, 0), dtype=np.float32))
         return seqs, [r[1] for r in rows], [r[2] for r in rows], exp, mat
-
-    def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
-                         where: dict[str, Any] | None = None) -> list[tuple[str, float]]:
-        """pgvector search: up to ``limit`` ``(id, cosine)`` of live rows (of ``skill`` if given), nearest first."""
-        table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
-        sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE vec IS NOT NULL"
-        params: list[Any] = [_vec_literal(vec)]
-        if tier == "record":
-            sql += " AND (expires IS NULL OR expires > ?)"
-            params.append(now)
-            cond, cp = _filters.sql(self.backend, where)
-            sql += cond
-            params += cp
-        if skill is not None:
-            sql += " AND skill = ?"
-            params.append(skill)
-        with self._lock:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted here
-            rows = self._x(sql + " ORDER BY d LIMIT ?", (*params, limit)).fetchall()
-        return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
     def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
         """Ids of live records matching the metadata filter ``where`` (of ``skill`` if given)."""

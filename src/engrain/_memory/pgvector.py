@@ -1,0 +1,147 @@
+"""pgvector search (mixed into :class:`~engrain._memory.store.MemoryStore`).
+
+With the ``vector`` extension on the server, records and articles carry a
+``vec`` column searched in SQL through an HNSW index with the in-process
+graph's parameters. Filtered searches (skill, metadata) that keep few rows rank
+those rows exactly; wider ones use pgvector's iterative index scans, so a filter
+never starves the limit.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import filters as _filters
+from .items import from_blob
+
+#: HNSW parameters, shared by pgvector's index and the in-process hnswlib graph.
+HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 96
+#: A filtered pgvector search expected to keep at most this many rows ranks them all exactly instead of
+#: scanning the HNSW graph: a few milliseconds of distances, against an HNSW walk that grows as 1/selectivity
+#: and (iterative scans) may stop short of the limit.
+PG_EXACT_ROWS = 5000
+
+
+def _vec_literal(vec: np.ndarray) -> str:
+    """pgvector's text form of a vector (9 significant digits round-trip float32)."""
+    return "[" + ",".join(f"{x:.9g}" for x in np.asarray(vec, dtype=np.float32).tolist()) + "]"
+
+
+class PgVectorSearch:
+    """pgvector methods of the store; needs its ``backend``, ``_db``, ``_lock``, ``_x`` and ``_last_literal``."""
+
+    backend: str
+    _db: Any
+    _lock: Any
+    _vtype: str
+    _vdist: str
+    _ns: str
+    _last_literal: tuple[np.ndarray, str] | None
+
+    def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:  # pragma: no cover - provided by the store
+        raise NotImplementedError
+
+    def _setup_pgvector(self) -> bool:
+        find = "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE extname = 'vector'"
+        have = self._db.execute(find).fetchone()
+        if not have:
+            avail = self._db.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+            if not avail:
+                return False
+            self._db.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            have = self._db.execute(find).fetchone()
+        # The extension lives in one schema per database, often not the one on our
+        # search_path (a store per schema): name its type and operator explicitly.
+        ns = '"' + have[0].replace('"', '""') + '"'
+        self._vtype, self._vdist = f"{ns}.vector", f"OPERATOR({ns}.<=>)"
+        for table in ("engrain_mem_records", "engrain_mem_articles"):
+            if not self._db.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
+                                    " AND table_name = %s AND column_name = 'vec'", (table,)).fetchone():
+                # Inline (pgvector's default moves it out of these >2 kB rows): 4x faster scans.
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN vec {self._vtype}, ALTER COLUMN vec SET STORAGE PLAIN")
+                # Rows stored before the extension was there would be invisible to the search.
+                with self._db.cursor() as cur:
+                    cur.executemany(f"UPDATE {table} SET vec = %s::{self._vtype} WHERE seq = %s", [
+                        (_vec_literal(from_blob(e)), q) for q, e in cur.execute(f"SELECT seq, embedding FROM {table}")])
+        self._ns = ns
+        self._hnsw_session()
+        return True
+
+    def _pg_vector_index(self, dim: int) -> None:
+        """Give ``vec`` the embedder's dimension and an HNSW index (inside the bind transaction)."""
+        for table in ("engrain_mem_records", "engrain_mem_articles"):
+            typ = self._x("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = ?::regclass "
+                          "AND attname = 'vec'", (table,)).fetchone()[0]
+            if not typ.endswith(f"({dim})"):
+                self._x(f"ALTER TABLE {table} ALTER COLUMN vec TYPE {self._vtype}({int(dim)})")
+            # The graph the in-process index uses (same M and ef_construction), so both paths recall alike.
+            self._x(f"CREATE INDEX IF NOT EXISTS {table}_vec ON {table} USING hnsw (vec {self._ns}.vector_cosine_ops)"
+                    f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})")
+
+    def _hnsw_session(self) -> None:
+        """Search settings of this connection: the in-process ef, and filtered scans that keep going."""
+        import psycopg
+
+        self._db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
+        try:  # pgvector >= 0.8: a filter (skill, TTL, metadata) does not starve the LIMIT
+            with self._db.transaction():
+                self._db.execute("SET hnsw.iterative_scan = relaxed_order")
+        except psycopg.Error:
+            pass
+
+    def pg_vector_search(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
+                         where: dict[str, Any] | None = None) -> list[tuple[str, float]]:
+        """pgvector search: up to ``limit`` ``(id, cosine)`` of live rows (of ``skill`` if given), nearest first.
+
+        Unfiltered, the HNSW index serves it. A filter (``skill``, ``where``) that
+        the planner expects to keep at most :data:`PG_EXACT_ROWS` rows is ranked
+        exactly over those rows (found through the skill btree or the metadata
+        GIN): an HNSW scan would walk ``limit / selectivity`` graph nodes to
+        collect as many matches, more work than ranking the rows themselves, and
+        an iterative scan stops after ``hnsw.max_scan_tuples`` with fewer than
+        ``limit``. Wider filters use the HNSW iterative scan; if it still comes
+        back short, the exact ranking runs instead.
+        """
+        table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
+        cond, params = "vec IS NOT NULL", []
+        if tier == "record":
+            cond += " AND (expires IS NULL OR expires > ?)"
+            params.append(now)
+            wcond, wp = _filters.sql(self.backend, where)
+            cond += wcond
+            params += wp
+        else:
+            where = None
+        if skill is not None:
+            cond += " AND skill = ?"
+            params.append(skill)
+        sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE {cond}"
+        qparams = [self._literal(vec), *params]
+        exact = f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?"
+        with self._lock:
+            if (where or skill is not None) and self._pg_rows(f"SELECT 1 FROM {table} WHERE {cond}", params) \
+                    <= PG_EXACT_ROWS:
+                rows = self._x(exact, (*qparams, limit)).fetchall()
+            else:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted below
+                rows = self._x(sql + " ORDER BY d LIMIT ?", (*qparams, limit)).fetchall()
+                if len(rows) < limit:  # the scan gave up, or the store holds fewer rows than limit
+                    rows = self._x(exact, (*qparams, limit)).fetchall()
+        return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
+
+    def _literal(self, vec: np.ndarray) -> str:
+        """``_vec_literal(vec)``, remembered for the next call: a recall searches both tiers with one vector."""
+        last = self._last_literal
+        if last is None or not np.array_equal(last[0], vec):
+            last = self._last_literal = (np.array(vec, dtype=np.float32), _vec_literal(vec))
+        return last[1]
+
+    def _pg_rows(self, sql: str, params: Sequence[Any]) -> float:
+        """The planner's estimate of the rows ``sql`` returns (planning only: a fraction of a millisecond)."""
+        plan = self._x("EXPLAIN (FORMAT JSON) " + sql, params).fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return float(plan[0]["Plan"]["Plan Rows"])
