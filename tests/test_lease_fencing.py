@@ -75,6 +75,25 @@ def test_a_stale_holders_append_is_refused_and_writes_nothing(journal):
     journal.append("r", [_step(3)], 5)
 
 
+def test_a_fence_is_per_run_and_forgotten_with_the_run(journal):
+    """The fence a writer last used for a run never blocks another run, nor the same id made again."""
+    import time
+
+    journal.append("a", [_started()], 0, lease=("w1", 0.05))
+    journal.append("b", [_started()], 0, lease=("w1", 30))
+    journal.append("a", [_step(0)], 1, fence=1)
+    journal.append("b", [_step(0)], 1)  # unfenced, while "a" is fenced on this same connection
+    time.sleep(0.1)
+    assert journal.take_lease("a", "w2", 30) == 2
+    with pytest.raises(eg.LeaseLostError):
+        journal.append("a", [_step(1)], 2, fence=1)
+    journal.delete_run("a")
+    journal.append("a", [_started()], 0, lease=("w3", 30))  # the id again: a new run with a new epoch
+    journal.append("a", [_step(0)], 1, fence=journal.get_run("a").lease_epoch)
+    journal.append("a", [_step(1)], 2)
+    assert [e.seq for e in journal.read("a")] == [0, 1, 2]
+
+
 def test_resume_reads_a_dead_executors_late_append(journal):
     """The dead process's last insert commits after the new executor's first read (issue 12 item 3)."""
     dead = _dead_owner()
