@@ -87,6 +87,9 @@ def test_a_fence_is_per_run_and_forgotten_with_the_run(journal):
     assert journal.take_lease("a", "w2", 30) == 2
     with pytest.raises(eg.LeaseLostError):
         journal.append("a", [_step(1)], 2, fence=1)
+    with pytest.raises(eg.LeaseLostError):  # a batch past one multi-row INSERT: its own transaction
+        journal.append("a", [_step(i) for i in range(1, 101)], 2, fence=1)
+    assert journal.get_run("a").next_seq == 2
     journal.delete_run("a")
     journal.append("a", [_started()], 0, lease=("w3", 30))  # the id again: a new run with a new epoch
     journal.append("a", [_step(0)], 1, fence=journal.get_run("a").lease_epoch)

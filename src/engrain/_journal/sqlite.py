@@ -174,7 +174,7 @@ class SQLiteJournal(Journal):
                     # autocommit: one statement, one commit (the TEMP trigger checks a fence)
                     self._insert(_INSERT if one else _INSERTS[n], rows[0] if one else [v for r in rows for v in r])
                 else:
-                    self._write(rows, run_id, lease, ts, fence)
+                    self._write(rows, run_id, lease, ts)
             except sqlite3.IntegrityError as e:
                 if "engrain:fenced" in str(e):
                     raise self._lost(run_id, fence) from None
@@ -206,17 +206,14 @@ class SQLiteJournal(Journal):
         self._sync(_FENCE_SET, (run_id, fence))
         self._fences[run_id] = fence
 
-    def _write(
-        self, rows: list[tuple], run_id: str, lease: tuple[str, float] | None, ts: float, fence: int | None = None
-    ) -> None:
-        """Insert ``rows`` (and lease the new run) in one transaction; the caller holds the lock."""
+    def _write(self, rows: list[tuple], run_id: str, lease: tuple[str, float] | None, ts: float) -> None:
+        """Insert ``rows`` (and lease the new run) in one transaction; the caller holds the lock.
+
+        A fence set for ``run_id`` (:meth:`_set_fence`) is checked by the TEMP trigger on every row.
+        """
         db, chunk = self._db, self._chunk
         db.execute("BEGIN IMMEDIATE")
         try:
-            if fence is not None:
-                row = db.execute("SELECT lease_epoch FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-                if row is None or row[0] != fence:
-                    raise self._lost(run_id, fence)
             for k in range(0, len(rows), chunk):
                 part = rows[k : k + chunk]
                 db.execute(_INSERTS[len(part)], [v for r in part for v in r])
