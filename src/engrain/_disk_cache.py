@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
+from collections.abc import Callable
+from typing import BinaryIO, TypeVar
 
 try:  # CPython's own SHA-256: hashlib would load OpenSSL first (~10 ms of a CLI run's start-up)
     from _sha256 import sha256 as _sha256  # type: ignore[import-not-found]  # CPython <= 3.11
@@ -27,6 +29,8 @@ except ImportError:
         from hashlib import sha256 as _sha256  # type: ignore[assignment]
 
 __all__ = ["cache_dir", "default_cache_dir", "digest", "private_file_digest", "read_private", "read_verified", "write_private", "write_verified"]
+
+_T = TypeVar("_T")
 
 
 def default_cache_dir() -> pathlib.Path:
@@ -63,8 +67,8 @@ def cache_dir(kind: str, root: pathlib.Path | None = None) -> pathlib.Path | Non
     return path
 
 
-def read_private(path: pathlib.Path) -> bytes | None:
-    """The bytes of ``path`` if it is a regular file (no symlink) owned by this user that others cannot write."""
+def _use_private(path: pathlib.Path, use: Callable[[BinaryIO], _T]) -> _T | None:
+    """``use(file)`` of ``path`` if it is a regular file (no symlink) owned by this user that others cannot write."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
@@ -75,34 +79,24 @@ def read_private(path: pathlib.Path) -> bytes | None:
             return None
         with os.fdopen(fd, "rb") as f:
             fd = -1
-            return f.read()
+            return use(f)
     except OSError:
         return None
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def read_private(path: pathlib.Path) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file (no symlink) owned by this user that others cannot write."""
+    return _use_private(path, lambda f: f.read())
 
 
 def private_file_digest(path: pathlib.Path) -> str | None:
     """The hex SHA-256 of ``path`` read as :func:`read_private` would, without holding it in memory."""
     import hashlib
 
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not _private(st):
-            return None
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
-        return None
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    return _use_private(path, lambda f: hashlib.file_digest(f, "sha256").hexdigest())
 
 
 def read_verified(path: pathlib.Path) -> bytes | None:
