@@ -173,6 +173,7 @@ class Worker:
             if result is not None:
                 with self._lock:
                     self.stats.finished[result.status] = self.stats.finished.get(result.status, 0) + 1
+                    self._failed.pop(c.run_id, None)  # executed after all: no longer a run until_idle may skip
         except _ctx._Park as park:
             self.store.park(c.run_id, park.until, owner_id())
             with self._lock:
