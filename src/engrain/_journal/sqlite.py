@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
@@ -65,6 +66,26 @@ _STORAGE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})  # BUSY LOCKED NOMEM RE
 _CORRUPT_CODES = frozenset({11, 26})  # CORRUPT NOTADB
 
 
+def _to_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode, waiting up to ``timeout`` seconds for other openers.
+
+    Leaving a rollback journal needs the file to itself, and SQLite answers "database is
+    locked" at once, without its busy handler, when openers of a new or older store race
+    for that; so the switch is retried here like any other busy write.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
 def _run_info(row: tuple) -> RunInfo:
     return RunInfo(row[0], row[1], row[2], loads(row[3]), row[4], row[5], row[6], row[7], row[8], row[9], row[10])
 
@@ -96,7 +117,7 @@ class SQLiteJournal(Journal):
             raise self._translate(e) from e
         self._lock = threading.RLock()
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            _to_wal(self._db, timeout)
             self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
             self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             with self._lock:
