@@ -147,6 +147,10 @@ def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_p
             appends.extend((e.kind, e.name, durable) for e in events)
             return out
 
+        def append_one(self, run_id, kind, name, data, expected_seq, *, durable=True, **kw):
+            super().append_one(run_id, kind, name, data, expected_seq, durable=durable, **kw)
+            appends.append((kind, name, durable))
+
     def add(a: int, b: int) -> int:
         """Add two integers."""
         return a + b

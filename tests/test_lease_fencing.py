@@ -130,17 +130,18 @@ def test_a_dead_executors_append_after_the_takeover_is_fenced(journal):
     dead = _dead_owner()
     journal.append("r", [_started()], 0, lease=(dead, 60))
     journal.append("r", [_step(0)], 1, fence=1)
-    real_append, stale = journal.append, []
+    real_append, real_append_one, stale = journal.append, journal.append_one, []
 
-    def append_racing_a_stale_writer(run_id, events, expected_seq, **kw):
+    def append_racing_a_stale_writer(run_id, kind, name, data, expected_seq, **kw):
+        # a run's steps are appended one event at a time (Journal.append_one)
         if not stale and expected_seq == 2:
             try:  # the dead process's statement reaches the server after the takeover
                 real_append("r", [NewEvent("step.completed", "work", {"call_id": 0, "result": 0})], 2, fence=1)
             except eg.LeaseLostError as e:
                 stale.append(e)
-        return real_append(run_id, events, expected_seq, **kw)
+        return real_append_one(run_id, kind, name, data, expected_seq, **kw)
 
-    journal.append = append_racing_a_stale_writer
+    journal.append_one = append_racing_a_stale_writer
 
     @eg.tool(registry=eg.ToolRegistry())
     def work() -> int:

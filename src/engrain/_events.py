@@ -294,6 +294,24 @@ def dumps(value: Any) -> str:
     return "".join(_c_encode(value, 0))
 
 
+_fast_encode = None if _msgspec is None else _msgspec.json.Encoder().encode
+
+
+def dumps_checked(value: Any) -> str:
+    """:func:`dumps` for a value already found strictly JSON by :func:`is_json`: the same JSON, ~5x faster.
+
+    Only for checked values, because msgspec is laxer than the journal: it writes
+    NaN as null and encodes sets, bytes and dates, which the journal refuses. It
+    spells some floats differently (``1e16`` for ``1e+16``); they read back equal.
+    """
+    if _fast_encode is not None:
+        try:
+            return _fast_encode(value).decode()
+        except Exception:  # a lone surrogate, or anything else: the stdlib encoder decides and names it
+            pass
+    return dumps(value)
+
+
 loads = json.loads
 
 

@@ -47,7 +47,10 @@ def _question(rec: StepRecord) -> dict[str, Any]:
 class StepWriter:
     """Appends a step's events; mixed into the run context, which provides ``append``."""
 
-    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
+    def append(
+        self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
+        json_checked: bool = False,
+    ) -> None:
         raise NotImplementedError
 
     def _resolve(self, rec: StepRecord) -> None:
@@ -88,7 +91,8 @@ class StepWriter:
         data = {"call_id": p.call_id, "result": result}
         if meta:
             data.update(meta)  # e.g. a UDF's source, journaled with its first completion
-        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable)
+        # The result was checked above and the arguments when the step began: a meta's are the caller's.
+        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable, json_checked=not meta)
         if observe.observers:
             self._observe(p, result, None)
         return result

@@ -29,7 +29,7 @@ from .._errors import (
     RunFailedError,
     StorageError,
 )
-from .._events import NewEvent, check_json, is_json
+from .._events import check_json, is_json
 from .._journal import Journal, default_url, open_journal
 from . import observe
 from .attempts import StepWriter, _Pending, _question
@@ -181,18 +181,23 @@ class RunContext(StepWriter):
                         " in the code until no such run is in flight",)
         return err
 
-    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
-        """Append one event to this run (serialized across the run's threads)."""
+    def append(
+        self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
+        json_checked: bool = False,
+    ) -> None:
+        """Append one event to this run (serialized across the run's threads).
+
+        ``json_checked``: every value in ``data`` was found strictly JSON (see ``Journal.append_one``).
+        """
         if self._resumed is not None:
             data = {**(data or {}), "resumed": self._resumed}
             self._resumed = None
-        event = (NewEvent(kind, name, data or {}),)
         with self._lock:
             try:
-                if self.fence is None:
-                    self.journal.append(self.run_id, event, self.seq, durable=durable)
-                else:
-                    self.journal.append(self.run_id, event, self.seq, durable=durable, fence=self.fence)
+                self.journal.append_one(
+                    self.run_id, kind, name, data or {}, self.seq, durable=durable, fence=self.fence,
+                    json_checked=json_checked,
+                )
             except StorageError as e:
                 if self.storage_error is None:
                     self.storage_error = e

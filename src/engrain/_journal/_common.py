@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .._events import (
     INPUT_RECEIVED,
@@ -22,6 +23,7 @@ from .._events import (
     check_json,
     check_status,
     dumps,
+    dumps_checked,
     is_json,
     status_after,
 )
@@ -58,28 +60,45 @@ def _check_target(run_id: str, expected_seq: int) -> None:
 
 def _row(run_id: str, ev: NewEvent, seq: int, ts: float, i: int) -> tuple[str, int, float, str, str, str]:
     """Validate event ``i`` of a batch and return its row."""
-    kind, data = ev.kind, ev.data
+    return _fields_row(run_id, ev.kind, ev.name, ev.data, seq, ts, i)
+
+
+def _fields_row(
+    run_id: str, kind: str, name: str, data: dict, seq: int, ts: float, i: int, encode: Callable[[Any], str] = dumps
+) -> tuple[str, int, float, str, str, str]:
+    """Validate event ``i`` (its kind and its data as JSON) and return its row; the name is the caller's."""
     if kind not in KINDS:
         raise ValueError(f"event {i}: unknown kind {kind!r}; known kinds: {sorted(KINDS)}")
     if type(data) is not dict and not isinstance(data, dict):
         raise TypeError(f"event {i} ({kind}): data must be a dict")
     try:
-        text = dumps(data)
+        text = encode(data)
     except (TypeError, ValueError):
         # dumps failed: let the strict checker name the offending field.
-        check_json(data, f"event {i} ({kind} {ev.name})", "data")
+        check_json(data, f"event {i} ({kind} {name})", "data")
         raise
     # The encoder does not bound nesting; only text with enough brackets can be too deep,
     # and counting them is cheap next to walking the value.
     if text.count("{") + text.count("[") > MAX_DEPTH and not is_json(data):
-        check_json(data, f"event {i} ({kind} {ev.name})", "data")
-    return (run_id, seq, ts, kind, ev.name, text)
+        check_json(data, f"event {i} ({kind} {name})", "data")
+    return (run_id, seq, ts, kind, name, text)
 
 
 def prepare_one(run_id: str, event: NewEvent, expected_seq: int, ts: float) -> tuple[str, int, float, str, str, str]:
     """Validate a single event and return its row: the per-step path, without a :class:`Batch`."""
     _check_target(run_id, expected_seq)
     return _row(run_id, event, expected_seq, ts, 0)
+
+
+def prepare_row(
+    run_id: str, kind: str, name: str, data: dict, expected_seq: int, ts: float, json_checked: bool = False
+) -> tuple[str, int, float, str, str, str]:
+    """Validate one event given by its fields and return its row: ``Journal.append_one``'s path.
+
+    ``json_checked``: the caller found ``data`` strictly JSON (:func:`is_json`), so the fast encoder may write it.
+    """
+    _check_target(run_id, expected_seq)
+    return _fields_row(run_id, kind, name, data, expected_seq, ts, 0, dumps_checked if json_checked else dumps)
 
 
 def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: float) -> Batch:

@@ -69,6 +69,27 @@ class Journal(abc.ABC):
         :class:`~engrain.LeaseLostError` and writes nothing.
         """
 
+    def append_one(
+        self,
+        run_id: str,
+        kind: str,
+        name: str,
+        data: dict[str, Any],
+        expected_seq: int,
+        *,
+        durable: bool = True,
+        fence: int | None = None,
+        json_checked: bool = False,
+    ) -> None:
+        """Append one event given by its fields, as :meth:`append` does with one :class:`NewEvent`, returning nothing.
+
+        Each step of a durable run is one such append; a backend overrides this to
+        skip building the event objects that the run never reads back.
+        ``json_checked=True`` says the caller already found ``data`` strictly JSON
+        (``is_json``), so a backend may encode it with a faster, laxer encoder.
+        """
+        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence)
+
     @abc.abstractmethod
     def read(self, run_id: str, after: int = -1) -> list[Event]:
         """Events of ``run_id`` with ``seq > after``, in order. Empty if the run is unknown."""

@@ -26,8 +26,18 @@ from .._errors import (
     StoreNotFoundError,
 )
 from .._events import Event, NewEvent, RunInfo, loads, loads_many
-from ._common import FINISH_KINDS, FINISHED, agents_filter, check_lease, prepare, prepare_one, run_filters
+from ._common import (
+    FINISH_KINDS,
+    FINISHED,
+    agents_filter,
+    check_lease,
+    prepare,
+    prepare_one,
+    prepare_row,
+    run_filters,
+)
 from .base import Journal
+from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
 from .sqlite_schema import migrate
 
 # Columns named: a store with an extra column (added by a newer version or by
@@ -84,6 +94,10 @@ def _to_wal(db: sqlite3.Connection, timeout: float) -> None:
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 0.1)
+
+
+def _no_commit_count() -> None:
+    """An in-memory store's stand-in for :meth:`Checkpointer.committed`."""
 
 
 def _run_info(row: tuple) -> RunInfo:
@@ -144,6 +158,18 @@ class SQLiteJournal(Journal):
             self._db.close()
             raise self._translate(e) from e
         self._fences: dict[str, int] = {}  # what engrain_fence holds, so a step writes it only when it changes
+        # Checkpoints run on a thread of their own (see sqlite_checkpoint); an
+        # in-memory store has no WAL to checkpoint.
+        self._checkpointer: Checkpointer | None = None
+        self._committed = _no_commit_count
+        if not memory:
+            try:
+                self._db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
+            except sqlite3.Error as e:
+                self._db.close()
+                raise self._translate(e) from e
+            self._checkpointer = Checkpointer(str(self.path), min(int(timeout * 1000), 1000))
+            self._committed = self._checkpointer.committed
 
     def _translate(self, e: sqlite3.Error) -> Exception:
         """The typed error for a driver error: the store is corrupt, or failed (disk, I/O, lock), or neither."""
@@ -181,6 +207,25 @@ class SQLiteJournal(Journal):
             rows, finishes = batch.rows, batch.status in FINISHED
         if finishes:
             lease = None  # the run is finished by this append: nothing to lease
+        self._commit(rows, run_id, expected_seq, one, durable, lease, fence)
+        if one:
+            r = rows[0]
+            return [Event(run_id, expected_seq, r[2], r[3], r[4], events[0].data)]
+        return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
+
+    def append_one(
+        self, run_id: str, kind: str, name: str, data: dict, expected_seq: int, *, durable: bool = True,
+        fence: int | None = None, json_checked: bool = False,
+    ) -> None:
+        # Every step of a durable run comes here: no NewEvent in, no Event out.
+        row = prepare_row(run_id, kind, name, data, expected_seq, self._now(), json_checked)
+        self._commit((row,), run_id, expected_seq, True, durable, None, fence)
+
+    def _commit(
+        self, rows: Sequence[tuple], run_id: str, expected_seq: int, one: bool, durable: bool,
+        lease: tuple[str, float] | None, fence: int | None,
+    ) -> None:
+        """Write validated ``rows`` in one transaction, translating the driver's errors."""
         with self._lock:
             fsync_skipped = not durable and self._full
             try:
@@ -195,7 +240,8 @@ class SQLiteJournal(Journal):
                     # autocommit: one statement, one commit (the TEMP trigger checks a fence)
                     self._insert(_INSERT if one else _INSERTS[n], rows[0] if one else [v for r in rows for v in r])
                 else:
-                    self._write(rows, run_id, lease, ts)
+                    self._write(rows, run_id, lease, rows[0][2])  # rows[0][2]: the append's timestamp
+                self._committed()
             except sqlite3.IntegrityError as e:
                 if "engrain:fenced" in str(e):
                     raise self._lost(run_id, fence) from None
@@ -210,10 +256,6 @@ class SQLiteJournal(Journal):
                         self._sync("PRAGMA synchronous=FULL")
                     except sqlite3.Error:  # the write's own error (if any) is the one to report
                         pass
-        if one:
-            r = rows[0]
-            return [Event(run_id, expected_seq, r[2], r[3], r[4], events[0].data)]
-        return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
 
     def _set_fence(self, run_id: str, fence: int | None) -> None:
         """Make this connection's inserts for ``run_id`` require lease epoch ``fence`` (None: no fence)."""
@@ -371,5 +413,7 @@ class SQLiteJournal(Journal):
         return [_run_info(r) for r in rows]
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         with self._lock:
             self._db.close()
