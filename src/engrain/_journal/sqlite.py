@@ -374,14 +374,15 @@ class SQLiteJournal(Journal):
     def read(self, run_id: str, after: int = -1) -> list[Event]:
         try:
             with self._lock:
+                # run_id is the caller's: not selecting it saves a string object per event.
                 rows = self._db.execute(
-                    "SELECT run_id, seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                    "SELECT seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
                     (run_id, after),
                 ).fetchall()
         except sqlite3.Error as e:
             raise self._translate(e) from e
-        datas = loads_many([r[5] for r in rows])
-        return [Event(r[0], r[1], r[2], r[3], r[4], d) for r, d in zip(rows, datas)]
+        datas = loads_many([r[4] for r in rows])
+        return [Event(run_id, r[0], r[1], r[2], r[3], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
         try:
