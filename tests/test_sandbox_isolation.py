@@ -160,3 +160,41 @@ def test_stdlib_cache_is_private_and_checked_before_use(udf_cache, tmp_path):
     (boot / "encodings").chmod(0o777)  # anyone could plant a file there
     served_again()
     assert not (boot / "encodings").stat().st_mode & 0o022
+
+
+def test_a_cache_others_can_write_is_not_used(udf_cache, tmp_path):
+    """No bundle and no mount from a cache folder anyone may write: the runtime's own zip serves the imports."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    stdlib_cache._cached.clear()
+    try:
+        host = engrain.sandbox.SandboxUdfHost(_write(tmp_path, _PARSE), cache_dir=shared)
+        assert host._limits.readonly_dirs == {} and host._env == {}
+        assert host.call("parse", {"text": "a,b\n1,2\n"}) == {"rows": [{"a": "1", "b": "2"}], "origin": "zip"}
+        assert not [p for p in shared.rglob("*") if p.is_file()]  # nothing cached there either
+    finally:
+        stdlib_cache._cached.clear()
+
+
+def test_runner_and_udfs_that_could_not_be_compiled_ahead_still_run(udf_cache, tmp_path, monkeypatch):
+    """When the guest compiler gives up (its time limit on a loaded machine), the runner and udfs.py
+    go in as source and each call compiles them."""
+    monkeypatch.setattr(engrain.sandbox.SandboxUdfHost, "_compiled", lambda self, root, filename, source: None)
+    host = engrain.sandbox.SandboxUdfHost(_write(tmp_path, _PARSE), cache_dir=udf_cache)
+    assert host._code is None
+    assert host.call("parse", {"text": "a\n1\n"}) == {"rows": [{"a": "1"}], "origin": "bundle"}
+
+
+_PARSE = """
+import csv, io
+def parse(text):
+    rows = list(csv.DictReader(io.StringIO(text)))
+    return {"rows": rows, "origin": "zip" if ".zip" in str(csv.__spec__.origin) else "bundle"}
+"""
+
+
+def _write(tmp_path: pathlib.Path, source: str) -> pathlib.Path:
+    path = tmp_path / "udfs.py"
+    path.write_text(source)
+    return path
