@@ -56,7 +56,7 @@ _lock = threading.Lock()
 _modules: dict[str, wasmtime.Module] = {}
 
 # The guest's whole program. Its first part serves the bundled standard modules: found
-# by name (before sys.path), each module is created at import and its body run on first
+# by name (before sys.path is searched), each module is created at import and its body run on first
 # use of an attribute other than __spec__ (which every repeated import reads). A
 # package's body that imports the very submodule being imported (it ran when the import
 # read the package's __path__) leaves it in sys.modules: the finder hands that one back.
@@ -106,7 +106,7 @@ class _Lib:
             object.__setattr__(module, "__class__", _Pending)
 
 if lib:
-    sys.meta_path.insert(0, _Lib)
+    sys.meta_path.insert(len(sys.meta_path) - 1, _Lib)  # after the built-in and frozen finders, before sys.path's
     sys.modules["encodings"].__path__.append("/usr/local/lib/python312.zip/encodings")  # rarer codecs
 
 ns = {"__name__": "udfs"}
