@@ -160,6 +160,9 @@ def test_stdlib_cache_is_private_and_checked_before_use(udf_cache, tmp_path):
     (boot / "encodings").chmod(0o777)  # anyone could plant a file there
     served_again()
     assert not (boot / "encodings").stat().st_mode & 0o022
+    folder.chmod(0o777)  # or swap boot/ for their own
+    served_again()
+    assert not folder.stat().st_mode & 0o022
 
 
 def test_a_cache_others_can_write_is_not_used(udf_cache, tmp_path):

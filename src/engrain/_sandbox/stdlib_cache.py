@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pathlib
 import re
 import threading
@@ -128,11 +129,10 @@ def _verified(folder: pathlib.Path) -> Stdlib | None:
     boot, files, want = folder / "boot", manifest.get("boot"), manifest.get("bundle")
     if not isinstance(files, dict) or set(files) != set(BOOT) or not isinstance(want, str):
         return None
-    import os
-
     walked = list(os.walk(boot))
     present = {str((pathlib.Path(d) / f).relative_to(boot)) for d, dirs, fs in walked for f in [*dirs, *fs]}
-    if present != {"encodings", *BOOT} or not all(is_private_dir(pathlib.Path(d)) for d, _dirs, _fs in walked):
+    dirs_ok = is_private_dir(folder) and all(is_private_dir(pathlib.Path(d)) for d, _dirs, _fs in walked)
+    if present != {"encodings", *BOOT} or not dirs_ok:
         return None
     for name, h in files.items():
         data = read_private(boot / name)
@@ -149,7 +149,6 @@ def _extract(folder: pathlib.Path, module: wasmtime.Module, fuel: bool) -> bool:
 
     So nothing of an earlier folder (a stale or planted file) survives.
     """
-    import os
     import shutil
     import tempfile
 
