@@ -95,9 +95,10 @@ def _runtime_sha() -> str:
 def stdlib(cache_root: pathlib.Path, module: wasmtime.Module, fuel: bool) -> Stdlib:
     """The verified boot folder and bundle for the pinned runtime: from this process, the disk, or a new export."""
     key = f"{_runtime_sha()[:16]}-{hashlib.sha256((_LAYOUT + ' ' + ' '.join(PRELOAD)).encode()).hexdigest()[:8]}"
+    memo = f"{cache_root}/{key}"
     with _lock:
-        if key in _cached:
-            return _cached[key]
+        if memo in _cached:
+            return _cached[memo]
     parent = _private_dir("python-stdlib", cache_root)
     result = Stdlib(None, None)
     if parent is not None:
@@ -107,7 +108,7 @@ def stdlib(cache_root: pathlib.Path, module: wasmtime.Module, fuel: bool) -> Std
             found = _verified(folder)
         result = found or result
     with _lock:
-        _cached[key] = result
+        _cached[memo] = result
     return result
 
 
