@@ -190,8 +190,9 @@ class SandboxUdfHost:
     Each :meth:`call` starts a fresh interpreter (nothing survives between
     calls), with no file system but the read-only standard library, no
     environment beyond its path, and no network; ``udfs.py`` is sent compiled
-    (or as source) on stdin together with the JSON arguments, and the result
-    comes back as JSON. ``limits`` are those of :class:`~.wasi.Limits`.
+    (or as source) on stdin together with the runner, the bundled standard
+    modules and the JSON arguments, and the result comes back as JSON.
+    ``limits`` are those of :class:`~.wasi.Limits`.
     """
 
     def __init__(self, udfs_path: pathlib.Path, *, cache_dir: pathlib.Path | None = None, **limits: Any):
