@@ -28,7 +28,7 @@ except ImportError:
     except ImportError:
         from hashlib import sha256 as _sha256  # type: ignore[assignment]
 
-__all__ = ["cache_dir", "default_cache_dir", "digest", "private_file_digest", "read_private", "read_verified", "write_private", "write_verified"]
+__all__ = ["cache_dir", "default_cache_dir", "digest", "is_private_dir", "private_file_digest", "read_private", "read_verified", "write_private", "write_verified"]
 
 _T = TypeVar("_T")
 
@@ -65,6 +65,15 @@ def cache_dir(kind: str, root: pathlib.Path | None = None) -> pathlib.Path | Non
     except OSError:
         return None
     return path
+
+
+def is_private_dir(path: pathlib.Path) -> bool:
+    """Whether ``path`` is a directory (no symlink) owned by this user that nobody else can write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and _private(st)
 
 
 def _use_private(path: pathlib.Path, use: Callable[[BinaryIO], _T]) -> _T | None:

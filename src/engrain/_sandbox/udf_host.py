@@ -10,13 +10,12 @@ runtime, never from a UDF:
   in a verified file beside it, used only from a private directory; wasmtime
   itself refuses a module from another version or configuration). Anything
   off: compile again.
-- the standard modules UDFs import (``PRELOAD``, and what they import), taken
-  out of the runtime's zipped standard library once, as plain ``.pyc`` files in
-  a private cache directory listed in a verified manifest, and mounted read-only
-  at ``/stdlib`` in front of the zip. Importing from the zip parses its
-  460-entry directory in Python and inflates every module: about a third of a
-  call. A file that does not match the manifest means the directory is not
-  mounted (the zip still serves every import).
+- the standard modules UDFs import (:mod:`.stdlib_cache`): the three the
+  interpreter imports while starting, mounted read-only at ``/stdlib``, and the
+  rest as one marshalled bundle that goes in with every request and that an
+  import finder serves with no file system call. A bundled module's body runs
+  when one of its attributes is first used, so ``csv`` costs no ``re`` (and its
+  ``enum``, ``functools``, ``collections``) unless a UDF uses a regex.
 - ``udfs.py`` compiled to a code object once (by a guest run of engrain's
   compiler script, in which none of it runs), cached by the hashes of runtime
   and source, and unmarshalled only inside the sandbox.
@@ -31,8 +30,8 @@ on the host, never ``marshal`` (json would be one more import in every call).
 from __future__ import annotations
 
 import json
+import marshal
 import pathlib
-import re
 import threading
 from typing import Any
 
@@ -43,35 +42,73 @@ from .._disk_cache import (
     default_cache_dir,
     digest,
     private_file_digest,
-    read_private,
     read_verified,
     write_private,
     write_verified,
 )
 from .._errors import SandboxError
+from .stdlib_cache import GUEST_STDLIB, PRELOAD, stdlib
 from .wasi import Limits, WasmTool, engine, track
 
-__all__ = ["PRELOAD", "SandboxUdfHost", "default_cache_dir", "python_module", "stdlib_dir"]
-
-#: Standard modules extracted for fast import: the allow-list of recorded UDFs, and
-#: ``__future__``, which every compiled udfs.py imports (one module missing here means
-#: the zip's directory is parsed after all, ~15 ms).
-PRELOAD = (
-    "__future__", "csv", "json", "math", "re", "statistics", "datetime", "collections", "itertools", "io",
-    "string", "functools", "operator", "typing",
-)
-_GUEST_STDLIB = "/stdlib"
-_ZIP = "/usr/local/lib/python312.zip"
-_ENTRY = re.compile(r"^[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\.pyc$")
-_MAX_ZIP = 64 * 1024 * 1024
+__all__ = ["PRELOAD", "SandboxUdfHost", "default_cache_dir", "python_module"]
 
 _lock = threading.Lock()
 _modules: dict[str, wasmtime.Module] = {}
-_stdlib_dirs: dict[str, pathlib.Path | None] = {}
 
+# The guest's whole program. Its first part serves the bundled standard modules: found
+# by name (before sys.path is searched), each module is created at import and its body run on first
+# use of an attribute other than __spec__ (which every repeated import reads). A
+# package's body that imports the very submodule being imported (it ran when the import
+# read the package's __path__) leaves it in sys.modules: the finder hands that one back.
 _UDF_RUNNER = """
 import marshal, sys
-req = marshal.loads(sys.stdin.buffer.read())
+n, m = int(d[:16]), int(d[16:32])
+lib = marshal.loads(memoryview(d)[32 + n:32 + n + m]) if m else {}
+req = marshal.loads(memoryview(d)[32 + n + m:])
+del d
+Module, Spec = type(sys), type(sys.__spec__)
+
+def _load(module):
+    d = Module.__getattribute__(module, "__dict__")
+    object.__setattr__(module, "__class__", Module)
+    exec(marshal.loads(lib[d["__spec__"].name][1]), d)
+
+class _Pending(Module):
+    def __getattribute__(self, attr):
+        if attr == "__spec__":
+            return Module.__getattribute__(self, attr)
+        _load(self)
+        return Module.__getattribute__(self, attr)
+    def __setattr__(self, attr, value):
+        _load(self)
+        Module.__setattr__(self, attr, value)
+    def __delattr__(self, attr):
+        _load(self)
+        Module.__delattr__(self, attr)
+
+class _Lib:
+    started = set()
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in lib:
+            return None
+        if name in sys.modules:
+            return sys.modules[name].__spec__
+        return Spec(name, _Lib, origin="engrain-stdlib", is_package=lib[name][0])
+    @staticmethod
+    def create_module(spec):
+        return sys.modules.get(spec.name)
+    @staticmethod
+    def exec_module(module):
+        name = module.__spec__.name
+        if name not in _Lib.started:
+            _Lib.started.add(name)
+            object.__setattr__(module, "__class__", _Pending)
+
+if lib:
+    sys.meta_path.insert(len(sys.meta_path) - 1, _Lib)  # after the built-in and frozen finders, before sys.path's
+    sys.modules["encodings"].__path__.append("/usr/local/lib/python312.zip/encodings")  # rarer codecs
+
 ns = {"__name__": "udfs"}
 try:
     code = marshal.loads(req["code"]) if "code" in req else compile(req["source"], "udfs.py", "exec")
@@ -89,32 +126,25 @@ except BaseException as e:
     text = repr({"error": "result has no repr: " + type(e).__name__})
 sys.stdout.write(text)
 sys.stdout.flush()
-import os
-os._exit(0)  # the instance is thrown away: tearing the interpreter down is wasted time
+import posix  # built in; "import os" would cost ~4 ms
+posix._exit(0)  # the instance is thrown away: tearing the interpreter down is wasted time
 """
 
-# Runs only engrain's own code: imports PRELOAD, names the top-level modules that came
-# from the zip, and hands the zip over (one JSON line, then the bytes).
-_STDLIB_EXPORTER = """
-import sys
-for name in sys.stdin.read().split():
-    __import__(name)
-tops = sorted({n.split(".")[0] for n, m in list(sys.modules.items())
-               if (getattr(getattr(m, "__spec__", None), "origin", None) or "").startswith(%r)})
-sys.stdout.write(repr(tops) + "\\n")
-sys.stdout.flush()
-sys.stdout.buffer.write(open(%r, "rb").read())
-""" % (_ZIP, _ZIP)
-
+# What the interpreter compiles from its command line: the rest of the program comes on
+# stdin (16 digits: the runner's length, 16: the bundle's; the runner as a marshalled code
+# object, or as source if it could not be compiled; the bundle; the request). Compiling
+# the runner in the guest costs ~7 ms a call, so it is compiled once like udfs.py.
+_BOOTSTRAP = "import marshal,sys\nd=sys.stdin.buffer.read()\nexec(marshal.loads(memoryview(d)[32:32+int(d[:16])]))"
 
 # Also engrain's own code only: compiles udfs.py (running none of it) and returns the code object.
 _COMPILER = """
 import marshal, sys
-code = compile(sys.stdin.buffer.read().decode(), "udfs.py", "exec")
+name, _, text = sys.stdin.buffer.read().decode().partition("\\n")
+code = compile(text, name, "exec")
 sys.stdout.buffer.write(marshal.dumps(code))
 sys.stdout.flush()
-import os
-os._exit(0)
+import posix
+posix._exit(0)
 """
 
 
@@ -154,128 +184,15 @@ def python_module(cache_root: pathlib.Path, fuel: bool) -> wasmtime.Module:
     return mod
 
 
-def _file_ok(path: pathlib.Path, want: str) -> bool:
-    import hashlib
-
-    data = read_private(path)
-    return data is not None and hashlib.sha256(data).hexdigest() == want
-
-
-def stdlib_dir(cache_root: pathlib.Path, module: wasmtime.Module, fuel: bool) -> pathlib.Path | None:
-    """The folder of extracted ``.pyc`` files to mount at ``/stdlib`` (None: import from the zip)."""
-    import hashlib
-
-    _, sha = _runtime()
-    key = f"{sha[:16]}-{hashlib.sha256(' '.join(PRELOAD).encode()).hexdigest()[:8]}"
-    with _lock:
-        if key in _stdlib_dirs:
-            return _stdlib_dirs[key]
-    parent = _private_dir("python-stdlib", cache_root)
-    result = None
-    if parent is not None:
-        folder = parent / key
-        if _verify(folder) or (_extract(folder, module, fuel) and _verify(folder)):
-            result = folder
-    with _lock:
-        _stdlib_dirs[key] = result
-    return result
-
-
-def _verify(folder: pathlib.Path) -> bool:
-    """Every file the manifest lists, with its hash, and nothing else (an extra module would shadow the zip's)."""
-    raw = read_verified(folder / "MANIFEST.json")
-    if raw is None:
-        return False
-    try:
-        manifest = json.loads(raw)
-    except ValueError:
-        return False
-    if not isinstance(manifest, dict) or manifest.get("preload") != list(PRELOAD) or not isinstance(manifest.get("files"), dict):
-        return False
-    import os
-
-    present = {
-        str((pathlib.Path(d) / f).relative_to(folder)) for d, _dirs, fs in os.walk(folder) for f in fs
-    } - {"MANIFEST.json"}
-    if present != set(manifest["files"]):
-        return False
-    return all(isinstance(h, str) and _ENTRY.match(name) and _file_ok(folder / name, h) for name, h in manifest["files"].items())
-
-
-def _extract(folder: pathlib.Path, module: wasmtime.Module, fuel: bool) -> bool:
-    """Write the zip's modules under the top-level names PRELOAD pulls in, and the manifest, into ``folder``.
-
-    Written to a new folder beside it, then swapped in, so nothing of an earlier
-    folder (a stale or planted file) survives.
-    """
-    import os
-    import shutil
-    import tempfile
-
-    try:
-        staging = pathlib.Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".new", dir=folder.parent))
-    except OSError:
-        return False
-    try:
-        if not _export(staging, module, fuel):
-            return False
-        if folder.exists():
-            old = pathlib.Path(tempfile.mkdtemp(prefix=f"{folder.name}.", suffix=".old", dir=folder.parent))
-            os.replace(folder, old / "x")
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(staging, folder)
-        return True
-    except OSError:
-        return False
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _export(folder: pathlib.Path, module: wasmtime.Module, fuel: bool) -> bool:
-    import hashlib
-    import io
-    import zipfile
-
-    tool = WasmTool(
-        "python", name="stdlib-export", module=module, metered=fuel,
-        limits=Limits(fuel=None if not fuel else 10**11, memory_bytes=256 * 1024 * 1024, wall_clock_s=60.0, output_bytes=_MAX_ZIP),
-        argv=["python", "-S", "-P", "-c", _STDLIB_EXPORTER],
-    )
-    try:
-        out = tool.call_raw(" ".join(PRELOAD).encode())
-        line, _, blob = out.partition(b"\n")
-        import ast
-
-        tops = ast.literal_eval(line.decode())
-        if not isinstance(tops, list) or not all(isinstance(t, str) and t.isidentifier() for t in tops):
-            return False
-        files: dict[str, str] = {}
-        with zipfile.ZipFile(io.BytesIO(blob)) as z:
-            for info in z.infolist():
-                name = info.filename
-                if not _ENTRY.match(name) or name.split("/")[0].removesuffix(".pyc") not in tops:
-                    continue
-                if info.file_size > _MAX_ZIP:
-                    return False
-                data = z.read(info)
-                target = folder / name
-                target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                write_private(target, data)
-                files[name] = hashlib.sha256(data).hexdigest()
-    except (SandboxError, ValueError, SyntaxError, OSError, zipfile.BadZipFile):
-        return False
-    write_verified(folder / "MANIFEST.json", json.dumps({"preload": list(PRELOAD), "files": files}).encode())
-    return True
-
-
 class SandboxUdfHost:
     """Run functions of an untrusted ``udfs.py`` inside CPython-on-WASI.
 
     Each :meth:`call` starts a fresh interpreter (nothing survives between
     calls), with no file system but the read-only standard library, no
     environment beyond its path, and no network; ``udfs.py`` is sent compiled
-    (or as source) on stdin together with the JSON arguments, and the result
-    comes back as JSON. ``limits`` are those of :class:`~.wasi.Limits`.
+    (or as source) on stdin together with the runner, the bundled standard
+    modules and the JSON arguments, and the result comes back as JSON.
+    ``limits`` are those of :class:`~.wasi.Limits`.
     """
 
     def __init__(self, udfs_path: pathlib.Path, *, cache_dir: pathlib.Path | None = None, **limits: Any):
@@ -287,24 +204,29 @@ class SandboxUdfHost:
         self._metered = limits["fuel"] is not None
         root = cache_dir or default_cache_dir()
         self._module = python_module(root, self._metered)
-        stdlib = stdlib_dir(root, self._module, self._metered)
-        if stdlib is not None:
-            limits["readonly_dirs"] = {_GUEST_STDLIB: str(stdlib)}
-        self._env = {"PYTHONPATH": _GUEST_STDLIB} if stdlib is not None else {}
+        served = stdlib(root, self._module, self._metered)
+        if served.boot is not None:
+            limits["readonly_dirs"] = {GUEST_STDLIB: str(served.boot)}
+        self._env = {"PYTHONPATH": GUEST_STDLIB} if served.boot is not None else {}
         self._limits = Limits(**limits)
-        self._code = self._compiled(root)
+        self._code = self._compiled(root, "udfs.py", self.source)
+        runner = self._compiled(root, "<engrain-udf-runner>", _UDF_RUNNER)
+        runner = runner if runner is not None else marshal.dumps(_UDF_RUNNER)
+        lib = served.bundle if served.boot is not None else b""
+        self._prefix = b"%16d%16d" % (len(runner), len(lib)) + runner + lib
 
-    def _compiled(self, root: pathlib.Path) -> bytes | None:
-        """udfs.py compiled by the guest's own Python (marshal), so a call does not compile it again.
+    def _compiled(self, root: pathlib.Path, filename: str, source: str) -> bytes | None:
+        """``source`` compiled by the guest's own Python (marshal), so a call does not compile it again.
 
-        Made by a separate run of engrain's compiler script, in which none of the UDF
-        code runs, and cached by the SHA-256 of the runtime and of the source. It is
-        only ever unmarshalled inside the sandbox. None (each call compiles the
-        source) when the source does not compile: the call then reports why.
+        Made by a separate run of engrain's compiler script, in which none of the
+        code runs, and cached by the SHA-256 of the runtime, the file name and the
+        source. It is only ever unmarshalled inside the sandbox. None (each call
+        compiles the source) when the source does not compile: the call then reports why.
         """
         _, sha = _runtime()
+        payload = f"{filename}\n{source}".encode()
         folder = _private_dir("python-code", root)
-        entry = folder / f"{sha[:16]}-{digest(self.source.encode())}.marshal" if folder is not None else None
+        entry = folder / f"{sha[:16]}-{digest(payload)}.marshal" if folder is not None else None
         code = read_verified(entry) if entry is not None else None
         if code is not None:
             return code
@@ -313,7 +235,7 @@ class SandboxUdfHost:
             argv=["python", "-S", "-P", "-c", _COMPILER], metered=self._metered, env=self._env,
         )
         try:
-            code = tool.call_raw(self.source.encode())
+            code = tool.call_raw(payload)
         except SandboxError:
             return None
         if entry is not None:
@@ -323,16 +245,15 @@ class SandboxUdfHost:
     def call(self, name: str, args: dict[str, Any]) -> Any:
         """Call ``name(**args)`` from udfs.py in the sandbox and return its JSON result."""
         import ast
-        import marshal
 
         tool = WasmTool(
             self.udfs_path, name=f"udf:{name}", limits=self._limits, module=self._module,
-            argv=["python", "-S", "-P", "-c", _UDF_RUNNER], metered=self._metered, env=self._env,
+            argv=["python", "-S", "-P", "-c", _BOOTSTRAP], metered=self._metered, env=self._env,
         )
         # Arguments cross as JSON: anything json cannot encode is refused here.
         plain = json.loads(json.dumps(args))
         udfs = {"code": self._code} if self._code is not None else {"source": self.source}
-        raw = tool.call_raw(marshal.dumps({**udfs, "name": name, "args": plain}))
+        raw = tool.call_raw(self._prefix + marshal.dumps({**udfs, "name": name, "args": plain}))
         try:
             reply = ast.literal_eval(raw.decode())
             if isinstance(reply, dict) and "ok" in reply:
