@@ -47,7 +47,8 @@ def _question(rec: StepRecord) -> dict[str, Any]:
 class StepWriter:
     """Appends a step's events; mixed into the run context, which provides ``append``."""
 
-    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
+    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
+               wait: bool = True) -> None:
         raise NotImplementedError
 
     def _resolve(self, rec: StepRecord) -> None:
@@ -76,9 +77,12 @@ class StepWriter:
             data["attempt"] = p.attempt
         return data
 
-    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None, *, durable: bool = True) -> Any:
+    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None, *, durable: bool = True,
+                  wait: bool = True) -> Any:
         """Journal the step's result (``durable=False``: see ``Journal.append``; the caller
-        guarantees a durable append follows before anything depends on it staying recorded)."""
+        guarantees a durable append follows before anything depends on it staying recorded;
+        ``wait=False`` too, and that the run's next append comes before any effect that must
+        not happen once this append failed)."""
         if not is_json(result):
             try:
                 check_json(result, f"step {p.name!r}", "result")
@@ -88,7 +92,7 @@ class StepWriter:
         data = {"call_id": p.call_id, "result": result}
         if meta:
             data.update(meta)  # e.g. a UDF's source, journaled with its first completion
-        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable)
+        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable, wait=wait)
         if observe.observers:
             self._observe(p, result, None)
         return result

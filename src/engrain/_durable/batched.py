@@ -37,7 +37,8 @@ class BufferedContext(RunContext):
         self.pending: list[NewEvent] = []
         self.write = write
 
-    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True) -> None:
+    def append(self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
+               wait: bool = True) -> None:
         # list.append is atomic, so the run's threads need no lock here; the
         # buffer is written from 0 at flush, so ``seq`` is not kept.
         if self.write:

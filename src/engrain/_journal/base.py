@@ -39,6 +39,7 @@ class Journal(abc.ABC):
         durable: bool = True,
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
+        wait: bool = True,
     ) -> list[Event]:
         """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
 
@@ -67,6 +68,16 @@ class Journal(abc.ABC):
         another executor took the lease over, a stale executor's append (even
         one already in flight when its process died) raises
         :class:`~engrain.LeaseLostError` and writes nothing.
+
+        ``wait=False`` (only with ``durable=False``, else :class:`ValueError`)
+        may return once the append is on its way, before the store answers
+        (PostgreSQL: the statement is sent, its result read by the next call;
+        SQLite commits at once). The store executes and commits it even if this
+        process dies right after. Its failure (a conflict, a lost lease, a lost
+        connection) is raised by the next append to the same run at
+        ``expected_seq`` one past it, which then writes nothing; every other
+        call sees the append's events. A durable run uses it for what the run
+        does next anyway: a tool's result before the next model call.
         """
 
     @abc.abstractmethod

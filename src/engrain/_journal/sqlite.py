@@ -167,7 +167,11 @@ class SQLiteJournal(Journal):
         durable: bool = True,
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
+        wait: bool = True,
     ) -> list[Event]:
+        # wait=False changes nothing here: a commit in this process costs less than a send would.
+        if not wait and durable:
+            raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         ts = self._now()
         lease = check_lease(lease, expected_seq)
         # One event (every step of a durable run) skips building a Batch: the
