@@ -13,7 +13,10 @@ connection reads that result first. So a client killed after the send has no
 reply it did not read other than one the server sends after committing: its
 socket closes with an orderly FIN behind the bytes already queued, and the
 server reads, executes and commits the statement as if the client had waited
-(``tests/test_crash.py`` SIGKILLs a client right after such a send).
+(``tests/test_crash.py`` SIGKILLs a client right after such a send). A server
+configured with ``client_connection_check_interval`` would instead cancel a
+statement still waiting (on a row lock) when its client is gone: engrain leaves
+that setting at PostgreSQL's default, off.
 """
 
 from __future__ import annotations
