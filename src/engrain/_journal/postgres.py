@@ -20,7 +20,7 @@ from .._events import Event, NewEvent, RunInfo, loads_many
 from ._common import FINISHED, agents_filter, check_lease, prepare, run_filters
 from .base import Journal
 from .postgres_schema import migrate
-from .postgres_wire import Wire, text_params
+from .postgres_wire import Wire, keep_sent_statements, text_params
 
 # One statement per append: the runs row is created (seq 0) or advanced only if
 # next_seq still equals expected_seq, and the events are inserted only if that
@@ -117,6 +117,7 @@ class PostgresJournal(Journal):
                 # lose the last few ms, never corrupt); full: the server default.
                 if durability == "normal":
                     self._db.execute("SET synchronous_commit = off")
+                keep_sent_statements(self._db)
                 if not create and self._db.execute("SELECT to_regclass('engrain_runs')").fetchone()[0] is None:
                     raise StoreNotFoundError(_redact(url), "that database (and search_path) has no engrain tables")
                 # Concurrent CREATE ... IF NOT EXISTS can still race on the catalog;

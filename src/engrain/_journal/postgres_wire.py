@@ -15,8 +15,8 @@ socket closes with an orderly FIN behind the bytes already queued, and the
 server reads, executes and commits the statement as if the client had waited
 (``tests/test_crash.py`` SIGKILLs a client right after such a send). A server
 configured with ``client_connection_check_interval`` would instead cancel a
-statement still waiting (on a row lock) when its client is gone: engrain leaves
-that setting at PostgreSQL's default, off.
+statement still waiting (on a row lock) when its client is gone: the journal
+turns it off for its own session (:func:`keep_sent_statements`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,20 @@ def text_params(values: tuple) -> list[bytes | None]:
         else:
             out.append(str(int(v)).encode())
     return out
+
+
+def keep_sent_statements(conn: Any) -> None:
+    """Make the session finish a statement whose client is gone (``client_connection_check_interval`` off).
+
+    It is PostgreSQL's default, but a server or role may set it, and then a sent
+    append waiting on a lock would be cancelled once its client died.
+    """
+    import psycopg
+
+    try:
+        conn.execute("SET client_connection_check_interval = 0")
+    except psycopg.errors.UndefinedObject:  # before PostgreSQL 14: no such check to turn off
+        pass
 
 
 class Wire:
