@@ -76,8 +76,9 @@ class Journal(abc.ABC):
         process dies right after. Its failure (a conflict, a lost lease, a lost
         connection) is raised by the next append to the same run at
         ``expected_seq`` one past it, which then writes nothing; every other
-        call sees the append's events. A durable run uses it for what the run
-        does next anyway: a tool's result before the next model call.
+        call sees the append's events. The agent loop sends a tool's result
+        this way before its next model call: the server commits it while the
+        model works, and the model step's append reads the answer.
         """
 
     @abc.abstractmethod
