@@ -297,6 +297,14 @@ def bench_turns(turns: int, runs: int) -> None:
                                durable=False)
                 lat.append(time.perf_counter() - t0)
             print(f"   {backend:<8} one unflushed append alone  {ms(lat)}")
+            lat = []
+            for seq in range(401, 501):  # each after the server sat idle, as a step's append after a model call
+                time.sleep(0.003)
+                t0 = time.perf_counter()
+                journal.append(rid, [eg.NewEvent("step.completed", "x", {"call_id": seq, "result": 1})], seq)
+                lat.append(time.perf_counter() - t0)
+            print(f"   {backend:<8} one journal append after 3 ms idle  {ms(lat)}   (what a model step's flush costs "
+                  "here: the server wakes up)")
         model.stop()
         journal.close()
         if schema:
