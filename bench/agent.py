@@ -3,14 +3,18 @@
 Three figures, each with the scripted model's own time taken out:
 
 1. Creating an agent over HTTP (``POST /api/agents`` on ``engrain serve``, SQLite):
-   median request latency, next to ``GET /api/health`` on the same connection
-   (the HTTP floor) and Engram's stated figure for ``CreateAgent`` (about 4 ms;
-   a published number, not measured here). Target: <= 2 ms.
+   median request latency through httpx, next to ``GET /api/health`` on the same
+   connection (the HTTP floor) and Engram's stated figure for ``CreateAgent``
+   (about 4 ms; a published number, not measured here). Target: <= 2 ms. For
+   scale, the same create written on a plain socket: what is left once the
+   client library's own time is out.
 2. engrain's overhead per LLM turn (in-process ``Agent.run``, SQLite and
    PostgreSQL): the run's wall time minus the time spent inside the provider
    call (SDK + scripted model), divided by the turns. Each turn journals the LLM
    step and one tool step; only the LLM step that asks for tools is flushed to
-   disk on its own (see ``engrain._agent.loop``). Target: <= 1 ms.
+   disk on its own, and the tool's result is sent without waiting for the
+   store's answer, which the next LLM step's append reads (see
+   ``engrain._agent.loop``). Target: <= 1 ms.
 3. First streamed token through ``engrain serve``: a client ``POST
    /api/agents/{name}/chat`` reads the SSE stream; the delay from the moment
    the scripted model wrote its first text chunk to its socket (timestamped in
@@ -29,6 +33,7 @@ figures.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import statistics
@@ -90,6 +95,35 @@ class RemoteModel:
         self._proc.join(5)
 
 
+class PlainHTTP:
+    """HTTP/1.1 requests written on a plain keep-alive socket: the server's time without a client library's."""
+
+    def __init__(self, base: str):
+        import socket
+
+        host, port = base.rsplit("//", 1)[1].split(":")
+        self.host = f"{host}:{port}"
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def post(self, path: str, body: bytes) -> int:
+        """POST a JSON body; the response's status once it is read whole (by its Content-Length)."""
+        self.sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += self.sock.recv(65536)
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(int(v) for k, _, v in (x.partition(b":") for x in lines[1:]) if k.lower() == b"content-length")
+        while len(rest) < length:
+            rest += self.sock.recv(65536)
+        return int(lines[0].split()[1])
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def pg_schema(schema: str) -> str:
     from urllib.parse import quote
 
@@ -121,8 +155,9 @@ def bench_create_and_stream(n: int, runs: int) -> None:
         with serve(f"sqlite:///{tmp / 'bench.db'}", tmp, token=None) as base, httpx.Client(base_url=base) as http:
             for _ in range(20):  # warm up the connection and the route
                 http.get("/api/health")
-            health, create = [], []
-            for i in range(n):  # the HTTP floor and the create alternately, under the same load
+            plain = PlainHTTP(base)
+            health, create, bare = [], [], []
+            for i in range(n):  # the HTTP floor and the creates alternately, under the same load
                 t0 = time.perf_counter()
                 http.get("/api/health")
                 health.append(time.perf_counter() - t0)
@@ -132,10 +167,17 @@ def bench_create_and_stream(n: int, runs: int) -> None:
                 r = http.post("/api/agents", json=body)
                 create.append(time.perf_counter() - t0)
                 r.raise_for_status()
+                raw = json.dumps({**body, "name": f"p{i}-{uuid.uuid4().hex[:6]}"}).encode()
+                t0 = time.perf_counter()
+                status = plain.post("/api/agents", raw)
+                bare.append(time.perf_counter() - t0)
+                assert status == 201, status
+            plain.close()
             print("1. create an agent over HTTP (engrain serve, SQLite)")
             print(f"   POST /api/agents      {ms(create)}   "
                   f"(target <= 2 ms; Engram states ~{ENGRAM_CREATE_AGENT_MS:.0f} ms; N={n})")
             print(f"   GET /api/health       {ms(health)}   (the HTTP floor on the same connection)")
+            print(f"   POST, plain socket    {ms(bare)}   (the same create without httpx: the server's share)")
 
             http.post("/api/agents", json={"name": "streamer", "model": "openai:scripted"}).raise_for_status()
             import openai
@@ -174,14 +216,16 @@ def bench_create_and_stream(n: int, runs: int) -> None:
 
 
 def counting(journal):
-    """``journal.append`` that counts the appends asking for a flush (``durable=True``)."""
+    """``journal.append`` that counts the appends asking for a flush (``durable=True``) and those sent
+    without waiting (``wait=False``)."""
     inner = journal.append
 
-    def append(*a, durable=True, **kw):
+    def append(*a, durable=True, wait=True, **kw):
         append.flushed += durable
-        return inner(*a, durable=durable, **kw)
+        append.sent += not wait
+        return inner(*a, durable=durable, wait=wait, **kw)
 
-    append.flushed = 0
+    append.flushed = append.sent = 0
     return append
 
 
@@ -206,33 +250,37 @@ def bench_turns(turns: int, runs: int) -> None:
             agent = eg.Agent("bench", "openai:scripted", "Add numbers.", [add], base_url=model.openai_url,
                              journal=journal, stream=streamed, max_turns=turns + 2)
             inner = agent.provider.complete
-            spent = [0.0]
+            spent = [0.0, 0.0]  # wall and CPU time inside the provider call
 
             def timed(*a, **kw):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 try:
                     return inner(*a, **kw)
                 finally:
                     spent[0] += time.perf_counter() - t0
+                    spent[1] += time.process_time() - c0
 
             agent.provider.complete = timed
-            per_turn = []
+            per_turn, cpu = [], []
             for i in range(runs + 2):
                 if i == runs + 1:  # the last run also counts its flushed appends (a wrapper costs ~1 us)
                     journal.append = counting(journal)
-                spent[0] = 0.0
-                t0 = time.perf_counter()
+                spent[:] = [0.0, 0.0]
+                t0, c0 = time.perf_counter(), time.process_time()
                 res = agent.run("add things")
-                wall = time.perf_counter() - t0
+                wall, used = time.perf_counter() - t0, time.process_time() - c0
                 assert res, res.error
                 if i >= 2:
                     per_turn.append((wall - spent[0]) / (turns + 1))
-            flushed = journal.append.flushed / (turns + 1)
+                    cpu.append((used - spent[1]) / (turns + 1))
+            flushed, sent = journal.append.flushed / (turns + 1), journal.append.sent / (turns + 1)
             del journal.append
             kind = "streamed" if streamed else "whole   "
             appends = len(journal.read(res.run_id)) / (turns + 1)
             print(f"   {backend:<8} {kind}  {ms(per_turn)}   (target <= 1 ms; {appends:.1f} journal appends "
-                  f"per turn, {flushed:.1f} of them flushed)")
+                  f"per turn, {flushed:.1f} of them flushed, {sent:.1f} not waited for; N={len(per_turn)} runs)")
+            print(f"   {'':<8} {'':<8}  of which this process's CPU: median {statistics.median(cpu) * 1000:7.3f} ms "
+                  "(the rest waits for the store)")
         # What those appends cost alone on this backend, for reading the figures above.
         rid, lat = f"bench-append-{uuid.uuid4().hex[:6]}", []
         journal.append(rid, [eg.NewEvent("run.started", "", {"task": "x", "inputs": {}, "tags": []})], 0)
@@ -249,6 +297,14 @@ def bench_turns(turns: int, runs: int) -> None:
                                durable=False)
                 lat.append(time.perf_counter() - t0)
             print(f"   {backend:<8} one unflushed append alone  {ms(lat)}")
+            lat = []
+            for seq in range(401, 501):  # each after the server sat idle, as a step's append after a model call
+                time.sleep(0.003)
+                t0 = time.perf_counter()
+                journal.append(rid, [eg.NewEvent("step.completed", "x", {"call_id": seq, "result": 1})], seq)
+                lat.append(time.perf_counter() - t0)
+            print(f"   {backend:<8} one journal append after 3 ms idle  {ms(lat)}   (what a model step's flush costs "
+                  "here: the server wakes up)")
         model.stop()
         journal.close()
         if schema:

@@ -140,16 +140,20 @@ def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_p
     from engrain._journal.sqlite import SQLiteJournal
 
     appends: list[tuple[str, str, bool]] = []
+    unwaited: list[str] = []  # sent with wait=False: the next append (before any effect) reads the answer
 
     class Recording(SQLiteJournal):
         def append(self, run_id, events, expected_seq, *, durable=True, **kw):
             out = super().append(run_id, events, expected_seq, durable=durable, **kw)
             appends.extend((e.kind, e.name, durable) for e in events)
+            unwaited.extend(e.name for e in events if not kw.get("wait", True))
             return out
 
         def append_one(self, run_id, kind, name, data, expected_seq, *, durable=True, **kw):
             super().append_one(run_id, kind, name, data, expected_seq, durable=durable, **kw)
             appends.append((kind, name, durable))
+            if not kw.get("wait", True):
+                unwaited.append(name)
 
     def add(a: int, b: int) -> int:
         """Add two integers."""
@@ -165,6 +169,7 @@ def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_p
         ("step.completed", "agent.llm", True), ("step.completed", "add", False),
         ("step.completed", "agent.llm", True), ("step.completed", "add", False), ("step.completed", "add", False),
         ("step.completed", "agent.llm", False), ("run.completed", "", True)]
+    assert unwaited == ["engrain.now", "add", "add", "add"]  # each followed by a model step's append
     # resumed from the journal these unflushed commits replay like any others: nothing runs again
     again = eg.Agent("helper", "openai:scripted", "Help with orders.", [add], base_url=model.openai_url,
                      journal=j).run("add", run_id="flush-1")

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -289,4 +290,65 @@ def test_sigkill_at_random_points_then_resume(store_url: str, tmp_path: Path) ->
             assert in_flight > kills // 4 and mid_run > 0 and repeated > 0 and asked, info
     finally:
         finisher.kill()
+        journal.close()
+
+
+_SEND_THEN_DIE = """
+import os, signal, sys
+import engrain as eg
+from engrain import NewEvent
+
+j, run_id = eg.open(sys.argv[1]), sys.argv[2]
+j.append(run_id, [NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []})], 0)
+print("started", flush=True)
+sys.stdin.readline()  # the test may lock the run first, so the append waits in the server
+j.append(run_id, [NewEvent("step.completed", "tool", {"call_id": 0, "result": 7})], 1, durable=False, wait=False)
+os.kill(os.getpid(), signal.SIGKILL)  # right after the send: the result is never read
+"""
+
+
+def test_an_append_sent_without_waiting_survives_a_sigkill_right_after(store_url: str) -> None:
+    """Journal.append(wait=False) returns once the append is sent: the store commits it even though
+    the process is SIGKILLed before reading the answer, and (PostgreSQL) even when the server only
+    gets to execute it after the client is gone (a transaction holds the run's row meanwhile)."""
+    postgres = not store_url.startswith("sqlite")
+    for locked in (False, True) if postgres else (False,):
+        _send_then_die(store_url, locked, f"sent-{int(locked)}")
+
+
+def _send_then_die(store_url: str, locked: bool, run_id: str) -> None:
+    child_url = store_url
+    if locked:  # a session that checks for a gone client every 20 ms: the journal must turn that off
+        child_url = store_url.replace("options=", "options=" + quote("-cclient_connection_check_interval=20 ", safe=""))
+    proc = subprocess.Popen([sys.executable, "-c", _SEND_THEN_DIE, child_url, run_id], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    journal = eg.open(store_url)
+    lock = None
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == b"started\n", proc.stderr.read() if proc.stderr else ""
+        if locked:
+            import psycopg
+
+            lock = psycopg.connect(eg._journal.parse_url(store_url)[1])
+            lock.execute("SELECT 1 FROM engrain_runs WHERE run_id = %s FOR UPDATE", (run_id,))
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.wait(30) == -signal.SIGKILL
+        if lock is not None:
+            time.sleep(0.2)  # ten of the child session's client checks, were they on
+            assert len(journal.read(run_id)) == 1  # the append still waits in the server for the lock
+            lock.commit()
+        deadline = time.monotonic() + 10
+        while len(events := journal.read(run_id)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [(e.seq, e.kind, e.data) for e in events] == [
+            (0, "run.started", {"task": "t", "inputs": {}, "tags": []}),
+            (1, "step.completed", {"call_id": 0, "result": 7})]
+    finally:
+        if lock is not None:
+            lock.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
         journal.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -85,6 +86,48 @@ def test_unflushed_appends_are_stored_and_checked(store_url):
             assert j._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     finally:
         j.close()
+
+
+def _refused_now_or_next(journal, exc_type, seq: int, **kw) -> None:
+    """An append sent without waiting that the store refuses: SQLite raises at once, PostgreSQL
+    at the writer's next append (one seq further), which writes nothing although its seq is free."""
+    try:
+        journal.append("w", [step(seq)], seq, durable=False, wait=False, **kw)
+    except exc_type:
+        return
+    with pytest.raises(exc_type) as info:
+        journal.append("w", [step(seq + 1)], seq + 1, durable=False, **kw)
+    if exc_type is ConflictError:
+        assert info.value.expected_seq == seq  # it names the append that was refused
+
+
+def test_an_append_sent_without_waiting_is_seen_and_its_refusal_raised(journal):
+    journal.append("w", [started()], 0, lease=("w1", 0.05))
+    stored = journal.append("w", [step(0)], 1, durable=False, wait=False)
+    assert [e.seq for e in stored] == [1]
+    assert [e.seq for e in journal.read("w")] == [0, 1] and journal.get_run("w").next_seq == 2  # every call sees it
+    _refused_now_or_next(journal, ConflictError, 1)  # seq 1 is taken
+    assert [e.seq for e in journal.read("w")] == [0, 1]
+    journal.append("w", [step(2)], 2, durable=False, wait=False)  # the refusal was raised once
+    # A refusal nobody claims stays with its writer: other runs, and an append of this run
+    # that is not that writer's next one (a new executor's), go through.
+    try:
+        journal.append("w", [step(1)], 1, durable=False, wait=False)  # refused; its writer appends no more
+    except ConflictError:
+        pass
+    journal.append("other", [started()], 0)
+    journal.append("w", [step(3)], 3)
+    assert [e.seq for e in journal.read("w")] == [0, 1, 2, 3]
+    # a lease taken over: the stale executor's append is refused, and so is its next one
+    time.sleep(0.1)
+    assert journal.take_lease("w", "w2", 30) == 2
+    _refused_now_or_next(journal, engrain.LeaseLostError, 4, fence=1)
+    assert [e.seq for e in journal.read("w")] == [0, 1, 2, 3]
+    journal.append("w", [step(4)], 4, durable=False, wait=False, fence=2)
+    journal.append("w", [NewEvent("run.completed", "", {"output": 1})], 5, fence=2)
+    assert journal.get_run("w").status == "ok" and len(journal.read("w")) == 6
+    with pytest.raises(ValueError, match="durable=False"):
+        journal.append("w", [step(6)], 6, wait=False)
 
 
 def test_concurrent_writers_of_one_run_one_wins(store_url):
@@ -321,3 +364,30 @@ def test_batch_decoding_reads_what_the_fast_decoder_refuses():
     out = loads_many(['{"x":NaN}', '{"y":1e400}', '{"z":"\\ud800"}', '{"w":123456789012345678901234567890}'])
     assert out[0]["x"] != out[0]["x"] and out[1]["y"] == float("inf") and out[2]["z"] == "\ud800"
     assert out[3]["w"] == 123456789012345678901234567890
+
+
+@pytest.fixture
+def pg_url_only():
+    from conftest import drop_pg_schema, pg_schema_url
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    yield pg_schema_url(schema)
+    drop_pg_schema(schema)
+
+
+def test_postgres_appends_outlive_a_deallocate_all(pg_url_only):
+    """The PostgreSQL journal prepares its append statements under its own names; a DEALLOCATE ALL
+    on the connection (psycopg sends one after a ROLLBACK or a DROP) makes it prepare them again."""
+    j = engrain.open(pg_url_only)
+    try:
+        j.append("d", [started()], 0)
+        j.append("d", [step(0)], 1, durable=False, wait=False)
+        j.read("d")  # settles the append sent without waiting
+        j._db.execute("DEALLOCATE ALL")
+        j.append("d", [step(1)], 2, durable=False, wait=False)  # its statement is gone: found when settled
+        j.append("d", [step(2)], 3)
+        j._db.execute("DEALLOCATE ALL")
+        j.append("d", [NewEvent("run.completed", "", {"output": 1})], 4)
+        assert [e.seq for e in j.read("d")] == [0, 1, 2, 3, 4] and j.get_run("d").status == "ok"
+    finally:
+        j.close()

@@ -10,13 +10,16 @@ tool: the error goes back to the model as the tool's result.
 
 One disk flush per model call that asks for tools: that LLM step is flushed
 before its tools run. The other steps of a turn (the clock read that stamps
-the user's message, each tool's result, the final reply) are committed before
-anything uses them, so a killed process never redoes them, but not flushed on
-their own: the next durable append (the next LLM step, ``run.completed``),
-which always follows before the run ends, flushes them too. Only a crash of
-the database server or the machine inside that window can lose them; a lost
-tool result then reruns the tool with the same idempotency key, as a tool
-cut off by a crash always does.
+the user's message, each tool's result, the final reply) reach the store
+before anything uses them, so a killed process never redoes them, but are not
+flushed on their own: the next durable append (the next LLM step,
+``run.completed``), which always follows before the run ends, flushes them
+too. Only a crash of the database server or the machine inside that window
+can lose them; a lost tool result then reruns the tool with the same
+idempotency key, as a tool cut off by a crash always does. The clock read and
+the tool results before a model call are not even waited for
+(``Journal.append(wait=False)``): PostgreSQL commits them while the model
+works, and the model step's append raises a refusal (a cancel, a lost lease).
 
 With the behavior cache on, a task seen before is played from its recorded
 trajectory: the recorded model replies are reused, the tools run again, and
@@ -72,8 +75,14 @@ def _run_thunk(key: str, fn: Callable[[], Any]) -> Any:
     return contextvars.Context().run(body)
 
 
-def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: str, emit: Emit) -> list[dict[str, Any]]:
-    """Answer one model reply's tool calls: one tool message per call, in the model's order."""
+def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: str, emit: Emit,
+              wait: bool = True) -> list[dict[str, Any]]:
+    """Answer one model reply's tool calls: one tool message per call, in the model's order.
+
+    ``wait=False`` when a model call comes next: each result's append is sent
+    without waiting for the store's answer (see ``Journal.append``), and the
+    model step's append raises its failure.
+    """
     out: list[dict[str, Any]] = []
     pending: list[tuple[int, Any, Any, dict[str, Any]]] = []
     for c in calls:
@@ -110,7 +119,7 @@ def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: st
         try:
             # Not flushed on its own: the next model call's step (flushed before its reply is
             # used) or the run's end flushes it too, one disk flush per turn on a "full" store.
-            ctx._complete(step, result, durable=False)
+            ctx._complete(step, result, durable=False, wait=wait)
         except NotJSONError as e:  # journaled as the step's failure by _complete
             out[i].update(content=_error("NotJSONError", str(e)), error=True)
             return
@@ -138,8 +147,10 @@ def _canonical(task: str) -> str:
 def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text: str, emit: Emit,
              on_delta: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Play one user message to a final answer; returns ``{"text", "messages"}`` (the new messages)."""
-    # engrain.now()'s step, unflushed: only the model sees it, after the next durable append.
-    iso = ctx.call("engrain.now", "clock", {}, lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(), durable=False)
+    # engrain.now()'s step, unflushed and not waited for: only the model sees it, and the
+    # steps before the model call (recall, cache lookup, the model's own) append after it.
+    iso = ctx.call("engrain.now", "clock", {}, lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(),
+                   durable=False, wait=False)
     user = {"role": "user", "content": text, "ts": utc_iso(_dt.datetime.fromisoformat(iso))}
     msgs = [*history, user]
     new = [user]
@@ -199,7 +210,9 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
                 ctx.call("agent.memory.remember", "tool", {"skill": agent.memory},
                          lambda: agent._remember(ctx.journal, f"Task: {text}\nAnswer: {reply['text']}"))
             return {"text": reply["text"], "messages": new}
-        results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit)
+        # Replaying a cached trajectory, the next turn runs tools with no append before them:
+        # each result is waited for, so none runs after a refused append.
+        results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying)
         msgs.extend(results)
         new.extend(results)
         contents = [r["content"] for r in results]

@@ -49,7 +49,7 @@ class StepWriter:
 
     def append(
         self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
-        json_checked: bool = False,
+        json_checked: bool = False, wait: bool = True,
     ) -> None:
         raise NotImplementedError
 
@@ -79,9 +79,12 @@ class StepWriter:
             data["attempt"] = p.attempt
         return data
 
-    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None, *, durable: bool = True) -> Any:
+    def _complete(self, p: _Pending, result: Any, meta: dict[str, Any] | None = None, *, durable: bool = True,
+                  wait: bool = True) -> Any:
         """Journal the step's result (``durable=False``: see ``Journal.append``; the caller
-        guarantees a durable append follows before anything depends on it staying recorded)."""
+        guarantees a durable append follows before anything depends on it staying recorded;
+        ``wait=False`` too, and that the run's next append comes before any effect that must
+        not happen once this append failed)."""
         if not is_json(result):
             try:
                 check_json(result, f"step {p.name!r}", "result")
@@ -92,7 +95,8 @@ class StepWriter:
         if meta:
             data.update(meta)  # e.g. a UDF's source, journaled with its first completion
         # The result was checked above and the arguments when the step began: a meta's are the caller's.
-        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable, json_checked=not meta)
+        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable, json_checked=not meta,
+                    wait=wait)
         if observe.observers:
             self._observe(p, result, None)
         return result

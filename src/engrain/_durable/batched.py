@@ -39,7 +39,7 @@ class BufferedContext(RunContext):
 
     def append(
         self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
-        json_checked: bool = False,
+        json_checked: bool = False, wait: bool = True,
     ) -> None:
         # list.append is atomic, so the run's threads need no lock here; the
         # buffer is written from 0 at flush, so ``seq`` is not kept.

@@ -183,11 +183,13 @@ class RunContext(StepWriter):
 
     def append(
         self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
-        json_checked: bool = False,
+        json_checked: bool = False, wait: bool = True,
     ) -> None:
         """Append one event to this run (serialized across the run's threads).
 
         ``json_checked``: every value in ``data`` was found strictly JSON (see ``Journal.append_one``).
+        ``wait=False`` (with ``durable=False``) returns once the append is sent
+        (``Journal.append``): its failure is raised by this run's next append.
         """
         if self._resumed is not None:
             data = {**(data or {}), "resumed": self._resumed}
@@ -196,15 +198,17 @@ class RunContext(StepWriter):
             try:
                 self.journal.append_one(
                     self.run_id, kind, name, data or {}, self.seq, durable=durable, fence=self.fence,
-                    json_checked=json_checked,
+                    json_checked=json_checked, wait=wait,
                 )
             except StorageError as e:
                 if self.storage_error is None:
                     self.storage_error = e
                 raise
-            except ConflictError:
+            except ConflictError as e:
                 # The step boundary where a cancel (engrain.cancel) is noticed, at no cost per step.
-                if any(e.kind == ev.RUN_CANCELLED for e in self.journal.read(self.run_id, after=self.seq - 1)):
+                # (The append that conflicted may be an earlier one sent without waiting.)
+                seen = min(self.seq, e.expected_seq) - 1
+                if any(x.kind == ev.RUN_CANCELLED for x in self.journal.read(self.run_id, after=seen)):
                     raise _Cancelled() from None
                 raise
             self.seq += 1
@@ -281,13 +285,15 @@ class RunContext(StepWriter):
         policy: StepPolicy = DEFAULT_POLICY,
         meta: dict[str, Any] | None = None,
         durable: bool | Callable[[Any], bool] = True,
+        wait: bool = True,
     ) -> Any:
         """Journal one step: return its recorded result, or run ``thunk`` (with ``policy``'s retries) and record it.
 
         ``meta`` (JSON) is added to the ``step.completed`` data, e.g. a UDF's source.
         ``durable`` (or ``durable(result)``) ``False`` commits the completion without its own
         flush to disk (see ``Journal.append``): for a result nothing outside the run uses
-        before the run's next durable append.
+        before the run's next durable append. ``wait=False`` (only with ``durable=False``) returns
+        once the completion is sent: see :meth:`append`.
         """
         step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
@@ -305,7 +311,7 @@ class RunContext(StepWriter):
                 err = e
             else:
                 flush = durable if isinstance(durable, bool) else durable(result)
-                return self._complete(step, result, meta, durable=flush)
+                return self._complete(step, result, meta, durable=flush, wait=wait or flush)
             finally:
                 _step_key.reset(token)
             time.sleep(delay)

@@ -49,12 +49,15 @@ def _start(
     tags: list[str],
     lease: Lease | None = None,
     agent: str | None = None,
+    fresh: bool = False,
 ) -> tuple[list[ev.Event], RunResult | None]:
     """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
 
     ``agent`` is the agent name a new run records, which :func:`~engrain.recover` matches.
+    ``fresh``: ``run_id`` was just made by :func:`new_run_id`, so there is nothing to read
+    (were it taken after all, creating the run raises :class:`ConflictError`).
     """
-    events = journal.read(run_id)
+    events = [] if fresh else journal.read(run_id)
     if not events:
         data: dict[str, Any] = {"task": task, "inputs": inputs, "tags": tags}
         if agent is not None:
@@ -131,7 +134,8 @@ class _Execution:
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
         self._lease = lease = Lease(self.journal, self.run_id)
-        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent)
+        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
+                                   fresh=not run_id)
         if self.done is None and not lease.held:
             # Resuming: take the lease, then read again. A dead executor's last
             # append may have landed after the first read (PostgreSQL finishes

@@ -39,6 +39,7 @@ class Journal(abc.ABC):
         durable: bool = True,
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
+        wait: bool = True,
     ) -> list[Event]:
         """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
 
@@ -67,6 +68,17 @@ class Journal(abc.ABC):
         another executor took the lease over, a stale executor's append (even
         one already in flight when its process died) raises
         :class:`~engrain.LeaseLostError` and writes nothing.
+
+        ``wait=False`` (only with ``durable=False``, else :class:`ValueError`)
+        may return once the append is on its way, before the store answers
+        (PostgreSQL: the statement is sent, its result read by the next call;
+        SQLite commits at once). The store executes and commits it even if this
+        process dies right after. Its failure (a conflict, a lost lease, a lost
+        connection) is raised by the next append to the same run at
+        ``expected_seq`` one past it, which then writes nothing; every other
+        call sees the append's events. The agent loop sends a tool's result
+        this way before its next model call: the server commits it while the
+        model works, and the model step's append reads the answer.
         """
 
     def append_one(
@@ -80,15 +92,16 @@ class Journal(abc.ABC):
         durable: bool = True,
         fence: int | None = None,
         json_checked: bool = False,
+        wait: bool = True,
     ) -> None:
         """Append one event given by its fields, as :meth:`append` does with one :class:`NewEvent`, returning nothing.
 
         Each step of a durable run is one such append; a backend overrides this to
         skip building the event objects that the run never reads back.
         ``json_checked=True`` says the caller already found ``data`` strictly JSON
-        (``is_json``), so a backend may encode it with a faster, laxer encoder.
+        (``is_json``), so a backend may encode it with a faster, laxer encoder. ``wait``: as for :meth:`append`.
         """
-        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence)
+        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence, wait=wait)
 
     @abc.abstractmethod
     def read(self, run_id: str, after: int = -1) -> list[Event]:

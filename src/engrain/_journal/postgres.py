@@ -5,18 +5,22 @@ where ``next_seq`` still equals the writer's ``expected_seq``, and PostgreSQL's
 row lock makes a second concurrent writer re-check and fail. Recovery claims
 use ``FOR UPDATE SKIP LOCKED`` so workers never receive the same run. Lease
 times use the database clock so workers on machines with skewed clocks agree.
+A one-event append (every step) goes through :mod:`.postgres_wire`; with
+``wait=False`` its result is read by the journal's next call (``_settle``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads_many
 from ._common import FINISHED, agents_filter, check_lease, prepare, run_filters
 from .base import Journal
 from .postgres_schema import migrate
+from .postgres_wire import Wire, keep_sent_statements, text_params
 
 # One statement per append: the runs row is created (seq 0) or advanced only if
 # next_seq still equals expected_seq, and the events are inserted only if that
@@ -70,6 +74,8 @@ _APPEND_SQL = {
     for fenced in (False, True)
 }
 
+_MAX_LATE = 1000  # failures of appends sent without waiting that no later append claimed yet
+
 _RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until, lease_epoch, agent"
 _DB_NOW = "extract(epoch from clock_timestamp())"
 # The epoch moves only when the lease changes hands (SET sees the old row).
@@ -100,12 +106,18 @@ class PostgresJournal(Journal):
         except psycopg.OperationalError as e:
             raise ConfigError(f"cannot connect to PostgreSQL at {_redact(url)}: {e}") from e
         self._lock = threading.RLock()
+        self._wire = Wire(self._db)
+        # The append sent without waiting (append(wait=False)) whose result is unread:
+        # (run_id, expected_seq, fence). Its failure waits in _late for that run's next append.
+        self._inflight: tuple[str, int, int | None] | None = None
+        self._late: dict[str, tuple[int, Exception]] = {}
         try:
             with self._lock:
                 # normal: commits return before the WAL is flushed (a server crash may
                 # lose the last few ms, never corrupt); full: the server default.
                 if durability == "normal":
                     self._db.execute("SET synchronous_commit = off")
+                keep_sent_statements(self._db)
                 if not create and self._db.execute("SELECT to_regclass('engrain_runs')").fetchone()[0] is None:
                     raise StoreNotFoundError(_redact(url), "that database (and search_path) has no engrain tables")
                 # Concurrent CREATE ... IF NOT EXISTS can still race on the catalog;
@@ -130,7 +142,10 @@ class PostgresJournal(Journal):
         durable: bool = True,
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
+        wait: bool = True,
     ) -> list[Event]:
+        if not wait and durable:
+            raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         ts = self._now()
         lease = check_lease(lease, expected_seq)
         batch = prepare(run_id, events, expected_seq, ts)
@@ -150,14 +165,53 @@ class PostgresJournal(Journal):
         one = len(rows) == 1
         params = (*head, *rows[0]) if one else (*head, *(list(c) for c in zip(*rows)))
         sql = _APPEND_SQL[expected_seq == 0, one, durable or self.durability != "full", finish, fence is not None]
+        stored = [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
         try:
             with self._lock:
-                cur = self._db.execute(sql, params)  # one statement in autocommit: one round trip
-                if cur.rowcount != len(rows):
+                self._settle()
+                late = self._late.pop(run_id, None) if self._late else None
+                if late is not None and late[0] + 1 == expected_seq:
+                    raise late[1]  # this writer's previous append failed: this one must not land after it
+                # One statement in autocommit: one round trip, one commit.
+                if one:
+                    self._wire.send(sql, text_params(params))
+                    if not wait:
+                        self._inflight = (run_id, expected_seq, fence)
+                        return stored
+                    n = self._wire.result()
+                else:
+                    n = self._db.execute(sql, params).rowcount
+                if n != len(rows):
                     raise self._conflict(run_id, expected_seq, fence)
         except self._psycopg.Error as e:
             raise self._storage(e) from e
-        return [Event(r[0], r[1], r[2], r[3], r[4], ev.data) for r, ev in zip(rows, events)]
+        return stored
+
+    def _settle(self) -> None:
+        """Read the result of the append sent without waiting (under the lock), before anything else uses the connection.
+
+        Its failure is kept for the run's next append, which raises it instead
+        of writing: that writer's append, with ``expected_seq`` one past it.
+        """
+        if self._inflight is None:
+            return
+        run_id, seq, fence = self._inflight
+        self._inflight = None
+        try:
+            failure = None if self._wire.result() == 1 else self._conflict(run_id, seq, fence)
+        except self._psycopg.Error as e:
+            failure = self._storage(e)
+        if failure is not None:
+            if len(self._late) >= _MAX_LATE:
+                self._late.clear()
+            self._late[run_id] = (seq, failure)
+
+    @contextlib.contextmanager
+    def _settled(self) -> Iterator[None]:
+        """The lock, held, with no append in flight (for a transaction of several statements)."""
+        with self._lock:
+            self._settle()
+            yield
 
     def _conflict(self, run_id: str, expected_seq: int, fence: int | None = None) -> Exception:
         row = self._db.execute(
@@ -170,6 +224,7 @@ class PostgresJournal(Journal):
     def take_lease(self, run_id: str, owner: str, ttl: float) -> int | None:
         try:
             with self._lock:
+                self._settle()
                 row = self._db.execute(
                     f"UPDATE engrain_runs SET {_TAKE} WHERE run_id = %s"
                     f" AND (lease_owner IS NULL OR lease_owner = %s OR lease_until < {_DB_NOW}) RETURNING lease_epoch",
@@ -185,6 +240,7 @@ class PostgresJournal(Journal):
 
     def release_lease(self, run_id: str, owner: str) -> None:
         with self._lock:
+            self._settle()
             self._db.execute(
                 "UPDATE engrain_runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = %s AND lease_owner = %s",
                 (run_id, owner),
@@ -195,6 +251,7 @@ class PostgresJournal(Journal):
     ) -> list[RunInfo]:
         which, names = ("", []) if agents is None else agents_filter(agents, "agent", "%s")
         with self._lock:
+            self._settle()
             rows = self._db.execute(
                 f"UPDATE engrain_runs SET {_TAKE}"
                 " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
@@ -206,7 +263,7 @@ class PostgresJournal(Journal):
         return sorted((_run_info(r) for r in rows), key=lambda r: r.updated)
 
     def delete_run(self, run_id: str) -> None:
-        with self._lock, self._db.transaction():
+        with self._settled(), self._db.transaction():
             self._db.execute("DELETE FROM engrain_events WHERE run_id = %s", (run_id,))
             self._db.execute("DELETE FROM engrain_queue WHERE run_id = %s", (run_id,))  # a queued run's row (schema v6)
             self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
@@ -214,6 +271,7 @@ class PostgresJournal(Journal):
     def read(self, run_id: str, after: int = -1) -> list[Event]:
         try:
             with self._lock:
+                self._settle()
                 rows = self._db.execute(
                     "SELECT run_id, seq, ts, kind, name, data FROM engrain_events"
                     " WHERE run_id = %s AND seq > %s ORDER BY seq",
@@ -227,6 +285,7 @@ class PostgresJournal(Journal):
     def get_run(self, run_id: str) -> RunInfo | None:
         try:
             with self._lock:
+                self._settle()
                 row = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
         except self._psycopg.Error as e:
             raise self._storage(e) from e
@@ -246,6 +305,7 @@ class PostgresJournal(Journal):
         sql = f"SELECT {_RUN_COLS} FROM engrain_runs{where} ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
         try:
             with self._lock:
+                self._settle()
                 rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
         except self._psycopg.Error as e:
             raise self._storage(e) from e
@@ -253,7 +313,10 @@ class PostgresJournal(Journal):
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            try:
+                self._settle()  # an append sent without waiting is committed by the server anyway
+            finally:
+                self._db.close()
 
 
 def _redact(url: str) -> str:

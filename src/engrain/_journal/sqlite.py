@@ -193,7 +193,11 @@ class SQLiteJournal(Journal):
         durable: bool = True,
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
+        wait: bool = True,
     ) -> list[Event]:
+        # wait=False changes nothing here: a commit in this process costs less than a send would.
+        if not wait and durable:
+            raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         ts = self._now()
         lease = check_lease(lease, expected_seq)
         # One event (every step of a durable run) skips building a Batch: the
@@ -215,9 +219,11 @@ class SQLiteJournal(Journal):
 
     def append_one(
         self, run_id: str, kind: str, name: str, data: dict, expected_seq: int, *, durable: bool = True,
-        fence: int | None = None, json_checked: bool = False,
+        fence: int | None = None, json_checked: bool = False, wait: bool = True,
     ) -> None:
         # Every step of a durable run comes here: no NewEvent in, no Event out.
+        if not wait and durable:
+            raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         row = prepare_row(run_id, kind, name, data, expected_seq, self._now(), json_checked)
         self._commit((row,), run_id, expected_seq, True, durable, None, fence)
 
