@@ -75,6 +75,15 @@ def test_a_journal_that_only_reads_starts_no_thread(tmp_path):
         assert reader._checkpointer._thread is None
 
 
+def test_a_full_durability_store_checkpoints_in_sqlites_own_commit(tmp_path):
+    # Its commits fsync the WAL; a checkpoint's fsyncs on another thread would queue with them.
+    with SQLiteJournal(tmp_path / "j.db", durability="full") as j:
+        assert j._checkpointer is None
+        assert j._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+        _steps(j, "r", 5)
+        assert len(j.read("r")) == 6
+
+
 def test_an_in_memory_store_has_no_checkpointer():
     with SQLiteJournal(":memory:") as j:
         _steps(j, "r", sqlite_checkpoint.EVERY_COMMITS + 1)

@@ -10,10 +10,14 @@ every :data:`EVERY_COMMITS` commits. A passive checkpoint never blocks a writer
 or a reader, and SQLite releases the GIL while it works, so on a machine with
 two cores the copy runs beside the run instead of inside one of its steps.
 
-Durability is unchanged: a commit is in the WAL (and, with ``full``, fsync'd)
-before ``append`` returns, whoever checkpoints it later. If the thread cannot
-keep up (a long reader pins the WAL, or it died), the backstop still bounds the
-WAL's size.
+Only for ``durability="normal"``, whose commits write the WAL without an
+fsync. With ``"full"`` every commit fsyncs the WAL, and a checkpoint's own fsyncs
+on another thread made those commits wait longer than SQLite's checkpoint in one
+commit of a thousand costs, so a ``full`` journal keeps SQLite's default.
+
+Durability is unchanged: a commit is in the WAL before ``append`` returns,
+whoever checkpoints it later. If the thread cannot keep up (a long reader pins
+the WAL, or it died), the backstop still bounds the WAL's size.
 """
 
 from __future__ import annotations
