@@ -46,6 +46,7 @@ from pathlib import Path
 import httpx
 
 import engrain as eg
+from engrain._journal.base import Journal
 from engrain._agent.scripted import ScriptedModel, say, tool_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -215,18 +216,33 @@ def bench_create_and_stream(n: int, runs: int) -> None:
         model.stop()
 
 
-def counting(journal):
-    """``journal.append`` that counts the appends asking for a flush (``durable=True``) and those sent
-    without waiting (``wait=False``)."""
-    inner = journal.append
+class Counts:
+    """Appends asking for a flush (``durable=True``) and those sent without waiting (``wait=False``)."""
+
+    flushed = sent = 0
+
+
+def counting(journal) -> Counts:
+    """Count ``journal``'s appends: both ``append`` and ``append_one`` (a run's steps), as instance attributes."""
+    counts = Counts()
+    inner, inner_one = journal.append, journal.append_one
 
     def append(*a, durable=True, wait=True, **kw):
-        append.flushed += durable
-        append.sent += not wait
+        counts.flushed += durable
+        counts.sent += not wait
         return inner(*a, durable=durable, wait=wait, **kw)
 
-    append.flushed = append.sent = 0
-    return append
+    # A backend without its own append_one (PostgreSQL) runs it through append, counted there.
+    own = type(journal).append_one is not Journal.append_one
+
+    def append_one(*a, durable=True, wait=True, **kw):
+        if own:
+            counts.flushed += durable
+            counts.sent += not wait
+        return inner_one(*a, durable=durable, wait=wait, **kw)
+
+    journal.append, journal.append_one = append, append_one
+    return counts
 
 
 def bench_turns(turns: int, runs: int) -> None:
@@ -262,9 +278,10 @@ def bench_turns(turns: int, runs: int) -> None:
 
             agent.provider.complete = timed
             per_turn, cpu = [], []
+            counts = None
             for i in range(runs + 2):
                 if i == runs + 1:  # the last run also counts its flushed appends (a wrapper costs ~1 us)
-                    journal.append = counting(journal)
+                    counts = counting(journal)
                 spent[:] = [0.0, 0.0]
                 t0, c0 = time.perf_counter(), time.process_time()
                 res = agent.run("add things")
@@ -273,8 +290,8 @@ def bench_turns(turns: int, runs: int) -> None:
                 if i >= 2:
                     per_turn.append((wall - spent[0]) / (turns + 1))
                     cpu.append((used - spent[1]) / (turns + 1))
-            flushed, sent = journal.append.flushed / (turns + 1), journal.append.sent / (turns + 1)
-            del journal.append
+            flushed, sent = counts.flushed / (turns + 1), counts.sent / (turns + 1)
+            del journal.append, journal.append_one
             kind = "streamed" if streamed else "whole   "
             appends = len(journal.read(res.run_id)) / (turns + 1)
             print(f"   {backend:<8} {kind}  {ms(per_turn)}   (target <= 1 ms; {appends:.1f} journal appends "
