@@ -278,14 +278,14 @@ class Memory:
         qv = self.embedder.embed([query])[0]
         fetch = max(4 * min(k, 1_000_000), 20)  # a huge top_k must not overflow SQL's 64-bit LIMIT
         # The text weight reads the spread of the best SPREAD_DEPTH cosines whatever top_k is; the graph
-        # walk (ef 96) costs the same for 20 or 40 neighbours, and only `fetch` of them become candidates.
+        # walk (ef_search) costs about the same for 20 or 40 neighbours, and only `fetch` of them become candidates.
         depth = max(fetch, SPREAD_DEPTH)
-        state = self.store.state()
         cands: dict[tuple[str, str], dict[str, float]] = {}
-        if self.store.pgvector:
+        if self.store.pgvector:  # no in-process mirror to refresh: skip the state round trip
             recs = self.store.pg_vector_search("record", qv, skill, now, depth, where)
             arts = self.store.pg_vector_search("article", qv, skill, now, depth)
         else:
+            state = self.store.state()
             self._records.refresh(state)
             self._articles.refresh(state)
             allow = self.store.filtered_ids(where, skill, now) if where else None
