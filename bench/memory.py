@@ -8,12 +8,22 @@ joins two pool sentences with the normalised sum of their embeddings as vector;
 the run prints how close that is to the true embedding).
 
 Stores are built once and cached outside the repo, so re-measuring is fast:
-SQLite files and ChromaDB folders under ``$ENGRAIN_BENCH_CACHE`` (default
-``~/.cache/engrain-bench``), PostgreSQL schemas ``mem_<n>_v1`` in the database
-``engrain_bench`` of the pgvector server (``$ENGRAIN_TEST_PGVECTOR_URL`` or
-``scripts/pgvector.sh``), bulk-loaded with COPY, HNSW built under nice
+SQLite files (with their saved hnswlib graph) and ChromaDB folders under
+``$ENGRAIN_BENCH_CACHE`` (default ``/var/tmp/engrain-bench``), named
+``sqlite-<n>-<corpus digest>.db`` and ``chroma-<n>-<corpus digest>``
+(``memory_corpus.version``: a changed corpus gets new stores), each with a
+``.build.json`` of its build's timings; PostgreSQL schemas ``mem_<n>_v1`` in the
+database ``engrain_bench`` of the pgvector server (``$ENGRAIN_TEST_PGVECTOR_URL``
+or ``scripts/pgvector.sh``), bulk-loaded with COPY, HNSW built under nice
 (``memory_pg.py``; ``python bench/memory_pg.py 1000000`` builds ahead).
-Build times print when a store is built in this run.
+
+A run first builds the missing SQLite stores and ChromaDB collections in a child
+at ``nice -n 19`` (others measure latencies on the same cores), the SQLite fill
+and the ChromaDB fill side by side; ``--build-only`` does just that, so the 1M
+stores (SQLite: 20 min of fill and 20+ min of graph on two shared cores;
+ChromaDB: an hour) can be built ahead. ChromaDB's collections are created with
+its bulk-load settings (``hnsw:sync_threshold`` 100000, ``hnsw:batch_size``
+10000; search settings stay its defaults) and a cut-short fill resumes.
 
 Measured per size, with every system open at once:
 * recall p50/p95 over ``--queries`` queries, query embedding included (engrain:
@@ -41,7 +51,7 @@ Building the 1M store took 4 min of COPY and 40 min of HNSW (2 shared, loaded co
 
 Targets: recall p50 <= 10 ms at 100k (SQLite), <= 15 ms at 1M on PostgreSQL. Usage:
     python bench/memory.py [--sizes 10000,100000,1000000] [--queries 200] [--single 100]
-        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--no-peer]
+        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--no-peer] [--build-only]
 """
 
 from __future__ import annotations

@@ -131,7 +131,11 @@ class PgVectorSearch:
                 rows = self._x(exact, (*qparams, limit)).fetchall()
             else:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted below
                 rows = self._x(sql + " ORDER BY d LIMIT ?", (*qparams, limit)).fetchall()
-                if len(rows) < limit:  # the scan gave up, or the store holds fewer rows than limit
+                # Short: the scan gave up on a filter (records carry a TTL), or the table holds fewer rows.
+                # Unfiltered articles can only be the latter (the iterative scan goes on to the limit, and
+                # without one ef_search >= limit rows come back), so the exact ranking would return the same
+                # rows: skip its round trip (most stores hold few articles).
+                if len(rows) < limit and (tier == "record" or skill is not None or limit > HNSW_EF):
                     rows = self._x(exact, (*qparams, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
