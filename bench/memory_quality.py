@@ -52,7 +52,9 @@ Measured 2026-11-23 (any@5 all@5 any@10 all@10). Chat, 525 questions: engrain .3
 .530 .594. FAQ English, 497: engrain .819 .879, dense .813 .871, bm25 .652 .722, fixed .777
 .859. Earlier (fixed weights): ctx .330 .168 .429 .236, prev .360 .234 .469 .331; e5 (6-owner
 slice, 43 questions): dense any@10 .372 vs MiniLM .558, and ~110 ms per query embedding vs
-MiniLM's ~7 ms: not adopted. Latency at 100k: see the run's last lines.
+MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four in each
+round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
+runs, load 5.2 / 3.8).
 
 Usage:
     python bench/memory_quality.py [--sets chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
