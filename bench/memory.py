@@ -51,7 +51,10 @@ Building the 1M store took 4 min of COPY and 40 min of HNSW (2 shared, loaded co
 
 Measured 2026-11-23 19:30 (load 1.8-2.3, 2 shared cores; recall p50, top 5, N=200 in 5 rounds):
 10k: SQLite 10.3 ms, PostgreSQL 11.5, ChromaDB 6.6; 100k: SQLite 8.1, PostgreSQL 11.5, ChromaDB
-9.0; 1M: SQLite 9.5 (rounds 8.1-11.5), PostgreSQL 12.4 (11.5-15.3), ChromaDB not built yet. At
+9.0; 1M: SQLite 9.5 (rounds 8.1-11.5), PostgreSQL 12.4 (11.5-15.3). All three at 1M in one
+run (20:05, load 1.3-1.6): SQLite 12.1 ms (rounds 10.8-14.9), PostgreSQL 11.3 (9.9-13.5),
+ChromaDB 8.6 (7.6-11.0; vector query only, no full text, its default ef); filtered 1103 / 19 /
+465 ms; ChromaDB's 1M fill took ~30 min of two free cores (bulk settings), resumed once. At
 1M on PostgreSQL a recall is ~5.3 ms of query embedding, ~4.6 ms of HNSW walk (ef_search 80,
 recall@10 vs exact 0.970), ~0.5 ms for the article tier, ~0.3 ms of full text, the rest
 fetching candidates, scoring and the recall event. Filtered by metadata, SQLite scans every
