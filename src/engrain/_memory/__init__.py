@@ -38,6 +38,7 @@ from . import edit as _edit
 from . import transfer as _transfer
 from .consolidate import ConsolidationSummary
 from .filters import check_where, matches
+from .fusion import SPREAD_DEPTH, text_weight
 from .embed import Embedder, default_embedder
 from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
@@ -46,8 +47,8 @@ from .synth import Synthesizer, default_synthesizer
 
 __all__ = ["ConsolidationSummary", "Memory", "SearchResult", "memory"]
 
-#: Weights of the recall score (see :meth:`Memory.recall`).
-W_VECTOR, W_TEXT, W_RECENCY, W_LABEL, W_IMPORTANCE = 0.70, 0.20, 0.05, 0.05, 0.05
+#: Weights of the recall score (see :meth:`Memory.recall`; the text weight is per query, :mod:`.fusion`).
+W_VECTOR, W_RECENCY, W_LABEL, W_IMPORTANCE = 0.70, 0.05, 0.05, 0.05
 #: Importance of items deposited without a ``hint`` (the middle of etchmem's 0..1 scale).
 DEFAULT_IMPORTANCE = 0.5
 #: Share of a hit's score a neighbouring record gets with ``recall(neighbours=True)``; tuned on
@@ -224,11 +225,15 @@ class Memory:
                where: dict[str, Any] | None = None, neighbours: bool = False) -> list[SearchResult]:
         """Records and articles most relevant to ``query``, best first.
 
-        ``score = 0.70·cos + 0.20·text + 0.05·recency + 0.05·importance + 0.05·label``
+        ``score = 0.70·cos + w·text + 0.05·recency + 0.05·importance + 0.05·label``
         where ``cos`` is the cosine between the query and item embeddings (floored
-        at 0), ``text`` the item's full-text rank (BM25 on SQLite, ts_rank_cd
-        on PostgreSQL) divided by the best rank of this query (0 when the words
-        do not match), ``recency`` is ``0.5 ** (age / half_life)`` (age since the
+        at 0), ``text`` the item's full-text rank (BM25 on SQLite, summed IDF of
+        the matched words on PostgreSQL) divided by the best rank of this query
+        (0 when the words do not match), ``w`` the query's text weight: 0.05 when
+        its top 40 vector hits' cosines spread as an embedder's do on text it
+        knows (std 0.05), growing as the inverse square of that spread up to 0.5
+        when they bunch (words the embedder does not know: codes, jargon, another
+        language; see :mod:`engrain._memory.fusion`), ``recency`` is ``0.5 ** (age / half_life)`` (age since the
         record was stored or the article last rewritten), ``importance`` the
         item's ``hint`` from :meth:`remember` (an article's is its most
         important source's; 0.5 when none was given) and ``label`` is 1 when the
@@ -252,8 +257,8 @@ class Memory:
         skill stored just before and after it (the turns around it, where an
         answer or its question usually sits), scored at ``NEIGHBOUR_SHARE`` of
         the hit's score, with ``provenance["neighbour_of"]``. On
-        bench/memory_quality.py it raises recall@10 from 0.43 to 0.48 and
-        all-evidence recall@10 from 0.24 to 0.38; it is off by default because
+        bench/memory_quality.py it raises recall@10 from 0.47 to 0.50 and
+        all-evidence recall@10 from 0.27 to 0.39; it is off by default because
         records that are independent facts have no meaningful neighbours.
 
         Every call leaves a recall event in
@@ -272,24 +277,29 @@ class Memory:
         now = time.time()
         qv = self.embedder.embed([query])[0]
         fetch = max(4 * min(k, 1_000_000), 20)  # a huge top_k must not overflow SQL's 64-bit LIMIT
-        state = self.store.state()
+        # The text weight reads the spread of the best SPREAD_DEPTH cosines whatever top_k is; the graph
+        # walk (ef_search) costs about the same for 20 or 40 neighbours, and only `fetch` of them become candidates.
+        depth = max(fetch, SPREAD_DEPTH)
         cands: dict[tuple[str, str], dict[str, float]] = {}
-        if self.store.pgvector:
-            vec_hits = [("record", i, s) for i, s in self.store.pg_vector_search("record", qv, skill, now, fetch, where)]
-            vec_hits += [("article", i, s) for i, s in self.store.pg_vector_search("article", qv, skill, now, fetch)]
+        if self.store.pgvector:  # no in-process mirror to refresh: skip the state round trip
+            recs = self.store.pg_vector_search("record", qv, skill, now, depth, where)
+            arts = self.store.pg_vector_search("article", qv, skill, now, depth)
         else:
+            state = self.store.state()
             self._records.refresh(state)
             self._articles.refresh(state)
             allow = self.store.filtered_ids(where, skill, now) if where else None
-            vec_hits = [("record", i, s) for i, s in self._records.search(qv, fetch, skill, now, allow)]
-            vec_hits += [("article", i, s) for i, s in self._articles.search(qv, fetch, skill, now)]
+            recs = self._records.search(qv, depth, skill, now, allow)
+            arts = self._articles.search(qv, depth, skill, now)
+        w_text = text_weight(s for _, s in recs + arts)
+        vec_hits = [("record", i, s) for i, s in recs[:fetch]] + [("article", i, s) for i, s in arts[:fetch]]
         for tier, i, s in vec_hits:
             cands[(tier, i)] = {"cos": s, "text": 0.0}
         text_hits = self.store.text_search(query, skill, now, fetch, where=where)
         best = max((r for _, _, r in text_hits), default=0.0)
         for tier, i, r in text_hits:
             cands.setdefault((tier, i), {"cos": None, "text": 0.0})["text"] = r / best if best > 0 else 0.0  # type: ignore[dict-item]
-        results = self._score(cands, qv, label, now, where)
+        results = self._score(cands, qv, label, now, where, w_text)
         results = self._add_neighbours(results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {
             "query": query, "label": label, "hint": importance, "where": where,
@@ -298,7 +308,7 @@ class Memory:
         return results
 
     def _score(self, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None,
-               now: float, where: dict[str, Any] | None = None) -> list[SearchResult]:
+               now: float, where: dict[str, Any] | None, w_text: float) -> list[SearchResult]:
         recs = self.store.records([i for t, i in cands if t == "record"])
         # Articles of candidate records come in too: the article stands for its records.
         homes = {r.article_id for r in recs.values() if r.article_id}
@@ -326,7 +336,7 @@ class Memory:
                 lab = 1.0 if item_label.strip().lower() == label.strip().lower() else (
                     len(label_words & _words(item_label)) / len(label_words) if label_words else 0.0)
             imp = DEFAULT_IMPORTANCE if item.importance is None else item.importance
-            score = (W_VECTOR * max(cos, 0.0) + W_TEXT * c["text"] + W_RECENCY * recency + W_LABEL * lab
+            score = (W_VECTOR * max(cos, 0.0) + w_text * c["text"] + W_RECENCY * recency + W_LABEL * lab
                      + W_IMPORTANCE * imp)
             if tier == "record":
                 if item.article_id in arts:  # folded into an article that is shown: count for it instead

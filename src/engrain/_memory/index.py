@@ -323,7 +323,10 @@ class VectorIndex:
         return [(self._ids[int(p)], float(sims[t])) for p, t in zip(real, top)]
 
     def _ann_search(self, vec: np.ndarray, k: int, code: int | None, now: float) -> list[tuple[str, float]] | None:
-        fetch = min(self._n, max(8 * k, 64))
+        # Past the rows the caller wants, room for those the mirror drops (expired, deleted since, another
+        # skill). Unfiltered, those are rare: 4x, with the walk's breadth (hnswlib's ef is max(ef, k)) at
+        # least twice ef_search; a skill filter drops most of what the graph returns: 8x.
+        fetch = min(self._n, max(4 * k, 2 * _EF) if code is None else max(8 * k, 64))
         labels, dists = self._ann.knn_query(vec.reshape(1, -1), k=fetch)
         seqs, sims = labels[0].astype(np.int64), 1.0 - dists[0]
         pos = np.searchsorted(self._seqs[: self._n], seqs)
