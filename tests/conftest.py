@@ -36,6 +36,14 @@ def drop_pg_schema(schema: str) -> None:
         c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL store URL in a fresh schema of its own (dropped afterwards), for PostgreSQL-only tests."""
+    schema = "t_" + uuid.uuid4().hex[:12]
+    yield pg_schema_url(schema)
+    drop_pg_schema(schema)
+
+
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
     """A fresh, empty store URL on each backend."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 
 import pytest
 
@@ -366,19 +365,10 @@ def test_batch_decoding_reads_what_the_fast_decoder_refuses():
     assert out[3]["w"] == 123456789012345678901234567890
 
 
-@pytest.fixture
-def pg_url_only():
-    from conftest import drop_pg_schema, pg_schema_url
-
-    schema = "t_" + uuid.uuid4().hex[:12]
-    yield pg_schema_url(schema)
-    drop_pg_schema(schema)
-
-
-def test_postgres_appends_outlive_a_deallocate_all(pg_url_only):
+def test_postgres_appends_outlive_a_deallocate_all(pg_url):
     """The PostgreSQL journal prepares its append statements under its own names; a DEALLOCATE ALL
     on the connection (psycopg sends one after a ROLLBACK or a DROP) makes it prepare them again."""
-    j = engrain.open(pg_url_only)
+    j = engrain.open(pg_url)
     try:
         j.append("d", [started()], 0)
         j.append("d", [step(0)], 1, durable=False, wait=False)

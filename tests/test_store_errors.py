@@ -9,7 +9,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import uuid
 
 import psycopg
 import pytest
@@ -161,15 +160,6 @@ def test_real_full_disk_leaves_every_run_resumable(tiny_tmpfs):
         assert eg.run(_agent([]), "fill", run_id=f"run{k}", journal=j).status == "ok"
     assert {r.status for r in j.runs(limit=100)} == {"ok"}
     j.close()
-
-
-@pytest.fixture
-def pg_url():
-    from conftest import drop_pg_schema, pg_schema_url
-
-    schema = "t_" + uuid.uuid4().hex[:12]
-    yield pg_schema_url(schema)
-    drop_pg_schema(schema)
 
 
 def test_lost_postgres_connection_is_a_storage_error(pg_url):
