@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from .._text import plain_doc
+from . import routine_run as plain  # typer-free: the fast path's messages and exit codes
 
 #: ``--url`` option shared by every command that opens the store.
 UrlOption = Annotated[
@@ -36,19 +37,26 @@ def print_json(value: Any) -> None:
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print ``error: message`` to stderr and return the Exit to raise."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
+    return typer.Exit(plain.fail(message, code).code)
+
+
+@contextmanager
+def typer_exit() -> Iterator[None]:
+    """End with typer's Exit where the typer-free command code (:mod:`.routine_run`) ends with its own."""
+    try:
+        yield
+    except plain.Exit as e:
+        raise typer.Exit(e.code) from None
 
 
 @contextmanager
 def errors_as_exit() -> Iterator[None]:
-    """Turn engrain's typed errors into a one-line message and exit code 1 (2 for bad input)."""
-    from .._errors import EngrainError
+    """Turn engrain's typed errors into a one-line message and exit code 1 (2 for bad input).
 
-    try:
+    The rule is :func:`.routine_run.errors_as_exit`'s, so the fast path and the typer app agree.
+    """
+    with typer_exit(), plain.errors_as_exit():
         yield
-    except (EngrainError, FileNotFoundError, ValueError) as e:
-        raise fail(str(e), 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1) from None
 
 
 def open_store(url: str | None, *, create: bool = True):

@@ -15,8 +15,6 @@ em-core's failure fields ``step_id``, ``error_type`` and ``message`` beside
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated
 
 import typer
@@ -27,6 +25,7 @@ from .common import (
     command,
     errors_as_exit,
     print_json,
+    typer_exit,
 )
 
 _ANSWERS_HELP = (
@@ -36,17 +35,6 @@ _ANSWERS_HELP = (
 ToolsOption = Annotated[
     str | None, typer.Option("--tools", help="Tool registry as module:attribute (default: engrain.tools).")
 ]
-
-
-@contextmanager
-def _typer_exit() -> Iterator[None]:
-    """The shared command bodies end with routine_run.Exit; typer wants its own Exit."""
-    from .routine_run import Exit
-
-    try:
-        yield
-    except Exit as e:
-        raise typer.Exit(e.code) from None
 
 
 @command
@@ -118,7 +106,7 @@ def run(
     """Run a routine package as a durable run. Exit 0 ok, 1 failed, 2 bad input, 3 needs input."""
     from .routine_run import run_command
 
-    with _typer_exit():
+    with typer_exit():
         run_command(path, input, tools, sandbox, answers, run_id, url, json_out)
 
 
@@ -133,5 +121,5 @@ def resume(
     """Answer a paused routine run and continue it from the journal (exit codes as ``run``)."""
     from .routine_run import resume_command
 
-    with _typer_exit():
+    with typer_exit():
         resume_command(run_id, answers, tools, url, json_out)
