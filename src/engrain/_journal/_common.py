@@ -58,12 +58,7 @@ def _check_target(run_id: str, expected_seq: int) -> None:
         raise ValueError(f"expected_seq must be an int >= 0, got {expected_seq!r}")
 
 
-def _row(run_id: str, ev: NewEvent, seq: int, ts: float, i: int) -> tuple[str, int, float, str, str, str]:
-    """Validate event ``i`` of a batch and return its row."""
-    return _fields_row(run_id, ev.kind, ev.name, ev.data, seq, ts, i)
-
-
-def _fields_row(
+def _row(
     run_id: str, kind: str, name: str, data: dict, seq: int, ts: float, i: int, encode: Callable[[Any], str] = dumps
 ) -> tuple[str, int, float, str, str, str]:
     """Validate event ``i`` (its kind and its data as JSON) and return its row; the name is the caller's."""
@@ -84,21 +79,15 @@ def _fields_row(
     return (run_id, seq, ts, kind, name, text)
 
 
-def prepare_one(run_id: str, event: NewEvent, expected_seq: int, ts: float) -> tuple[str, int, float, str, str, str]:
-    """Validate a single event and return its row: the per-step path, without a :class:`Batch`."""
-    _check_target(run_id, expected_seq)
-    return _row(run_id, event, expected_seq, ts, 0)
-
-
 def prepare_row(
     run_id: str, kind: str, name: str, data: dict, expected_seq: int, ts: float, json_checked: bool = False
 ) -> tuple[str, int, float, str, str, str]:
-    """Validate one event given by its fields and return its row: ``Journal.append_one``'s path.
+    """Validate one event given by its fields and return its row: the per-step path, without a :class:`Batch`.
 
     ``json_checked``: the caller found ``data`` strictly JSON (:func:`is_json`), so the fast encoder may write it.
     """
     _check_target(run_id, expected_seq)
-    return _fields_row(run_id, kind, name, data, expected_seq, ts, 0, dumps_checked if json_checked else dumps)
+    return _row(run_id, kind, name, data, expected_seq, ts, 0, dumps_checked if json_checked else dumps)
 
 
 def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: float) -> Batch:
@@ -106,7 +95,7 @@ def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: floa
     _check_target(run_id, expected_seq)
     if not events:
         raise ValueError("append needs at least one event")
-    rows = [_row(run_id, ev, expected_seq + i, ts, i) for i, ev in enumerate(events)]
+    rows = [_row(run_id, ev.kind, ev.name, ev.data, expected_seq + i, ts, i) for i, ev in enumerate(events)]
     kinds = [r[3] for r in rows]
     task = tags = status = agent = None
     if not _STATUS_KINDS.isdisjoint(kinds):

@@ -32,7 +32,6 @@ from ._common import (
     agents_filter,
     check_lease,
     prepare,
-    prepare_one,
     prepare_row,
     run_filters,
 )
@@ -206,7 +205,8 @@ class SQLiteJournal(Journal):
         # triggers keep the runs row, so the status it computes is not needed here.
         one = len(events) == 1
         if one:
-            rows = [prepare_one(run_id, events[0], expected_seq, ts)]
+            e = events[0]
+            rows = [prepare_row(run_id, e.kind, e.name, e.data, expected_seq, ts)]
             finishes = rows[0][3] in FINISH_KINDS
         else:
             batch = prepare(run_id, events, expected_seq, ts)
