@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -19,6 +17,7 @@ from . import sessions
 from .loop import EVICT_AFTER, converse
 from .providers import Provider, make_provider, parse_model
 from .toolspec import AgentTool, from_function, from_registry
+from .volatile import result_check
 
 _stores: dict[str, Any] = {}
 _memories: dict[str, Any] = {}
@@ -40,6 +39,18 @@ class Agent:
     trajectory without model calls while its tools return what they returned.
     ``memory_store`` is the :class:`engrain.Memory` to use (default: one on
     the run's store); ``client`` an SDK client you configured yourself.
+
+    The cache keys on the agent (name, model, instructions, tools), the
+    session's earlier messages, recalled memory and the task text with
+    whitespace folded. A replay goes on while each tool returns what it
+    returned then, up to the differences its ``volatile``/``same_result``
+    allows (``volatile={"send_email": ["sent_at"]}``, ``same_result={"search":
+    fn}`` here, or on ``@engrain.tool``; default: generated ids and write
+    stamps the model never used again, see ``engrain._agent.volatile``).
+    An answer given without tool calls is cached only with ``answers_ttl``
+    (seconds it stays valid). With an ``embedder``, a task within
+    ``similar_threshold`` (cosine) of a cached one gets that trajectory as a
+    proposed plan the model may take in one reply, edit or ignore.
     """
 
     def __init__(
@@ -60,6 +71,11 @@ class Agent:
         stream: bool = True,
         parallel_tools: int = 8,
         memory_store: Any = None,
+        answers_ttl: float | None = None,
+        embedder: Any = None,
+        similar_threshold: float = 0.8,
+        volatile: dict[str, list[str]] | None = None,
+        same_result: dict[str, Callable[[Any, Any], bool]] | None = None,
     ):
         validate_tool_name(name)
         if len(name) > 64:  # it is part of run ids (chat:<agent>:<session>:<n>), which have a length limit
@@ -74,6 +90,14 @@ class Agent:
         self.name, self.model, self.instructions = name, model, instructions
         self.memory, self.cache, self.max_turns = memory, bool(cache), max_turns
         self.base_url, self.stream, self.parallel_tools = base_url, stream, max(1, parallel_tools)
+        if answers_ttl is not None and (isinstance(answers_ttl, bool) or not isinstance(answers_ttl, (int, float))
+                                        or answers_ttl <= 0):
+            raise ConfigError(f"agent {name!r}: answers_ttl must be a number of seconds > 0, got {answers_ttl!r}")
+        if embedder is not None and not callable(getattr(embedder, "embed", None)):
+            raise ConfigError(f"agent {name!r}: embedder must have an embed(list[str]) method")
+        if not isinstance(similar_threshold, (int, float)) or not 0 < similar_threshold <= 1:
+            raise ConfigError(f"agent {name!r}: similar_threshold must be in (0, 1], got {similar_threshold!r}")
+        self.answers_ttl, self.embedder, self.similar_threshold = answers_ttl, embedder, float(similar_threshold)
         self.journal = journal
         self._api_key, self._client, self._memory_store = api_key, client, memory_store
         self._provider: Provider | None = None
@@ -94,6 +118,11 @@ class Agent:
             if spec.name in self.tools:
                 raise ConfigError(f"agent {name!r}: two tools are named {spec.name!r}")
             self.tools[spec.name] = spec
+        for option, given in (("volatile", volatile), ("same_result", same_result)):
+            for tool_name, value in (given or {}).items():
+                if tool_name not in self.tools:
+                    raise ConfigError(f"agent {name!r}: {option}= names {tool_name!r}, which is not one of its tools")
+                self.tools[tool_name].result_check = result_check(tool_name, **{option: value})
 
     def __repr__(self) -> str:
         return f"<Agent {self.name} {self.model} tools={list(self.tools)}>"
@@ -235,15 +264,6 @@ class Agent:
                 s = _stores[journal.url] = CacheStore(journal)
             return s
 
-    def _cache_lookup(self, journal: Journal, key: str) -> dict[str, Any] | None:
-        store = self._store(journal)
-        store.bump("lookups")
-        found = store.candidates(key, limit=1)
-        if not found:
-            store.bump("misses")
-            return None
-        return {"entry": found[0].id, "turns": found[0].steps}
-
     def _cache_hit(self, journal: Journal, entry_id: str) -> None:
         store = self._store(journal)
         store.record_hit(entry_id)
@@ -252,14 +272,3 @@ class Agent:
         store = self._store(journal)
         store.bump("diverged")
         store.record_divergence(entry_id, EVICT_AFTER)
-
-    def _cache_store(self, journal: Journal, key: str, task: str, turns: list[dict[str, Any]], run_id: str) -> None:
-        from .._cache.store import Entry
-        from .._cache.store import key as _key
-
-        now = time.time()
-        tags = [f"llm-agent:{self.name}"]
-        self._store(journal).put(Entry(
-            id=os.urandom(8).hex(), task_key=key, tags_key=_key("engrain.agent", tags), task=task, tags=tags,
-            steps=turns, output={"value": turns[-1]["reply"]["text"]}, run_id=run_id, created=now, last_used=now,
-        ))

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextvars
 import datetime as _dt
 import json
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +40,9 @@ from typing import Any
 
 from .._durable.context import RunContext, StepRecord, _current, _step_key
 from .._errors import NotJSONError
+from . import cache
 from .providers import system_text, utc_iso
+from .volatile import Replayer
 
 # ``agent`` below is an engrain.Agent (not imported: agent.py imports this module)
 Agent = Any
@@ -53,6 +54,10 @@ EVICT_AFTER = 3  # divergences in a row that evict a cached trajectory
 
 class TurnLimitError(RuntimeError):
     """The model was still calling tools after ``max_turns`` model calls (the run fails)."""
+
+
+class EmptyReplyError(RuntimeError):
+    """The model sent a reply with neither text nor a tool call, twice (the run fails, never ``ok``)."""
 
 
 def _content(value: Any) -> str:
@@ -140,8 +145,21 @@ def _calls_tools(reply: dict[str, Any]) -> bool:
     return bool(reply["tool_calls"])
 
 
-def _canonical(task: str) -> str:
-    return re.sub(r"\s+", " ", task).strip()
+def _complete(agent: Agent, system: str, msgs: list[dict[str, Any]], specs: list[dict[str, Any]],
+              delta: Callable[[str], None] | None, turn: int) -> dict[str, Any]:
+    """One model call, timed (``seconds``: the model time a replay of it saves). A reply with
+    neither text nor a tool call is asked for once more, then fails the step: an empty reply is
+    never taken as the answer."""
+    for attempt in (1, 2):
+        t0 = time.perf_counter()
+        reply = agent.provider.complete(system, msgs, specs, delta)
+        reply["seconds"] = round(time.perf_counter() - t0, 4)
+        if reply["text"] or reply["tool_calls"]:
+            return reply
+    raise EmptyReplyError(
+        f"agent {agent.name!r}: model {agent.model!r} sent an empty reply (no text and no tool call) at turn "
+        f"{turn}, twice in a row; check that the server speaks the provider's format (a streamed request "
+        "must get an event stream or a whole JSON reply)")
 
 
 def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text: str, emit: Emit,
@@ -160,25 +178,33 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
                             lambda: agent._recall(ctx.journal, text))
         if recalled:
             extra = "What you remember from earlier work (skill memory):\n" + "\n".join(f"- {r}" for r in recalled)
-    plan, key = None, None
+    found, key, ctx_key, plan, similar = None, None, None, None, None
     if agent.cache:
-        from .._cache.store import key as _key
-
-        key = _key("engrain.agent", agent.name, agent.model, agent.instructions,
-                   [t.spec() for t in agent.tools.values()], [(m["role"], m["content"]) for m in history],
-                   _canonical(text), recalled)
-        plan = ctx.call("agent.cache.lookup", "tool", {"key": key}, lambda: agent._cache_lookup(ctx.journal, key))
-        emit({"type": "cache", "hit": plan is not None})
-    log: list[dict[str, Any]] = []
+        key, ctx_key = cache.keys(agent, history, text, recalled)
+        found = ctx.call("agent.cache.lookup", "tool", {"key": key},
+                         lambda: cache.lookup(agent, ctx.journal, key, ctx_key, text))
+        if found is not None and "similar" in found:
+            similar = found["similar"]
+            extra = "\n\n".join(x for x in (extra, cache.plan_text(similar)) if x)
+            emit({"type": "cache", "hit": False, "similar": similar["entry"], "score": similar["score"]})
+        else:
+            plan = found
+            emit({"type": "cache", "hit": plan is not None})
+    log: list[dict[str, Any]] | None = []
     replaying = plan is not None
+    replay = Replayer(plan["turns"], text, [m["content"] for m in history]) if plan is not None else None
+    checks = {n: t.result_check for n, t in agent.tools.items()} if plan is not None else {}
+    saved = cache.Savings()
     specs = [t.spec() for t in agent.tools.values()]
     for turn in range(agent.max_turns):
         if replaying:
-            reply = {**plan["turns"][turn]["reply"], "ts": user["ts"]}
+            assert replay is not None
+            reply = {**replay.reply(turn), "ts": user["ts"]}
+            saved.avoided(reply)
             if reply["text"]:
                 emit({"type": "text", "delta": reply["text"]})
         else:
-            streamed = [False]
+            streamed, ran = [False], [False]
 
             def delta(piece: str) -> None:
                 streamed[0] = True
@@ -189,12 +215,19 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
                 # parses the rest of a burst of chunks, and the first token reaches the user late.
                 time.sleep(0)
 
+            def call_model(turn: int = turn) -> dict[str, Any]:
+                ran[0] = True
+                return _complete(agent, system, msgs, specs, delta if agent.stream else None, turn)
+
             system = system_text(agent.instructions, extra)
             # A reply that calls tools is flushed before they run; a final one is the run's output,
             # flushed with run.completed (or the memory step) in the same disk flush.
-            reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn},
-                             lambda: agent.provider.complete(system, msgs, specs, delta if agent.stream else None),
+            reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn}, call_model,
                              durable=_calls_tools)
+            if ran[0]:
+                saved.made += 1
+            else:  # a resumed run: the recorded reply is not paid for twice
+                saved.avoided(reply, resumed=True)
             if reply["text"] and not streamed[0]:  # replayed from the journal, or not streamed
                 emit({"type": "text", "delta": reply["text"]})
         msg = {"role": "assistant", "content": reply["text"], "tool_calls": reply["tool_calls"], "ts": reply["ts"]}
@@ -203,22 +236,58 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         if not reply["tool_calls"]:
             if plan is not None and replaying:
                 agent._cache_hit(ctx.journal, plan["entry"])
-            elif key is not None:
+            elif key is not None and log is not None:
                 log.append({"name": "agent.turn", "args": {}, "reply": reply, "results": []})
-                agent._cache_store(ctx.journal, key, text, log, ctx.run_id)
+                cache.store(agent, ctx.journal, key, ctx_key, text, log, ctx.run_id)
+            if agent.cache or saved.any():
+                agent._store(ctx.journal).record_savings(ctx.run_id, agent.name, saved.row())
+                emit(saved.event())
             if agent.memory:
                 ctx.call("agent.memory.remember", "tool", {"skill": agent.memory},
                          lambda: agent._remember(ctx.journal, f"Task: {text}\nAnswer: {reply['text']}"))
             return {"text": reply["text"], "messages": new}
         # Replaying a cached trajectory, the next turn runs tools with no append before them:
         # each result is waited for, so none runs after a refused append.
-        results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying)
+        if turn == 0 and similar is not None and cache.plan_followed(similar, reply["tool_calls"]):
+            results, sizes = cache.run_plan(
+                agent, similar, reply["tool_calls"],
+                lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=False),
+                lambda c: _skipped(c, reply["ts"], emit))
+            emit({"type": "cache", "plan": "followed", "similar": similar["entry"]})
+            if log is not None:
+                log = _plan_log(log, reply, results, sizes)
+        else:
+            results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying)
+            if log is not None:
+                log.append({"name": "agent.turn", "args": {}, "reply": reply,
+                            "results": [r["content"] for r in results]})
         msgs.extend(results)
         new.extend(results)
-        contents = [r["content"] for r in results]
-        log.append({"name": "agent.turn", "args": {}, "reply": reply, "results": contents})
-        if replaying and contents != plan["turns"][turn]["results"]:
+        if replaying and not replay.matches(turn, [c["name"] for c in reply["tool_calls"]],
+                                            [r["content"] for r in results], checks):
             replaying = False  # a tool answered differently: the model takes over from here
             agent._cache_diverged(ctx.journal, plan["entry"])
             emit({"type": "cache", "diverged": turn})
     raise TurnLimitError(f"agent {agent.name!r}: no final answer after max_turns={agent.max_turns} model calls")
+
+
+def _skipped(call: dict[str, Any], ts: str, emit: Emit) -> dict[str, Any]:
+    emit({"type": "tool_call", "id": call["id"], "name": call["name"], "arguments": call["arguments"]})
+    emit({"type": "tool_result", "id": call["id"], "name": call["name"], "content": cache.SKIPPED, "error": True})
+    return {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": cache.SKIPPED,
+            "error": True, "ts": ts}
+
+
+def _plan_log(log: list[dict[str, Any]], reply: dict[str, Any], results: list[dict[str, Any]],
+              sizes: list[int]) -> list[dict[str, Any]] | None:
+    """The trajectory of a followed plan, one turn per group as the calls ran (None if a call was
+    skipped: replaying it would run what never ran)."""
+    if any(r["content"] == cache.SKIPPED for r in results):
+        return None
+    pos = 0
+    for k, n in enumerate(sizes):
+        part = {**reply, "text": reply["text"] if k == 0 else "", "tool_calls": reply["tool_calls"][pos:pos + n]}
+        log.append({"name": "agent.turn", "args": {}, "reply": part,
+                    "results": [r["content"] for r in results[pos:pos + n]]})
+        pos += n
+    return log

@@ -28,6 +28,7 @@ PROVIDERS = ("openai", "anthropic", "ollama")
 
 Delta = Callable[[str], None]
 MAX_EVENT = 8 * 1024 * 1024  # characters of one streamed event read from a model server
+WHOLE = "_engrain_whole"  # the key under which _chunks hands over a reply sent as one JSON body
 
 
 def utc_iso(t: _dt.datetime | None = None) -> str:
@@ -125,6 +126,8 @@ class OpenAIChat(Provider):
         usage = {}
         for chunk in _chunks(self.client.chat.completions, "openai",
                              {**kw, "stream": True, "stream_options": {"include_usage": True}}):
+            if WHOLE in chunk:  # the server ignored stream=true and sent the whole completion
+                return _openai_whole(chunk[WHOLE], on_delta)
             u = chunk.get("usage")
             if u:
                 usage = {"input": u.get("prompt_tokens"), "output": u.get("completion_tokens")}
@@ -171,6 +174,11 @@ def _chunks(resource: Any, sdk: str, kw: dict[str, Any]) -> Iterator[dict[str, A
     ``APIError``, as its typed stream does.
     """
     with resource.with_streaming_response.create(**kw) as resp:
+        if "json" in resp.headers.get("content-type", "").lower():
+            # Some compatible servers ignore ``stream`` and answer with the whole reply as JSON:
+            # read it (bounded) instead of finding no events in it and returning an empty reply.
+            yield {WHOLE: _json_body(sdk, resp)}
+            return
         for data in _sse_data(resp.iter_lines()):
             if data.startswith("[DONE]"):
                 return
@@ -189,6 +197,57 @@ def _chunks(resource: Any, sdk: str, kw: dict[str, Any]) -> Iterator[dict[str, A
                                     "An error occurred during streaming", err)
             if isinstance(event, dict):
                 yield event
+
+
+def _json_body(sdk: str, resp: Any) -> dict[str, Any]:
+    """A whole JSON reply read from a streamed request, at most ``MAX_EVENT`` bytes."""
+    buf = bytearray()
+    for piece in resp.iter_bytes():
+        buf += piece
+        if len(buf) > MAX_EVENT:
+            raise _stream_error(sdk, resp, f"the model server sent a JSON body of more than {MAX_EVENT} bytes", None)
+    try:
+        body = json.loads(bytes(buf))
+    except ValueError:
+        raise _stream_error(sdk, resp, f"the model server sent a body that is not JSON: {bytes(buf[:100])!r}",
+                            None) from None
+    if not isinstance(body, dict):
+        raise _stream_error(sdk, resp, f"the model server sent JSON that is not an object: {bytes(buf[:100])!r}", None)
+    if body.get("error"):
+        err = body["error"]
+        msg = err.get("message") if isinstance(err, dict) else None
+        raise _stream_error(sdk, resp, msg if isinstance(msg, str) and msg else "the model server sent an error", err)
+    return body
+
+
+def _openai_whole(body: dict[str, Any], on_delta: Delta) -> dict[str, Any]:
+    """The neutral reply of a Chat Completions body (``choices[0].message``, ``usage``)."""
+    choices = body.get("choices")
+    msg = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    msg = msg if isinstance(msg, dict) else {}
+    text = msg.get("content") if isinstance(msg.get("content"), str) else ""
+    calls = []
+    for c in msg.get("tool_calls") or []:
+        fn = c.get("function") if isinstance(c, dict) else None
+        if isinstance(fn, dict):
+            calls.append({"id": str(c.get("id") or ""), "name": str(fn.get("name") or ""),
+                          "arguments": fn.get("arguments") or "{}"})
+    u = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    if text:
+        on_delta(text)
+    return _reply(text, calls, {"input": u.get("prompt_tokens"), "output": u.get("completion_tokens")} if u else {})
+
+
+def _anthropic_whole(body: dict[str, Any], on_delta: Delta) -> dict[str, Any]:
+    """The neutral reply of a Messages body (``content`` blocks, ``usage``)."""
+    blocks = [b for b in body.get("content") or [] if isinstance(b, dict)]
+    text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
+    calls = [{"id": str(b.get("id") or ""), "name": str(b.get("name") or ""), "arguments": json.dumps(b.get("input") or {})}
+             for b in blocks if b.get("type") == "tool_use"]
+    u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    if text:
+        on_delta(text)
+    return _reply(text, calls, {"input": u.get("input_tokens"), "output": u.get("output_tokens")})
 
 
 def _stream_error(sdk: str, resp: Any, message: str, body: Any) -> Exception:
@@ -255,6 +314,8 @@ class AnthropicMessages(Provider):
         blocks: dict[int, dict[str, Any]] = {}
         usage: dict[str, int] = {}
         for e in _chunks(self.client.messages, "anthropic", {**kw, "stream": True}):
+            if WHOLE in e:  # the server ignored stream=true and sent the whole message
+                return _anthropic_whole(e[WHOLE], on_delta)
             kind = e.get("type")
             if kind == "message_start":
                 usage["input"] = ((e.get("message") or {}).get("usage") or {}).get("input_tokens")

@@ -97,7 +97,9 @@ class ScriptedModel:
     ``"messages"``; ``body`` the request JSON). A request past the end of a list
     gets HTTP 400 (not retried by the SDKs) so a test sees the overrun.
     ``chunk_delay`` sleeps between streamed chunks; ``first_token_delay``
-    before the first one (and before a non-streamed answer).
+    before the first one (and before a non-streamed answer). ``ignore_stream``
+    answers a streamed request with the whole JSON reply, as some compatible
+    servers do.
     """
 
     def __init__(
@@ -107,8 +109,10 @@ class ScriptedModel:
         chunk_delay: float = 0.0,
         first_token_delay: float = 0.0,
         port: int = 0,
+        ignore_stream: bool = False,
     ):
         self.script = script if script is not None else []
+        self.ignore_stream = ignore_stream
         self.chunk_delay = chunk_delay
         self.first_token_delay = first_token_delay
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -206,7 +210,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return self._json(400, {"type": "error", "error": {"message": msg, "type": "invalid_request_error"}})
         model = str(body.get("model", "scripted"))
         fmt = {"chat": _Chat, "responses": _Responses, "messages": _Messages}[api](reply, model, _tokens(body))
-        if body.get("stream"):
+        if body.get("stream") and not self.scripted.ignore_stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return self._stream(fmt.events(include_usage))
         if self.scripted.first_token_delay:

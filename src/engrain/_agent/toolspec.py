@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import ConfigError
+from .volatile import DEFAULT as DEFAULT_CHECK
+from .volatile import ResultCheck, result_check
 
 MAX_ARGS = 256 * 1024  # bytes of argument JSON a model may send to one tool call
 
@@ -68,6 +70,7 @@ class AgentTool:
     validator: Any = None
     wasm: bool = False
     quick: Any = None  # a plain-Python check for flat schemas (see _quick_check); False: none applies
+    result_check: ResultCheck = DEFAULT_CHECK  # how a replayed result is compared (see volatile.py)
 
     def spec(self) -> dict[str, Any]:
         """The provider-neutral declaration sent to the model."""
@@ -130,7 +133,8 @@ def from_function(fn: Callable[..., Any]) -> AgentTool:
         elif _is_json(p.default):
             props[p.name]["default"] = p.default
     params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
-    return AgentTool(name, inner, _description(inner) or name, params)
+    check = result_check(name, step.get("volatile"), step.get("same_result")) if step else DEFAULT_CHECK
+    return AgentTool(name, inner, _description(inner) or name, params, result_check=check)
 
 
 def from_registry(name: str, fn: Callable[..., Any]) -> AgentTool:

@@ -44,6 +44,7 @@ from .binding import bind, entry_key, json_type, shape_key
 from .checks import Check, encode_snapshot
 from .metrics import Metrics
 from .plan import PlannedStep, ToolSpec
+from . import semantic
 from .replay import Continuation, Session, StepDone, current_session
 from .store import CacheStore, Entry, canonical_task, key, task_key
 
@@ -313,25 +314,16 @@ class Engine:
         return entry.id
 
     def _embed(self, text: str) -> Any:
-        import numpy as np
-
-        vec = np.asarray(self.embedder.embed([text]), dtype=np.float32).reshape(-1)
-        n = float(np.linalg.norm(vec))
-        return vec / n if n else vec
+        return semantic.unit(self.embedder, text)
 
     # -- lookup and replay --------------------------------------------------------
 
     def _semantic(self, canon: str, tags: list[str]) -> list[Entry]:
-        import numpy as np
-
         entries = self.store.with_embeddings(key(tags))
         if not entries:
             return []
-        q = self._embed(canon)
-        mat = np.asarray([e.embedding for e in entries], dtype=np.float32)
-        sims = mat @ q
-        order = [i for i in np.argsort(-sims) if sims[i] >= self.semantic_threshold]
-        return [entries[i] for i in order[: self.max_candidates]]
+        return [e for e, _ in semantic.nearest(entries, self._embed(canon), self.semantic_threshold,
+                                               self.max_candidates)]
 
     def _start_agent(self, s: Session, cont: Continuation | None) -> tuple[Callable[..., Any], dict[str, Any]]:
         s.agent_called = True

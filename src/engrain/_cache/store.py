@@ -22,7 +22,7 @@ from typing import Any
 from .._journal import Journal
 from .binding import canonical_task, key
 
-__all__ = ["STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
+__all__ = ["SAVINGS", "STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS engrain_cache_entries (
@@ -51,6 +51,18 @@ CREATE TABLE IF NOT EXISTS engrain_cache_stats (
     name TEXT PRIMARY KEY,
     value BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS engrain_cache_savings (
+    run_id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL,
+    ts DOUBLE PRECISION NOT NULL,
+    calls_made INTEGER NOT NULL,
+    cache_calls INTEGER NOT NULL,
+    resumed_calls INTEGER NOT NULL,
+    input_tokens BIGINT NOT NULL,
+    output_tokens BIGINT NOT NULL,
+    model_seconds DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS engrain_cache_savings_by_ts ON engrain_cache_savings (ts);
 """
 
 _task_keys: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -68,6 +80,9 @@ def task_key(task: str, tags: list[str]) -> str:
 
 
 _COLUMNS = "id, task_key, tags_key, task, tags, steps, output, run_id, successes, divergences, created, last_used, embedding"
+
+#: Columns of ``engrain_cache_savings``: one row per agent run (see :meth:`CacheStore.record_savings`).
+SAVINGS = ("calls_made", "cache_calls", "resumed_calls", "input_tokens", "output_tokens", "model_seconds")
 
 #: Counters kept in ``engrain_cache_stats``.
 STAT_NAMES = ("lookups", "hits", "misses", "diverged", "switched", "suggested", "agent_calls", "evicted", "stored")
@@ -135,6 +150,7 @@ class CacheStore:
         # Counters and hit bookkeeping are advisory: they are batched, not written per call.
         self._counts: dict[str, int] = {}
         self._hits: dict[str, tuple[int, float]] = {}
+        self._savings: dict[str, tuple] = {}
         self._pending = 0
         self._flushed_at = time.monotonic()
         self._closed = False
@@ -289,6 +305,39 @@ class CacheStore:
         """Number of stored entries."""
         return int(self._exec("SELECT COUNT(*) FROM engrain_cache_entries")[0][0])
 
+    def record_savings(self, run_id: str, agent: str, row: dict[str, Any]) -> None:
+        """What one agent run paid and avoided: LLM calls made, calls replayed from the cache and from
+        the journal on a resume, and the input/output tokens and model seconds of the avoided calls
+        (their recorded usage). Written in batches; a run recorded again replaces its row."""
+        with self._lock:
+            self._savings[run_id] = (run_id, agent, time.time(), *(row.get(k, 0) or 0 for k in SAVINGS))
+        self._tick()
+
+    def savings(self, limit: int = 100, run_id: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
+        """Per-run savings rows, newest first (one run's with ``run_id``; from ``since`` on)."""
+        self.flush()
+        where, params = [], []
+        if run_id is not None:
+            where.append("run_id = ?")
+            params.append(run_id)
+        if since is not None:
+            where.append("ts >= ?")
+            params.append(since)
+        cond = f"WHERE {' AND '.join(where)}" if where else ""
+        rows = self._exec(f"SELECT run_id, agent, ts, {', '.join(SAVINGS)} FROM engrain_cache_savings {cond} "
+                          "ORDER BY ts DESC LIMIT ?", (*params, limit))
+        return [{"run_id": r[0], "agent": r[1], "ts": float(r[2]),
+                 **{k: (float(v) if k == "model_seconds" else int(v)) for k, v in zip(SAVINGS, r[3:])}} for r in rows]
+
+    def savings_total(self) -> dict[str, Any]:
+        """The savings columns summed over every run, and ``runs``."""
+        self.flush()
+        row = self._exec(f"SELECT COUNT(*), {', '.join(f'COALESCE(SUM({k}), 0)' for k in SAVINGS)} "
+                         "FROM engrain_cache_savings")[0]
+        out: dict[str, Any] = {"runs": int(row[0])}
+        out.update({k: (round(float(v), 3) if k == "model_seconds" else int(v)) for k, v in zip(SAVINGS, row[1:])})
+        return out
+
     def bump(self, name: str, by: int = 1) -> None:
         """Add ``by`` to the counter ``name`` (written in batches)."""
         with self._lock:
@@ -303,11 +352,16 @@ class CacheStore:
     def flush(self) -> None:
         """Write batched counters and hit bookkeeping in one transaction."""
         with self._lock:
-            counts, hits = self._counts, self._hits
-            self._counts, self._hits, self._pending = {}, {}, 0
+            counts, hits, saved = self._counts, self._hits, list(self._savings.values())
+            self._counts, self._hits, self._savings, self._pending = {}, {}, {}, 0
             self._flushed_at = time.monotonic()
-            if not counts and not hits:
+            if not counts and not hits and not saved:
                 return
+            up_saved = self._sql(
+                f"INSERT INTO engrain_cache_savings (run_id, agent, ts, {', '.join(SAVINGS)}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO UPDATE SET "
+                + ", ".join(f"{k} = excluded.{k}" for k in ("ts", *SAVINGS))
+            )
             up_stat = self._sql(
                 "INSERT INTO engrain_cache_stats (name, value) VALUES (?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET value = engrain_cache_stats.value + excluded.value"
@@ -323,6 +377,7 @@ class CacheStore:
                 try:
                     self._db.executemany(up_stat, stat_rows)
                     self._db.executemany(up_hit, hit_rows)
+                    self._db.executemany(up_saved, saved)
                     self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")
@@ -331,6 +386,7 @@ class CacheStore:
                 with self._db.transaction(), self._db.cursor() as cur:
                     cur.executemany(up_stat, stat_rows)
                     cur.executemany(up_hit, hit_rows)
+                    cur.executemany(up_saved, saved)
 
     def stats(self) -> dict[str, int]:
         """Counters (lookups, hits, misses, diverged, agent_calls, evicted, stored) and ``entries``."""

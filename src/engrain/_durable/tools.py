@@ -179,6 +179,8 @@ def tool(
     backoff: float = 0.5,
     max_backoff: float = 30.0,
     retry_on: tuple[type[BaseException], ...] = (Exception,),
+    volatile: list[str] | tuple[str, ...] | None = None,
+    same_result: Callable[[Any, Any], bool] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -193,6 +195,8 @@ def tool(
     backoff: float = 0.5,
     max_backoff: float = 30.0,
     retry_on: tuple[type[BaseException], ...] | type[BaseException] = (Exception,),
+    volatile: list[str] | tuple[str, ...] | None = None,
+    same_result: Callable[[Any, Any], bool] | None = None,
 ) -> Any:
     """Make ``fn`` a journaled step. Use as ``@tool`` or ``@tool(name=..., type="llm")``.
 
@@ -212,6 +216,12 @@ def tool(
     ``retry_on``, waiting ``backoff * 2**k`` seconds (capped at ``max_backoff``,
     with jitter); every failed attempt is journaled, and after the last one the
     step fails with :class:`~engrain.RetriesExhaustedError` naming each attempt.
+
+    ``volatile`` (field names or dotted paths, ``*`` matching any) and
+    ``same_result`` (``fn(recorded, fresh) -> bool``) tell an
+    :class:`engrain.Agent` with ``cache=True`` how this tool's result is
+    compared when a cached trajectory is replayed (see ``engrain._agent.volatile``
+    for the default); ``volatile=()`` compares everything.
     """
     if type not in STEP_TYPES:
         raise ValueError(f"type must be one of {STEP_TYPES}, got {type!r}")
@@ -252,6 +262,8 @@ def tool(
 
             wrapper = swrapper
         wrapper.__engrain_step__ = {"name": step_name, "type": type, "policy": policy}  # type: ignore[attr-defined]
+        if volatile is not None or same_result is not None:  # read by the agent's cache (engrain._agent.volatile)
+            wrapper.__engrain_step__.update(volatile=volatile, same_result=same_result)  # type: ignore[attr-defined]
         (registry if registry is not None else tools).register(step_name, wrapper)
         return wrapper
 

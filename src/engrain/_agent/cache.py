@@ -1,0 +1,245 @@
+"""The agent's behavior cache: what a lookup keys on, what is stored, plans for reworded tasks,
+and what each run saved.
+
+A task's key is everything the model's first reply depends on: the agent's
+name, model, instructions and tool declarations, the session's earlier
+messages, the skill memory recalled for it, and the task text with whitespace
+folded. An exact match replays the recorded trajectory (see :mod:`.loop` and
+:mod:`.volatile`). An answer given without any tool call has nothing to check
+on replay, so it is stored only when the agent asks for it (``answers_ttl=``
+seconds) and replayed only within that time.
+
+With an ``embedder``, a task that misses is compared with the cached tasks of
+the same context (everything above but the task text). The nearest one at
+``similar_threshold`` or more is never replayed: its tool calls are shown to
+the model as a proposed plan (:func:`plan_text`), which it may take whole in
+one reply, edit, or ignore. Taken whole or edited, the calls run in the
+plan's order, group by group (:func:`run_plan`), and a call whose recorded
+arguments came from an earlier call's result is not run once that result
+differs from the plan's: the model sees why and calls again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .volatile import Replayer
+
+Agent = Any
+PLAN_OPEN, PLAN_CLOSE = "<plan>", "</plan>"
+SKIPPED = ("error: not run: an earlier call of the plan returned something other than the plan's result, and "
+           "this call's arguments came from that result in the plan; call it again with the right arguments if "
+           "it is still needed")
+_vectors: dict[str, Any] = {}
+_vectors_lock = threading.Lock()
+
+
+def canonical(task: str) -> str:
+    """The task with whitespace folded: what the key holds."""
+    return re.sub(r"\s+", " ", task).strip()
+
+
+def keys(agent: Agent, history: list[dict[str, Any]], text: str, recalled: list[str]) -> tuple[str, str]:
+    """``(task key, context key)``: the context key is the task key without the task text."""
+    from .._cache.store import key as _key
+
+    specs = [t.spec() for t in agent.tools.values()]
+    past = [(m["role"], m["content"]) for m in history]
+    task = _key("engrain.agent", agent.name, agent.model, agent.instructions, specs, past, canonical(text), recalled)
+    ctx = _key("engrain.agent.context", agent.name, agent.model, agent.instructions, specs, past, recalled)
+    return task, ctx
+
+
+def _vector(agent: Agent, canon: str) -> Any:
+    from .._cache import semantic
+
+    with _vectors_lock:
+        v = _vectors.get(canon)
+    if v is None:
+        v = semantic.unit(agent.embedder, canon)
+        with _vectors_lock:
+            if len(_vectors) >= 256:
+                _vectors.clear()
+            _vectors[canon] = v
+    return v
+
+
+def _answer_only(steps: list[dict[str, Any]]) -> bool:
+    return all(not (s.get("reply") or {}).get("tool_calls") for s in steps)
+
+
+def lookup(agent: Agent, journal: Any, key: str, ctx_key: str, task: str) -> dict[str, Any] | None:
+    """The cached trajectory for ``key`` (``{"entry", "turns"}``), or a similar task's as a plan
+    (``{"similar": {"entry", "task", "turns", "score"}}``), or None."""
+    store = agent._store(journal)
+    store.bump("lookups")
+    now = time.time()
+    for e in store.candidates(key, limit=3):
+        if _answer_only(e.steps):
+            if agent.answers_ttl is None or now - e.created > agent.answers_ttl:
+                store.evict(e.id)  # expired (or cached before answers needed answers_ttl=)
+                continue
+        return {"entry": e.id, "turns": e.steps}
+    store.bump("misses")
+    if agent.embedder is None:
+        return None
+    from .._cache import semantic
+
+    pool = [e for e in store.with_embeddings(ctx_key) if not _answer_only(e.steps)]
+    found = semantic.nearest(pool, _vector(agent, canonical(task)), agent.similar_threshold, 1) if pool else []
+    if not found:
+        return None
+    e, score = found[0]
+    store.bump("suggested")
+    return {"similar": {"entry": e.id, "task": e.task, "turns": e.steps, "score": round(score, 4)}}
+
+
+def store(agent: Agent, journal: Any, key: str, ctx_key: str, task: str, turns: list[dict[str, Any]],
+          run_id: str) -> bool:
+    """File a finished run's trajectory; an answer without tool calls only with ``answers_ttl``."""
+    from .._cache.store import Entry
+
+    if _answer_only(turns) and agent.answers_ttl is None:
+        return False
+    now = time.time()
+    canon = canonical(task)
+    vec = [float(x) for x in _vector(agent, canon)] if agent.embedder is not None else None
+    tags = [f"llm-agent:{agent.name}"]
+    agent._store(journal).put(Entry(
+        id=os.urandom(8).hex(), task_key=key, tags_key=ctx_key, task=canon, tags=tags, steps=turns,
+        output={"value": turns[-1]["reply"]["text"]}, run_id=run_id, created=now, last_used=now, embedding=vec,
+    ))
+    return True
+
+
+# -- proposed plans ----------------------------------------------------------------
+
+
+def _tool_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [t for t in turns if t["reply"].get("tool_calls")]
+
+
+def plan_text(similar: dict[str, Any]) -> str:
+    """The system message's section proposing a similar task's tool calls to the model."""
+    groups = []
+    for t in _tool_turns(similar["turns"]):
+        group = []
+        for c in t["reply"]["tool_calls"]:
+            try:
+                args = json.loads(c["arguments"] or "{}")
+            except ValueError:
+                args = c["arguments"]
+            group.append({"name": c["name"], "arguments": args})
+        groups.append(group)
+    return (
+        f"A similar task was done before: {json.dumps(similar['task'])}. Its tool calls, in order "
+        f"(the calls of one group ran together):\n{PLAN_OPEN}{json.dumps(groups)}{PLAN_CLOSE}\n"
+        "If this plan does what the current task asks, reply with all of its tool calls at once, in this order, "
+        "with the arguments changed where the current task differs: they run in the plan's order and you then "
+        "see every result. If it does not fit, ignore it and work as usual."
+    )
+
+
+def plan_followed(similar: dict[str, Any], calls: list[dict[str, Any]]) -> bool:
+    """Whether a reply's tool calls are the plan's, in order (arguments may be edited)."""
+    names = [c["name"] for t in _tool_turns(similar["turns"]) for c in t["reply"]["tool_calls"]]
+    return len(names) > 1 and [c["name"] for c in calls] == names
+
+
+def _leaves(value: Any, out: list[str]) -> list[str]:
+    if isinstance(value, dict):
+        for v in value.values():
+            _leaves(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _leaves(v, out)
+    elif not isinstance(value, bool) and value is not None and len(str(value)) >= 2:
+        out.append(str(value))
+    return out
+
+
+def _depends(call: dict[str, Any], results: list[str], task: str) -> bool:
+    """Whether a recorded call's arguments hold a value of earlier recorded results the task did not name."""
+    try:
+        args = json.loads(call["arguments"] or "{}")
+    except ValueError:
+        args = call["arguments"]
+    return any(v not in task and any(v in r for r in results) for v in _leaves(args, []))
+
+
+def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
+             run_group: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
+             skipped: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """Run a followed plan's calls group by group; returns the tool messages and the group sizes.
+
+    A group runs when every earlier group returned the plan's results (with
+    the same arguments), or when none of its recorded arguments came from an
+    earlier recorded result; otherwise its calls are answered with
+    :data:`SKIPPED`. Ids the earlier calls minted are carried into the later
+    calls' arguments, as in a replay.
+    """
+    turns = _tool_turns(similar["turns"])
+    replay = Replayer(turns, similar["task"])
+    checks = {n: t.result_check for n, t in agent.tools.items()}
+    out: list[dict[str, Any]] = []
+    sizes: list[int] = []
+    on_plan, pos = True, 0
+    for g, turn in enumerate(turns):
+        recorded = turn["reply"]["tool_calls"]
+        mine = calls[pos:pos + len(recorded)]
+        pos += len(recorded)
+        sizes.append(len(mine))
+        if not on_plan and any(_depends(c, [r for t in turns[:g] for r in t["results"]], similar["task"])
+                               for c in recorded):
+            out.extend(skipped(c) for c in mine)
+            continue
+        if on_plan and replay.subs:
+            mine = [{**c, "arguments": replay._sub(c["arguments"])} for c in mine]
+        msgs = run_group(mine)
+        out.extend(msgs)
+        if on_plan:
+            expected = replay.reply(g)["tool_calls"]
+            on_plan = [c["arguments"] for c in mine] == [c["arguments"] for c in expected] and \
+                replay.matches(g, [c["name"] for c in mine], [m["content"] for m in msgs], checks)
+    return out, sizes
+
+
+# -- savings -----------------------------------------------------------------------
+
+
+class Savings:
+    """What one run paid (LLM calls made) and avoided (replayed from the cache or, on a resume,
+    from the journal), with the recorded usage and model time of the avoided calls."""
+
+    __slots__ = ("made", "cache", "resumed", "input", "output", "seconds")
+
+    def __init__(self) -> None:
+        self.made = self.cache = self.resumed = self.input = self.output = 0
+        self.seconds = 0.0
+
+    def avoided(self, reply: dict[str, Any], resumed: bool = False) -> None:
+        """A model call not paid: ``reply`` came from the cache (or from the journal, ``resumed``)."""
+        if resumed:
+            self.resumed += 1
+        else:
+            self.cache += 1
+        usage = reply.get("usage") or {}
+        self.input += int(usage.get("input") or 0)
+        self.output += int(usage.get("output") or 0)
+        self.seconds += float(reply.get("seconds") or 0.0)
+
+    def any(self) -> bool:
+        return bool(self.cache or self.resumed)
+
+    def row(self) -> dict[str, Any]:
+        return {"calls_made": self.made, "cache_calls": self.cache, "resumed_calls": self.resumed,
+                "input_tokens": self.input, "output_tokens": self.output, "model_seconds": round(self.seconds, 4)}
+
+    def event(self) -> dict[str, Any]:
+        return {"type": "cache", "saved": self.row()}

@@ -1,0 +1,269 @@
+"""How a replayed tool result is compared with the recorded one (the agent's behavior cache).
+
+A cached trajectory replays while every tool returns what it returned then.
+Some results can never be equal twice: a write tool that returns the record it
+created carries the time it was written and an id it just minted. This module
+decides which differences end a replay.
+
+A tool says it itself (``@engrain.tool(volatile=[...])`` or
+``same_result=fn``, or the agent's ``volatile=``/``same_result=`` for plain
+functions): the fields listed are ignored, or ``fn(recorded, fresh)`` decides.
+``volatile=()`` compares everything.
+
+Otherwise the default tolerates a difference only when all of these hold:
+
+* the two values have the shape of something a tool generates, not of
+  something it looks up: a creation/write stamp (an ISO date-time under a key
+  such as ``created_at``, ``sent``, ``timestamp``, or a number of epoch seconds
+  there), or a generated id (a UUID, a long hex or random token, a prefixed
+  ``msg_8f3a91c2``-style id) with the same prefix and length on both sides;
+* the recorded value is not in the task text (then the user named it);
+* the model never read it again. What the model did after seeing the result is
+  on record: the arguments of its later tool calls and the text of its later
+  replies and final answer. A value that appears in none of them was not
+  used. A generated id that does appear there, and that this very call minted
+  (it occurs nowhere before), is what the model copied, so the later recorded
+  arguments and answer are replayed with the new id in its place; a stamp that
+  appears there ends the replay.
+
+Amounts, names, addresses, statuses, short or all-digit ids, dates that are not
+write stamps and a bare time a tool was asked for never have those shapes, so
+any change in them ends the replay: the model's next step could depend on them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from .._errors import ConfigError
+
+__all__ = ["ResultCheck", "Replayer", "result_check"]
+
+_DATETIME = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+_TOKEN = re.compile(_DATETIME + r"|[^\s\"',;:=(){}\[\]<>]+")
+_DATETIME_RE = re.compile(_DATETIME)
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_PREFIXED = re.compile(r"([A-Za-z]{1,16}[_-])([A-Za-z0-9]{8,})")
+_HEX = re.compile(r"[0-9a-fA-F]{16,}")
+_DIGITS = re.compile(r"\d{15,}")
+_STAMP_WORDS = ("created", "sent", "received", "issued", "generated", "updated", "modified", "written",
+                "saved", "posted", "logged", "uploaded", "submitted", "delivered", "processed", "requested",
+                "fetched", "retrieved", "checked", "polled")
+_STAMP_KEY = re.compile(
+    r"(?:%s)(?:_?(?:at|on|time|timestamp|ts|date))?|timestamp|ts|(?:date|time)_?(?:%s)"
+    % ("|".join(_STAMP_WORDS), "|".join(_STAMP_WORDS)))
+
+
+def _norm_key(key: str | None) -> str:
+    if not key:
+        return ""
+    k = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", key.strip().strip(":=")).lower()  # camelCase -> snake_case
+    return k.replace("-", "_")
+
+
+def _stamp_key(key: str | None) -> bool:
+    return bool(_STAMP_KEY.fullmatch(_norm_key(key)))
+
+
+def _id_shape(v: str) -> tuple[str, int] | None:
+    """``(prefix, length)`` when ``v`` looks like a generated id, else None."""
+    if _UUID.fullmatch(v):
+        return ("uuid", 36)
+    if (m := _PREFIXED.fullmatch(v)) and re.search(r"\d", m.group(2)) and re.search(r"[A-Za-z]", m.group(2)):
+        return (m.group(1), len(v))
+    if _HEX.fullmatch(v) and re.search(r"\d", v) and re.search(r"[a-fA-F]", v):
+        return ("hex", len(v))
+    if _DIGITS.fullmatch(v):
+        return ("digits", len(v))
+    if len(v) >= 16 and re.fullmatch(r"[A-Za-z0-9_-]+", v) and sum(c.isdigit() for c in v) >= 3 and \
+            sum(c.isalpha() for c in v) >= 3:
+        return ("token", len(v))
+    return None
+
+
+def _kind(key: str | None, old: Any, new: Any) -> str | None:
+    """``"stamp"`` or ``"id"`` when both values have that generated shape, else None."""
+    if isinstance(old, bool) or isinstance(new, bool):
+        return None
+    if isinstance(old, (int, float)) and isinstance(new, (int, float)):
+        # epoch seconds or milliseconds, only under a write-stamp key
+        def epoch(x: float) -> bool:
+            return 1e9 <= x < 1e10 or 1e12 <= x < 1e13
+        return "stamp" if _stamp_key(key) and epoch(old) and epoch(new) else None
+    if not isinstance(old, str) or not isinstance(new, str):
+        return None
+    if _DATETIME_RE.fullmatch(old) and _DATETIME_RE.fullmatch(new):
+        return "stamp" if _stamp_key(key) else None
+    a, b = _id_shape(old), _id_shape(new)
+    return "id" if a is not None and a == b else None
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _text_diffs(key: str | None, path: str, old: str, new: str, out: list[tuple[str, str | None, Any, Any]]) -> bool:
+    """Token differences between two texts of the same skeleton; False when the skeletons differ."""
+    ta, tb = _TOKEN.findall(old), _TOKEN.findall(new)
+    if len(ta) != len(tb) or _TOKEN.sub("\0", old) != _TOKEN.sub("\0", new):
+        return False
+    prev = key
+    for a, b in zip(ta, tb):
+        if a != b:
+            out.append((path, prev, a, b))
+        prev = a if a == b else None  # a word before a value names it ("timestamp: ...", "id=...")
+    return True
+
+
+def _diffs(old: Any, new: Any, path: str = "", key: str | None = None,
+           out: list[tuple[str, str | None, Any, Any]] | None = None) -> list[tuple[str, str | None, Any, Any]] | None:
+    """Leaf differences ``(dotted path, key, old, new)``; None when the two differ in structure."""
+    out = [] if out is None else out
+    if isinstance(old, dict) and isinstance(new, dict):
+        if old.keys() != new.keys():
+            return None
+        for k in old:
+            if _diffs(old[k], new[k], f"{path}.{k}" if path else str(k), str(k), out) is None:
+                return None
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        if len(old) != len(new):
+            return None
+        for i, (a, b) in enumerate(zip(old, new)):
+            if _diffs(a, b, f"{path}.{i}" if path else str(i), key, out) is None:
+                return None
+        return out
+    if old == new and type(old) is type(new):
+        return out
+    if isinstance(old, str) and isinstance(new, str):
+        if _DATETIME_RE.fullmatch(old) or _id_shape(old) is not None:
+            out.append((path, key, old, new))
+            return out
+        return out if _text_diffs(key, path, old, new, out) else None
+    out.append((path, key, old, new))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ResultCheck:
+    """How one tool's replayed result is compared: ``volatile`` fields ignored (None: the default),
+    or ``same(recorded, fresh) -> bool``."""
+
+    volatile: tuple[str, ...] | None = None
+    same: Callable[[Any, Any], bool] | None = None
+
+    def ignores(self, path: str, key: str | None) -> bool:
+        assert self.volatile is not None
+        return any(p == key or p == path or fnmatchcase(path, p) for p in self.volatile)
+
+
+DEFAULT = ResultCheck()
+
+
+def result_check(tool: str, volatile: Iterable[str] | None = None,
+                 same_result: Callable[[Any, Any], bool] | None = None) -> ResultCheck:
+    """A :class:`ResultCheck` from a tool's options, checked (``ConfigError`` naming the tool)."""
+    if volatile is not None and same_result is not None:
+        raise ConfigError(f"tool {tool!r}: give volatile= or same_result=, not both")
+    if same_result is not None:
+        if not callable(same_result):
+            raise ConfigError(f"tool {tool!r}: same_result must be a function (recorded, fresh) -> bool")
+        return ResultCheck(same=same_result)
+    if volatile is None:
+        return DEFAULT
+    if isinstance(volatile, str):
+        volatile = [volatile]
+    fields = tuple(volatile)
+    if not all(isinstance(f, str) and f and len(f) <= 256 for f in fields) or len(fields) > 256:
+        raise ConfigError(f"tool {tool!r}: volatile must be a list of field names or dotted paths ('*' matches any)")
+    return ResultCheck(volatile=fields)
+
+
+def _texts(turn: dict[str, Any]) -> list[str]:
+    reply = turn["reply"]
+    return [reply.get("text") or "", *(c["arguments"] for c in reply.get("tool_calls") or [])]
+
+
+class Replayer:
+    """One replay of a recorded trajectory: compares fresh results with the recorded ones and
+    carries the ids the fresh results minted into the recorded replies that copied them."""
+
+    def __init__(self, turns: list[dict[str, Any]], task: str, before: Iterable[str] = ()):
+        self.turns = turns
+        self.task = task
+        self.before = [task, *before]
+        self.subs: dict[str, str] = {}
+
+    def _sub(self, text: str) -> str:
+        for old, new in self.subs.items():
+            if old in text:
+                text = text.replace(old, new)
+        return text
+
+    def reply(self, turn: int) -> dict[str, Any]:
+        """The recorded reply of ``turn``, with minted ids replaced by the fresh ones."""
+        reply = self.turns[turn]["reply"]
+        if not self.subs:
+            return reply
+        return {**reply, "text": self._sub(reply.get("text") or ""),
+                "tool_calls": [{**c, "arguments": self._sub(c["arguments"])} for c in reply.get("tool_calls") or []]}
+
+    def matches(self, turn: int, names: list[str], fresh: list[str], checks: dict[str, ResultCheck]) -> bool:
+        """Whether the fresh results of ``turn`` let the replay go on (see the module docstring)."""
+        recorded = self.turns[turn]["results"]
+        if len(recorded) != len(fresh):
+            return False
+        later = [t for x in self.turns[turn + 1:] for t in _texts(x)]
+        earlier = [*self.before, *(t for x in self.turns[:turn] for t in (*_texts(x), *x["results"])),
+                   *_texts(self.turns[turn])]
+        pending: dict[str, str] = {}
+        for i, (rec, new) in enumerate(zip(recorded, fresh)):
+            rec = self._sub(rec)
+            if rec == new:
+                continue
+            check = checks.get(names[i], DEFAULT)
+            old_v, new_v = _parse(rec), _parse(new)
+            if check.same is not None:
+                try:
+                    if not check.same(old_v, new_v):
+                        return False
+                except Exception:  # a failing check is a difference, never a pass
+                    return False
+                continue
+            diffs = _diffs(old_v, new_v)
+            if diffs is None:
+                return False
+            others = [*earlier, *(r for j, r in enumerate(recorded) if j != i)]
+            for path, key, a, b in diffs:
+                if check.volatile is not None:
+                    if not check.ignores(path, key):
+                        return False
+                    if isinstance(a, str) and isinstance(b, str) and any(a in t for t in later):
+                        pending[a] = b
+                    continue
+                kind = _kind(key, a, b)
+                if kind is None or str(a) in self.task:
+                    return False
+                used = _used(str(a), kind, later)
+                if used and (kind != "id" or any(str(a) in t for t in others)):
+                    return False  # a stamp the model read again, or an id it did not mint here
+                if used:
+                    pending[str(a)] = str(b)
+        self.subs.update(pending)
+        return True
+
+
+def _used(value: str, kind: str, later: list[str]) -> bool:
+    """Whether a later recorded argument or reply used ``value`` (a stamp: also its date or its time)."""
+    probes = [value]
+    if kind == "stamp" and _DATETIME_RE.fullmatch(value):
+        probes += [value[:10], value[11:16]]
+    return any(p in t for p in probes for t in later)
