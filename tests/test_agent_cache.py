@@ -304,3 +304,174 @@ def test_a_resumed_run_counts_the_calls_it_did_not_pay_twice(model, journal):
     assert a.run("charge order 7", run_id="resume-me").output == "Charged." and model.calls == 2
     (row,) = a._store(journal).savings(run_id="resume-me")
     assert row["resumed_calls"] == 1 and row["calls_made"] == 1 and row["input_tokens"] > 0
+
+
+# -- reworded tasks: a similar cached task is proposed as a plan, never replayed -----------------------
+
+
+def _plans(body: dict) -> list[list]:
+    system = body["messages"][0]["content"]
+    return [json.loads(x.split("</plan>", 1)[0]) for x in system.split("<plan>")[1:]]
+
+
+class Office:
+    def __init__(self) -> None:
+        self.contacts = {"Bob": "bob@example.com", "Carol": "carol@example.com"}
+        self.log: list[tuple] = []
+        self.files: dict[str, str] = {}
+
+    def search_contacts(self, name: str) -> dict:
+        """Find a contact's address."""
+        self.log.append(("search", name))
+        return {"name": name, "email": self.contacts[name]}
+
+    def send_email(self, to: str, subject: str) -> dict:
+        """Send an email."""
+        self.log.append(("send", to, subject))
+        return {"id": f"msg_{uuid.uuid4().hex[:12]}", "to": to, "sent_at": _now()}
+
+    def create_file(self, name: str) -> dict:
+        """Create a file."""
+        fid = str(uuid.uuid4())
+        self.files[fid] = ""
+        self.log.append(("create", name))
+        return {"file_id": fid, "name": name, "created_at": _now()}
+
+    def append_to_file(self, file_id: str, text: str) -> dict:
+        """Append to a file."""
+        self.log.append(("append", file_id in self.files, text))
+        if file_id not in self.files:
+            return {"error": "no such file"}
+        self.files[file_id] += text
+        return {"file_id": file_id, "size": len(self.files[file_id])}
+
+
+def _policy(name: str):
+    """Play 'email <name> the report' step by step from what the conversation shows."""
+
+    def respond(api, body):
+        tools = [json.loads(m["content"]) for m in body["messages"] if m["role"] == "tool"
+                 and not m["content"].startswith("error:")]
+        if not tools:
+            return tool_call("search_contacts", name=name)
+        if len(tools) == 1:
+            return tool_call("send_email", to=tools[0]["email"], subject="Sales report")
+        return say(f"Sent to {tools[-1]['to']}.")
+
+    return respond
+
+
+def test_a_reworded_task_takes_the_proposed_plan_in_one_reply(model, journal, embedder):
+    office = Office()
+    a = _agent(model, journal, [office.search_contacts, office.send_email], embedder=embedder)
+    model.script = _policy("Bob")
+    assert a.run("Email Bob the sales report").output == "Sent to bob@example.com." and model.calls == 3
+
+    def accept(api, body):
+        plans = _plans(body)
+        if plans and not any(m["role"] == "tool" for m in body["messages"]):
+            return tool_calls(*[(c["name"], c["arguments"]) for g in plans[0] for c in g])
+        return _policy("Bob")(api, body)
+
+    model.script = accept
+    events: list[dict] = []
+    res = a.run("Send the sales report to Bob by email", on_event=events.append)
+    assert res.output == "Sent to bob@example.com." and model.calls == 5  # 2 calls instead of 3
+    assert office.log[-2:] == [("search", "Bob"), ("send", "bob@example.com", "Sales report")]  # in the plan's order
+    assert {"type": "cache", "plan": "followed", "similar": events[0]["similar"][0]} in events
+    body = model.requests[3][1]
+    assert "Similar tasks were done before" in body["messages"][0]["content"]
+    assert _plans(body)[0] == [[{"name": "search_contacts", "arguments": {"name": "Bob"}}],
+                               [{"name": "send_email", "arguments": {"to": "bob@example.com",
+                                                                     "subject": "Sales report"}}]]
+    # the run's own trajectory is cached as it ran, group by group: the same wording again is a full hit
+    assert a.run("Send the sales report to Bob by email").output == "Sent to bob@example.com." and model.calls == 5
+    assert office.log[-2:] == [("search", "Bob"), ("send", "bob@example.com", "Sales report")]
+
+
+def test_an_edited_plan_never_runs_a_call_built_on_a_result_that_changed(model, journal, embedder):
+    office = Office()
+    a = _agent(model, journal, [office.search_contacts, office.send_email], embedder=embedder)
+    model.script = _policy("Bob")
+    a.run("Email Bob the sales report")
+
+    def edit(api, body):  # swaps the name in the plan, keeping the address it cannot know yet
+        plans = _plans(body)
+        if plans and not any(m["role"] == "tool" for m in body["messages"]):
+            return tool_calls(*[(c["name"], json.loads(json.dumps(c["arguments"]).replace("Bob", "Carol")))
+                                for g in plans[0] for c in g])
+        return _policy("Carol")(api, body)
+
+    model.script = edit
+    events: list[dict] = []
+    res = a.run("Email Carol the sales report", on_event=events.append)
+    assert res.output == "Sent to carol@example.com."
+    assert ("send", "bob@example.com", "Sales report") not in office.log[2:]  # never sent to the old address
+    assert office.log[-2:] == [("search", "Carol"), ("send", "carol@example.com", "Sales report")]
+    skipped = [e for e in events if e["type"] == "tool_result" and e["content"].startswith("error: not run")]
+    assert len(skipped) == 1 and skipped[0]["name"] == "send_email"
+    # a plan ignored costs nothing extra: the model's own first step
+    model.script = _policy("Carol")
+    before = model.calls
+    assert a.run("Please email the sales report to Carol").output == "Sent to carol@example.com."
+    assert model.calls - before == 3
+
+
+def test_a_followed_plan_carries_a_minted_id_and_an_exact_replay_of_it_too(model, journal, embedder):
+    office = Office()
+    a = _agent(model, journal, [office.create_file, office.append_to_file], embedder=embedder)
+
+    def write(api, body):
+        plans = _plans(body)
+        tools = [json.loads(m["content"]) for m in body["messages"] if m["role"] == "tool"]
+        if plans and not tools:
+            return tool_calls(*[(c["name"], c["arguments"]) for g in plans[0] for c in g])
+        if not tools:
+            return tool_call("create_file", name="todo.txt")
+        if len(tools) == 1:
+            return tool_call("append_to_file", file_id=tools[0]["file_id"], text="milk")
+        return say(f"Wrote {tools[-1].get('size', 'no')} bytes.")
+
+    model.script = write
+    assert a.run("Create todo.txt and write milk in it").output == "Wrote 4 bytes." and model.calls == 3
+    assert a.run("Make a file todo.txt containing milk").output == "Wrote 4 bytes." and model.calls == 5
+    assert a.run("Make a file todo.txt containing milk").output == "Wrote 4 bytes." and model.calls == 5
+    assert [e for e in office.log if e[0] == "append"] == [("append", True, "milk")] * 3
+
+
+def test_no_embedder_no_plans(model, journal):
+    office = Office()
+    a = _agent(model, journal, [office.search_contacts, office.send_email])
+    model.script = _policy("Bob")
+    a.run("Email Bob the sales report")
+    a.run("Send the sales report to Bob by email")
+    assert model.calls == 6 and not any(_plans(b) for _, b in model.requests)
+
+
+def test_cli_shows_savings(model, journal, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if journal.backend != "sqlite":
+        pytest.skip("the CLI reads the same tables on both backends; one is enough here")
+    box = Mailbox()
+    model.script = [tool_call("send_email", to="ed@example.com", subject="Hi"), say("Sent.")]
+    a = _agent(model, journal, [box.send_email])
+    a.run("email Ed")
+    hit = a.run("email Ed")
+    a._store(journal).flush()
+    engrain = str(Path(sys.executable).with_name("engrain"))
+    out = subprocess.run([engrain, "cache", "stats", "--url", journal.url], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "LLM calls over 2 agent runs: 2 made, 2 avoided (50.0% of 4): 2 replayed from the cache" in out.stdout
+    js = subprocess.run([engrain, "cache", "stats", "--url", journal.url, "--json"], capture_output=True, text=True,
+                        timeout=60)
+    assert json.loads(js.stdout)["savings"]["cache_calls"] == 2
+    per = subprocess.run([engrain, "cache", "savings", "--run", hit.run_id, "--url", journal.url, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    (row,) = json.loads(per.stdout)
+    assert row["cache_calls"] == 2 and row["calls_made"] == 0 and row["input_tokens"] > 0
+    none = subprocess.run([engrain, "cache", "savings", "--run", "nope", "--url", journal.url], capture_output=True,
+                          text=True, timeout=60)
+    assert none.returncode == 1 and "no savings recorded for run 'nope'" in none.stderr

@@ -73,7 +73,7 @@ class Agent:
         memory_store: Any = None,
         answers_ttl: float | None = None,
         embedder: Any = None,
-        similar_threshold: float = 0.8,
+        similar_threshold: float = 0.75,
         volatile: dict[str, list[str]] | None = None,
         same_result: dict[str, Callable[[Any, Any], bool]] | None = None,
     ):

@@ -32,6 +32,7 @@ from typing import Any
 from .volatile import Replayer
 
 Agent = Any
+PLANS = 3  # similar tasks proposed at most: the nearest by embedding is often a sibling (another entity)
 PLAN_OPEN, PLAN_CLOSE = "<plan>", "</plan>"
 SKIPPED = ("error: not run: an earlier call of the plan returned something other than the plan's result, and "
            "this call's arguments came from that result in the plan; call it again with the right arguments if "
@@ -75,8 +76,8 @@ def _answer_only(steps: list[dict[str, Any]]) -> bool:
 
 
 def lookup(agent: Agent, journal: Any, key: str, ctx_key: str, task: str) -> dict[str, Any] | None:
-    """The cached trajectory for ``key`` (``{"entry", "turns"}``), or a similar task's as a plan
-    (``{"similar": {"entry", "task", "turns", "score"}}``), or None."""
+    """The cached trajectory for ``key`` (``{"entry", "turns"}``), or the most similar tasks' as plans
+    (``{"similar": [{"entry", "task", "turns", "score"}, ...]}``, at most :data:`PLANS`), or None."""
     store = agent._store(journal)
     store.bump("lookups")
     now = time.time()
@@ -92,12 +93,11 @@ def lookup(agent: Agent, journal: Any, key: str, ctx_key: str, task: str) -> dic
     from .._cache import semantic
 
     pool = [e for e in store.with_embeddings(ctx_key) if not _answer_only(e.steps)]
-    found = semantic.nearest(pool, _vector(agent, canonical(task)), agent.similar_threshold, 1) if pool else []
+    found = semantic.nearest(pool, _vector(agent, canonical(task)), agent.similar_threshold, PLANS) if pool else []
     if not found:
         return None
-    e, score = found[0]
     store.bump("suggested")
-    return {"similar": {"entry": e.id, "task": e.task, "turns": e.steps, "score": round(score, 4)}}
+    return {"similar": [{"entry": e.id, "task": e.task, "turns": e.steps, "score": round(s, 4)} for e, s in found]}
 
 
 def store(agent: Agent, journal: Any, key: str, ctx_key: str, task: str, turns: list[dict[str, Any]],
@@ -125,8 +125,7 @@ def _tool_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [t for t in turns if t["reply"].get("tool_calls")]
 
 
-def plan_text(similar: dict[str, Any]) -> str:
-    """The system message's section proposing a similar task's tool calls to the model."""
+def _groups(similar: dict[str, Any]) -> list[list[dict[str, Any]]]:
     groups = []
     for t in _tool_turns(similar["turns"]):
         group = []
@@ -137,19 +136,33 @@ def plan_text(similar: dict[str, Any]) -> str:
                 args = c["arguments"]
             group.append({"name": c["name"], "arguments": args})
         groups.append(group)
+    return groups
+
+
+def plan_text(similar: list[dict[str, Any]]) -> str:
+    """The system message's section proposing similar tasks' tool calls to the model."""
+    plans = "\n".join(f"{i}. for the task {json.dumps(s['task'])}: {PLAN_OPEN}{json.dumps(_groups(s))}{PLAN_CLOSE}"
+                      for i, s in enumerate(similar, 1))
     return (
-        f"A similar task was done before: {json.dumps(similar['task'])}. Its tool calls, in order "
-        f"(the calls of one group ran together):\n{PLAN_OPEN}{json.dumps(groups)}{PLAN_CLOSE}\n"
-        "If this plan does what the current task asks, reply with all of its tool calls at once, in this order, "
-        "with the arguments changed where the current task differs: they run in the plan's order and you then "
-        "see every result. If it does not fit, ignore it and work as usual."
+        "Similar tasks were done before. Their tool calls, in order (the calls of one group ran together):\n"
+        f"{plans}\n"
+        "If one of these plans does what the current task asks, reply with all of its tool calls at once, in "
+        "its order, with the arguments changed where the current task differs: they run in the plan's order "
+        "and you then see every result. If none fits, ignore them and work as usual."
     )
 
 
-def plan_followed(similar: dict[str, Any], calls: list[dict[str, Any]]) -> bool:
-    """Whether a reply's tool calls are the plan's, in order (arguments may be edited)."""
-    names = [c["name"] for t in _tool_turns(similar["turns"]) for c in t["reply"]["tool_calls"]]
-    return len(names) > 1 and [c["name"] for c in calls] == names
+def _calls(similar: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c for t in _tool_turns(similar["turns"]) for c in t["reply"]["tool_calls"]]
+
+
+def plan_followed(similar: list[dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The plan whose tool calls a reply makes, in order: the one taken unchanged, else the nearest
+    one with those calls (its arguments edited); None when the reply follows no plan."""
+    made = [(c["name"], c["arguments"]) for c in calls]
+    same = [s for s in similar if len(_calls(s)) > 1 and [c["name"] for c in _calls(s)] == [n for n, _ in made]]
+    exact = [s for s in same if [(c["name"], c["arguments"]) for c in _calls(s)] == made]
+    return (exact or same or [None])[0]
 
 
 def _leaves(value: Any, out: list[str]) -> list[str]:
@@ -175,8 +188,10 @@ def _depends(call: dict[str, Any], results: list[str], task: str) -> bool:
 
 def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
              run_group: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
-             skipped: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
-    """Run a followed plan's calls group by group; returns the tool messages and the group sizes.
+             skipped: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                        list[int]]:
+    """Run a followed plan's calls group by group; returns the calls as they ran (minted ids carried
+    in), their tool messages and the group sizes.
 
     A group runs when every earlier group returned the plan's results (with
     the same arguments), or when none of its recorded arguments came from an
@@ -188,6 +203,7 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
     replay = Replayer(turns, similar["task"])
     checks = {n: t.result_check for n, t in agent.tools.items()}
     out: list[dict[str, Any]] = []
+    ran: list[dict[str, Any]] = []
     sizes: list[int] = []
     on_plan, pos = True, 0
     for g, turn in enumerate(turns):
@@ -198,16 +214,18 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
         if not on_plan and any(_depends(c, [r for t in turns[:g] for r in t["results"]], similar["task"])
                                for c in recorded):
             out.extend(skipped(c) for c in mine)
+            ran.extend(mine)
             continue
         if on_plan and replay.subs:
             mine = [{**c, "arguments": replay._sub(c["arguments"])} for c in mine]
+        ran.extend(mine)
         msgs = run_group(mine)
         out.extend(msgs)
         if on_plan:
             expected = replay.reply(g)["tool_calls"]
             on_plan = [c["arguments"] for c in mine] == [c["arguments"] for c in expected] and \
                 replay.matches(g, [c["name"] for c in mine], [m["content"] for m in msgs], checks)
-    return out, sizes
+    return ran, out, sizes
 
 
 # -- savings -----------------------------------------------------------------------

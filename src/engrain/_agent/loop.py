@@ -186,7 +186,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         if found is not None and "similar" in found:
             similar = found["similar"]
             extra = "\n\n".join(x for x in (extra, cache.plan_text(similar)) if x)
-            emit({"type": "cache", "hit": False, "similar": similar["entry"], "score": similar["score"]})
+            emit({"type": "cache", "hit": False, "similar": [s["entry"] for s in similar]})
         else:
             plan = found
             emit({"type": "cache", "hit": plan is not None})
@@ -248,14 +248,16 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             return {"text": reply["text"], "messages": new}
         # Replaying a cached trajectory, the next turn runs tools with no append before them:
         # each result is waited for, so none runs after a refused append.
-        if turn == 0 and similar is not None and cache.plan_followed(similar, reply["tool_calls"]):
-            results, sizes = cache.run_plan(
-                agent, similar, reply["tool_calls"],
+        followed = cache.plan_followed(similar, reply["tool_calls"]) if turn == 0 and similar else None
+        if followed is not None:
+            ran, results, sizes = cache.run_plan(
+                agent, followed, reply["tool_calls"],
                 lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=False),
                 lambda c: _skipped(c, reply["ts"], emit))
-            emit({"type": "cache", "plan": "followed", "similar": similar["entry"]})
+            msg["tool_calls"] = ran  # the model's next call sees the ids the plan's calls really used
+            emit({"type": "cache", "plan": "followed", "similar": followed["entry"]})
             if log is not None:
-                log = _plan_log(log, reply, results, sizes)
+                log = _plan_log(log, {**reply, "tool_calls": ran}, results, sizes)
         else:
             results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying)
             if log is not None:

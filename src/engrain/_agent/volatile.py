@@ -13,9 +13,10 @@ functions): the fields listed are ignored, or ``fn(recorded, fresh)`` decides.
 Otherwise the default tolerates a difference only when all of these hold:
 
 * the two values have the shape of something a tool generates, not of
-  something it looks up: a creation/write stamp (an ISO date-time under a key
-  such as ``created_at``, ``sent``, ``timestamp``, or a number of epoch seconds
-  there), or a generated id (a UUID, a long hex or random token, a prefixed
+  something it looks up: a stamp of the call itself (an ISO date-time under a
+  key such as ``created_at``, ``sent``, ``timestamp``, ``fetched_at`` or
+  ``as_of``, or a number of epoch seconds there; never a due date or a time the
+  tool was asked for), or a generated id (a UUID, a long hex or random token, a prefixed
   ``msg_8f3a91c2``-style id) with the same prefix and length on both sides;
 * the recorded value is not in the task text (then the user named it);
 * the model never read it again. What the model did after seeing the result is
@@ -55,7 +56,7 @@ _STAMP_WORDS = ("created", "sent", "received", "issued", "generated", "updated",
                 "saved", "posted", "logged", "uploaded", "submitted", "delivered", "processed", "requested",
                 "fetched", "retrieved", "checked", "polled")
 _STAMP_KEY = re.compile(
-    r"(?:%s)(?:_?(?:at|on|time|timestamp|ts|date))?|timestamp|ts|(?:date|time)_?(?:%s)"
+    r"(?:%s)(?:_?(?:at|on|time|timestamp|ts|date))?|timestamp|ts|as_?of|(?:date|time)_?(?:%s)"
     % ("|".join(_STAMP_WORDS), "|".join(_STAMP_WORDS)))
 
 

@@ -329,6 +329,24 @@ class CacheStore:
         return [{"run_id": r[0], "agent": r[1], "ts": float(r[2]),
                  **{k: (float(v) if k == "model_seconds" else int(v)) for k, v in zip(SAVINGS, r[3:])}} for r in rows]
 
+    def savings_series(self, buckets: int = 24, since: float | None = None) -> dict[str, Any]:
+        """LLM calls made and avoided (cache + resumed) per time bucket, from ``since`` (default: the
+        first recorded run) to now: ``{"start", "bucket_seconds", "points": [{"t", "made", "avoided"}]}``."""
+        self.flush()
+        now = time.time()
+        if since is None:
+            first = self._exec("SELECT MIN(ts) FROM engrain_cache_savings")[0][0]
+            since = float(first) if first is not None else now - 3600
+        width = max((now - since) / buckets, 1.0)
+        points = [{"t": since + i * width, "made": 0, "avoided": 0} for i in range(buckets)]
+        rows = self._exec("SELECT ts, calls_made, cache_calls + resumed_calls FROM engrain_cache_savings "
+                          "WHERE ts >= ? ORDER BY ts LIMIT 1000000", (since,))
+        for ts, made, avoided in rows:
+            p = points[min(int((float(ts) - since) / width), buckets - 1)]
+            p["made"] += int(made)
+            p["avoided"] += int(avoided)
+        return {"start": since, "bucket_seconds": width, "points": points}
+
     def savings_total(self) -> dict[str, Any]:
         """The savings columns summed over every run, and ``runs``."""
         self.flush()

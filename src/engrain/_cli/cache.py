@@ -53,16 +53,53 @@ def entries(
 
 @cache_app.command("stats")
 def stats(url: UrlOption = None, json_out: JsonOption = False) -> None:
-    """Lookups, hits, misses, divergences, agent calls and entries."""
+    """Lookups, hits, misses, divergences, agent calls, entries, and what the agents' cache saved."""
     with errors_as_exit():
-        st = _store(url).stats()
+        store = _store(url)
+        st: dict = dict(store.stats())
+        saved = store.savings_total()
     looked = st["hits"] + st["misses"] + st["diverged"]
     st["hit_rate"] = round(st["hits"] / looked, 4) if looked else 0.0
     if json_out:
-        print_json(st)
+        print_json({**st, "savings": saved})
         return
     for k, v in st.items():
         typer.echo(f"{k:<12} {v}")
+    avoided = saved["cache_calls"] + saved["resumed_calls"]
+    paid = saved["calls_made"] + avoided
+    share = f" ({100 * avoided / paid:.1f}% of {paid})" if paid else ""
+    typer.echo(f"\nLLM calls over {saved['runs']} agent runs: {saved['calls_made']} made, {avoided} avoided{share}: "
+               f"{saved['cache_calls']} replayed from the cache, {saved['resumed_calls']} not paid twice on resume")
+    typer.echo(f"avoided: {saved['input_tokens']} input tokens, {saved['output_tokens']} output tokens, "
+               f"{saved['model_seconds']:.2f} s of model time")
+
+
+@cache_app.command("savings")
+def savings(
+    url: UrlOption = None,
+    run: Annotated[str | None, typer.Option("--run", help="Only this run.")] = None,
+    limit: Annotated[int, typer.Option(help="At most this many runs.")] = 20,
+    json_out: JsonOption = False,
+) -> None:
+    """Per agent run, newest first: LLM calls made and avoided, with the avoided tokens and model time."""
+    import datetime as dt
+
+    with errors_as_exit():
+        rows = _store(url).savings(limit=limit, run_id=run)
+    if json_out:
+        print_json(rows)
+        return
+    if not rows:
+        if run is not None:
+            raise fail(f"no savings recorded for run {run!r} (only agent runs with the cache on, or resumed, have one)")
+        typer.echo("no agent runs recorded yet")
+        return
+    typer.echo(f"{'RUN':<28} {'WHEN':<19} {'MADE':>5} {'CACHE':>5} {'RESUME':>6} {'IN TOK':>8} {'OUT TOK':>8} "
+               f"{'MODEL S':>8}  AGENT")
+    for r in rows:
+        when = dt.datetime.fromtimestamp(r["ts"]).strftime("%Y-%m-%d %H:%M:%S")
+        typer.echo(f"{r['run_id']:<28} {when:<19} {r['calls_made']:>5} {r['cache_calls']:>5} {r['resumed_calls']:>6} "
+                   f"{r['input_tokens']:>8} {r['output_tokens']:>8} {r['model_seconds']:>8.2f}  {r['agent']}")
 
 
 @cache_app.command("evict")

@@ -23,18 +23,41 @@ def entries(
 
 
 def cache_stats(store: Any) -> dict[str, Any]:
-    """The store's counters plus ``hit_rate`` and ``agent_calls_saved`` (one agent run saved per hit)."""
+    """The store's counters plus ``hit_rate``, ``agent_calls_saved`` (one agent run saved per hit) and
+    ``savings``: the agents' LLM calls made and avoided, with the avoided calls' tokens and model time."""
     st: dict[str, Any] = dict(store.stats())
     looked = st.get("hits", 0) + st.get("misses", 0) + st.get("diverged", 0)
     st["hit_rate"] = round(st.get("hits", 0) / looked, 4) if looked else 0.0
     st["agent_calls_saved"] = st.get("hits", 0)
+    st["savings"] = store.savings_total()
     return st
 
 
 @router.get("/cache/stats")
 def stats(request: Request) -> dict[str, Any]:
-    """Lookups, hits, misses, divergences, entries, hit rate and agent calls saved."""
+    """Lookups, hits, misses, divergences, entries, hit rate, agent calls saved and LLM savings."""
     return cache_stats(state_of(request).cache_store())
+
+
+@router.get("/cache/savings")
+def savings(
+    request: Request,
+    run_id: str | None = Query(default=None, max_length=200, description="Only this run's row."),
+    limit: int = Query(default=50, ge=1, le=1000),
+) -> list[dict[str, Any]]:
+    """Per agent run, newest first: LLM calls made, calls replayed from the cache and (resumed runs)
+    from the journal, and the input/output tokens and model seconds those replays avoided."""
+    return state_of(request).cache_store().savings(limit=limit, run_id=run_id)
+
+
+@router.get("/cache/savings/series")
+def savings_series(
+    request: Request,
+    buckets: int = Query(default=24, ge=1, le=500),
+    since: float | None = Query(default=None, ge=0, description="Unix time to start from (default: first run)."),
+) -> dict[str, Any]:
+    """LLM calls made and avoided per time bucket (for the cache page's chart)."""
+    return state_of(request).cache_store().savings_series(buckets=buckets, since=since)
 
 
 @router.delete("/cache/entries/{entry_id}")

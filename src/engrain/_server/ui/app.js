@@ -601,7 +601,10 @@
   // ---------------------------------------------------------------- cache
 
   async function cacheView() {
-    const [stats, entries] = await Promise.all([api("GET", "/api/cache/stats"), api("GET", "/api/cache/entries?limit=200")]);
+    const [stats, entries, runs, series] = await Promise.all([
+      api("GET", "/api/cache/stats"), api("GET", "/api/cache/entries?limit=200"),
+      api("GET", "/api/cache/savings?limit=20"), api("GET", "/api/cache/savings/series?buckets=24"),
+    ]);
     const rows = entries.map((e) => {
       const names = (e.steps || []).map((s) => (s && (s.name || s.tool)) || "?");
       return h("tr", { "data-entry": e.id },
@@ -638,11 +641,43 @@
         card("Misses", stats.misses ?? 0, "misses"),
         card("Diverged", stats.diverged ?? 0, "diverged"),
         card("Entries", stats.entries ?? entries.length, "entries")),
+      savingsSection(stats.savings || {}, runs, series),
       h("h2", { text: "Entries" }),
       entries.length
         ? table(["Task", "Tags", "Steps", ["Successes", "num"], ["Divergences", "num"], "Last used", "Recorded run", "Actions"], rows)
         : h("p", { class: "muted", text: "The cache is empty." }),
     ];
+  }
+
+  // What the agents' cache saved: totals, calls made against avoided over time, and per run.
+  function savingsSection(total, runs, series) {
+    const avoided = (total.cache_calls || 0) + (total.resumed_calls || 0);
+    const rows = runs.map((r) => h("tr", { "data-savings": r.run_id },
+      h("td", {}, h("a", { href: `#/runs/${enc(r.run_id)}`, class: "mono", text: short(r.run_id, 28) })),
+      h("td", { text: r.agent }),
+      h("td", {}, timeCell(r.ts)),
+      h("td", { class: "num", text: r.calls_made }),
+      h("td", { class: "num", text: r.cache_calls }),
+      h("td", { class: "num", text: r.resumed_calls }),
+      h("td", { class: "num", text: r.input_tokens }),
+      h("td", { class: "num", text: r.output_tokens }),
+      h("td", { class: "num", text: fmtMs((r.model_seconds || 0) * 1000) })));
+    return h("section", { "aria-label": "LLM savings" },
+      h("h2", { text: "LLM calls saved" }),
+      h("ul", { class: "cards", "aria-label": "LLM savings" },
+        card("LLM calls made", total.calls_made || 0, "llm-made"),
+        card("LLM calls avoided", avoided, "llm-avoided"),
+        card("Not paid twice (resumed)", total.resumed_calls || 0, "llm-resumed"),
+        card("Tokens avoided (in / out)", `${total.input_tokens || 0} / ${total.output_tokens || 0}`, "tokens-avoided"),
+        card("Model time avoided", fmtMs((total.model_seconds || 0) * 1000), "time-avoided")),
+      h("figure", { class: "savings" },
+        window.engrainSavings.chart(series),
+        h("figcaption", { class: "muted" },
+          h("span", { class: "key made" }), " calls made ", h("span", { class: "key avoided" }), " calls avoided (cache and resumed runs)")),
+      runs.length
+        ? table(["Run", "Agent", "When", ["Made", "num"], ["From cache", "num"], ["Resumed", "num"],
+          ["Input tokens avoided", "num"], ["Output tokens avoided", "num"], ["Model time avoided", "num"]], rows)
+        : h("p", { class: "muted", text: "No agent runs with the cache yet." }));
   }
 
   // ---------------------------------------------------------------- memory
