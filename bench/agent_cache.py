@@ -346,14 +346,11 @@ class Oracle:
         return out
 
     def _planned_params(self, plan: list, family: str) -> dict[str, Any] | None:
-        for t, (fam, q) in self.tasks.items():
+        for fam, q in self.tasks.values():
             if fam == family and _norm([(c["name"], c["arguments"]) for g in plan for c in g]) == _norm(
-                    self._truth_in(fam, q)):
+                    self.truth(fam, q)):
                 return q
         return None
-
-    def _truth_in(self, family: str, p: dict[str, Any]) -> list:
-        return self.truth(family, p)
 
 
 def _norm(calls: list) -> str:

@@ -435,7 +435,9 @@ def test_a_followed_plan_carries_a_minted_id_and_an_exact_replay_of_it_too(model
     model.script = write
     assert a.run("Create todo.txt and write milk in it").output == "Wrote 4 bytes." and model.calls == 3
     assert a.run("Make a file todo.txt containing milk").output == "Wrote 4 bytes." and model.calls == 5
-    assert a.run("Make a file todo.txt containing milk").output == "Wrote 4 bytes." and model.calls == 5
+    # its trajectory (two groups, then the answer) replays whole; max_turns counts model calls, not replayed turns
+    b = _agent(model, journal, [office.create_file, office.append_to_file], embedder=embedder, max_turns=2)
+    assert b.run("Make a file todo.txt containing milk").output == "Wrote 4 bytes." and model.calls == 5
     assert [e for e in office.log if e[0] == "append"] == [("append", True, "milk")] * 3
 
 

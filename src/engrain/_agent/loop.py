@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextvars
 import datetime as _dt
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -196,7 +197,8 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
     checks = {n: t.result_check for n, t in agent.tools.items()} if plan is not None else {}
     saved = cache.Savings()
     specs = [t.spec() for t in agent.tools.values()]
-    for turn in range(agent.max_turns):
+    # Turns replayed from the cache and a plan's groups call no model: max_turns counts model calls.
+    for turn in itertools.count():
         if replaying:
             assert replay is not None
             reply = {**replay.reply(turn), "ts": user["ts"]}
@@ -204,6 +206,8 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             if reply["text"]:
                 emit({"type": "text", "delta": reply["text"]})
         else:
+            if saved.made + saved.resumed >= agent.max_turns:
+                break
             streamed, ran = [False], [False]
 
             def delta(piece: str) -> None:
@@ -250,14 +254,14 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         # each result is waited for, so none runs after a refused append.
         followed = cache.plan_followed(similar, reply["tool_calls"]) if turn == 0 and similar else None
         if followed is not None:
-            ran, results, sizes = cache.run_plan(
+            ran_calls, results, sizes = cache.run_plan(
                 agent, followed, reply["tool_calls"],
                 lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=False),
                 lambda c: _skipped(c, reply["ts"], emit))
-            msg["tool_calls"] = ran  # the model's next call sees the ids the plan's calls really used
+            msg["tool_calls"] = ran_calls  # the model's next call sees the ids the plan's calls really used
             emit({"type": "cache", "plan": "followed", "similar": followed["entry"]})
             if log is not None:
-                log = _plan_log(log, {**reply, "tool_calls": ran}, results, sizes)
+                log = _plan_log(log, {**reply, "tool_calls": ran_calls}, results, sizes)
         else:
             results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying)
             if log is not None:
