@@ -206,6 +206,14 @@ def test_the_default_comparison_on_text_results():
                     "Email sent.\ntimestamp: 2026-11-26 11:12:13\nid: msg_77",  # another id shape
                     "Email sent.\ntimestamp: 2026-11-26 11:12:13"]:
         assert not Replayer(turns, "send it").matches(0, ["t"], [changed], {}), changed
+    # nesting past MAX_DEPTH compares whole; a result too deep for json is compared as text
+    deep_old, deep_new = {"id": "msg_a1b2c3d4e5f6"}, {"id": "msg_f6e5d4c3b2a1"}
+    for _ in range(100):
+        deep_old, deep_new = {"x": deep_old}, {"x": deep_new}
+    deep = [{**turns[0], "results": [json.dumps(deep_old)]}, turns[1]]
+    assert not Replayer(deep, "t").matches(0, ["t"], [json.dumps(deep_new)], {})
+    nested = [{**turns[0], "results": ["[" * 100_000 + "]" * 100_000]}, turns[1]]
+    assert not Replayer(nested, "t").matches(0, ["t"], ["[" * 99_999 + "]" * 99_999], {})
     # a value the task named is never volatile
     assert not Replayer(turns, "resend msg_a1b2c3d4e5f6").matches(
         0, ["t"], ["Email sent.\ntimestamp: 2026-11-26 11:12:13\nid: msg_f6e5d4c3b2a1"], {})

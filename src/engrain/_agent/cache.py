@@ -33,6 +33,7 @@ from .volatile import Replayer
 
 Agent = Any
 PLANS = 3  # similar tasks proposed at most: the nearest by embedding is often a sibling (another entity)
+MAX_PLAN = 16 * 1024  # characters of one plan's calls shown to the model; longer trajectories are not proposed
 PLAN_OPEN, PLAN_CLOSE = "<plan>", "</plan>"
 SKIPPED = ("error: not run: an earlier call of the plan returned something other than the plan's result, and "
            "this call's arguments came from that result in the plan; call it again with the right arguments if "
@@ -92,7 +93,8 @@ def lookup(agent: Agent, journal: Any, key: str, ctx_key: str, task: str) -> dic
         return None
     from .._cache import semantic
 
-    pool = [e for e in store.with_embeddings(ctx_key) if not _answer_only(e.steps)]
+    pool = [e for e in store.with_embeddings(ctx_key) if not _answer_only(e.steps)
+            and len(json.dumps(_groups({"turns": e.steps}))) <= MAX_PLAN]
     found = semantic.nearest(pool, _vector(agent, canonical(task)), agent.similar_threshold, PLANS) if pool else []
     if not found:
         return None

@@ -104,10 +104,13 @@ def _kind(key: str | None, old: Any, new: Any) -> str | None:
     return "id" if a is not None and a == b else None
 
 
+MAX_DEPTH = 64  # nesting compared field by field; deeper results must be equal as a whole
+
+
 def _parse(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 
@@ -125,21 +128,24 @@ def _text_diffs(key: str | None, path: str, old: str, new: str, out: list[tuple[
 
 
 def _diffs(old: Any, new: Any, path: str = "", key: str | None = None,
-           out: list[tuple[str, str | None, Any, Any]] | None = None) -> list[tuple[str, str | None, Any, Any]] | None:
+           out: list[tuple[str, str | None, Any, Any]] | None = None,
+           depth: int = 0) -> list[tuple[str, str | None, Any, Any]] | None:
     """Leaf differences ``(dotted path, key, old, new)``; None when the two differ in structure."""
     out = [] if out is None else out
+    if depth > MAX_DEPTH:
+        return out if old == new else None
     if isinstance(old, dict) and isinstance(new, dict):
         if old.keys() != new.keys():
             return None
         for k in old:
-            if _diffs(old[k], new[k], f"{path}.{k}" if path else str(k), str(k), out) is None:
+            if _diffs(old[k], new[k], f"{path}.{k}" if path else str(k), str(k), out, depth + 1) is None:
                 return None
         return out
     if isinstance(old, list) and isinstance(new, list):
         if len(old) != len(new):
             return None
         for i, (a, b) in enumerate(zip(old, new)):
-            if _diffs(a, b, f"{path}.{i}" if path else str(i), key, out) is None:
+            if _diffs(a, b, f"{path}.{i}" if path else str(i), key, out, depth + 1) is None:
                 return None
         return out
     if old == new and type(old) is type(new):

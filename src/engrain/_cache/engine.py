@@ -40,11 +40,11 @@ from .._durable.tools import (
 from .._errors import CacheError
 from .._events import check_json
 from .._journal import Journal, open_journal
+from . import semantic
 from .binding import bind, entry_key, json_type, shape_key
 from .checks import Check, encode_snapshot
 from .metrics import Metrics
 from .plan import PlannedStep, ToolSpec
-from . import semantic
 from .replay import Continuation, Session, StepDone, current_session
 from .store import CacheStore, Entry, canonical_task, key, task_key
 

@@ -218,7 +218,8 @@ def tool(
     step fails with :class:`~engrain.RetriesExhaustedError` naming each attempt.
 
     ``volatile`` (field names or dotted paths, ``*`` matching any) and
-    ``same_result`` (``fn(recorded, fresh) -> bool``) tell an
+    ``same_result`` (``fn(recorded, fresh) -> bool`` on the two results as the
+    model saw them, JSON-decoded) tell an
     :class:`engrain.Agent` with ``cache=True`` how this tool's result is
     compared when a cached trajectory is replayed (see ``engrain._agent.volatile``
     for the default); ``volatile=()`` compares everything.
