@@ -485,3 +485,23 @@ def test_cli_shows_savings(model, journal, tmp_path):
     none = subprocess.run([engrain, "cache", "savings", "--run", "nope", "--url", journal.url], capture_output=True,
                           text=True, timeout=60)
     assert none.returncode == 1 and "no savings recorded for run 'nope'" in none.stderr
+
+
+def test_answers_ttl_over_http(tmp_path, model, monkeypatch):
+    import httpx
+
+    from tests.servers import serve
+
+    monkeypatch.setenv("OPENAI_BASE_URL", model.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "scripted")
+    model.script = [say("Sunny.")]
+    with serve(f"sqlite:///{tmp_path / 's.db'}", tmp_path, token="t") as base, eg.Client(base, token="t") as c:
+        made = c.create_agent("weather", "openai:scripted", cache=True, answers_ttl=3600)
+        assert made["answers_ttl"] == 3600
+        assert c.create_agent("plain", "openai:scripted")["answers_ttl"] is None
+        for _ in range(2):
+            assert c.run_agent("weather", "weather today?").output == "Sunny."
+        assert model.calls == 1  # the second answer came from the cache, within its ttl
+        r = httpx.post(f"{base}/api/agents", json={"name": "w2", "model": "openai:m", "answers_ttl": 0},
+                       headers={"Authorization": "Bearer t"})
+        assert r.status_code == 422

@@ -216,10 +216,12 @@ class Client:
     # -- LLM agents ---------------------------------------------------------------
 
     def create_agent(self, name: str, model: str, instructions: str = "", tools: list[str] | tuple[str, ...] = (),
-                     *, memory: str | None = None, cache: bool = False, max_turns: int = 10) -> dict[str, Any]:
-        """Create an LLM agent on the server; ``tools`` name tools the server was configured with."""
+                     *, memory: str | None = None, cache: bool = False, max_turns: int = 10,
+                     answers_ttl: float | None = None) -> dict[str, Any]:
+        """Create an LLM agent on the server; ``tools`` name tools the server was configured with
+        (``answers_ttl``: see :class:`engrain.Agent`)."""
         body = {"name": name, "model": model, "instructions": instructions, "tools": list(tools), "memory": memory,
-                "cache": cache, "max_turns": max_turns}
+                "cache": cache, "max_turns": max_turns, "answers_ttl": answers_ttl}
         return self._call("POST", "/agents", json=body)
 
     def chat(self, agent: str, message: str, *, session: str) -> Iterator[dict[str, Any]]:

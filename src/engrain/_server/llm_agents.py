@@ -48,6 +48,9 @@ class AgentDefinition(Body):
     tools: list[str] = Field(default_factory=list, max_length=64)
     memory: str | None = Field(None, min_length=1, max_length=100)
     cache: bool = False
+    answers_ttl: float | None = Field(None, gt=0, le=366 * 86400,
+                                      description="Seconds a cached answer given without tool calls stays valid "
+                                                  "(default: such answers are not cached).")
     max_turns: int = Field(10, ge=1, le=100)
 
 
@@ -86,7 +89,8 @@ class LLMAgents:
                            f"agent {d['name']!r}: no tool named {', '.join(map(repr, missing))} on this server "
                            f"(configured with --tools / --tools-dir: {known})")
         return Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
-                     cache=d.get("cache", False), max_turns=d.get("max_turns", 10), registry=self.tools,
+                     cache=d.get("cache", False), answers_ttl=d.get("answers_ttl"), max_turns=d.get("max_turns", 10),
+                     registry=self.tools,
                      journal=self.state.journal)
 
     def create(self, d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -150,7 +154,7 @@ class LLMAgents:
 def describe(d: dict[str, Any]) -> dict[str, Any]:
     return {"name": d["name"], "kind": "llm", "model": d["model"], "instructions": d.get("instructions", ""),
             "tools": list(d.get("tools", [])), "memory": d.get("memory"), "cache": d.get("cache", False),
-            "max_turns": d.get("max_turns", 10),
+            "answers_ttl": d.get("answers_ttl"), "max_turns": d.get("max_turns", 10),
             "description": (d.get("instructions", "").strip().splitlines() or [""])[0][:200]}
 
 
@@ -178,7 +182,10 @@ async def create_agent(body: AgentDefinition, request: Request) -> JSONResponse:
     # The journal write runs in the loop's executor (a plain thread hop, half of what a sync
     # route's costs), and the response skips FastAPI's re-encoding of a dict that is JSON already.
     agents = state_of(request).llm_agents
-    out, _ = await asyncio.get_running_loop().run_in_executor(None, agents.create, body.model_dump())
+    d = body.model_dump()
+    if d["answers_ttl"] is None:  # as definitions stored before the field existed: the same agent compares equal
+        del d["answers_ttl"]
+    out, _ = await asyncio.get_running_loop().run_in_executor(None, agents.create, d)
     return JSONResponse(out, status_code=201)
 
 
