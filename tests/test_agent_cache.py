@@ -249,6 +249,18 @@ def test_an_empty_reply_is_asked_again_then_fails_the_run(model, journal):
     assert events[-2]["type"] == "error" and "empty reply" in events[-2]["error"]
     assert events[-1]["status"] == "failed" and events[-1]["text"] == ""
     assert issubclass(EmptyReplyError, RuntimeError)
+    # an empty answer cached before empty replies were refused is never replayed
+    b = eg.Agent("e2", "openai:scripted", "", [], base_url=model.openai_url, journal=journal, cache=True,
+                 answers_ttl=60)
+    model.script += [say("Filled.")]
+    b.run("say something")
+    store = b._store(journal)
+    (entry,) = [e for e in store.entries() if e.tags == ["llm-agent:e2"]]
+    entry.steps[-1]["reply"]["text"] = ""
+    store._exec("UPDATE engrain_cache_entries SET steps = ? WHERE id = ?", (json.dumps(entry.steps), entry.id))
+    store._parsed.clear()
+    model.script += [say("Asked again.")]
+    assert b.run("say something").output == "Asked again."
 
 
 def test_answers_without_tools_are_cached_only_when_asked_for_and_expire(model, journal):

@@ -83,6 +83,10 @@ def lookup(agent: Agent, journal: Any, key: str, ctx_key: str, task: str) -> dic
     store.bump("lookups")
     now = time.time()
     for e in store.candidates(key, limit=3):
+        last = (e.steps[-1].get("reply") or {}) if e.steps else {}
+        if not last.get("text") and not last.get("tool_calls"):
+            store.evict(e.id)  # an empty answer recorded before empty replies were refused: never replayed
+            continue
         if _answer_only(e.steps):
             if agent.answers_ttl is None or now - e.created > agent.answers_ttl:
                 store.evict(e.id)  # expired (or cached before answers needed answers_ttl=)
