@@ -45,12 +45,13 @@ class Agent:
     whitespace folded. A replay goes on while each tool returns what it
     returned then, up to the differences its ``volatile``/``same_result``
     allows (``volatile={"send_email": ["sent_at"]}``, ``same_result={"search":
-    fn}`` here, or on ``@engrain.tool``; default: generated ids and write
-    stamps the model never used again, see ``engrain._agent.volatile``).
+    fn}`` here, or on ``@engrain.tool``; default: generated ids and stamps
+    of the call the model never used again, see ``engrain._agent.volatile``).
     An answer given without tool calls is cached only with ``answers_ttl``
     (seconds it stays valid). With an ``embedder``, a task within
-    ``similar_threshold`` (cosine) of a cached one gets that trajectory as a
-    proposed plan the model may take in one reply, edit or ignore.
+    ``similar_threshold`` (cosine) of cached ones never replays: the nearest
+    (up to three) trajectories are proposed as plans the model may take in
+    one reply, edit or ignore (see ``engrain._agent.cache``).
     """
 
     def __init__(
@@ -135,10 +136,10 @@ class Agent:
         return self._provider
 
     def describe(self) -> dict[str, Any]:
-        """A JSON view: name, model, instructions, tools, memory, cache, max_turns."""
+        """A JSON view: name, model, instructions, tools, memory, cache, answers_ttl, max_turns."""
         return {"name": self.name, "model": self.model, "instructions": self.instructions,
                 "tools": [t.spec() for t in self.tools.values()], "memory": self.memory, "cache": self.cache,
-                "max_turns": self.max_turns}
+                "answers_ttl": self.answers_ttl, "max_turns": self.max_turns}
 
     # -- runs ------------------------------------------------------------------
 
