@@ -256,7 +256,8 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         if followed is not None:
             ran_calls, results, sizes = cache.run_plan(
                 agent, followed, reply["tool_calls"],
-                lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=False),
+                # each group's results are waited for: the next group runs with no append before it
+                lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=True),
                 lambda c: _skipped(c, reply["ts"], emit))
             msg["tool_calls"] = ran_calls  # the model's next call sees the ids the plan's calls really used
             emit({"type": "cache", "plan": "followed", "similar": followed["entry"]})
