@@ -517,3 +517,37 @@ def test_answers_ttl_over_http(tmp_path, model, monkeypatch):
         r = httpx.post(f"{base}/api/agents", json={"name": "w2", "model": "openai:m", "answers_ttl": 0},
                        headers={"Authorization": "Bearer t"})
         assert r.status_code == 422
+
+
+def test_a_run_cut_short_inside_a_followed_plan_resumes_without_redoing_it(model, journal, embedder):
+    office = Office()
+    crash = {"on": False}
+
+    def send_email(to: str, subject: str) -> dict:
+        """Send an email."""
+        if crash["on"]:
+            crash["on"] = False
+            raise Crash()
+        return office.send_email(to, subject)
+
+    a = _agent(model, journal, [office.search_contacts, send_email], embedder=embedder)
+    model.script = _policy("Bob")
+    a.run("Email Bob the sales report")
+
+    def accept(api, body):
+        plans = _plans(body)
+        if plans and not any(m["role"] == "tool" for m in body["messages"]):
+            return tool_calls(*[(c["name"], c["arguments"]) for g in plans[0] for c in g])
+        return _policy("Bob")(api, body)
+
+    model.script = accept
+    crash["on"] = True
+    with pytest.raises(Crash):
+        a.run("Send the sales report to Bob by email", run_id="plan-cut")
+    assert model.calls == 4 and office.log[-1] == ("search", "Bob")
+    res = a.run("Send the sales report to Bob by email", run_id="plan-cut")
+    assert res.output == "Sent to bob@example.com." and model.calls == 5  # the plan's reply was not paid twice
+    assert office.log[-2:] == [("search", "Bob"), ("send", "bob@example.com", "Sales report")]
+    assert [e for e in office.log if e[0] == "search"] == [("search", "Bob")] * 2  # not searched again on resume
+    (row,) = a._store(journal).savings(run_id="plan-cut")
+    assert row["resumed_calls"] == 1 and row["calls_made"] == 1
