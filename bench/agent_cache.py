@@ -19,8 +19,9 @@ behavior before), and the floor (a run without the cache).
 
 Part 2, reworded tasks: >= 100 pairs of a cached task and either a paraphrase
 (same intent and entities, reworded) or a near miss (one entity, date or amount
-changed). With the packaged embedder, a similar cached task is proposed to the
-model as a plan. The scripted model accepts a plan whose calls are the ones it
+changed). With the packaged embedder, the nearest cached tasks (up to three) are
+proposed to the model as plans (also while the cache fills, so the counts of
+accepted and rejected plans include those runs). The scripted model accepts a plan whose calls are the ones it
 would make for the task (an oracle: it knows the task's ground truth) and
 rejects the others; a second pass edits near misses instead (the changed value
 put in place of the old one in the plan's arguments), which exercises the rule

@@ -242,8 +242,8 @@ def _anthropic_whole(body: dict[str, Any], on_delta: Delta) -> dict[str, Any]:
     """The neutral reply of a Messages body (``content`` blocks, ``usage``)."""
     blocks = [b for b in body.get("content") or [] if isinstance(b, dict)]
     text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
-    calls = [{"id": str(b.get("id") or ""), "name": str(b.get("name") or ""), "arguments": json.dumps(b.get("input") or {})}
-             for b in blocks if b.get("type") == "tool_use"]
+    calls = [{"id": str(b.get("id") or ""), "name": str(b.get("name") or ""),
+              "arguments": json.dumps(b.get("input") or {})} for b in blocks if b.get("type") == "tool_use"]
     u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     if text:
         on_delta(text)
