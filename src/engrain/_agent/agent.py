@@ -30,7 +30,9 @@ class Agent:
 
     ``model`` is ``"openai:<model>"``, ``"anthropic:<model>"`` or
     ``"ollama:<model>"``; ``base_url`` points ``openai:`` at any compatible
-    server. ``tools`` are Python functions (their signature and docstring
+    server. For tests, ``model`` may be a model object from
+    :mod:`engrain.testing` (``TestModel()``, ``FunctionModel(fn)``), called in
+    process. ``tools`` are Python functions (their signature and docstring
     become the schema the model sees) or names of registered tools, such as
     the names :meth:`engrain.tools.load_dir` returns for WASM tools. Every
     model call and tool call is a journaled step: resuming a run with the same
@@ -45,7 +47,7 @@ class Agent:
     def __init__(
         self,
         name: str,
-        model: str,
+        model: str | Provider,
         instructions: str = "",
         tools: Iterable[Callable[..., Any] | str] = (),
         *,
@@ -64,7 +66,11 @@ class Agent:
         validate_tool_name(name)
         if len(name) > 64:  # it is part of run ids (chat:<agent>:<session>:<n>), which have a length limit
             raise ConfigError(f"agent name {name[:20]!r}...: at most 64 characters")
-        parse_model(model)
+        given: Provider | None = None
+        if isinstance(model, Provider):  # a model object (engrain.testing): its name keys caches and records
+            given, model = model, f"{model.name}:{model.model}"
+        else:
+            parse_model(model)
         if not isinstance(instructions, str):
             raise ConfigError(f"agent {name!r}: instructions must be a string")
         if not isinstance(max_turns, int) or not 1 <= max_turns <= 1000:
@@ -76,7 +82,7 @@ class Agent:
         self.base_url, self.stream, self.parallel_tools = base_url, stream, max(1, parallel_tools)
         self.journal = journal
         self._api_key, self._client, self._memory_store = api_key, client, memory_store
-        self._provider: Provider | None = None
+        self._provider: Provider | None = given
         reg = registry if registry is not None else _default_tools
         self.tools: dict[str, AgentTool] = {}
         for t in tools:
