@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         RetriesExhaustedError,
         RunFailedError,
         RunNotFoundError,
+        ServerUnreachableError,
         StepFailedError,
         StorageError,
         StoreCorruptError,
@@ -148,6 +149,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "instrument_otel": ("._durable.otel", "instrument"),
     "uninstrument_otel": ("._durable.otel", "uninstrument"),
     "RemoteError": ("._errors", "RemoteError"),
+    "ServerUnreachableError": ("._errors", "ServerUnreachableError"),
 }
 
 
@@ -182,6 +184,7 @@ __all__ = [
     "UnknownInputError",
     "Client",
     "RemoteError",
+    "ServerUnreachableError",
     "ConsolidationSummary",
     "EmbeddingError",
     "Memory",
