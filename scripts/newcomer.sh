@@ -55,9 +55,8 @@ python examples/cache/agent.py
 
 step "LangGraph and the OpenAI Agents SDK: pip install -e '.[langgraph,openai-agents]', their examples"
 pip install -e '.[langgraph,openai-agents]'
-python examples/langgraph_agent/agent.py
-expect_exit 137 python examples/langgraph_agent/agent.py --crash
-python examples/langgraph_agent/agent.py --resume
+expect_exit 137 python examples/langgraph_agent/agent.py --crash   # killed (SIGKILL) after the tool ran
+python examples/langgraph_agent/agent.py --resume                  # continues from the last checkpoint
 engrain show langgraph:refund-42 > /dev/null
 python examples/openai_agents/agent.py
 engrain show refund-7 > /dev/null

@@ -150,7 +150,8 @@ class _Gen:
 
     def _array(self, s: dict[str, Any], where: str, depth: int) -> list[Any]:
         lo, hi = int(s.get("minItems", 0)), s.get("maxItems")
-        prefix = s.get("prefixItems") if isinstance(s.get("prefixItems"), list) else []
+        found = s.get("prefixItems")
+        prefix: list[Any] = found if isinstance(found, list) else []
         items = s.get("items", {})
         n = max(lo, len(prefix), 1 if hi is None or int(hi) > 0 else 0)
         if hi is not None:
@@ -163,7 +164,8 @@ class _Gen:
         return out
 
     def _object(self, s: dict[str, Any], where: str, depth: int) -> dict[str, Any]:
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        found = s.get("properties")
+        props: dict[str, Any] = found if isinstance(found, dict) else {}
         required = [r for r in s.get("required", []) if isinstance(r, str)]
         names = list(dict.fromkeys(required))
         want = int(s.get("minProperties", 0))

@@ -40,10 +40,10 @@ __all__ = ["Reply", "ScriptedModel", "say", "tool_call", "tool_calls"]
 
 @dataclass(slots=True)
 class Reply:
-    """One scripted model reply: text, tool calls, or both.
+    """One model reply: text, tool calls, or both (public as ``engrain.testing.Reply``).
 
-    A tool call's arguments are a dict, or a string sent verbatim (to script
-    malformed arguments). ``stream_error`` makes a streamed Chat Completions or
+    ``calls`` holds ``(tool name, arguments)`` pairs; arguments are a dict, or a
+    string sent verbatim (to script malformed arguments). ``stream_error`` makes a streamed Chat Completions or
     Messages reply break off after its text with an error event carrying that
     message, as a provider's stream does when it fails midway.
     """
