@@ -61,7 +61,12 @@ engrain show langgraph:refund-42 > /dev/null
 python examples/openai_agents/agent.py
 engrain show refund-7 > /dev/null
 
-step "Sandboxed tools: scripts/build_wasm_tools.sh tools"
+step "Sandboxed tools: apt-get install clang lld wasi-libc libclang-rt-dev-wasm32, scripts/build_wasm_tools.sh tools"
+if ! command -v clang >/dev/null || [ ! -e /usr/lib/wasm32-wasi/crt1-command.o ]; then
+  sudo=(); [ "$(id -u)" = 0 ] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq clang lld wasi-libc libclang-rt-dev-wasm32 >/dev/null
+fi
 scripts/build_wasm_tools.sh tools
 [ -e tools/wordcount.wasm ] && [ -e tools/hostile.wasm ] || die "tools/*.wasm were not built"
 

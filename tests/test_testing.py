@@ -74,6 +74,8 @@ def test_test_model_options(journal):
     res = eg.Agent("a", m, tools=[lookup_order, ship], journal=journal).run("go")
     assert res.output == "all done" and RAN == [("lookup_order", {"order_id": 7, "verbose": False})]
     assert eg.Agent("b", TestModel(), journal=journal).run("hello").output == "success (no tool calls)"
+    with pytest.raises(eg.ConfigError, match="takes no base_url"):
+        eg.Agent("d", TestModel(), base_url="http://127.0.0.1:9/v1")
     bad = eg.Agent("c", TestModel(call_tools=["nope"]), tools=[lookup_order], journal=journal).run("go")
     assert bad.status == "failed" and "call_tools names 'nope'" in bad.error and "lookup_order" in bad.error
 

@@ -68,6 +68,9 @@ class Agent:
             raise ConfigError(f"agent name {name[:20]!r}...: at most 64 characters")
         given: Provider | None = None
         if isinstance(model, Provider):  # a model object (engrain.testing): its name keys caches and records
+            if base_url is not None or api_key is not None or client is not None:
+                raise ConfigError(f"agent {name!r}: a model object is called in process; it takes no "
+                                  "base_url, api_key or client (serve() it to reach it over HTTP)")
             given, model = model, f"{model.name}:{model.model}"
         else:
             parse_model(model)
