@@ -170,3 +170,40 @@ def test_the_sandbox_runtime_compile_says_what_it_does(tmp_path):
     again = cli("run", str(PACKAGE), "--tools", TOOLS, "--answers", "answers.json", "--url", "sqlite:///r.db",
                 cwd=tmp_path, env={"ENGRAIN_CACHE_DIR": str(tmp_path / "cache")})
     assert again.returncode == 0 and again.stderr == ""  # cached: nothing long, nothing said
+
+
+def test_the_terminal_reporter_draws_bars_and_spinners(monkeypatch, capsys):
+    from engrain import _progress
+    from engrain._cli.progress import RichReporter
+
+    monkeypatch.setenv("ENGRAIN_PROGRESS_AFTER", "0")
+    monkeypatch.setattr(_progress, "_reporter", RichReporter())
+    with _progress.task("embedding texts", total=3) as advance:
+        for _ in range(3):
+            advance(1)
+    with pytest.raises(RuntimeError), _progress.task("loading the embedding model"):
+        with _progress.task("nested work"):
+            pass
+        raise RuntimeError("boom")
+    err = capsys.readouterr().err
+    assert "embedding texts" in err and "3/3" in err
+    assert "nested work" in err and "loading the embedding model (stopped)" in err
+    # No reporter, no ENGRAIN_PROGRESS: nothing at all.
+    monkeypatch.setattr(_progress, "_reporter", None)
+    monkeypatch.delenv("ENGRAIN_PROGRESS", raising=False)
+    with _progress.task("quiet work", total=2) as advance:
+        advance(2)
+    assert capsys.readouterr().err == ""
+
+
+def test_remembering_thousands_counts_them_when_asked(monkeypatch, capsys, tmp_path, embedder):
+    from engrain import _progress
+
+    monkeypatch.setenv("ENGRAIN_PROGRESS_AFTER", "0")
+    monkeypatch.setattr(_progress, "_reporter", _progress.LineReporter(every=0))
+    with eg.Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder) as mem:
+        ids = mem.remember_many([f"note {i}" for i in range(300)])
+    assert len(ids) == 300
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "embedding texts (300)..." and lines[-1].startswith("embedding texts: done in ")
+    assert "embedding texts: 288/300" in lines  # counted batch by batch (32 at a time)

@@ -110,6 +110,7 @@ def test_demo_on_the_embedded_default(tmp_path):
     assert "steps run twice in the hand-off: 0" in p.stdout
     _check_agent(p.stdout)
     _check_store(f"sqlite:///{tmp_path / '.engrain' / 'demo' / 'demo.db'}", tmp_path, p.stdout)
+    _check_next_commands(tmp_path, p.stdout)
 
 
 def test_demo_on_a_given_store(tmp_path, store_url):
@@ -124,15 +125,14 @@ def _next_commands(out: str) -> list[str]:
     return [line.split("#", 1)[0].strip() for line in tail.splitlines() if line.startswith("  engrain ")]
 
 
-def test_the_demo_ends_with_next_commands_that_work_as_printed(tmp_path):
+def _check_next_commands(tmp_path: pathlib.Path, out: str) -> None:
+    """The demo ends with where its store is and commands that work as printed, from the same directory."""
     import shlex
     import time
     import urllib.request
 
-    p = _demo(tmp_path)
-    assert p.returncode == 0, p.stderr + p.stdout
-    assert "are in sqlite:///.engrain/demo/demo.db. Try next:" in p.stdout
-    runs, show, serve = _next_commands(p.stdout)
+    assert "are in sqlite:///.engrain/demo/demo.db. Try next:" in out
+    runs, show, serve = _next_commands(out)
     env = {k: v for k, v in os.environ.items() if k != "ENGRAIN_URL"}  # a fresh shell: no store chosen
     listed = subprocess.run([ENGRAIN, *shlex.split(runs)[1:]], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert listed.returncode == 0, listed.stderr
