@@ -129,6 +129,19 @@ def test_agents_and_tools_are_found_in_the_current_directory(tmp_path):
         r = cli("worker", "--agents", spec, "--until-idle", *url, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["finished"] == {"ok": 1}
+    (tmp_path / "mytools.py").write_text("import engrain as eg\n\ntools = eg.ToolRegistry()\n")
+    base = {k: v for k, v in os.environ.items() if k != "ENGRAIN_URL"}
+    proc = subprocess.Popen([ENGRAIN, "serve", "--agents", "mymodule:AGENTS", "--tools", "mytools:tools", "--port", "0",
+                             *url], cwd=tmp_path, env=base, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "engrain serving on http://127.0.0.1:" in line, line + (proc.stderr.read() if proc.poll() else "")
+        address = line.split("serving on ", 1)[1].split()[0]
+        with eg.Client(address) as c:
+            assert c.start_agent("hello", "there").output == "hi there"
+    finally:
+        proc.terminate()
+        proc.wait(10)
     for command in (["worker"], ["serve"], ["run"]):
         text = " ".join(cli(*command, "--help", cwd=tmp_path).stdout.replace("│", " ").split())
         assert "module:attr (a module in the current directory works" in text and "path/to/file.py:attr" in text
