@@ -108,8 +108,10 @@ def consolidate(
             n = int(num_records)
         except ValueError:
             raise fail(f"--num-records must be 'all' or an integer, not {num_records!r}", 2) from None
-    with errors_as_exit(), task("consolidating the memory buffer"):
-        summary = _open(url, create=False).consolidate(n, method)
+    with errors_as_exit():
+        mem = _open(url, create=False)
+        with task("consolidating the memory buffer"):
+            summary = mem.consolidate(n, method)
     if json_out:
         print_json(summary.to_dict())
     else:
@@ -149,8 +151,10 @@ def import_(
         if bare and len(skill_map) > 1:
             raise fail("--skill-map: give either one bare skill name or from=to pairs", 2)
         mapping = bare[0] if bare else _pairs(skill_map, "--skill-map", typed=False)
-    with errors_as_exit(), task(f"importing {folder}"):
-        res = _open(url).import_(folder, skill_map=mapping)
+    with errors_as_exit():
+        mem = _open(url)
+        with task(f"importing {folder}"):
+            res = mem.import_(folder, skill_map=mapping)
     if json_out:
         print_json(res)
     else:

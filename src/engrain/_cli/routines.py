@@ -46,10 +46,11 @@ def compile(
     json_out: JsonOption = False,
 ) -> None:
     """Compile a trace into a routine package (routine.yaml, udfs.py, input.json, expected_output.json)."""
-    with errors_as_exit(), task(f"compiling {trace}"):
+    with errors_as_exit():
         from .._routines.compiler import compile_trace
 
-        path = compile_trace(trace, out)
+        with task(f"compiling {trace}"):
+            path = compile_trace(trace, out)
     files = sorted(p.name for p in path.iterdir() if p.is_file())
     if json_out:
         print_json({"path": str(path), "files": files, "udfs": [r.to_dict() for r in path.report]})
