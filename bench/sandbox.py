@@ -8,6 +8,7 @@ Usage: python bench/sandbox.py [calls]
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import resource
@@ -57,9 +58,9 @@ def main() -> None:
     t = time.perf_counter()
     host = engrain.sandbox.SandboxUdfHost(udfs)
     first = time.perf_counter() - t
-    # A generalizing UDF: the real parse_csv the csv_report example compiles into udfs.py.
+    # A generalizing UDF: the real parse_csv the csv_report example compiles into udfs.py (its test fixture).
     example = ROOT / "examples/csv_report"
-    parse_host = engrain.sandbox.SandboxUdfHost(example / "routine" / "udfs.py")
+    parse_host = engrain.sandbox.SandboxUdfHost(ROOT / "tests/fixtures/csv_report/routine/udfs.py")
     csv_text = (example / "data" / "employees.csv").read_text()
 
     few = max(10, n // 10)
@@ -67,7 +68,7 @@ def main() -> None:
     csv_native = [sys.executable, "-S", "-c", "import csv, io, sys; list(csv.DictReader(io.StringIO(sys.stdin.read())))"]
     cases = [
         ("C tool in wasm sandbox", lambda: tool.call(args), "<= 1 ms", n),
-        ("C tool native subprocess", lambda: subprocess.run([str(native)], input=b"{}", capture_output=True), "", n),
+        ("C tool native subprocess", lambda: subprocess.run([str(native)], input=json.dumps(args).encode(), capture_output=True), "", n),
         ("Python UDF in wasm sandbox", lambda: host.call("score", {"items": [1, 2, 3]}), "<= 50 ms", few),
         ("Python UDF native subprocess (python -S)", lambda: subprocess.run(udf_native, capture_output=True), "", few),
         ("compiled parse_csv (csv, io) in sandbox", lambda: parse_host.call("parse_csv", {"text": csv_text}), "<= 50 ms", few),

@@ -6,6 +6,7 @@
 # The binaries are run directly (not through the package's Python API, which stops the
 # server at interpreter exit and kills other servers on the same data dir).
 # Idempotent: a second call reuses the running server.
+# Usage: scripts/pgvector.sh [start|status|stop]   (status: exit 0 when it is running)
 # Env: ENGRAIN_PGVECTOR_DIR (default /tmp/engrain-pgvector), ENGRAIN_PGVECTOR_PORT (5433),
 #      PYTHON (default .venv/bin/python, else python3).
 set -euo pipefail
@@ -37,6 +38,17 @@ if [ "$(id -u)" = 0 ]; then
   runuser -u "$user" -- test -x "$bin/postgres" || {
     echo "pgvector.sh: user $user cannot run $bin/postgres (a parent directory is not readable by others)"; exit 1; }
 fi
+case ${1:-start} in
+  start) ;;
+  status) exec "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" ;;
+  stop)
+    if "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"; then
+      "${as[@]}" "$bin/pg_ctl" -D "$data" -m fast -w stop >/dev/null
+      echo "pgvector.sh: stopped the server on port $port"
+    fi
+    exit 0 ;;
+  *) echo "usage: scripts/pgvector.sh [start|status|stop]"; exit 2 ;;
+esac
 mkdir -p "$base"
 [ ${#as[@]} -eq 0 ] || chown "$user" "$base"
 chmod 700 "$base"

@@ -2,9 +2,21 @@
 # Install (if needed) and start a local PostgreSQL server for tests and benchmarks,
 # create the engrain role and test database, and print the URL to use.
 # Idempotent: safe to run when the server is already up.
+# Usage: scripts/postgres.sh [start|status|stop]   (status: exit 0 when it is running)
 set -euo pipefail
 # Only the URL goes to stdout (callers capture it); everything else to stderr.
 exec 3>&1 1>&2
+case ${1:-start} in
+  start) ;;
+  status) command -v pg_isready >/dev/null && exec pg_isready -q -h 127.0.0.1 -p 5432; exit 1 ;;
+  stop)
+    if command -v pg_isready >/dev/null && pg_isready -q -h 127.0.0.1 -p 5432; then
+      pg_ctlcluster "$(ls /usr/lib/postgresql | sort -n | tail -1)" main stop
+      echo "postgres.sh: stopped the server on port 5432"
+    fi
+    exit 0 ;;
+  *) echo "usage: scripts/postgres.sh [start|status|stop]"; exit 2 ;;
+esac
 export DEBIAN_FRONTEND=noninteractive
 if ! command -v pg_ctlcluster >/dev/null 2>&1; then
   apt-get update -qq

@@ -254,7 +254,7 @@ def test_wasm_tools_from_load_dir(model, journal, tmp_path):
     model.script = [tool_call("wordcount", args={"text": "one two three"}), say("Three words.")]
     res = _agent(model, "openai", journal, names, registry=reg).run("count the words")
     assert res.output == "Three words."
-    assert json.loads(_tool_messages("openai", model.requests[1][1])[0][0]) == {"bytes": 25, "words": 4}  # it counts its JSON input
+    assert json.loads(_tool_messages("openai", model.requests[1][1])[0][0]) == {"bytes": 13, "words": 3}
 
 
 # -- crashes -------------------------------------------------------------------

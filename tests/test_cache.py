@@ -526,5 +526,5 @@ def test_cache_cli_lists_counts_and_evicts(store_url):
     assert st["hits"] == 1 and st["misses"] == 1 and st["entries"] == 1 and st["hit_rate"] == 0.5
     assert cli("evict", rows[0]["id"]).returncode == 0
     bad = cli("evict", rows[0]["id"])
-    assert bad.returncode == 1 and "no cache entry" in bad.stderr
+    assert bad.returncode == 2 and "no cache entry" in bad.stderr
     assert json.loads(cli("entries", "--json").stdout) == []

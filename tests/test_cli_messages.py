@@ -72,14 +72,14 @@ def test_run_of_a_missing_routine_blames_the_folder(tmp_path):
 
 def test_validate_of_a_missing_folder_names_it_once(tmp_path):
     r = cli("validate", "nosuch", cwd=tmp_path)
-    assert r.returncode == 1
+    assert r.returncode == 2
     err = one_line(r)
-    assert err.count("nosuch") == 1 and "no such folder" in err
+    assert err.count("nosuch") == 1 and "no such routine folder" in err
 
 
 def test_tools_with_a_missing_attribute_names_the_file_not_a_private_module(tmp_path):
     agent = ROOT / "examples" / "csv_report" / "agent.py"
-    r = cli("validate", str(ROOT / "examples" / "csv_report" / "routine"), "--tools", f"{agent}:toolz")
+    r = cli("validate", str(ROOT / "tests" / "fixtures" / "csv_report" / "routine"), "--tools", f"{agent}:toolz")
     assert r.returncode == 2
     err = one_line(r)
     assert f"{agent} has no attribute 'toolz'" in err and "engrain_tools_" not in err

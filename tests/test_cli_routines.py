@@ -14,7 +14,7 @@ import pytest
 ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "csv_report"
-PACKAGE = EXAMPLE / "routine"
+PACKAGE = ROOT / "tests" / "fixtures" / "csv_report" / "routine"  # the example compiled (tests/test_examples.py checks it still is)
 TOOLS = f"{EXAMPLE / 'agent.py'}:tools"
 
 
@@ -29,7 +29,7 @@ def url(tmp_path) -> str:
 
 def test_compile_validate_run_resume(tmp_path, url):
     out = tmp_path / "pkg"
-    r = cli("compile", str(EXAMPLE / "trace.json"), "-o", str(out), "--json")
+    r = cli("compile", str(PACKAGE.parent / "trace.json"), "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     compiled = json.loads(r.stdout)
     assert compiled["files"] == ["expected_output.json", "input.json", "routine.yaml", "udfs.py"]

@@ -80,7 +80,7 @@ def test_export_is_the_full_trace(recorded):
 
 def test_unknown_run_and_bad_url_are_one_line_errors(recorded, tmp_path):
     out = cli("show", "nope", url=recorded)
-    assert out.returncode == 1 and out.stderr.strip() == "error: no run with id 'nope' in the journal"
+    assert out.returncode == 2 and out.stderr.strip() == "error: no run with id 'nope' in the journal"
     out = cli("runs", url="mysql://x")
     assert out.returncode != 0 and "unknown store scheme 'mysql'" in out.stderr
     assert "Traceback" not in out.stderr

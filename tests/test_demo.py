@@ -110,9 +110,56 @@ def test_demo_on_the_embedded_default(tmp_path):
     assert "steps run twice in the hand-off: 0" in p.stdout
     _check_agent(p.stdout)
     _check_store(f"sqlite:///{tmp_path / '.engrain' / 'demo' / 'demo.db'}", tmp_path, p.stdout)
+    _check_next_commands(tmp_path, p.stdout)
 
 
 def test_demo_on_a_given_store(tmp_path, store_url):
     p = _demo(tmp_path, "--url", store_url)
     assert p.returncode == 0, p.stderr + p.stdout
     _check_store(store_url, tmp_path, p.stdout)
+
+
+def _next_commands(out: str) -> list[str]:
+    """The commands the demo ends with, as printed (a ``#`` comment dropped, as a shell does)."""
+    tail = out.split("Try next:", 1)[1]
+    return [line.split("#", 1)[0].strip() for line in tail.splitlines() if line.startswith("  engrain ")]
+
+
+def _check_next_commands(tmp_path: pathlib.Path, out: str) -> None:
+    """The demo ends with where its store is and commands that work as printed, from the same directory."""
+    import shlex
+    import time
+    import urllib.request
+
+    assert "are in sqlite:///.engrain/demo/demo.db. Try next:" in out
+    runs, show, serve = _next_commands(out)
+    env = {k: v for k, v in os.environ.items() if k != "ENGRAIN_URL"}  # a fresh shell: no store chosen
+    listed = subprocess.run([ENGRAIN, *shlex.split(runs)[1:]], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "Book a 3-night trip to Lisbon" in listed.stdout
+    shown = subprocess.run([ENGRAIN, *shlex.split(show)[1:]], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "status=ok" in shown.stdout and "Lisbon" in shown.stdout
+    # `engrain serve` as printed (on a free port instead of 8765, which may be taken here).
+    assert serve.startswith("engrain serve --url sqlite:///.engrain/demo/demo.db --routines .engrain/demo/routines")
+    proc = subprocess.Popen([ENGRAIN, *shlex.split(serve)[1:], "--port", "0"], cwd=tmp_path, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        m = re.search(r"serving on (http://\S+)", line)
+        assert m, line + proc.stderr.read() if proc.poll() is not None else line
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(m.group(1) + "/api/runs?limit=200") as r:
+                    body = json.loads(r.read())
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert any(r["task"] == "Book a 3-night trip to Lisbon" for r in (body["runs"] if isinstance(body, dict) else body))
+        with urllib.request.urlopen(m.group(1) + "/api/routines") as r:
+            assert "expense-report" in r.read().decode()
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -17,9 +17,9 @@ import engrain
 
 SRC = pathlib.Path(engrain.__file__).parent
 
-BASE = {"_errors", "_events", "_journal", "_text", "_version", "_disk_cache"}
+BASE = {"_errors", "_events", "_journal", "_text", "_version", "_disk_cache", "_progress"}
 PILLARS = {"_sandbox", "_durable", "_routines", "_cache", "_memory", "_agent", "_workers"}
-SURFACES = {"engrain", "muscle_mem", "integrations", "_server", "_cli", "_mcp", "_client", "_demo", "__main__"}
+SURFACES = {"engrain", "muscle_mem", "testing", "integrations", "_server", "_cli", "_mcp", "_client", "_demo", "__main__"}
 LAYER = {**{u: 0 for u in BASE}, **{u: 1 for u in PILLARS}, **{u: 2 for u in SURFACES}}
 LAYER_NAME = {0: "base", 1: "pillar", 2: "surface"}
 

@@ -151,7 +151,7 @@ def test_cli_cancel_fork_gc(store_url):
         assert json.loads(out.stdout) == {"run_id": "w", "cancelled": True}
         assert j.get_run("w").status == "cancelled"
         out = cli("cancel", "nope", url=store_url)
-        assert out.returncode == 1 and out.stderr.startswith("error:") and "Traceback" not in out.stderr
+        assert out.returncode == 2 and out.stderr.startswith("error:") and "Traceback" not in out.stderr
 
         reg = eg.ToolRegistry()
         add = eg.tool(lambda a: a + 1, name="add", registry=reg)

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 EM_PACKAGE = FIXTURES / "emcore_csv_report"  # verbatim copy, see fixtures/PROVENANCE_emcore_csv_report.md
 EXAMPLE = ROOT / "examples" / "csv_report"
-PACKAGE = EXAMPLE / "routine"
+PACKAGE = ROOT / "tests" / "fixtures" / "csv_report" / "routine"  # the example compiled (tests/test_examples.py checks it still is)
 
 
 def _load(path: pathlib.Path, name: str):

@@ -18,7 +18,7 @@ from engrain._routines.loader import load_routine
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "csv_report"
-PACKAGE = EXAMPLE / "routine"
+PACKAGE = ROOT / "tests" / "fixtures" / "csv_report" / "routine"  # the example compiled (tests/test_examples.py checks it still is)
 
 
 def _load_agent():

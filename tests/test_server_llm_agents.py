@@ -39,7 +39,7 @@ def wasm_dir(tmp_path_factory) -> Path:
 def test_create_chat_run_and_restart(store_url, tmp_path, model, wasm_dir):
     spec = f"{ROOT / 'tests' / 'agent_tools.py'}:tools"
     model.script = [
-        tool_calls(("lookup_order", {"order_id": 5}), ("wordcount", {"args": {"t": "a b"}})),
+        tool_calls(("lookup_order", {"order_id": 5}), ("wordcount", {"args": {"text": "a b"}})),
         say("Order 5 has shipped."),
         say("Done."),
     ]
@@ -64,7 +64,7 @@ def test_create_chat_run_and_restart(store_url, tmp_path, model, wasm_dir):
         kinds = [e["type"] for e in events]
         assert kinds[:4] == ["tool_call", "tool_call", "tool_result", "tool_result"] and kinds[-1] == "done"
         assert events[2]["content"] == '{"order": 5, "status": "shipped", "total": 19.5}'
-        assert events[3]["content"] == '{"bytes": 12, "words": 3}'  # counts its JSON input
+        assert events[3]["content"] == '{"bytes": 3, "words": 2}'
         assert "".join(e["delta"] for e in events if e["type"] == "text") == "Order 5 has shipped."
         assert events[-1]["status"] == "ok"
         res = c.run_agent("support", "say done", run_id="api-run-1")

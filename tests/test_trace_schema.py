@@ -11,7 +11,7 @@ import pytest
 import engrain as eg
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-OURS = json.loads((ROOT / "examples" / "csv_report" / "trace.json").read_text())
+OURS = json.loads((ROOT / "tests" / "fixtures" / "csv_report" / "trace.json").read_text())
 EM = {
     "version": "1",
     "app": {"name": "Greeter", "version": "2.0"},

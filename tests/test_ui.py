@@ -388,7 +388,7 @@ def test_compile_view_previews_validates_and_saves(page: Page, server, tmp_path)
     page.get_by_role("button", name="Compile").click()
     expect(page.locator("#compile-result").get_by_role("alert")).to_contain_text("not JSON")
     # Upload the example's trace file: the generated routine.yaml and udfs.py, the UDF report, validation.
-    page.get_by_label("Upload a trace file").set_input_files(str(ROOT / "examples/csv_report/trace.json"))
+    page.get_by_label("Upload a trace file").set_input_files(str(ROOT / "tests/fixtures/csv_report/trace.json"))
     expect(page.get_by_label("Trace JSON")).to_have_value(re.compile("engrain.trace/1"))
     page.get_by_role("button", name="Compile").click()
     out = page.locator("#compile-result")

@@ -8,10 +8,12 @@ compiled routine carries the real functions and runs on any CSV of this shape.
 The compiled routine is untrusted (its UDFs run in the WASM sandbox) until a
 human sets ``trusted: true`` in its routine.yaml.
 
-    python examples/csv_report/agent.py            # record a run, write trace.json, compile routine/
-    engrain run examples/csv_report/routine --tools examples/csv_report/agent.py:tools --answers approve.json
+    python examples/csv_report/agent.py            # record a run: out/csv_report/trace.json and routine/
+    engrain run out/csv_report/routine --tools examples/csv_report/agent.py:tools   # exit 3: asks to approve
 
-The tool reads only files under ``data/`` next to this script (no network).
+It writes into ``out/csv_report/`` under the current directory (``--out`` for
+another folder), never into the repository's tracked files. The tool reads only
+files under ``data/`` next to this script (no network).
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     from engrain import compile_trace
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(HERE), help="folder for trace.json and routine/")
+    p.add_argument("--out", default="out/csv_report", help="folder for trace.json and routine/ (default out/csv_report)")
     a = p.parse_args(argv)
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         RetriesExhaustedError,
         RunFailedError,
         RunNotFoundError,
+        ServerUnreachableError,
         StepFailedError,
         StorageError,
         StoreCorruptError,
@@ -127,6 +128,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "UnknownInputError": ("._errors", "UnknownInputError"),
     "TraceError": ("._errors", "TraceError"),
     "sandbox": ("._sandbox", None),
+    "testing": (".testing", None),
     "Engine": ("._cache.engine", "Engine"),
     "Check": ("._cache.checks", "Check"),
     "Outcome": ("._cache.engine", "Outcome"),
@@ -147,6 +149,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "instrument_otel": ("._durable.otel", "instrument"),
     "uninstrument_otel": ("._durable.otel", "uninstrument"),
     "RemoteError": ("._errors", "RemoteError"),
+    "ServerUnreachableError": ("._errors", "ServerUnreachableError"),
 }
 
 
@@ -181,6 +184,7 @@ __all__ = [
     "UnknownInputError",
     "Client",
     "RemoteError",
+    "ServerUnreachableError",
     "ConsolidationSummary",
     "EmbeddingError",
     "Memory",
@@ -197,6 +201,7 @@ __all__ = [
     "SandboxError",
     "SandboxLimitError",
     "sandbox",
+    "testing",
     "ConfigError",
     "ConflictError",
     "EngrainError",

@@ -8,20 +8,22 @@
 
 Errors come back typed: every 4xx/5xx is a :class:`~engrain.RemoteError`, and
 also a :class:`~engrain.RunNotFoundError` for an unknown run or a
-:class:`~engrain.ConflictError` for a lost append race.
+:class:`~engrain.ConflictError` for a lost append race; a server that cannot be
+reached is a :class:`~engrain.ServerUnreachableError` naming the URL.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from ._durable.context import RunResult
-from ._errors import ConflictError, RemoteError, RunNotFoundError
+from ._errors import ConfigError, ConflictError, RemoteError, RunNotFoundError, ServerUnreachableError
 from ._events import STATUS_ALIASES, Event, RunInfo, check_status
 
 
@@ -67,6 +69,8 @@ class Client:
     def __init__(self, base_url: str = "http://127.0.0.1:8765", token: str | None = None, *,
                  timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"Client base_url {base_url!r}: write it as http://HOST:PORT (engrain serve prints it)")
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
 
@@ -82,6 +86,16 @@ class Client:
 
     # -- plumbing ---------------------------------------------------------------
 
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """httpx's transport errors (refused, unknown host, timeout) as one engrain error naming the URL."""
+        try:
+            yield
+        except httpx.TimeoutException as e:
+            raise ServerUnreachableError(self.base_url, f"no answer in time ({type(e).__name__})") from e
+        except httpx.TransportError as e:
+            raise ServerUnreachableError(self.base_url, str(e) or type(e).__name__) from e
+
     def _raise(self, resp: httpx.Response, run_id: str | None) -> None:
         try:
             body = resp.json()
@@ -95,7 +109,8 @@ class Client:
         raise RemoteError(resp.status_code, error, detail)
 
     def _call(self, method: str, path: str, *, run_id: str | None = None, **kw: Any) -> Any:
-        resp = self._http.request(method, "/api" + path, **kw)
+        with self._reaching():
+            resp = self._http.request(method, "/api" + path, **kw)
         if resp.status_code >= 400:
             self._raise(resp, run_id)
         return resp.json()
@@ -142,7 +157,7 @@ class Client:
         """Events of ``run_id`` as they are appended (server-sent events), until the run finishes."""
         url = f"/api/runs/{_seg(run_id)}/stream"
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
-        with self._http.stream("GET", url, params={"after": after}, timeout=timeout) as resp:
+        with self._reaching(), self._http.stream("GET", url, params={"after": after}, timeout=timeout) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 self._raise(resp, run_id)
@@ -232,7 +247,8 @@ class Client:
         """
         timeout = httpx.Timeout(self._http.timeout.connect, read=None)
         body = {"session": session, "message": message}
-        with self._http.stream("POST", f"/api/agents/{_seg(agent)}/chat", json=body, timeout=timeout) as resp:
+        with self._reaching(), \
+                self._http.stream("POST", f"/api/agents/{_seg(agent)}/chat", json=body, timeout=timeout) as resp:
             if resp.status_code >= 400:
                 resp.read()
                 self._raise(resp, None)

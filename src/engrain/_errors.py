@@ -320,6 +320,19 @@ class RemoteError(EngrainError):
         return f"HTTP {self.status} {self.error}: {self.detail}"
 
 
+class ServerUnreachableError(EngrainError, ConnectionError):
+    """A :class:`~engrain.Client` could not reach its server (refused, unknown host, timed out).
+
+    ``url`` is the server's base URL and ``reason`` what the connection ran into;
+    the message says what to check.
+    """
+
+    def __init__(self, url: str, reason: str):
+        self.url, self.reason = url, reason
+        super().__init__(f"cannot reach the engrain server at {url}: {reason}. Check that `engrain serve` is "
+                         "running there (and its host and port), and that base_url names it")
+
+
 class TemplateError(EngrainError, ValueError):
     """A ``{{ path }}`` template is malformed or names a variable, key or index that is missing.
 

@@ -29,7 +29,9 @@ class Agent:
 
     ``model`` is ``"openai:<model>"``, ``"anthropic:<model>"`` or
     ``"ollama:<model>"``; ``base_url`` points ``openai:`` at any compatible
-    server. ``tools`` are Python functions (their signature and docstring
+    server. For tests, ``model`` may be a model object from
+    :mod:`engrain.testing` (``TestModel()``, ``FunctionModel(fn)``), called in
+    process. ``tools`` are Python functions (their signature and docstring
     become the schema the model sees) or names of registered tools, such as
     the names :meth:`engrain.tools.load_dir` returns for WASM tools. Every
     model call and tool call is a journaled step: resuming a run with the same
@@ -57,7 +59,7 @@ class Agent:
     def __init__(
         self,
         name: str,
-        model: str,
+        model: str | Provider,
         instructions: str = "",
         tools: Iterable[Callable[..., Any] | str] = (),
         *,
@@ -81,7 +83,14 @@ class Agent:
         validate_tool_name(name)
         if len(name) > 64:  # it is part of run ids (chat:<agent>:<session>:<n>), which have a length limit
             raise ConfigError(f"agent name {name[:20]!r}...: at most 64 characters")
-        parse_model(model)
+        given: Provider | None = None
+        if isinstance(model, Provider):  # a model object (engrain.testing): its name keys caches and records
+            if base_url is not None or api_key is not None or client is not None:
+                raise ConfigError(f"agent {name!r}: a model object is called in process; it takes no "
+                                  "base_url, api_key or client (serve() it to reach it over HTTP)")
+            given, model = model, f"{model.name}:{model.model}"
+        else:
+            parse_model(model)
         if not isinstance(instructions, str):
             raise ConfigError(f"agent {name!r}: instructions must be a string")
         if not isinstance(max_turns, int) or not 1 <= max_turns <= 1000:
@@ -101,7 +110,7 @@ class Agent:
         self.answers_ttl, self.embedder, self.similar_threshold = answers_ttl, embedder, float(similar_threshold)
         self.journal = journal
         self._api_key, self._client, self._memory_store = api_key, client, memory_store
-        self._provider: Provider | None = None
+        self._provider: Provider | None = given
         reg = registry if registry is not None else _default_tools
         self.tools: dict[str, AgentTool] = {}
         for t in tools:

@@ -40,10 +40,10 @@ __all__ = ["Reply", "ScriptedModel", "say", "tool_call", "tool_calls"]
 
 @dataclass(slots=True)
 class Reply:
-    """One scripted model reply: text, tool calls, or both.
+    """One model reply: text, tool calls, or both (public as ``engrain.testing.Reply``).
 
-    A tool call's arguments are a dict, or a string sent verbatim (to script
-    malformed arguments). ``stream_error`` makes a streamed Chat Completions or
+    ``calls`` holds ``(tool name, arguments)`` pairs; arguments are a dict, or a
+    string sent verbatim (to script malformed arguments). ``stream_error`` makes a streamed Chat Completions or
     Messages reply break off after its text with an error event carrying that
     message, as a provider's stream does when it fails midway.
     """
@@ -94,8 +94,9 @@ class ScriptedModel:
 
     ``script`` is a list of :class:`Reply` played in order, or a function
     ``respond(api, body) -> Reply`` (``api`` is ``"chat"``, ``"responses"`` or
-    ``"messages"``; ``body`` the request JSON). A request past the end of a list
-    gets HTTP 400 (not retried by the SDKs) so a test sees the overrun.
+    ``"messages"``; ``body`` the request JSON). A request past the end of a list,
+    or one the function raises on, gets HTTP 400 (not retried by the SDKs) with
+    the reason, so a test sees it. ``engrain.testing``'s models serve through this.
     ``chunk_delay`` sleeps between streamed chunks; ``first_token_delay``
     before the first one (and before a non-streamed answer). ``ignore_stream``
     answers a streamed request with the whole JSON reply, as some compatible
@@ -203,7 +204,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = json.loads(raw or b"{}")
         except ValueError:
             return self._json(400, {"error": {"message": "scripted model: body is not JSON", "type": "invalid_request"}})
-        reply = self.scripted._next(api, body)
+        try:
+            reply = self.scripted._next(api, body)
+        except Exception as e:  # noqa: BLE001 - a respond function's error is the test's to see, as a 400
+            msg = f"scripted model: {type(e).__name__}: {e}"
+            return self._json(400, {"type": "error", "error": {"message": msg, "type": "invalid_request_error"}})
         if reply is None:
             n = self.scripted.calls
             msg = f"scripted model: script exhausted (request {n} of a {len(self.scripted.script)}-reply script)"

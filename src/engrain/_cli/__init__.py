@@ -41,9 +41,19 @@ def __getattr__(name: str) -> Any:
 def main() -> None:
     """Console-script entry point: usage errors are one line on stderr (exit 2), like engrain's own errors.
 
-    ``engrain run`` and ``engrain resume`` go through the fast path when they can.
+    ``engrain run`` and ``engrain resume`` go through the fast path when they can. Long work
+    shows progress on stderr (:mod:`.progress`), and a module named by ``--tools`` or
+    ``--agents`` is found in the current directory, as uvicorn and celery find theirs.
     """
+    import os
+
+    from .._progress import set_reporter
     from .fast import main as fast_main
+    from .progress import reporter
+
+    if "" not in sys.path and os.getcwd() not in sys.path:  # the console script's path starts at its bin/
+        sys.path.insert(0, os.getcwd())
+    set_reporter(reporter())
 
     fast = fast_main(sys.argv[1:])
     if fast is not None:

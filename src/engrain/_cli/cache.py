@@ -21,9 +21,10 @@ app.add_typer(cache_app, name="cache")
 
 
 def _store(url: str | None):
+    """The cache on an existing store (every cache command reads or changes what is there)."""
     from .._cache.store import CacheStore
 
-    return CacheStore(open_store(url))
+    return CacheStore(open_store(url, create=False))
 
 
 @cache_app.command("entries")
@@ -108,5 +109,5 @@ def evict(entry_id: str, url: UrlOption = None) -> None:
     with errors_as_exit():
         gone = _store(url).evict(entry_id)
     if not gone:
-        raise fail(f"no cache entry {entry_id!r}")
+        raise fail(f"no cache entry {entry_id!r}", 2)
     typer.echo(f"evicted {entry_id}")

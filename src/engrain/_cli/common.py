@@ -30,6 +30,27 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .._version import __version__
+
+        typer.echo(f"engrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
+                                                 help="Print engrain's version and exit.")] = None,
+) -> None:
+    pass
+
+
+#: How --tools and --agents name Python objects (said in each option's help).
+OBJECT_SPEC = ("as module:attr (a module in the current directory works, as with uvicorn) "
+               "or path/to/file.py:attr")
+
+
 def print_json(value: Any) -> None:
     """Write ``value`` as indented JSON to stdout."""
     sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")

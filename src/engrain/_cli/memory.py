@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import JsonOption, UrlOption, app, errors_as_exit, fail, print_json
+from .._progress import task
+from .common import JsonOption, UrlOption, app, errors_as_exit, fail, open_store, print_json
 
 memory_app = typer.Typer(help="Skill memory: remember, recall, consolidate, export, import, forget, update, stats.",
                          no_args_is_help=True)
@@ -38,9 +39,13 @@ def _pairs(items: list[str] | None, flag: str, typed: bool) -> dict[str, Any]:
     return out
 
 
-def _open(url: str | None) -> Any:
+def _open(url: str | None, create: bool = True) -> Any:
+    """The skill memory on ``url``; ``create=False`` (commands that read or change what is there)
+    refuses a store that does not exist instead of creating an empty one."""
     from .._memory import Memory
 
+    if not create:
+        open_store(url, create=False).close()
     return Memory(url)
 
 
@@ -78,7 +83,7 @@ def recall(
     """Search records and articles (hybrid vector + full text)."""
     filt = _pairs(where, "--where", typed=True)
     with errors_as_exit():
-        hits = _open(url).recall(query, skill=skill, top_k=top_k, label=label, where=filt or None)
+        hits = _open(url, create=False).recall(query, skill=skill, top_k=top_k, label=label, where=filt or None)
     if json_out:
         print_json([h.to_dict() for h in hits])
         return
@@ -104,7 +109,9 @@ def consolidate(
         except ValueError:
             raise fail(f"--num-records must be 'all' or an integer, not {num_records!r}", 2) from None
     with errors_as_exit():
-        summary = _open(url).consolidate(n, method)
+        mem = _open(url, create=False)
+        with task("consolidating the memory buffer"):
+            summary = mem.consolidate(n, method)
     if json_out:
         print_json(summary.to_dict())
     else:
@@ -122,7 +129,7 @@ def consolidate(
 def export(url: UrlOption = None, json_out: JsonOption = False) -> None:
     """Write one JSON file per article; prints the folder."""
     with errors_as_exit():
-        res = _open(url).export()
+        res = _open(url, create=False).export()
     if json_out:
         print_json({"export_dir": res["export_dir"], "count": res["count"]})
     else:
@@ -145,7 +152,9 @@ def import_(
             raise fail("--skill-map: give either one bare skill name or from=to pairs", 2)
         mapping = bare[0] if bare else _pairs(skill_map, "--skill-map", typed=False)
     with errors_as_exit():
-        res = _open(url).import_(folder, skill_map=mapping)
+        mem = _open(url)
+        with task(f"importing {folder}"):
+            res = mem.import_(folder, skill_map=mapping)
     if json_out:
         print_json(res)
     else:
@@ -164,7 +173,7 @@ def forget(
     if (id is None) == (skill is None):
         raise fail("give a record/article id or --skill, not both", 2)
     with errors_as_exit():
-        res = _open(url).forget(id, skill=skill)
+        res = _open(url, create=False).forget(id, skill=skill)
     if json_out:
         print_json(res)
     else:
@@ -184,7 +193,7 @@ def update(
     """Replace a record's content (its article is rewritten) or an article's text."""
     metadata = _pairs(meta, "--meta", typed=False) if meta else None
     with errors_as_exit():
-        res = _open(url).update(id, text, hint=hint, label=label, metadata=metadata)
+        res = _open(url, create=False).update(id, text, hint=hint, label=label, metadata=metadata)
     if json_out:
         print_json(res)
     else:
@@ -195,7 +204,7 @@ def update(
 def stats(url: UrlOption = None, json_out: JsonOption = False) -> None:
     """Records, buffer and articles counts."""
     with errors_as_exit():
-        st = _open(url).stats()
+        st = _open(url, create=False).stats()
     if json_out:
         print_json(st)
     else:

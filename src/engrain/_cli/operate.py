@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import JsonOption, UrlOption, command, errors_as_exit, open_store, print_json
+from .common import JsonOption, UrlOption, command, errors_as_exit, fail, open_store, print_json
 
 
 @command
@@ -20,7 +20,7 @@ def cancel(
     from .._durable.operate import cancel as _cancel
 
     with errors_as_exit():
-        done = _cancel(run_id, reason=reason, journal=open_store(url))
+        done = _cancel(run_id, reason=reason, journal=open_store(url, create=False))
     if json_out:
         print_json({"run_id": run_id, "cancelled": done})
     else:
@@ -39,7 +39,7 @@ def fork(
     from .._durable.operate import fork as _fork
 
     with errors_as_exit():
-        new = _fork(run_id, at_step, run_id=new_id, journal=open_store(url))
+        new = _fork(run_id, at_step, run_id=new_id, journal=open_store(url, create=False))
     if json_out:
         print_json({"run_id": new, "source": run_id, "at_step": at_step})
     else:
@@ -60,7 +60,7 @@ def gc(
     from .._durable.operate import gc as _gc
 
     with errors_as_exit():
-        report = _gc(older_than, status=status or None, dry_run=dry_run, journal=open_store(url))
+        report = _gc(older_than, status=status or None, dry_run=dry_run, journal=open_store(url, create=False))
     if json_out:
         print_json(report.to_dict())
         return
@@ -84,8 +84,9 @@ def answer(
     from .._durable.human import answer as _answer
 
     with errors_as_exit():
+        given = json_object(answers, "ANSWERS")  # bad input is said before the store is looked at
         journal = open_store(url, create=False)
-        _answer(run_id, json_object(answers, "ANSWERS"), journal=journal)
+        _answer(run_id, given, journal=journal)
         info = journal.get_run(run_id)
     if json_out:
         print_json({"run_id": run_id, "answered": True, "status": info.status if info else None})
@@ -94,17 +95,15 @@ def answer(
 
 
 def json_object(text: str, what: str) -> dict:
-    """``text`` parsed as a JSON object (at most 1 MB), else a one-line :class:`EngrainError` naming ``what``."""
+    """``text`` parsed as a JSON object (at most 1 MB), else a one-line error naming ``what`` (exit 2: bad input)."""
     import json
 
-    from .._errors import EngrainError
-
     if len(text) > 1_000_000:
-        raise EngrainError(f"{what}: at most 1000000 characters of JSON")
+        raise fail(f"{what}: at most 1000000 characters of JSON", 2)
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as e:
-        raise EngrainError(f"{what}: not valid JSON ({e})") from None
+        raise fail(f"{what}: not valid JSON ({e})", 2) from None
     if not isinstance(value, dict):
-        raise EngrainError(f"{what}: must be a JSON object, got {type(value).__name__}")
+        raise fail(f"{what}: must be a JSON object, got {type(value).__name__}", 2)
     return value

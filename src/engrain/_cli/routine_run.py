@@ -5,8 +5,9 @@ and through the fast path (:mod:`.fast`), which parses their options by hand
 so that running a routine does not pay typer's import. Either way the work and
 the output are these functions'; a command ends by raising :class:`Exit`.
 
-Exit codes: 0 ok, 1 the run failed (or an engrain error), 2 bad input (file,
-JSON, inputs or answers not matching the schema), 3 the run waits for input.
+Exit codes, the same for every command (:func:`exit_code`): 0 ok, 1 the run
+failed (or an engrain error), 2 bad usage or input (a missing file, bad JSON,
+inputs or answers not matching the schema), 3 the run waits for input.
 """
 
 from __future__ import annotations
@@ -41,15 +42,46 @@ def fail(message: str, code: int = 1) -> Exit:
     return Exit(code)
 
 
+#: Errors that mean the command was given something wrong (exit 2), not that the work failed (exit 1).
+_FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def exit_code(e: BaseException) -> int:
+    """The one rule for every command: 2 for bad usage or input (bad JSON, a missing file, folder,
+    store, run or record, an option out of range), 1 for a failure of the work itself."""
+    from .._errors import (
+        ConfigError,
+        RunNotFoundError,
+        StoreVersionError,
+        TraceError,
+        UnknownInputError,
+    )
+
+    if isinstance(e, StoreVersionError):  # a store this engrain cannot use: not the user's typo
+        return 1
+    bad = (ValueError, ConfigError, TraceError, RunNotFoundError, UnknownInputError, *_FILE_ERRORS)
+    return 2 if isinstance(e, bad) else 1
+
+
+def message(e: BaseException) -> str:
+    """One line for ``e``: a file error names the file, not ``[Errno 2]``."""
+    if isinstance(e, OSError) and e.filename is not None:
+        why = {FileNotFoundError: "no such file or folder", IsADirectoryError: "is a folder, not a file",
+               NotADirectoryError: "not a folder", PermissionError: "permission denied"}.get(type(e), e.strerror)
+        return f"{e.filename}: {why}"
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 @contextmanager
 def errors_as_exit() -> Iterator[None]:
-    """engrain's typed errors as one line and exit code 1 (2 for bad input), as the typer app does."""
+    """engrain's typed errors as one line and exit code 1 (2 for bad input; see :func:`exit_code`),
+    as the typer app does."""
     from .._errors import EngrainError
 
     try:
         yield
-    except (EngrainError, FileNotFoundError, ValueError) as e:
-        raise fail(str(e), 2 if isinstance(e, (ValueError, FileNotFoundError)) else 1) from None
+    except (EngrainError, ValueError, *_FILE_ERRORS) as e:
+        raise fail(message(e), exit_code(e)) from None
 
 
 def load_json(path: str, what: str) -> Any:
@@ -99,6 +131,18 @@ def _journal(url: str | None):
     return open_journal(url, create=True)
 
 
+def routine_folder(path: str) -> Any:
+    """``path`` as a routine package folder; exit 2 naming it when it is missing or holds no routine.yaml."""
+    import pathlib
+
+    folder = pathlib.Path(path)
+    if not folder.is_dir():
+        raise fail(f"{path}: no such routine folder" if not folder.exists() else f"{path}: not a routine folder", 2)
+    if not (folder / "routine.yaml").is_file():
+        raise fail(f"{path}: not a routine folder (no routine.yaml in it)", 2)
+    return folder
+
+
 def run_command(
     path: str,
     input: str = "",
@@ -110,13 +154,7 @@ def run_command(
     json_out: bool = False,
 ) -> None:
     """``engrain run``: run the routine package at ``path`` as a durable run."""
-    import pathlib
-
-    folder = pathlib.Path(path)
-    if not folder.is_dir():
-        raise fail(f"{path}: no such routine folder" if not folder.exists() else f"{path}: not a routine folder", 2)
-    if not (folder / "routine.yaml").is_file():
-        raise fail(f"{path}: not a routine folder (no routine.yaml in it)", 2)
+    folder = routine_folder(path)
     inputs = load_json(input, "--input") if input else load_json(str(folder / "input.json"), "input")
     given = load_json(answers, "--answers") if answers else None
     with errors_as_exit():

@@ -19,7 +19,9 @@ from typing import Annotated
 
 import typer
 
+from .._progress import task
 from .common import (
+    OBJECT_SPEC,
     JsonOption,
     UrlOption,
     command,
@@ -33,7 +35,7 @@ _ANSWERS_HELP = (
     "or {step_id: {field: value}} for one or more prompts."
 )
 ToolsOption = Annotated[
-    str | None, typer.Option("--tools", help="Tool registry as module:attribute (default: engrain.tools).")
+    str | None, typer.Option("--tools", help=f"Tool registry {OBJECT_SPEC} (default: engrain.tools).")
 ]
 
 
@@ -47,7 +49,8 @@ def compile(
     with errors_as_exit():
         from .._routines.compiler import compile_trace
 
-        path = compile_trace(trace, out)
+        with task(f"compiling {trace}"):
+            path = compile_trace(trace, out)
     files = sorted(p.name for p in path.iterdir() if p.is_file())
     if json_out:
         print_json({"path": str(path), "files": files, "udfs": [r.to_dict() for r in path.report]})
@@ -65,10 +68,14 @@ def validate(
     tools: ToolsOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Check a routine package without running it; exit 1 if it has problems.
+    """Check a routine package without running it; exit 1 if it has problems, 2 if there is no such folder.
 
     An em-core package is converted on load; the conversions are listed.
     """
+    from .routine_run import routine_folder
+
+    with typer_exit():
+        routine_folder(path)
     with errors_as_exit():
         from .._routines.loader import load_routine, validate_routine
         from .._routines.runner import resolve_tools

@@ -7,19 +7,19 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import UrlOption, command, errors_as_exit, fail
+from .common import OBJECT_SPEC, UrlOption, command, errors_as_exit, fail
 
 TokenOption = Annotated[
     str | None,
     typer.Option("--token", envvar="ENGRAIN_TOKEN", help="Bearer token required on /api (required off loopback)."),
 ]
 ToolsOption = Annotated[
-    str | None, typer.Option("--tools", help="Tool registry routine runs call, as module:attr (default engrain.tools).")
+    str | None, typer.Option("--tools", help=f"Tool registry routine runs call, {OBJECT_SPEC} (default engrain.tools).")
 ]
 AgentsOption = Annotated[
     str | None,
     typer.Option("--agents", help="Agents POST /api/runs may start and answers resume: a dict name -> callable, "
-                 "as module:attr or path/to/file.py:attr."),
+                 f"{OBJECT_SPEC}."),
 ]
 ToolsDirOption = Annotated[
     str | None, typer.Option("--tools-dir", help="Folder of WASM tools (*.wasm) LLM agents may use, by file name.")
@@ -102,6 +102,9 @@ def mcp(
     tools: ToolsOption = None,
 ) -> None:
     """Run the MCP server over stdio (tools: remember, recall, consolidate, list/run routines, list runs)."""
+    from .._progress import set_reporter
+
+    set_reporter(None)  # stdio is the protocol's: nothing else may draw on the terminal
     with errors_as_exit():
         from .._mcp import build_server
 

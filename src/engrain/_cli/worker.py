@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
-from .common import JsonOption, UrlOption, command, errors_as_exit, open_store, print_json
+from .common import OBJECT_SPEC, JsonOption, UrlOption, command, errors_as_exit, fail, open_store, print_json
 from .operate import json_object
 
 
 @command
 def worker(
-    agents: Annotated[str, typer.Option("--agents", help="module:attr naming a dict name -> agent callable (or one agent).")],
+    agents: Annotated[str, typer.Option("--agents", help=f"A dict name -> agent callable (or one agent), {OBJECT_SPEC}.")],
     queue: Annotated[list[str] | None, typer.Option("--queue", help="Queue to serve (repeatable; default: default).")] = None,
     concurrency: Annotated[int, typer.Option(help="Runs this process executes at once.")] = 4,
     until_idle: Annotated[bool, typer.Option("--until-idle", help="Exit once nothing is left to claim.")] = False,
@@ -109,15 +109,13 @@ def queues(
     from .._workers.queues import queues as _queues
 
     with errors_as_exit():
-        journal = open_store(url)
         if name is None:
             if concurrency is not None or rate is not None:
-                from .._errors import EngrainError
-
-                raise EngrainError("--concurrency and --rate need a queue NAME")
-            rows = _queues(journal=journal)
+                raise fail("--concurrency and --rate need a queue NAME", 2)
+            rows = _queues(journal=open_store(url, create=False))  # listing reads: it never creates a store
         else:
-            rows = [_queue(name, concurrency=concurrency, rate=_rate(rate) if rate is not None else None, journal=journal)]
+            limit = _rate(rate) if rate is not None else None
+            rows = [_queue(name, concurrency=concurrency, rate=limit, journal=open_store(url))]
     if json_out:
         print_json([q.to_dict() for q in rows])
         return
@@ -135,9 +133,9 @@ def _rate(text: str) -> tuple[int, float]:
 
     runs, sep, period = text.partition("/")
     if not sep or not runs.strip().isdigit() or len(runs.strip()) > 9:
-        raise EngrainError(f"--rate must be N/PERIOD, e.g. 100/60 or 100/1m, got {text!r}")
+        raise fail(f"--rate must be N/PERIOD, e.g. 100/60 or 100/1m, got {text!r}", 2)
     try:
         secs = parse_age(period)
     except EngrainError:
-        raise EngrainError(f"--rate must be N/PERIOD, e.g. 100/60 or 100/1m, got {text!r}") from None
+        raise fail(f"--rate must be N/PERIOD, e.g. 100/60 or 100/1m, got {text!r}", 2) from None
     return int(runs), secs

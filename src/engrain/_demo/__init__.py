@@ -47,7 +47,30 @@ def main(url: str | None = None, out: Callable[[str], None] = print) -> int:
             section = getattr(importlib.import_module(module, __name__), fn)
             ok = section(journal, workdir, out) and ok
             out("")
+        trip = journal.runs(task=_durable_task(), limit=1)
     finally:
         journal.close()
     out("demo finished" if ok else "demo finished with problems (see above)")
+    routines = workdir / "routines"
+    next_commands(url, trip[0].run_id if trip else None, routines if routines.is_dir() else None, out)
     return 0 if ok else 1
+
+
+def _durable_task() -> str:
+    from .durable import TASK
+
+    return TASK
+
+
+def next_commands(url: str, run_id: str | None, routines: pathlib.Path | None, out: Callable[[str], None]) -> None:
+    """Where the demo's store is and commands to try on it, each working as printed (from this directory)."""
+    import shlex
+
+    flag = f" --url {shlex.quote(url)}"
+    out("")
+    out(f"The demo's runs, cache, routines and memory are in {url}. Try next:")
+    out(f"  engrain runs{flag}")
+    if run_id:
+        out(f"  engrain show {run_id}{flag}   # the run killed with -9 and resumed")
+    served = f" --routines {shlex.quote(str(routines))}" if routines else ""
+    out(f"  engrain serve{flag}{served}   # then open http://127.0.0.1:8765 (the web UI)")

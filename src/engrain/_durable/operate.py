@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _events as ev
-from .._errors import ConflictError, EngrainError, RunNotFoundError
+from .._errors import ConfigError, ConflictError, EngrainError, RunNotFoundError
 from .._events import NewEvent
 from .._journal import Journal
+from .._progress import task
 from .context import default_journal, new_run_id
 from .steps import steps_of
 
@@ -41,7 +42,7 @@ def cancel(run_id: str, *, reason: str = "", journal: Journal | None = None) -> 
     """
     j = journal or default_journal()
     if not isinstance(reason, str) or len(reason) > 2000:
-        raise EngrainError("cancel reason must be a string of at most 2000 characters")
+        raise ConfigError("cancel reason must be a string of at most 2000 characters")
     for _ in range(1000):  # a live run keeps appending: try again at its new end
         events = j.read(run_id)
         if not events:
@@ -66,17 +67,17 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
     """
     j = journal or default_journal()
     if not isinstance(at_step, int) or isinstance(at_step, bool) or at_step < 0:
-        raise EngrainError(f"at_step must be an integer >= 0, got {at_step!r}")
+        raise ConfigError(f"at_step must be an integer >= 0, got {at_step!r}")
     events = j.read(source_run_id)
     if not events:
         raise RunNotFoundError(source_run_id)
     steps = steps_of(events)
     if at_step > len(steps):
-        raise EngrainError(f"run {source_run_id!r} has {len(steps)} steps; cannot fork at step {at_step}")
+        raise ConfigError(f"run {source_run_id!r} has {len(steps)} steps; cannot fork at step {at_step}")
     for n in range(at_step):
         if n not in steps or steps[n].state not in ("completed", "failed", "answered"):
             state = steps[n].state if n in steps else "missing"
-            raise EngrainError(f"run {source_run_id!r}: step {n} is {state}, not finished; fork at step {n} or earlier")
+            raise ConfigError(f"run {source_run_id!r}: step {n} is {state}, not finished; fork at step {n} or earlier")
     new_id = run_id or new_run_id()
     started = dict(events[0].data)
     started["forked_from"] = {"run_id": source_run_id, "at_step": at_step}
@@ -86,7 +87,7 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
         if isinstance(cid, int) and cid < at_step:  # step, check and input events of the kept steps
             copied.append(NewEvent(e.kind, e.name, e.data))
     if j.get_run(new_id) is not None:
-        raise EngrainError(f"run {new_id!r} already exists; choose another id for the fork")
+        raise ConfigError(f"run {new_id!r} already exists; choose another id for the fork")
     for k in range(0, len(copied), 1000):
         j.append(new_id, copied[k : k + 1000], k)
     return new_id
@@ -101,9 +102,9 @@ def parse_age(value: float | int | str | _dt.timedelta) -> float:
     elif isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value)):
         secs = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2)]
     else:
-        raise EngrainError(f"older_than must be like 30d, 12h, 15m, 45s or a number of seconds, got {value!r}")
+        raise ConfigError(f"older_than must be like 30d, 12h, 15m, 45s or a number of seconds, got {value!r}")
     if not 0 <= secs < 1e10:
-        raise EngrainError(f"older_than must be between 0 and 1e10 seconds, got {value!r}")
+        raise ConfigError(f"older_than must be between 0 and 1e10 seconds, got {value!r}")
     return secs
 
 
@@ -139,26 +140,28 @@ def gc(
     wanted = FINISHED_STATUSES if status is None else ((status,) if isinstance(status, str) else tuple(status))
     bad = [s for s in wanted if s not in FINISHED_STATUSES]
     if bad:
-        raise EngrainError(f"gc deletes finished runs only: status {bad[0]!r} is not one of {sorted(set(FINISHED_STATUSES))}")
+        raise ConfigError(f"gc deletes finished runs only: status {bad[0]!r} is not one of {sorted(set(FINISHED_STATUSES))}")
     if "ok" in wanted or ev.COMPLETED in wanted:
         wanted = tuple({*wanted, "ok", ev.COMPLETED})
     if not isinstance(batch, int) or not 1 <= batch <= 10_000:
-        raise EngrainError(f"batch must be from 1 to 10000, got {batch!r}")
+        raise ConfigError(f"batch must be from 1 to 10000, got {batch!r}")
     report = GcReport(dry_run=dry_run)
     # Most recently updated first: skip the pages newer than the cut-off, then every row is a candidate.
     offset = 0
-    while True:
-        page = j.runs(status=list(wanted), limit=batch, offset=offset)
-        if not page:
-            break
-        old = [r.run_id for r in page if r.updated < cutoff]
-        report.runs.extend(old)
-        if dry_run or not old:
-            offset += len(page)
-            continue
-        for rid in old:
-            info = j.get_run(rid)
-            if info is not None and info.status in wanted and info.updated < cutoff:  # re-checked: not resumed since
-                j.delete_run(rid)
-        offset += len(page) - len(old)
+    with task("finding old runs" if dry_run else "deleting old runs") as advance:
+        while True:
+            page = j.runs(status=list(wanted), limit=batch, offset=offset)
+            if not page:
+                break
+            old = [r.run_id for r in page if r.updated < cutoff]
+            report.runs.extend(old)
+            advance(len(old))
+            if dry_run or not old:
+                offset += len(page)
+                continue
+            for rid in old:
+                info = j.get_run(rid)
+                if info is not None and info.status in wanted and info.updated < cutoff:  # re-checked: not resumed
+                    j.delete_run(rid)
+            offset += len(page) - len(old)
     return report

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -95,21 +95,27 @@ class MiniLMEmbedder:
             path = self._resolve_model()
             if not path.is_file():
                 raise EmbeddingError(f"embedding model file {path} does not exist")
-            tok = Tokenizer.from_file(str(TOKENIZER_FILE))
-            tok.enable_truncation(max_length=self.max_length)
-            tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest in the batch
-            opts = ort.SessionOptions()
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            opts.log_severity_level = 3
-            # Without this the worker threads busy-wait after each run and starve
-            # the numpy / SQLite work a recall does right after embedding.
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            if self.threads:
-                opts.intra_op_num_threads = self.threads
-            session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-            self._inputs = tuple(i.name for i in session.get_inputs())
-            self._tokenizer = tok
-            self._session = session
+            from .._progress import task
+
+            with task("loading the embedding model"):
+                self._open(path, ort, Tokenizer)
+
+    def _open(self, path: Path, ort: Any, Tokenizer: Any) -> None:  # noqa: N803 - the imported class
+        tok = Tokenizer.from_file(str(TOKENIZER_FILE))
+        tok.enable_truncation(max_length=self.max_length)
+        tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest in the batch
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        # Without this the worker threads busy-wait after each run and starve
+        # the numpy / SQLite work a recall does right after embedding.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if self.threads:
+            opts.intra_op_num_threads = self.threads
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self._inputs = tuple(i.name for i in session.get_inputs())
+        self._tokenizer = tok
+        self._session = session
 
     def _run(self, texts: list[str]) -> np.ndarray:
         enc = self._tokenizer.encode_batch(texts)  # type: ignore[union-attr]
@@ -132,9 +138,14 @@ class MiniLMEmbedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start:start + self.batch_size]
-            out[idx] = self._run([texts[i] for i in idx])
+        from .._progress import quiet, task
+
+        # Thousands of texts take seconds: worth a progress bar (shown only where one was asked for).
+        with task("embedding texts", total=len(texts)) if len(texts) > 8 * self.batch_size else quiet() as advance:
+            for start in range(0, len(order), self.batch_size):
+                idx = order[start:start + self.batch_size]
+                out[idx] = self._run([texts[i] for i in idx])
+                advance(len(idx))
         return out
 
 

@@ -67,7 +67,7 @@ def _read_trace(trace: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[st
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise EngrainError(f"{path}: not JSON (line {e.lineno}: {e.msg})") from None
+        raise TraceError(str(path), "(root)", f"not JSON (line {e.lineno}: {e.msg})") from None
     except RecursionError:
         raise TraceError(str(path), "(root)", "nested too deeply to parse") from None
     return data, validate_trace(data, str(path))

@@ -104,8 +104,12 @@ def stdlib(cache_root: pathlib.Path, module: wasmtime.Module, fuel: bool) -> Std
     if parent is not None:
         folder = parent / key
         found = _verified(folder)
-        if found is None and _extract(folder, module, fuel):
-            found = _verified(folder)
+        if found is None:
+            from .._progress import task
+
+            with task("building the sandbox's standard-library cache (once per machine)"):
+                if _extract(folder, module, fuel):
+                    found = _verified(folder)
         result = found or result
     with _lock:
         _cached[memo] = result

@@ -174,11 +174,14 @@ def python_module(cache_root: pathlib.Path, fuel: bool) -> wasmtime.Module:
             except Exception:  # another wasmtime version or configuration: compile again
                 mod = None
     if mod is None:
-        mod = track(wasmtime.Module(engine(fuel), src.read_bytes()))
-        if cached is not None:
-            data = mod.serialize()
-            write_private(cached, data)
-            write_verified(cached.with_suffix(".cwasm.sha256"), digest(data).encode())
+        from .._progress import task
+
+        with task("compiling the sandbox's Python runtime (once per machine)"):
+            mod = track(wasmtime.Module(engine(fuel), src.read_bytes()))
+            if cached is not None:
+                data = mod.serialize()
+                write_private(cached, data)
+                write_verified(cached.with_suffix(".cwasm.sha256"), digest(data).encode())
     with _lock:
         _modules[key] = mod
     return mod
