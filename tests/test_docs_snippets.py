@@ -1,0 +1,62 @@
+"""Every Python example in README.md and docs/ runs, and prints what the page shows it printing.
+
+See tests/docs_snippets.py for how blocks are found, paired with their output and opted out.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+
+from tests.docs_snippets import ROOT, blocks, pages
+
+PAGES = [p for p in pages() if blocks(p)]
+CHECKER = doctest.OutputChecker()
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+def test_pages_with_python_examples_are_found():
+    names = {str(p.relative_to(ROOT)) for p in PAGES}
+    assert "README.md" in names and any(n.startswith("docs/guides/") for n in names), names
+
+
+def test_skip_markers_are_rare_and_give_a_reason():
+    every = [b for p in pages() for b in blocks(p)]
+    skipped = [b for b in every if b.skip]
+    assert all(b.skip.strip() for b in skipped)
+    assert len(skipped) * 10 <= len(every), [f"{b.page}:{b.line} ({b.skip})" for b in skipped]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_page_examples_run_and_print_what_the_page_shows(page, tmp_path):
+    found = blocks(page)
+    missing = sorted({m for b in found[:1] for m in b.requires if importlib.util.find_spec(m) is None})
+    if missing:
+        pytest.skip(f"{page.name} is written against {', '.join(missing)}, not in this tree yet")
+    runnable = [b for b in found if not b.skip and all(importlib.util.find_spec(m) for m in b.requires)]
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGRAIN_", "OPENAI_", "ANTHROPIC_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), ENGRAIN_HOME=str(tmp_path / "home"),
+               ENGRAIN_DOCS_ROOT=str(ROOT))
+    results_path = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "docs_snippets.py"), str(results_path)],
+        input=json.dumps([asdict(b) for b in runnable]), capture_output=True, text=True, cwd=work, env=env, timeout=600,
+    )
+    assert results_path.exists(), f"the page's runner died (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    results = json.loads(results_path.read_text())
+    for block, result in zip(runnable, results):
+        where = f"{block.page}:{block.line}"
+        assert result["error"] is None, f"{where} raised:\n{result['error']}"
+        if block.output is not None:
+            assert CHECKER.check_output(block.output, result["stdout"], FLAGS), (
+                f"{where} printed:\n{result['stdout']}\nthe page shows:\n{block.output}")
+    assert len(results) == len(runnable)
