@@ -46,8 +46,9 @@ def test_page_examples_run_and_print_what_the_page_shows(page, tmp_path):
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGRAIN_", "OPENAI_", "ANTHROPIC_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    # The pages speak from a clone's root: its examples/ are there (copied, so running them dirties nothing).
-    shutil.copytree(ROOT / "examples", work / "examples", ignore=shutil.ignore_patterns("__pycache__"))
+    # The pages speak from a clone's root: its examples/ and scripts/ are there (copied: running them dirties nothing).
+    for folder in ("examples", "scripts"):
+        shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__", "build", "out"))
     results_path = tmp_path / "results.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "docs_snippets.py"), str(results_path)],
