@@ -50,11 +50,14 @@ def test_page_examples_run_and_print_what_the_page_shows(page, tmp_path):
     for folder in ("examples", "scripts"):
         shutil.copytree(ROOT / folder, work / folder, ignore=shutil.ignore_patterns("__pycache__", "build", "out"))
     results_path = tmp_path / "results.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "docs_snippets.py"), str(results_path)],
-        input=json.dumps([asdict(b) for b in runnable]), capture_output=True, text=True, cwd=work, env=env, timeout=600,
-    )
-    assert results_path.exists(), f"the page's runner died (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    (tmp_path / "blocks.json").write_text(json.dumps([asdict(b) for b in runnable]))
+    # Output to files, not pipes: a server an example starts must not keep the test waiting on a pipe.
+    with open(tmp_path / "blocks.json") as stdin, open(tmp_path / "stderr.txt", "w+") as stderr:
+        proc = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_snippets.py"), str(results_path)],
+                              stdin=stdin, stdout=stderr, stderr=stderr, cwd=work, env=env, timeout=600)
+        stderr.seek(0)
+        log = stderr.read()
+    assert results_path.exists(), f"the page's runner died (exit {proc.returncode}):\n{log[-4000:]}"
     results = json.loads(results_path.read_text())
     for block, result in zip(runnable, results):
         where = f"{block.page}:{block.line}"
