@@ -8,7 +8,7 @@ Three reference pages are generated from the code at build time, so they cannot 
   a docstring is logged as a warning, which ``mkdocs build --strict`` turns into a failure.
 - ``<!-- engrain:cli -->`` becomes the typer app's command tree (usage, help, options).
 - ``<!-- engrain:http -->`` becomes the HTTP API from the FastAPI app's OpenAPI document,
-  which is also written to the site as ``openapi.json``.
+  which is also published with the site as ``openapi.json``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,23 @@ MARKER = re.compile(r"^<!-- engrain:(python-api|cli|http)(?: ([\w.]+))? -->$", r
 # ------------------------------------------------------------------ Python API
 
 
+def resolve_module(module_name: str) -> Any:
+    """The module ``module_name``, also when it is a lazy attribute (``engrain.sandbox``); None if absent."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError:
+        parent, _, attr = module_name.rpartition(".")
+        if not parent:
+            return None
+        found = getattr(resolve_module(parent), attr, None)
+        return found if inspect.ismodule(found) else None
+
+
 def public_names(module_name: str) -> list[tuple[str, str, Any]]:
     """``(public name, import path of its definition, object)`` for each name in ``__all__``."""
-    module = importlib.import_module(module_name)
+    module = resolve_module(module_name)
+    if module is None:
+        return []
     lazy: dict[str, tuple[str, str | None]] = getattr(module, "_LAZY", {})
     out = []
     for name in sorted(getattr(module, "__all__", []), key=lambda n: (n.startswith("_"), n.lower())):
@@ -75,6 +89,9 @@ def missing_docstrings(module_name: str) -> list[str]:
 
 
 def python_api(module_name: str) -> str:
+    if resolve_module(module_name) is None:
+        log.info("%s is not in this tree: its reference is left out", module_name)
+        return f'!!! note "Not in this build"\n    `{module_name}` is not part of the engrain this site was built from.\n'
     for name in missing_docstrings(module_name):
         log.warning("public name without a docstring: %s", name)
     blocks = []
@@ -106,22 +123,24 @@ def _param_row(param: Any) -> str:
 
 
 def _command_md(cmd: Any, path: str, ctx: Any) -> list[str]:
-    import click
-
+    # Duck-typed: typer carries its own copy of click (typer._click), so click's classes are not its.
     lines = [f"### `{path}`", ""]
     help_text = inspect.cleandoc(cmd.help or "")
     if help_text:
         lines += [help_text.replace("\b\n", ""), ""]
-    sub_ctx = click.Context(cmd, info_name=path.split()[-1], parent=ctx)
-    usage = " ".join(cmd.collect_usage_pieces(sub_ctx))
-    lines += ["```", f"{path} {usage}".rstrip(), "```", ""]
-    args = [p for p in cmd.params if isinstance(p, click.Argument)]
-    opts = [p for p in cmd.params if isinstance(p, click.Option) and not p.hidden]
+    sub_ctx = cmd.context_class(cmd, info_name=path.split()[-1], parent=ctx)
+    args = [p for p in cmd.params if p.param_type_name == "argument"]
+    opts = [p for p in cmd.params if p.param_type_name == "option" and not getattr(p, "hidden", False)]
+    usage = ["[OPTIONS]"] + [a.name.upper() if a.required else f"[{a.name.upper()}]" for a in args]
+    if hasattr(cmd, "list_commands"):
+        usage.append("COMMAND [ARGS]...")
+    lines += ["```", f"{path} {' '.join(usage)}", "```", ""]
     if args:
-        lines += ["Arguments: " + ", ".join(f"`{a.human_readable_name}`" for a in args), ""]
+        lines += [f"- `{a.name.upper()}`: {' '.join((getattr(a, 'help', None) or '').split())}".rstrip(": ") for a in args]
+        lines.append("")
     if opts:
         lines += ["| option | type | meaning |", "| --- | --- | --- |", *map(_param_row, opts), ""]
-    if isinstance(cmd, click.Group):
+    if hasattr(cmd, "list_commands"):
         for name in cmd.list_commands(sub_ctx):
             sub = cmd.get_command(sub_ctx, name)
             if sub is not None and not sub.hidden:
@@ -130,13 +149,12 @@ def _command_md(cmd: Any, path: str, ctx: Any) -> list[str]:
 
 
 def cli_reference() -> str:
-    import click
     import typer.main
 
     from engrain._cli import app
 
     root = typer.main.get_command(app)
-    ctx = click.Context(root, info_name="engrain")
+    ctx = root.context_class(root, info_name="engrain")
     lines = [inspect.cleandoc(root.help or ""), ""]
     for name in root.list_commands(ctx):
         cmd = root.get_command(ctx, name)
@@ -237,6 +255,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return MARKER.sub(replace, markdown)
 
 
-def on_post_build(config: Any) -> None:
-    doc = _openapi or openapi_document()
-    Path(config["site_dir"], "openapi.json").write_text(json.dumps(doc, indent=2))
+def on_files(files: Any, config: Any) -> Any:
+    global _openapi
+    from mkdocs.structure.files import File
+
+    _openapi = openapi_document()
+    files.append(File.generated(config, "openapi.json", content=json.dumps(_openapi, indent=2)))
+    return files
