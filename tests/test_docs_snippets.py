@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import asdict
@@ -53,8 +54,16 @@ def test_page_examples_run_and_print_what_the_page_shows(page, tmp_path):
     (tmp_path / "blocks.json").write_text(json.dumps([asdict(b) for b in runnable]))
     # Output to files, not pipes: a server an example starts must not keep the test waiting on a pipe.
     with open(tmp_path / "blocks.json") as stdin, open(tmp_path / "stderr.txt", "w+") as stderr:
-        proc = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_snippets.py"), str(results_path)],
-                              stdin=stdin, stdout=stderr, stderr=stderr, cwd=work, env=env, timeout=600)
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "docs_snippets.py"), str(results_path)],
+                                stdin=stdin, stdout=stderr, stderr=stderr, cwd=work, env=env, start_new_session=True)
+        try:
+            proc.wait(600)
+        finally:
+            try:  # whatever the page started and left running (a server) goes with it
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
         stderr.seek(0)
         log = stderr.read()
     assert results_path.exists(), f"the page's runner died (exit {proc.returncode}):\n{log[-4000:]}"
