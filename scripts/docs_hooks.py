@@ -48,16 +48,45 @@ def resolve_module(module_name: str) -> Any:
         return found if inspect.ismodule(found) else None
 
 
+def static_names(module: Any) -> set[str]:
+    """Names the module binds where a static reader (griffe) sees them: top level, or under ``if TYPE_CHECKING``."""
+    import ast
+
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError):
+        return set()
+    body = list(tree.body)
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            body.extend(node.body)
+    names: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+    return names
+
+
 def public_names(module_name: str) -> list[tuple[str, str, Any]]:
-    """``(public name, import path of its definition, object)`` for each name in ``__all__``."""
+    """``(public name, path mkdocstrings renders it from, object)`` for each name in ``__all__``.
+
+    The path is the public one (``engrain.Agent``) when the module binds the name statically (for
+    ``engrain``: in its ``TYPE_CHECKING`` block), so anchors and members read as users write them;
+    otherwise the path of its definition.
+    """
     module = resolve_module(module_name)
     if module is None:
         return []
     lazy: dict[str, tuple[str, str | None]] = getattr(module, "_LAZY", {})
+    static = static_names(module) if module.__name__ == module_name else set()
     out = []
     for name in sorted(getattr(module, "__all__", []), key=lambda n: (n.startswith("_"), n.lower())):
         obj = getattr(module, name)
-        if name in lazy:
+        if name in static:
+            path = f"{module_name}.{name}"
+        elif name in lazy:
             mod, attr = lazy[name]
             path = importlib.import_module(mod, module_name).__name__ + (f".{attr}" if attr else "")
         elif inspect.ismodule(obj):
@@ -98,7 +127,11 @@ def python_api(module_name: str) -> str:
     for name, path, obj in public_names(module_name):
         full = f"{module_name}.{name}"
         if not (inspect.isclass(obj) or inspect.isroutine(obj) or inspect.ismodule(obj)):
-            blocks.append(f"### `{full}`\n\n`{full} = {obj!r}`\n")
+            # A constant (__version__) or a ready-made instance (engrain.memory, engrain.tools): its type says what it is.
+            kind = type(obj)
+            about = "" if kind in (str, int, float) else (inspect.getdoc(kind) or "").split("\n\n")[0]
+            shown = repr(obj) if kind in (str, int, float) else f"{kind.__module__}.{kind.__qualname__}"
+            blocks.append(f'<h3 id="{full}"><code>{full}</code></h3>\n\n`{full}`: `{shown}`. {about}\n')
             continue
         members = "\n      members: false" if inspect.ismodule(obj) else ""
         blocks.append(
@@ -253,6 +286,18 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return http_reference(_openapi)
 
     return MARKER.sub(replace, markdown)
+
+
+# Docstrings cite names the Sphinx way (:class:`~engrain.Journal`); the rendered page shows the name.
+ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj|py:\w+):<code>~?\.?([^<]*)</code>")
+
+
+def _role(m: re.Match[str]) -> str:
+    return f"<code>{m.group(1)}</code>"
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    return ROLE.sub(_role, html)
 
 
 def on_files(files: Any, config: Any) -> Any:
