@@ -17,18 +17,18 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import TypedDict
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 import engrain as eg
 from engrain._agent.scripted import ScriptedModel, say, tool_call
 from tests.servers import serve
-from tests.test_ui import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, WAIT_MS, budget_agent, failing_agent, greeter, seed_cache
+from tests.test_server_llm_agents import wasm_dir  # noqa: F401 - a fixture: the example WASM tools, built
+from tests.test_ui import WAIT_MS, ARTIFACTS, browser, budget_agent, failing_agent, greeter, seed_cache  # noqa: F401
 
 langgraph = pytest.importorskip("langgraph")
 from langgraph.graph import START, StateGraph  # noqa: E402
@@ -71,14 +71,6 @@ def seed_thread(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def wasm_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wasm")
-    subprocess.run(["bash", str(ROOT / "scripts/build_wasm_tools.sh"), str(out)], check=True, capture_output=True)
-    (out / "hostile.wasm").unlink()
-    return out
-
-
-@pytest.fixture(scope="module")
 def servers(tmp_path_factory, wasm_dir):
     tmp = tmp_path_factory.mktemp("uinew")
     url = f"sqlite:///{tmp / 'ui.db'}"
@@ -111,18 +103,6 @@ def servers(tmp_path_factory, wasm_dir):
         for k, v in saved.items():
             if v is not None:
                 os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=30_000)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture
