@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Do what the README tells a newcomer, in the README's order and as written: make the venv and run
+# Do what the README and the Get-started pages tell a newcomer, in their order and as written: make the venv and run
 # the demo, record and compile the csv_report routine and run it, run the framework examples, build
 # the WASM tools, and run the offline agent and cache examples. Stops at the first step that does
 # not behave as the README says. Everything it writes is ignored by git (.engrain/, out/, tools/):

@@ -59,6 +59,33 @@ if TYPE_CHECKING:
     from ._workers.queues import enqueue, queue, queues
     from ._journal import Journal, default_url
     from ._journal import open_journal as open
+    from . import _sandbox as sandbox
+    from ._agent.agent import Agent
+    from ._agent.wrap import wrap
+    from ._cache.checks import Check
+    from ._cache.engine import Engine, Outcome
+    from ._cache.replay import Continuation
+    from ._client import Client
+    from ._durable.otel import instrument as instrument_otel
+    from ._durable.otel import uninstrument as uninstrument_otel
+    from ._errors import (
+        CacheError,
+        EmbeddingError,
+        MemoryInputError,
+        RemoteError,
+        RoutineError,
+        RoutineInputError,
+        RoutineStepError,
+        SandboxError,
+        SandboxLimitError,
+        SynthesisError,
+        TraceError,
+        UnknownInputError,
+    )
+    from ._memory import ConsolidationSummary, Memory, SearchResult, memory
+    from ._routines.compiler import compile_trace
+    from ._routines.loader import load_routine, validate_routine
+    from ._routines.runner import resume_routine, run_routine
 
 # Every public name loads on first use: ``import engrain`` runs before any
 # ``engrain._x`` import (the CLI's included), so it must cost almost nothing, and

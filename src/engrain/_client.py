@@ -122,15 +122,18 @@ class Client:
         return self._call("GET", "/health")
 
     def runs(self, *, status: str | None = None, tag: str | None = None, task: str | None = None,
-             limit: int = 50, offset: int = 0) -> list[RunInfo]:
+             limit: int = 50, offset: int = 0, internal: bool = True) -> list[RunInfo]:
         """Runs matching every filter, most recently updated first.
 
         ``status`` is checked before the request: :class:`~engrain.UnknownStatusError`
-        lists the valid names (``"completed"`` is accepted for ``"ok"``).
+        lists the valid names (``"completed"`` is accepted for ``"ok"``). ``internal=False``
+        leaves out the runs the runtime makes for itself (LLM agent definitions, cache calls).
         """
         if status is not None:
             status = check_status(status)
         params = {k: v for k, v in {"status": status, "tag": tag, "task": task}.items() if v is not None}
+        if not internal:
+            params["internal"] = "false"
         return [_run_info(d) for d in self._call("GET", "/runs", params={**params, "limit": limit, "offset": offset})]
 
     def get_run(self, run_id: str) -> RunInfo | None:

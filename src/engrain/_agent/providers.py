@@ -52,6 +52,21 @@ def parse_model(model: str) -> tuple[str, str]:
     return provider, name
 
 
+def missing_key(provider: str) -> str | None:
+    """What this process lacks to call ``provider``'s models (the environment variable to set), or ``None``.
+
+    The same rule :func:`make_provider` applies without ``api_key=``/``base_url=``: a key, or a
+    base URL (a compatible or local server takes any key); ``ollama`` needs neither.
+    """
+    if provider == "ollama":
+        return None
+    if provider == "anthropic":
+        ok = os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_BASE_URL")
+        return None if ok else "ANTHROPIC_API_KEY"
+    ok = os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL")
+    return None if ok else "OPENAI_API_KEY"
+
+
 def system_text(instructions: str, extra: str = "") -> str:
     """The system message: instructions, the current time, and how message times are shown."""
     now = utc_iso()[:19] + "Z"

@@ -28,6 +28,7 @@ def _app() -> Any:
     from . import demo as _demo  # noqa: F401
     from . import memory as _memory  # noqa: F401
     from . import serve as _serve  # noqa: F401
+    from . import docs as _docs  # noqa: F401
 
     return app
 

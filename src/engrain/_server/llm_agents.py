@@ -174,9 +174,44 @@ def build_tools(tools: Any, tools_dir: str | None) -> Any:
     return reg
 
 
+def key_warning(model: str) -> str | None:
+    """Why this server cannot call ``model`` yet (a missing API key), in words for a person."""
+    from .._agent.providers import missing_key
+
+    provider = model.split(":", 1)[0]
+    env = missing_key(provider)
+    if env is None:
+        return None
+    return (f"This server has no {env}: agents on {provider} models cannot answer until the server is "
+            f"restarted with {env} set in its environment.")
+
+
+@router.get("/agents/options")
+def agent_options(request: Request) -> dict[str, Any]:
+    """What an LLM agent created here can use: each provider (and the key it lacks, if any) and each tool."""
+    from .._agent.providers import PROVIDERS, missing_key
+    from .._agent.toolspec import from_registry
+
+    tools = state_of(request).llm_agents.tools
+    listed = []
+    for name in tools.names():
+        try:
+            spec = from_registry(name, tools[name])
+            listed.append({"name": name, "kind": "wasm" if spec.wasm else "python", "description": spec.description})
+        except ConfigError as e:  # a registered tool an LLM agent cannot take: listed, with why
+            listed.append({"name": name, "kind": "unusable", "description": str(e)})
+    return {"providers": [{"name": p, "missing_key": missing_key(p),
+                           "example": {"openai": "openai:gpt-4.1-mini", "anthropic": "anthropic:claude-sonnet-4-5",
+                                       "ollama": "ollama:llama3.2"}[p]} for p in PROVIDERS],
+            "tools": listed}
+
+
 @router.post("/agents", status_code=201, response_model=dict[str, Any])
 async def create_agent(body: AgentDefinition, request: Request) -> JSONResponse:
-    """Create an LLM agent from a name, a model, instructions and tool names (201; 200-equivalent if identical)."""
+    """Create an LLM agent from a name, a model, instructions and tool names (201; 200-equivalent if identical).
+
+    When the server lacks the model provider's API key the agent is created all the same (the key
+    may come with a restart) and the response's ``warning`` says what is missing."""
     import asyncio
 
     # The journal write runs in the loop's executor (a plain thread hop, half of what a sync
@@ -186,7 +221,8 @@ async def create_agent(body: AgentDefinition, request: Request) -> JSONResponse:
     if d["answers_ttl"] is None:  # as definitions stored before the field existed: the same agent compares equal
         del d["answers_ttl"]
     out, _ = await asyncio.get_running_loop().run_in_executor(None, agents.create, d)
-    return JSONResponse(out, status_code=201)
+    warning = key_warning(body.model)
+    return JSONResponse({**out, "warning": warning} if warning else out, status_code=201)
 
 
 @router.post("/agents/{name}/runs")

@@ -16,6 +16,7 @@ from .. import _events as ev
 from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
+from .run_kinds import listed, log_view, runs_page
 from .state import ApiError, Body, state_of
 
 router = APIRouter(tags=["runs"])
@@ -139,11 +140,14 @@ def list_runs(
     task: str | None = Query(default=None, max_length=2000),
     limit: int = Query(default=50, ge=1, le=1000),
     offset: int = Query(default=0, ge=0, le=10_000_000),
+    internal: bool = Query(default=True, description="Include internal runs (LLM agent definitions, cache calls); "
+                                                     "false leaves them out of the page and its offset."),
 ) -> list[dict[str, Any]]:
-    """Runs matching every filter, most recently updated first."""
+    """Runs matching every filter, most recently updated first, each with its ``kind``
+    (``run``, ``internal``, or an adapter's log: ``thread`` for LangGraph, ``session``)."""
     wanted = None if status is None else ev.check_status(status)
-    rows = state_of(request).journal.runs(status=wanted, tag=tag, task=task, limit=limit, offset=offset)
-    return [r.to_dict() for r in rows]
+    return runs_page(state_of(request).journal, status=wanted, tag=tag, task=task, limit=limit, offset=offset,
+                     internal=internal)
 
 
 def _require(request: Request, run_id: str) -> Any:
@@ -155,12 +159,14 @@ def _require(request: Request, run_id: str) -> Any:
 
 @router.get("/runs/{run_id}")
 def get_run(request: Request, run_id: str) -> dict[str, Any]:
-    """A run's summary, events, per-step records, pending prompt and outcome."""
+    """A run's summary, events, per-step records, pending prompt and outcome; ``log`` describes an
+    adapter's log (a LangGraph thread: its checkpoints, the last first), else null."""
     info = _require(request, run_id)
     events = state_of(request).journal.read(run_id)
     last = events[-1] if events else None
     return {
-        "run": info.to_dict(),
+        "run": listed(info),
+        "log": log_view(info, events),
         "events": [e.to_dict() for e in events],
         "steps": fold_steps(events),
         "prompt": pending_prompt(events) if info.status == ev.NEEDS_INPUT else None,

@@ -305,6 +305,7 @@ class EngrainCheckpointer(BaseCheckpointSaver):
     # -- async: the journal is synchronous and thread-safe, so run it off the loop ---------
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async :meth:`get_tuple` (run in a worker thread)."""
         return await asyncio.to_thread(self.get_tuple, config)
 
     async def alist(
@@ -315,6 +316,7 @@ class EngrainCheckpointer(BaseCheckpointSaver):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
+        """Async :meth:`list` (run in a worker thread)."""
         items = await asyncio.to_thread(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
         for item in items:
             yield item
@@ -326,6 +328,7 @@ class EngrainCheckpointer(BaseCheckpointSaver):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        """Async :meth:`put` (run in a worker thread)."""
         return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
@@ -335,18 +338,23 @@ class EngrainCheckpointer(BaseCheckpointSaver):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        """Async :meth:`put_writes` (run in a worker thread)."""
         await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        """Async :meth:`delete_thread` (run in a worker thread)."""
         await asyncio.to_thread(self.delete_thread, thread_id)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async :meth:`copy_thread` (run in a worker thread)."""
         await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async :meth:`prune` (run in a worker thread)."""
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async :meth:`delete_for_runs` (run in a worker thread)."""
         await asyncio.to_thread(self.delete_for_runs, run_ids)
 
 

@@ -194,6 +194,7 @@ class DurableModel(Model):
 
     async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs,
                            tracing, *, previous_response_id, conversation_id, prompt) -> ModelResponse:
+        """The wrapped model's response; inside an engrain run a journaled step (replayed on resume)."""
         async def respond() -> ModelResponse:
             return await self._model().get_response(
                 system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
@@ -212,6 +213,7 @@ class DurableModel(Model):
 
     def stream_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
                         *, previous_response_id, conversation_id, prompt) -> AsyncIterator[Any]:
+        """The wrapped model's stream, outside runs only (inside one it raises: streams are not journaled yet)."""
         if current() is not None:
             raise EngrainError("durable(agent): streamed runs are not journaled yet; use Runner.run or run_sync "
                                "inside an engrain run")

@@ -52,6 +52,7 @@ class DurableModel(WrapperModel):
     """A model whose requests are journaled ``llm`` steps inside an engrain run."""
 
     async def request(self, messages, model_settings, model_request_parameters) -> ModelResponse:
+        """The wrapped model's response; inside an engrain run a journaled step (replayed on resume)."""
         run = current()
         if run is None:
             return await self.wrapped.request(messages, model_settings, model_request_parameters)
@@ -67,6 +68,7 @@ class DurableModel(WrapperModel):
     @asynccontextmanager
     async def request_stream(self, messages, model_settings, model_request_parameters,
                              run_context=None) -> AsyncIterator[Any]:
+        """The wrapped model's stream, outside runs only (inside one it raises: streams are not journaled yet)."""
         if current() is not None:
             raise EngrainError("durable(agent): streamed requests are not journaled yet; use run/run_sync "
                                "inside an engrain run")
@@ -79,6 +81,7 @@ class DurableToolset(WrapperToolset):
     """A toolset whose tool calls are journaled ``tool`` steps inside an engrain run."""
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: Any, tool: Any) -> Any:
+        """Call the tool; inside an engrain run a journaled step (its result replayed on resume)."""
         run = current()
         if run is None:
             return await self.wrapped.call_tool(name, tool_args, ctx, tool)

@@ -59,14 +59,20 @@
   async function runsView(params) {
     const status = params.get("status") || "";
     const task = params.get("task") || "";
+    const internal = params.get("internal") === "1";
     const q = new URLSearchParams({ limit: "200" });
     if (status) q.set("status", status);
     if (task) q.set("task", task);
+    if (!internal) q.set("internal", "false");  // agent definitions and cache calls, shown on request
     const runs = await api("GET", `/api/runs?${q}`);
     const statusSel = h("select", { id: "runs-status", name: "status" },
       ["", "ok", "failed", "needs_input", "running", "queued", "cancelled"].map((s) => h("option", { value: s, text: s || "any", selected: s === status })));
     statusSel.value = status;
     const taskIn = h("input", { id: "runs-task", name: "task", type: "search", value: task, "aria-describedby": "runs-task-hint" });
+    const internalIn = h("input", {
+      id: "runs-internal", name: "internal", type: "checkbox", checked: internal,
+      onchange: () => form.requestSubmit(),
+    });
     const form = h("form", {
       class: "toolbar", role: "search", "aria-label": "Filter runs",
       onsubmit: (e) => {
@@ -74,6 +80,7 @@
         const p = new URLSearchParams();
         if (statusSel.value) p.set("status", statusSel.value);
         if (taskIn.value.trim()) p.set("task", taskIn.value.trim());
+        if (internalIn.checked) p.set("internal", "1");
         const target = `#/runs${p.toString() ? "?" + p : ""}`;
         if (location.hash === target) route();
         else location.hash = target;
@@ -82,10 +89,17 @@
     h("div", { class: "field" }, h("label", { for: "runs-status", text: "Status" }), statusSel),
     h("div", { class: "field" }, h("label", { for: "runs-task", text: "Task" }), taskIn,
       h("span", { class: "hint", id: "runs-task-hint", text: "exact task text" })),
+    h("div", { class: "field check" }, internalIn,
+      h("label", { for: "runs-internal", text: "Show internal runs (agent definitions, cache calls)" })),
     h("button", { type: "submit", text: "Filter" }));
-    const rows = runs.map((r) => h("tr", { class: r.status === "failed" ? "failed" : null, "data-run-id": r.run_id },
+    const rows = runs.map((r) => h("tr", {
+      class: [r.status === "failed" ? "failed" : "", r.kind === "internal" ? "internal" : ""].join(" ").trim() || null,
+      "data-run-id": r.run_id, "data-kind": r.kind || "run",
+    },
       h("td", {}, h("a", { href: `#/runs/${enc(r.run_id)}`, class: "mono", text: r.run_id })),
-      h("td", {}, badge(r.status)),
+      // An adapter's log (a LangGraph thread) never finishes: show what it is, not "running".
+      h("td", {}, r.kind === "thread" || r.kind === "session" ? badge(r.kind, "log") : badge(r.status),
+        r.kind === "internal" ? [" ", badge("internal", "muted")] : null),
       h("td", { text: r.task }),
       h("td", { text: (r.tags || []).join(", ") }),
       h("td", {}, timeCell(r.updated)),
@@ -135,9 +149,11 @@
     const tEnd = events.length ? events[events.length - 1].ts : null;
     const nodes = [
       h("p", {}, h("a", { href: "#/runs", text: "← All runs" })),
-      h("h1", {}, "Run ", h("span", { class: "mono", text: run.run_id })),
+      h("h1", {}, data.log ? `${data.log.kind === "thread" ? "LangGraph thread" : "Session"} ` : "Run ",
+        h("span", { class: "mono", text: data.log ? data.log.id : run.run_id })),
       h("dl", { class: "meta" },
-        h("dt", { text: "Status" }), h("dd", {}, badge(run.status), " ", h("span", { id: "live-indicator", class: "live" })),
+        h("dt", { text: "Status" }), h("dd", {}, data.log ? badge(data.log.kind, "log") : badge(run.status), " ",
+          h("span", { id: "live-indicator", class: "live" })),
         h("dt", { text: "Task" }), h("dd", { text: run.task }),
         h("dt", { text: "Tags" }), h("dd", { text: (run.tags || []).join(", ") || "—" }),
         h("dt", { text: "Created" }), h("dd", { text: fmtTime(run.created) }),
@@ -159,6 +175,13 @@
     if (data.prompt) {
       nodes.push(data.prompt.at_most_once ? happenedPanel(run.run_id, data.prompt, () => reload())
         : promptPanel(run.run_id, data.prompt, () => reload()));
+    }
+    if (data.log) {
+      nodes.push(window.engrainLogs.logPanel(data.log));
+      nodes.push(h("h2", { text: `Events (${events.length})` }));
+      nodes.push(table([["Seq", "num"], ["Time", "num"], "Kind", "Name", "Data"], events.map((e) => eventRow(e, t0))));
+      container.replaceChildren(...nodes);
+      return;
     }
     nodes.push(runActions(run, data.steps || [], reload));
     const steps = data.steps || [];
@@ -710,6 +733,31 @@
           s.expired ? h("span", { class: "muted", text: "(expired)" }) : [h("span", { class: "muted" }, "· ", fmtTime(s.created), " · "), s.content])))));
   }
 
+  /** The Consolidate button: one pass over the buffer, then its summary, then the page again. */
+  function consolidatePanel(stats) {
+    const out = h("div", { id: "consolidate-result", "aria-live": "polite" });
+    const button = h("button", {
+      type: "button", id: "consolidate", disabled: !stats.buffer,
+      onclick: async () => {
+        button.disabled = true;
+        out.replaceChildren(h("p", { class: "muted", text: "Consolidating…" }));
+        try {
+          const s = await api("POST", "/api/memory/consolidate", { num_records: "all" });
+          setStatus(`Consolidated: ${s.formed || 0} formed, ${s.updated || 0} updated, ${s.dropped || 0} dropped (${s.synthesizer || ""}).`,
+            Boolean(s.errors && s.errors.length));
+          route();
+        } catch (e) {
+          out.replaceChildren(errorBox(e));
+          button.disabled = false;
+        }
+      },
+    }, "Consolidate");
+    return h("section", { class: "toolbar", "aria-label": "Consolidate" },
+      button,
+      h("span", { class: "hint", text: stats.buffer ? `${stats.buffer} record(s) in the buffer become articles (one per subject).` : "The buffer is empty." }),
+      out);
+  }
+
   async function memoryView(params) {
     const [stats, articles] = await Promise.all([api("GET", "/api/memory/stats"), api("GET", "/api/memory/articles")]);
     const query = params.get("q") || "";
@@ -751,10 +799,11 @@
         card("Articles", stats.articles ?? 0, "articles"),
         card("Consolidations", stats.consolidations ?? 0, "consolidations")),
       h("p", { class: "muted", text: `embedder: ${stats.embedder || "—"} · vector search: ${stats.vector_search || "—"} · backend: ${stats.backend || "—"}` }),
+      consolidatePanel(stats),
       form,
       results,
       h("h2", { text: `Articles (${articles.length})` }),
-      articles.length ? h("ul", { class: "results", id: "articles" }, articles.map(articleItem)) : h("p", { class: "muted", text: "No articles yet (consolidate the buffer to form some)." }),
+      articles.length ? h("ul", { class: "results", id: "articles" }, articles.map(articleItem)) : h("p", { class: "muted", text: "No articles yet: consolidate the buffer to form some." }),
     ];
   }
 

@@ -6,18 +6,84 @@ window.engrainChat = (() => {
   const { h, badge, short, setStatus, errorBox, table, token, api, enc } = window.engrainUI;
 
   async function agentsView() {
-    const agents = (await api("GET", "/api/agents")).filter((a) => a.kind === "llm");
+    const [all, options] = await Promise.all([api("GET", "/api/agents"), api("GET", "/api/agents/options")]);
+    const agents = all.filter((a) => a.kind === "llm");
+    const lacks = (model) => {
+      const p = (options.providers || []).find((x) => x.name === String(model || "").split(":")[0]);
+      return p ? p.missing_key : null;
+    };
     const rows = agents.map((a) => h("tr", { "data-agent": a.name },
       h("td", {}, h("a", { href: `#/chat/${enc(a.name)}`, text: a.name })),
-      h("td", { class: "mono", text: a.model }),
+      h("td", {}, h("span", { class: "mono", text: a.model }),
+        lacks(a.model) ? [" ", badge(`no ${lacks(a.model)}`, "warning")] : null),
       h("td", { text: (a.tools || []).join(", ") || "—" }),
       h("td", { text: short(a.instructions || "", 100) || "—" })));
     return [
       h("h1", { text: "Chat with an agent" }),
       agents.length
         ? table(["Agent", "Model", "Tools", "Instructions"], rows)
-        : h("p", { class: "muted", text: "No LLM agents yet: create one with POST /api/agents or engrain.Client.create_agent()." }),
+        : h("p", { class: "muted", text: "No LLM agents yet: create one below." }),
+      createForm(options, lacks),
     ];
+  }
+
+  /** The form that creates an LLM agent (POST /api/agents); it says when the server lacks the model's key. */
+  function createForm(options, lacks) {
+    const providers = options.providers || [];
+    const name = h("input", { id: "agent-name", name: "name", required: true, pattern: "[A-Za-z_][A-Za-z0-9_.\\-]{0,63}",
+      "aria-describedby": "agent-name-hint" });
+    const model = h("input", { id: "agent-model", name: "model", required: true, list: "agent-models",
+      value: (providers[0] && providers[0].example) || "", "aria-describedby": "agent-model-key" });
+    const keyNote = h("p", { id: "agent-model-key", class: "notice", role: "status", hidden: true });
+    const showKey = () => {
+      const env = lacks(model.value);
+      const provider = model.value.split(":")[0];
+      keyNote.hidden = !env;
+      keyNote.textContent = env
+        ? `The server has no ${env}: an agent on ${provider} can be created, but it cannot answer until the server is restarted with ${env} set.`
+        : "";
+    };
+    model.addEventListener("input", showKey);
+    const instructions = h("textarea", { id: "agent-instructions", name: "instructions", rows: "3" });
+    const tools = options.tools || [];
+    const boxes = tools.map((t, i) => ({ t, box: h("input", { type: "checkbox", id: `agent-tool-${i}`, name: "tools", value: t.name,
+      disabled: t.kind === "unusable" }) }));
+    const out = h("div", { "aria-live": "polite" });
+    const submit = h("button", { type: "submit", text: "Create agent" });
+    const form = h("form", {
+      class: "agent-form", id: "create-agent", "aria-labelledby": "create-agent-title",
+      onsubmit: async (e) => {
+        e.preventDefault();
+        submit.disabled = true;
+        out.replaceChildren();
+        try {
+          const made = await api("POST", "/api/agents", {
+            name: name.value.trim(), model: model.value.trim(), instructions: instructions.value,
+            tools: boxes.filter((b) => b.box.checked).map((b) => b.t.name),
+          });
+          setStatus(made.warning ? `Agent ${made.name} created. ${made.warning}` : `Agent ${made.name} created.`, Boolean(made.warning));
+          location.hash = `#/chat/${enc(made.name)}`;
+        } catch (err) {
+          out.replaceChildren(errorBox(err));
+          submit.disabled = false;
+        }
+      },
+    },
+    h("div", { class: "field" }, h("label", { for: "agent-name", text: "Name" }), name,
+      h("span", { class: "hint", id: "agent-name-hint", text: "letters, digits, _ . - (at most 64)" })),
+    h("div", { class: "field" }, h("label", { for: "agent-model", text: "Model" }), model,
+      h("datalist", { id: "agent-models" }, providers.map((p) => h("option", { value: p.example })))),
+    keyNote,
+    h("div", { class: "field" }, h("label", { for: "agent-instructions", text: "Instructions" }), instructions),
+    h("fieldset", {}, h("legend", { text: "Tools" }),
+      boxes.length
+        ? boxes.map(({ t, box }) => h("div", { class: "field check" }, box,
+          h("label", { for: box.id }, h("span", { class: "mono", text: t.name }), " ", badge(t.kind, t.kind === "unusable" ? "error" : "muted"),
+            h("span", { class: "hint", text: ` ${short(t.description || "", 100)}` }))))
+        : h("p", { class: "muted", text: "This server has no tools (start it with --tools module:registry or --tools-dir DIR)." })),
+    submit, out);
+    showKey();
+    return h("section", { class: "panel" }, h("h2", { id: "create-agent-title", text: "Create an agent" }), form);
   }
 
   function tsLabel(ts) {
@@ -82,9 +148,10 @@ window.engrainChat = (() => {
   async function chatView(agentName, params) {
     const session = params.get("session") || newSession();
     if (!params.get("session")) history.replaceState(null, "", `#/chat/${enc(agentName)}?session=${enc(session)}`);
-    const [agents, past] = await Promise.all([
+    const [agents, past, options] = await Promise.all([
       api("GET", "/api/agents"),
       api("GET", `/api/agents/${enc(agentName)}/sessions/${enc(session)}`),
+      api("GET", "/api/agents/options"),
     ]);
     const agent = agents.find((a) => a.kind === "llm" && a.name === agentName);
     if (!agent) throw new Error(`no LLM agent named ${agentName}`);
@@ -140,8 +207,12 @@ window.engrainChat = (() => {
         }
       },
     }, h("label", { for: "chat-input", class: "visually-hidden", text: "Message" }), input, send);
+    const provider = (options.providers || []).find((p) => p.name === agent.model.split(":")[0]);
+    const env = provider && provider.missing_key;
     return [
       h("h1", { text: `Chat: ${agentName}` }),
+      env ? h("p", { class: "notice", id: "model-key-missing", role: "alert",
+        text: `The server has no ${env}: this agent cannot answer until the server is restarted with ${env} set in its environment.` }) : null,
       h("p", { class: "muted" }, h("span", { class: "mono", text: agent.model }), ` · session ${session} · `,
         h("a", { href: `#/chat/${enc(agentName)}?session=${enc(newSession())}`, text: "new session" })),
       log,
