@@ -76,22 +76,24 @@ def _run_thunk(key: str, fn: Callable[[], Any]) -> Any:
 
 
 def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: str, emit: Emit,
-              wait: bool = True) -> list[dict[str, Any]]:
+              wait: bool = True, tools: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Answer one model reply's tool calls: one tool message per call, in the model's order.
 
     ``wait=False`` when a model call comes next: each result's append is sent
     without waiting for the store's answer (see ``Journal.append``), and the
-    model step's append raises its failure.
+    model step's append raises its failure. ``tools`` are the run's tools when
+    they are more than the agent's (learned routines offered to this run).
     """
+    tools = agent.tools if tools is None else tools
     out: list[dict[str, Any]] = []
     pending: list[tuple[int, Any, Any, dict[str, Any]]] = []
     for c in calls:
         emit({"type": "tool_call", "id": c["id"], "name": c["name"], "arguments": c["arguments"]})
         msg = {"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": "", "error": False, "ts": ts}
         out.append(msg)
-        tool = agent.tools.get(c["name"])
+        tool = tools.get(c["name"])
         if tool is None:
-            known = ", ".join(sorted(agent.tools)) or "none"
+            known = ", ".join(sorted(tools)) or "none"
             msg.update(content=f"error: unknown tool {c['name']!r}; available tools: {known}", error=True)
             continue
         try:
@@ -171,7 +173,12 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         emit({"type": "cache", "hit": plan is not None})
     log: list[dict[str, Any]] = []
     replaying = plan is not None
-    specs = [t.spec() for t in agent.tools.values()]
+    tools = agent.tools
+    if agent.learn and not replaying:
+        from .learn import offer
+
+        tools = {**agent.tools, **offer(agent, ctx, text)}
+    specs = [t.spec() for t in tools.values()]
     for turn in range(agent.max_turns):
         if replaying:
             reply = {**plan["turns"][turn]["reply"], "ts": user["ts"]}
@@ -212,7 +219,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             return {"text": reply["text"], "messages": new}
         # Replaying a cached trajectory, the next turn runs tools with no append before them:
         # each result is waited for, so none runs after a refused append.
-        results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying)
+        results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying, tools=tools)
         msgs.extend(results)
         new.extend(results)
         contents = [r["content"] for r in results]
