@@ -211,3 +211,25 @@ def _done_steps(journal: Journal, run_id: str) -> list[dict[str, Any]]:
 
     return [{"tool": s.name, "args": s.args, "result": s.result}
             for s in steps_of(journal.read(run_id)).values() if s.state == "completed" and s.type == "tool"]
+
+
+# -- human review (the CLI and the HTTP API share these) ---------------------------------------
+
+
+def edit_routine(store: Any, ref: str, routine: dict[str, Any] | str, skill: str | None = None) -> Any:
+    """Replace learned routine ``ref`` with a human's version (``routine.yaml`` data or text), checked first.
+
+    :class:`~engrain.MemoryInputError` lists every problem; nothing is saved then.
+    """
+    from .._errors import MemoryInputError
+    from .._routines.induce import check_learned, parse_edit
+
+    try:
+        data = parse_edit(routine) if isinstance(routine, str) else routine
+    except ValueError as e:
+        raise MemoryInputError(str(e)) from None
+    r = store.get(ref, skill)
+    problems = check_learned({**data, "name": r.name} if isinstance(data, dict) else data)
+    if problems:
+        raise MemoryInputError(f"learned routine {r.name!r}: the edit is refused: " + "; ".join(problems))
+    return store.edit(r.id, data)

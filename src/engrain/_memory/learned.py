@@ -39,6 +39,10 @@ MAX_EVIDENCE = 8  # runs kept per routine: the newest, enough to tell inputs fro
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
 
 
+class LearnedRoutineNotFoundError(MemoryInputError, LookupError):
+    """No learned routine has this id or name."""
+
+
 @dataclass(slots=True)
 class LearnedRoutine:
     """One learned routine of a skill (see the module docstring for the fields)."""
@@ -139,7 +143,7 @@ class LearnedRoutines:
                 rows = self.store._x(sql, args).fetchall()
         if not rows:
             where = f" in skill {skill!r}" if skill is not None else ""
-            raise MemoryInputError(f"no learned routine {ref!r}{where} (see `engrain routines`)")
+            raise LearnedRoutineNotFoundError(f"no learned routine {ref!r}{where} (see `engrain routines`)")
         if len(rows) > 1:
             skills = ", ".join(sorted(r[1] for r in rows))
             raise MemoryInputError(f"learned routine name {ref!r} is in several skills ({skills}): give its id or --skill")
