@@ -323,3 +323,58 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_learn_must_be_a_flag_or_a_skill(bad):
     with pytest.raises(eg.ConfigError):
         eg.Agent("x", "openai:m", learn=bad)
+
+
+def test_a_result_value_the_runs_never_varied_is_pinned_inside_text_and_asserted():
+    # Two bills that were both "paid": the note must not read the status from a third bill.
+    def trace(i: int, f: str) -> AgentTrace:
+        return AgentTrace(f"r{i}", f"Pay the bill in {f}", [
+            ToolCall("read_file", {"path": f}, {"path": f, "status": "paid"}, 0),
+            ToolCall("notify", {"text": f"{f} is already paid"}, "sent", 1)])
+
+    done = induce([trace(1, "bills/a.txt"), trace(2, "bills/b.txt")])
+    assert done.status == "confirmed"
+    assert done.routine["steps"][-2]["args"] == {"text": "{{ inputs.path }} is already paid"}
+    assert [s["expr"] for s in done.routine["steps"] if s["type"] == "assert"] == ['step1.status == "paid"']
+    assert 'Expects step1.status == "paid"' in done.routine["description"]
+
+
+def test_flags_the_model_saw_are_asserted_even_when_no_argument_reads_them():
+    def trace(i: int, name: str) -> AgentTrace:
+        return AgentTrace(f"r{i}", f"Archive {name}", [
+            ToolCall("stat_file", {"name": name}, {"folder": "projects", "locked": False, "size": 10 * i}, 0),
+            ToolCall("copy_file", {"src": f"projects/{name}", "dst": f"archive/{name}"}, "copied", 1)])
+
+    done = induce([trace(1, "a.pdf"), trace(2, "b.pdf")])
+    exprs = [s["expr"] for s in done.routine["steps"] if s["type"] == "assert"]
+    assert "step1.locked == False" in exprs and 'step1.folder == "projects"' in exprs
+    assert done.routine["steps"][-2]["args"] == {"src": "projects/{{ inputs.name }}", "dst": "archive/{{ inputs.name }}"}
+
+
+def test_a_stop_finished_by_hand_the_same_way_teaches_the_routine(tmp_path):
+    journal = open_journal(f"sqlite:///{tmp_path / 'e.db'}")
+    bank = Bank()
+    for f in ("bills/may.txt", "bills/jun.txt"):
+        bank.files[f]["bank"] = "Sparkasse"  # the same in both learned runs: asserted
+    bank.files["bills/jul.txt"]["bank"] = "ING"
+    _pay_run(journal, bank, "bills/may.txt")
+    _pay_run(journal, bank, "bills/jun.txt")
+    assert 'step1.bank == "Sparkasse"' in [s.get("expr") for s in LearnedRoutines(journal.url).get("pay_bill").routine["steps"]]
+    d = bank.files["bills/jul.txt"]
+
+    def respond(api: str, body: dict):
+        last = body["messages"][-1]
+        if last["role"] == "user":
+            return tool_call("pay_bill", path="bills/jul.txt")
+        if '"stopped"' in last["content"]:
+            return tool_call("pay", iban=d["iban"], amount=d["amount"])
+        return say("Paid.")
+
+    with ScriptedModel(respond) as m:
+        a = _agent(m, journal, bank)
+        assert a.run("Pay the bill in bills/jul.txt")
+    assert a.last_learned.action == "updated" and a.last_learned.runs == 3
+    r = LearnedRoutines(journal.url).get("pay_bill")
+    exprs = [s.get("expr") for s in r.routine["steps"] if s["type"] == "assert"]
+    assert exprs == ['step1.status == "unpaid"']  # the bank assert was not needed: it dropped out
+    assert r.evidence[-1]["calls"][0]["turn"] == 0 and r.evidence[-1]["calls"][1]["turn"] == 1

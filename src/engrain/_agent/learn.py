@@ -7,8 +7,11 @@ in the skill's learned routines (:mod:`engrain._memory.learned`) and induces the
 routine again from every run of that shape it holds
 (:func:`engrain._routines.induce.induce`): a candidate after one run, confirmed
 after two with different tasks, not compilable when an argument has no
-explanation. A run that called a learned routine teaches nothing new and is
-skipped; so is a routine a human edited (its runs are still recorded).
+explanation. A run in which a learned routine finished teaches nothing new and
+is skipped; in a run where one stopped, its child run's tool calls stand in for
+it, so a stop the model finished by hand the same way is one more run of the
+routine's shape (an assert the runs did not need then drops out). A routine a
+human edited is not re-induced (its runs are still recorded).
 
 **Offer.** At the start of a run, :func:`offer` recalls the skill's confirmed
 (or promoted) routines whose source tasks read like the task, as a journaled
@@ -83,13 +86,12 @@ def learn_from_run(agent: Any, journal: Journal, run_id: str) -> LearnReport:
         return LearnReport(run_id, "skipped", "the run did not end ok")
     offered = {o["tool"] for e in events if e.name == OFFER_STEP and e.kind == "step.completed"
                for o in (e.data.get("result") or [])}
-    used = sorted({e.name for e in events if e.name in offered and e.kind in ("step.completed", "step.failed")})
-    if used:
-        return LearnReport(run_id, "skipped", f"the run called learned routine(s) {', '.join(used)}")
     try:
-        trace = agent_trace(run_id, events)
+        trace = agent_trace(run_id, events, offered, journal.read)
     except TraceTooLarge as e:
         return LearnReport(run_id, "skipped", str(e))
+    if trace.used:
+        return LearnReport(run_id, "skipped", f"the run called learned routine {trace.used}, which finished")
     if not trace.calls:
         return LearnReport(run_id, "skipped", "the run called no tool")
     store = store_for(agent, journal)

@@ -35,6 +35,7 @@ import json
 import keyword
 import re
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from .compiler import _child, _key
@@ -74,6 +75,7 @@ class AgentTrace:
     task: str
     calls: list[ToolCall]
     dropped: int = 0  # failed tool calls left out (the model retried or gave up on them)
+    used: str | None = None  # a learned routine the run called and that finished
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "task": self.task, "calls": [c.to_dict() for c in self.calls],
@@ -85,9 +87,18 @@ class AgentTrace:
                                                       for c in d["calls"]], int(d.get("dropped", 0)))
 
 
-def agent_trace(run_id: str, events: list[Any]) -> AgentTrace:
-    """The :class:`AgentTrace` of a finished agent run's journal events (``_events.Event`` objects)."""
-    task, turn, calls, dropped = "", -1, [], 0
+def agent_trace(run_id: str, events: list[Any], routines: set[str] | frozenset[str] = frozenset(),
+                read: Callable[[str], list[Any]] | None = None) -> AgentTrace:
+    """The :class:`AgentTrace` of a finished agent run's journal events (``_events.Event`` objects).
+
+    ``routines`` are the learned routines the run was offered. A call of one
+    that finished leaves ``used`` set (such a run teaches nothing new). A call
+    that stopped is replaced by the tool calls its child run made (``read``
+    gives a run's events), one turn each, as the model would have made them by
+    hand; the calls the model made after it follow, so a stop followed by the
+    same steps by hand is one more run of the routine's shape.
+    """
+    task, turn, shift, calls, dropped, used = "", -1, 0, [], 0, None
     for e in events:
         d = e.data if isinstance(e.data, dict) else {}
         if e.kind == "run.started":
@@ -98,9 +109,19 @@ def agent_trace(run_id: str, events: list[Any]) -> AgentTrace:
             elif d.get("type") == "tool" and not e.name.startswith(INTERNAL_PREFIXES):
                 if e.kind == "step.failed":
                     dropped += 1
+                elif e.name in routines:
+                    out = d.get("result") if isinstance(d.get("result"), dict) else {}
+                    if out.get("status") != "stopped" or read is None:
+                        used = e.name
+                        continue
+                    child = [ToolCall(c.name, c.data.get("args") or {}, c.data.get("result"), max(turn, 0) + shift + i)
+                             for i, c in enumerate(x for x in read(str(out.get("run_id"))) if x.kind == "step.completed"
+                                                   and (x.data or {}).get("type") == "tool")]
+                    calls += child
+                    shift += max(len(child) - 1, 0)
                 else:
-                    calls.append(ToolCall(e.name, d.get("args") or {}, d.get("result"), max(turn, 0)))
-    trace = AgentTrace(run_id, task, calls, dropped)
+                    calls.append(ToolCall(e.name, d.get("args") or {}, d.get("result"), max(turn, 0) + shift))
+    trace = AgentTrace(run_id, task, calls, dropped, used)
     if len(json.dumps(trace.to_dict(), default=str)) > MAX_TRACE_CHARS:
         raise TraceTooLarge(f"run {run_id}: its tool calls and results exceed {MAX_TRACE_CHARS} characters")
     return trace
@@ -267,8 +288,14 @@ class _Induction:
                     found.append(p)
         return found
 
-    def _string_template(self, k: int, vals: list[Any]) -> str | None:
-        """Literal text around known strings (inputs, earlier results), rendering right in every run."""
+    def _string_template(self, k: int, vals: list[Any], sure: bool) -> str | None:
+        """Literal text around known strings (inputs, earlier results), rendering right in every run.
+
+        A result value that was the same in every run is kept as literal text
+        (the runs cannot tell it is read from there) and asserted instead: a
+        routine learned from two bills that were both "paid" must not write
+        "already unpaid" about a third.
+        """
         if not isinstance(vals[0], str) or len(vals[0]) < 5:
             return None
         known: list[tuple[str, str]] = [(v[0], f"inputs.{n}") for n, v in self.inputs.values.items()
@@ -287,6 +314,12 @@ class _Induction:
                 if all(i + len(s) <= a or i >= b for a, b, _ in spans):
                     spans.append((i, i + len(s), p))
                 i = text.find(s, i + len(s))
+        pinned = []
+        for a, b, p in list(spans):
+            if sure and not p.startswith("inputs.") and all(
+                    _same(self._at(r, p), text[a:b]) for r in range(self.n)):
+                spans.remove((a, b, p))
+                pinned.append(p)
         if not spans:
             return None
         out, pos = [], 0
@@ -300,7 +333,15 @@ class _Induction:
                     return None
             except Exception:  # noqa: BLE001 - a template that does not render here explains nothing
                 return None
+        for p in pinned:
+            v = self._at(0, p)
+            self._assert([p], f"{p} == {_literal(v)}", f"{p} is no longer {_short(v)}")
         return tpl
+
+    def _at(self, r: int, path: str) -> Any:
+        """The value at a result path in run r (``_NO`` when that run's result has no such node)."""
+        j = int(re.match(r"step(\d+)", path).group(1)) - 1  # type: ignore[union-attr]
+        return self.index[r][j].get(path, _NO)
 
     def explain(self, k: int, path: tuple[Any, ...], vals: list[Any]) -> Any:
         """The template of one argument leaf of step k (``_NO`` when nothing explains it)."""
@@ -334,7 +375,7 @@ class _Induction:
             for other in paths[1:4]:  # the runs could not tell these apart: the routine relies on them agreeing
                 self._assert([first, other], f"{first} == {other}", f"{first} and {other} differ")
             return note(f"result {first}", placeholder(first))
-        tpl = self._string_template(k, vals) if varies or not sure else None
+        tpl = self._string_template(k, vals, sure) if varies or not sure else None
         if tpl is not None:
             for v in re.findall(r"\{\{ (step\d+[^ ]*) \}\}", tpl):
                 self._consume(v)
@@ -366,10 +407,10 @@ class _Induction:
         self.consumed.setdefault(step, set()).add(path)
 
     def invariants(self, j: int) -> None:
-        """Asserts on what step j's result held in every run, where later steps read it."""
-        read = self.consumed.get(j)
-        if not read:
-            return
+        """Asserts on what step j's result held in every run: its top-level flags and status words (the
+        model saw them before it went on, whether or not a later argument reads them), and the same in
+        the records and lists that later arguments read from."""
+        read = self.consumed.get(j, set())
         parents: set[str] = {f"step{j + 1}"}
         for p in read:  # the records a consumed value sits in, and the lists holding them
             for m in re.finditer(r"\[\d+\]|\.[A-Za-z_]\w*|\[\"[^\"]*\"\]", p):
@@ -431,7 +472,8 @@ class _Induction:
                   "additionalProperties": False}
         routine = {
             "name": name,
-            "description": describe(tasks, pattern, [c.name for c in calls], self.n),
+            "description": describe(tasks, pattern, [c.name for c in calls], self.n,
+                                    [s["expr"] for s in steps if s["type"] == "assert"]),
             "version": "1",
             "trusted": False,  # learned is not reviewed: a human promotes it
             "inputs": schema,
@@ -495,13 +537,16 @@ def _rebuild(value: Any, filled: dict[tuple[Any, ...], Any], path: tuple[Any, ..
     return filled[path]
 
 
-def describe(tasks: list[str], pattern: str | None, tools: list[str], runs: int) -> str:
+def describe(tasks: list[str], pattern: str | None, tools: list[str], runs: int, expects: list[str] = ()) -> str:
     """The description the model sees when the routine is offered as a tool."""
     shown = "; ".join(repr(t[:120]) for t in tasks[:3])
     text = f"Learned routine: does in one call what these tasks needed: {shown}."
     if pattern:
         text += f" Task pattern: {pattern}."
-    text += (f" Calls {', '.join(dict.fromkeys(tools))}. Learned from {runs} run(s), not reviewed by a human. "
+    text += f" Calls {', '.join(dict.fromkeys(tools))}."
+    if expects:  # what tells two routines of one task pattern apart (a bill unpaid, or already paid)
+        text += f" Expects {'; '.join(expects[:4])}{' ...' if len(expects) > 4 else ''}."
+    text += (f" Learned from {runs} run(s), not reviewed by a human. "
              "If the world differs from the learned runs it stops and returns what it did and why; then go on by hand.")
     return text
 
