@@ -13,8 +13,8 @@ window.engrainLearned = (() => {
         ev.target.disabled = true;
         try {
           await api(method, path, body);
+          window.dispatchEvent(new HashChangeEvent("hashchange"));  // re-render the page (it clears the status)
           setStatus(`${label}: ${r.name}.`);
-          window.dispatchEvent(new HashChangeEvent("hashchange"));
         } catch (err) {
           setStatus(err.message, true);
           ev.target.disabled = false;
