@@ -281,6 +281,11 @@ def test_review_edit_promote_delete_through_the_api_and_the_cli(tmp_path):
     assert a.last_learned.action == "recorded" and "edited by a human" in a.last_learned.reason
     assert LearnedRoutines(url).get("pay_bill").description == "Pay a bill file (reviewed)."
 
+    pub = eg.LearnedRoutines(url)
+    with pytest.raises(eg.MemoryInputError, match="not allowed|starts with '_'"):
+        pub.edit("pay_bill", "name: x\ninputs: {type: object}\nsteps:\n- {id: a, type: assert, expr: \"__import__('os')\"}\n")
+    with pytest.raises(eg.MemoryInputError, match="invalid YAML"):
+        pub.edit("pay_bill", "steps: [")
     r = _cli("routines", "promote", "pay_bill", "--undo", "--url", url, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["trusted"] is False
     r = _cli("routines", "delete", "pay_bill", "--url", url)

@@ -35,6 +35,7 @@ from typing import Any
 
 from .._durable.context import RunContext, idempotency_key
 from .._journal import Journal
+from .._memory.learned import LearnedRoutines as _Store
 from .toolspec import AgentTool
 
 #: Name of the journaled step that records which routines a run was offered.
@@ -70,8 +71,6 @@ def store_for(agent: Any, journal: Journal) -> Any:
     with _lock:
         s = _stores.get(id(mem))
         if s is None or s.memory is not mem:
-            from .._memory.learned import LearnedRoutines
-
             s = _stores[id(mem)] = LearnedRoutines(mem)
         return s
 
@@ -218,20 +217,28 @@ def _done_steps(journal: Journal, run_id: str) -> list[dict[str, Any]]:
 # -- human review (the CLI and the HTTP API share these) ---------------------------------------
 
 
-def edit_routine(store: Any, ref: str, routine: dict[str, Any] | str, skill: str | None = None) -> Any:
-    """Replace learned routine ``ref`` with a human's version (``routine.yaml`` data or text), checked first.
+class LearnedRoutines(_Store):
+    """The routines agents learned, for review: ``list``, ``get``, ``edit``, ``promote``, ``delete``.
 
-    :class:`~engrain.MemoryInputError` lists every problem; nothing is saved then.
+    ``engrain.LearnedRoutines()`` opens the default store (or a URL, or an
+    :class:`engrain.Memory`). ``edit`` takes ``routine.yaml`` text or data and
+    refuses (:class:`~engrain.MemoryInputError`, every problem listed) a
+    routine that is not a valid package or holds anything but tool calls,
+    asserts and its return; ``promote`` sets ``trusted: true`` (``trusted=False``
+    takes it back).
     """
-    from .._errors import MemoryInputError
-    from .._routines.induce import check_learned, parse_edit
 
-    try:
-        data = parse_edit(routine) if isinstance(routine, str) else routine
-    except ValueError as e:
-        raise MemoryInputError(str(e)) from None
-    r = store.get(ref, skill)
-    problems = check_learned({**data, "name": r.name} if isinstance(data, dict) else data)
-    if problems:
-        raise MemoryInputError(f"learned routine {r.name!r}: the edit is refused: " + "; ".join(problems))
-    return store.edit(r.id, data)
+    def edit(self, ref: str, routine: dict[str, Any] | str, skill: str | None = None) -> Any:
+        """Replace learned routine ``ref`` with a human's version, checked first; it is then never re-induced."""
+        from .._errors import MemoryInputError
+        from .._routines.induce import check_learned, parse_edit
+
+        try:
+            data = parse_edit(routine) if isinstance(routine, str) else routine
+        except ValueError as e:
+            raise MemoryInputError(str(e)) from None
+        r = self.get(ref, skill)
+        problems = check_learned({**data, "name": r.name} if isinstance(data, dict) else data)
+        if problems:
+            raise MemoryInputError(f"learned routine {r.name!r}: the edit is refused: " + "; ".join(problems))
+        return self.replace(r.id, data)

@@ -22,7 +22,7 @@ RefArg = Annotated[str, typer.Argument(help="The routine's id or name.")]
 
 
 def _store(url: str | None) -> Any:
-    from .._memory.learned import LearnedRoutines
+    from .._agent.learn import LearnedRoutines
 
     return LearnedRoutines(url)
 
@@ -97,9 +97,7 @@ def edit(
     except OSError as e:
         raise fail(f"{file}: {e.strerror or e}", 2) from None
     with errors_as_exit():
-        from .._agent.learn import edit_routine
-
-        r = edit_routine(_store(url), ref, text, skill)
+        r = _store(url).edit(ref, text, skill)
     if json_out:
         print_json(r.to_dict())
     else:

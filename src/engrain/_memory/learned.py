@@ -225,8 +225,9 @@ class LearnedRoutines:
         r.routine = {**r.routine, "trusted": r.trusted}
         return self.save(r)
 
-    def edit(self, ref: str, routine: dict[str, Any], skill: str | None = None) -> LearnedRoutine:
-        """Replace the routine's ``routine.yaml`` data with a human's version (checked by the caller).
+    def replace(self, ref: str, routine: dict[str, Any], skill: str | None = None) -> LearnedRoutine:
+        """Replace the routine's ``routine.yaml`` data with a human's version, unchecked (storage only:
+        ``engrain.LearnedRoutines.edit`` checks it first).
 
         An edited routine keeps its review state, counts as ``confirmed`` (a
         human wrote it) and is no longer re-induced when more runs arrive.

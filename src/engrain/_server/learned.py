@@ -32,7 +32,7 @@ def _store(request: Request) -> tuple[Any, Any]:
     mem = state.memory()
     s = _STORES.get(id(mem))
     if s is None or s.memory is not mem:
-        from .._memory.learned import LearnedRoutines
+        from .._agent.learn import LearnedRoutines
 
         with state.memory_lock:
             s = _STORES[id(mem)] = LearnedRoutines(mem)
@@ -59,14 +59,13 @@ def show_learned(request: Request, ref: str, skill: str | None = Query(default=N
 @router.put("/learned/{ref}")
 def edit_learned(request: Request, ref: str, body: Edit, skill: str | None = Query(default=None, max_length=200)) -> dict[str, Any]:
     """Replace the routine with a human's version (checked; 422 lists every problem)."""
-    from .._agent.learn import edit_routine
     from .._errors import MemoryInputError
 
     if (body.yaml is None) == (body.routine is None):
         raise MemoryInputError("give exactly one of 'yaml' (text) or 'routine' (data)")
     store, lock = _store(request)
     with lock:
-        return edit_routine(store, ref, body.yaml if body.yaml is not None else body.routine, skill).to_dict()
+        return store.edit(ref, body.yaml if body.yaml is not None else body.routine, skill).to_dict()
 
 
 @router.post("/learned/{ref}/promote")
