@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from engrain._journal import open_journal
 from engrain._memory.learned import LearnedRoutines
 from engrain._routines.induce import AgentTrace, ToolCall, check_learned, induce
 
+CHILD_LEARN = pathlib.Path(__file__).with_name("learn_child.py")
 ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")
 LOCAL = "http://127.0.0.1:8765"
 
@@ -60,16 +62,17 @@ class Bank:
         return [read_file, pay, notify]
 
 
-def _agent(model: ScriptedModel, journal, bank: Bank, learn=True) -> eg.Agent:
-    return eg.Agent("biller", "openai:scripted", "Pay bills.", bank.tools(), base_url=model.openai_url,
+def _agent(model: ScriptedModel, journal, bank: Bank, learn=True, provider: str = "openai") -> eg.Agent:
+    url = model.openai_url if provider == "openai" else model.url
+    return eg.Agent("biller", f"{provider}:scripted", "Pay bills.", bank.tools(), base_url=url,
                     journal=journal, learn=learn)
 
 
-def _pay_run(journal, bank: Bank, f: str, memo: str = "") -> eg.Agent:
+def _pay_run(journal, bank: Bank, f: str, memo: str = "", provider: str = "openai") -> eg.Agent:
     d = bank.files[f]
     args = {"iban": d["iban"], "amount": d["amount"], **({"memo": memo} if memo else {})}
     with ScriptedModel([tool_call("read_file", path=f), tool_call("pay", **args), say("Paid.")]) as m:
-        a = _agent(m, journal, bank)
+        a = _agent(m, journal, bank, provider=provider)
         assert a.run(f"Pay the bill in {f}")
     return a
 
@@ -383,3 +386,72 @@ def test_a_stop_finished_by_hand_the_same_way_teaches_the_routine(tmp_path):
     exprs = [s.get("expr") for s in r.routine["steps"] if s["type"] == "assert"]
     assert exprs == ['step1.status == "unpaid"']  # the bank assert was not needed: it dropped out
     assert r.evidence[-1]["calls"][0]["turn"] == 0 and r.evidence[-1]["calls"][1]["turn"] == 1
+
+
+def test_a_routine_cut_by_a_crash_resumes_as_a_durable_child_run(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    effects = tmp_path / "effects.log"
+    effects.touch()
+    files = {"bills/may.txt": ("DE001", 120.5), "bills/jun.txt": ("DE002", 99.0)}
+
+    def respond(api: str, body: dict):
+        msgs = body["messages"]
+        task = next(m["content"] for m in msgs if m["role"] == "user").split()[-1]
+        done = sum(m["role"] == "tool" for m in msgs)
+        if "pay_bill" in _tool_names(body):
+            return tool_call("pay_bill", path=task) if done == 0 else say("Paid.")
+        if done == 0:
+            return tool_call("read_file", path=task)
+        return tool_call("pay", iban=files[task][0], amount=files[task][1]) if done == 1 else say("Paid.")
+
+    def child(task: str, run_id: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(CHILD_LEARN), url, model.openai_url, str(effects), task, run_id],
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    with ScriptedModel(respond) as model:
+        for f in files:
+            r = child(f"Pay the bill in {f}", f"learn-{f[6:9]}")
+            assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["learned"]["status"] == "confirmed"
+        (tmp_path / "effects.log.crash").touch()
+        effects.write_text("")
+        r = child("Pay the bill in bills/jul.txt", "r-crash")
+        assert r.returncode == -9  # SIGKILLed inside the routine's pay step
+        assert effects.read_text().split() == ["read_file", "bills/jul.txt", "r-crash:3:routine:0"]
+        calls = model.calls
+        (tmp_path / "effects.log.crash").unlink()
+        r = child("Pay the bill in bills/jul.txt", "r-crash")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["status"] == "ok" and out["output"] == "Paid."
+        assert model.calls == calls + 1  # the model's choice of the routine was replayed; only the answer is new
+    # read_file ran once (replayed from the child run's journal on resume); pay ran once, with a stable key
+    assert effects.read_text().split() == ["read_file", "bills/jul.txt", "r-crash:3:routine:0",
+                                           "pay", "DE003", "r-crash:3:routine:1"]
+    j = open_journal(url)
+    child_events = j.read("r-crash:3:routine")
+    assert child_events[0].data["tags"] == ["routine"] and child_events[-1].kind == "run.completed"
+    assert [e.name for e in child_events if e.kind == "step.completed"] == ["read_file", "pay"]
+
+
+def test_the_routine_is_offered_through_anthropic_messages_too(tmp_path):
+    journal = open_journal(f"sqlite:///{tmp_path / 'e.db'}")
+    bank = Bank()
+    _pay_run(journal, bank, "bills/may.txt", provider="anthropic")
+    _pay_run(journal, bank, "bills/jun.txt", provider="anthropic")
+    seen: list[dict] = []
+
+    def respond(api: str, body: dict):
+        assert api == "messages"
+        seen.append(body)
+        last = body["messages"][-1]["content"]
+        if isinstance(last, list) and last and last[0].get("type") == "tool_result":
+            return say("Paid.")
+        return tool_call("pay_bill", path="bills/jul.txt")
+
+    with ScriptedModel(respond) as m:
+        assert _agent(m, journal, bank, provider="anthropic").run("Pay the bill in bills/jul.txt")
+    tool = next(t for t in seen[0]["tools"] if t["name"] == "pay_bill")
+    assert tool["input_schema"]["required"] == ["path"]
+    result = json.loads(seen[1]["messages"][-1]["content"][0]["content"])
+    assert result["status"] == "ok" and bank.paid[-1] == ("DE003", 75.25, "")

@@ -183,8 +183,15 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
     """Run an offered routine as a durable child run; a stop returns what was done and why."""
     from .._routines.runner import run_routine
 
+    from .._routines.induce import LEARNED_STEP_TYPES
+
     parent = idempotency_key() or "agent"
     child = f"{parent}:routine"
+    odd = [s.get("id") for s in offered["routine"].get("steps") or [] if s.get("type") not in LEARNED_STEP_TYPES]
+    if odd:  # a learned routine is tool calls, asserts and a return; the journal cannot make it more
+        return {"status": "stopped", "routine": offered["name"], "run_id": None, "stopped_at": odd[0],
+                "reason": f"step type not allowed in a learned routine: {odd[0]}", "done": [],
+                "next": "The routine did not run. Do the task by hand."}
     registry = {name: (lambda t: lambda **kw: t.invoke(kw))(t) for name, t in agent.tools.items()}
     # No UDF of a learned routine runs outside the sandbox, whatever the routine says.
     res = run_routine(_package(offered["routine"]), inputs, tools=registry, run_id=child, journal=journal,

@@ -151,7 +151,12 @@ def _in_task(v: Any, task: str) -> bool:
     if isinstance(v, bool) or v is None:
         return False
     if isinstance(v, str):
-        return bool(v.strip()) and v in task
+        if not v.strip():
+            return False
+        # whole words only where the value starts or ends with one ("cat" is not in "concatenate")
+        left = r"(?<![^\W_])" if v[0].isalnum() else ""
+        right = r"(?![^\W_])" if v[-1].isalnum() else ""
+        return re.search(left + re.escape(v) + right, task) is not None
     if isinstance(v, (int, float)):
         forms = {str(v)} | ({str(int(v))} if isinstance(v, float) and v.is_integer() else set())
         return any(re.search(rf"(?<![\w.]){re.escape(f)}(?![\w]|\.\d)", task) for f in forms)
