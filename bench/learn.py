@@ -21,7 +21,8 @@ goes on by hand from the steps the routine did.
    the agent learned from all its runs: the share of successful runs whose
    routine compiles fully (confirmed), stays a candidate (its shape was seen
    once) or is not compilable (and why).
-2. **Learning**: a fresh store learns from each family's first two tasks only.
+2. **Learning**: a fresh store learns from each family's first two tasks only
+   (``--learn-from N``: the first N).
 3. **After learning**: each other task of the family (8 per family) runs on a
    copy of that store (so one task's run teaches nothing to the next) with the
    model calling the routine when it matches. Each is compared with the ground
@@ -30,7 +31,7 @@ goes on by hand from the steps the routine did.
    stopped at an assert or a failed step and the model finished by hand; the
    final outcome is compared too), or **by hand** (no routine offered/matched).
 
-Usage: python bench/learn.py
+Usage: python bench/learn.py [--learn-from N]   (N tasks per family to learn from, default 2)
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from engrain._journal import open_journal
 from engrain._memory.learned import LearnedRoutines
 
 BASE_TOOLS: set[str] = set()
+LEARN = int(sys.argv[sys.argv.index("--learn-from") + 1]) if "--learn-from" in sys.argv else 2
 
 
 # -- the worlds -----------------------------------------------------------------------------------
@@ -455,10 +457,10 @@ def main() -> None:
         reasons = [f"{r.skill}: {p['step']} {p['tool']}.{p['arg']}: {p['reason']}" for r in final.values()
                    for p in r.problems]
 
-        # 2. learn from the first two tasks of each family
+        # 2. learn from the first LEARN tasks of each family
         url2 = tmp / "learned.db"
         for fi, fam in enumerate(fams):
-            for i in (0, 1):
+            for i in range(LEARN):
                 run_task(model, server, f"sqlite:///{url2}", fam, i)
         store2 = LearnedRoutines(f"sqlite:///{url2}")
         learned = {r.skill: r for r in store2.list()}
@@ -474,7 +476,7 @@ def main() -> None:
             for fi, fam in enumerate(fams):
                 c: Counter = Counter()
                 llm_before = llm_after = 0
-                for i in range(2, len(fam.tasks)):
+                for i in range(LEARN, len(fam.tasks)):
                     db = seq_db if sequential else tmp / f"use-{fi}-{i}.db"
                     if not sequential:
                         copy_store(url2, db)
@@ -495,22 +497,25 @@ def main() -> None:
                             stops[f"{fam.name}: {got['routine']['reason']}"] += 1
                 skill = re.sub(r"\W+", "_", fam.name.split(":")[1].strip())[:40]
                 (seq_rows if sequential else rows).append((fam.name, learned.get(skill), c, llm_before, llm_after,
-                                                           len(fam.tasks) - 2))
+                                                           len(fam.tasks) - LEARN))
     took = time.time() - t0
 
     print(f"bench/learn.py: {len(fams)} families x {len(fams[0].tasks)} tasks, scripted model via the openai SDK, "
           f"SQLite, {took:.0f} s")
     print()
-    print(f"1. successful runs by hand: {runs_ok}/{len(truth)}; the routine their shape induces (all runs of each family):")
+    full = compiled["confirmed"] + compiled["candidate"]
+    print(f"1. successful runs by hand: {runs_ok}/{len(truth)}; compile fully: {full}/{runs_ok} ({full / max(1, runs_ok):.0%}). "
+          "The routine each run's shape induces (all runs of each family):")
     for status in ("confirmed", "candidate", "not_compilable"):
         print(f"   {status:<15} {compiled[status]:>3} runs ({compiled[status] / max(1, runs_ok):.0%})")
     for why in reasons:
         print(f"   not compilable: {why}")
     print()
     bad = 0
-    for title, table in (("3. learned from the first 2 tasks of each family, each other task (8 per family) on a copy "
-                          "of that store:", rows),
-                         ("4. the same 8 tasks in order on one store, learning on:", seq_rows)):
+    rest = len(fams[0].tasks) - LEARN
+    for title, table in ((f"3. learned from the first {LEARN} tasks of each family, each other task ({rest} per family) "
+                          "on a copy of that store:", rows),
+                         (f"4. the same {rest} tasks in order on one store, learning on:", seq_rows)):
         print(title)
         print(f"   {'family':<40} {'routine':<30} {'status':<15} {'correct':>7} {'WRONG':>5} {'stop':>4} {'hand':>4}"
               f"  LLM calls/task before -> after")
