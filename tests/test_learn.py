@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 from fastapi.testclient import TestClient
@@ -455,3 +456,41 @@ def test_the_routine_is_offered_through_anthropic_messages_too(tmp_path):
     assert tool["input_schema"]["required"] == ["path"]
     result = json.loads(seen[1]["messages"][-1]["content"][0]["content"])
     assert result["status"] == "ok" and bank.paid[-1] == ("DE003", 75.25, "")
+
+
+def test_two_processes_learning_the_same_shape_at_once_lose_no_run(journal):
+    bank = Bank()
+    runs = []
+    for f in ("bills/may.txt", "bills/jun.txt"):
+        d = bank.files[f]
+        with ScriptedModel([tool_call("read_file", path=f), tool_call("pay", iban=d["iban"], amount=d["amount"]),
+                            say("Paid.")]) as m:
+            runs.append(_agent(m, journal, bank, learn=False).run(f"Pay the bill in {f}").run_id)
+    barrier = threading.Barrier(2, timeout=30)
+    reports: list = []
+
+    def learn(run_id: str) -> None:
+        # an agent (and store connection) of its own, as another process would have
+        a = eg.Agent("biller", "openai:scripted", "Pay bills.", bank.tools(), journal=journal, learn=True,
+                     memory_store=eg.Memory(journal.url))
+        barrier.wait()
+        reports.append(a.learn_from(run_id))
+
+    threads = [threading.Thread(target=learn, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r.action for r in reports) == ["created", "updated"]
+    (r,) = LearnedRoutines(journal.url).list("biller")
+    assert sorted(r.runs) == sorted(runs) and r.status == "confirmed"
+    # a save from a stale read is refused, so a concurrent learner redoes its change on the newer routine
+    store = LearnedRoutines(journal.url)
+    a, b = store.get(r.id), store.get(r.id)
+    store.save(a)
+    from engrain._memory.learned import LearnedRoutineChangedError
+
+    with pytest.raises(LearnedRoutineChangedError, match="changed since it was read"):
+        store.save(b)
+    store.note_use(r.id, stopped=True)
+    assert (store.get(r.id).uses, store.get(r.id).stops) == (1, 1)

@@ -76,7 +76,23 @@ def store_for(agent: Any, journal: Journal) -> Any:
 
 
 def learn_from_run(agent: Any, journal: Journal, run_id: str) -> LearnReport:
-    """Learn from the finished run ``run_id`` of ``agent`` (see the module docstring)."""
+    """Learn from the finished run ``run_id`` of ``agent`` (see the module docstring).
+
+    Another process learning from a run of the same shape at the same time makes
+    the save fail; it is redone from what that process saved (up to 5 times).
+    """
+    from .._memory.learned import LearnedRoutineChangedError
+
+    for attempt in range(5):
+        try:
+            return _learn_once(agent, journal, run_id)
+        except LearnedRoutineChangedError:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
     from .._memory.learned import MAX_EVIDENCE, LearnedRoutine
     from .._routines.induce import AgentTrace, TraceTooLarge, agent_trace, induce, shape_of
 

@@ -24,16 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import MemoryInputError
+from .._errors import EngrainError, MemoryInputError
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS engrain_mem_routines (
     id TEXT PRIMARY KEY, skill TEXT NOT NULL, name TEXT NOT NULL, shape TEXT NOT NULL, status TEXT NOT NULL,
     trusted INTEGER NOT NULL, edited INTEGER NOT NULL, data TEXT NOT NULL, embedding {blob},
-    created DOUBLE PRECISION NOT NULL, updated DOUBLE PRECISION NOT NULL, UNIQUE (skill, name));
-CREATE INDEX IF NOT EXISTS engrain_mem_routines_shape ON engrain_mem_routines (skill, shape)
+    created DOUBLE PRECISION NOT NULL, updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL,
+    uses INTEGER NOT NULL DEFAULT 0, stops INTEGER NOT NULL DEFAULT 0, UNIQUE (skill, name));
+CREATE UNIQUE INDEX IF NOT EXISTS engrain_mem_routines_shape ON engrain_mem_routines (skill, shape)
 """
-_COLS = "id, skill, name, shape, status, trusted, edited, data, embedding, created, updated"
+_COLS = "id, skill, name, shape, status, trusted, edited, data, embedding, created, updated, version, uses, stops"
 STATUSES = ("candidate", "confirmed", "not_compilable")
 MAX_EVIDENCE = 8  # runs kept per routine: the newest, enough to tell inputs from constants
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
@@ -41,6 +42,10 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
 
 class LearnedRoutineNotFoundError(MemoryInputError, LookupError):
     """No learned routine has this id or name."""
+
+
+class LearnedRoutineChangedError(EngrainError):
+    """The learned routine changed (another run learned, or a human edited it) since it was read; read it again."""
 
 
 @dataclass(slots=True)
@@ -65,6 +70,7 @@ class LearnedRoutine:
     stops: int = 0
     created: float = 0.0
     updated: float = 0.0
+    version: int = 0  # 0: not saved yet; each save adds one (optimistic concurrency)
     embedding: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -111,8 +117,8 @@ class LearnedRoutines:
         emb = np.frombuffer(bytes(row[8]), dtype=np.float32) if row[8] is not None else None
         r = LearnedRoutine(row[0], row[1], row[2], row[3], row[4], d["routine"], bool(row[5]), bool(row[6]),
                            d.get("tasks", []), d.get("runs", []), d.get("evidence", []), d.get("problems", []),
-                           d.get("explained", []), d.get("pattern"), int(d.get("uses", 0)), int(d.get("stops", 0)),
-                           float(row[9]), float(row[10]))
+                           d.get("explained", []), d.get("pattern"), int(row[12]), int(row[13]),
+                           float(row[9]), float(row[10]), int(row[11]))
         if emb is not None and emb.size:
             r.embedding = emb.reshape(len(r.tasks), -1) if r.tasks and emb.size % len(r.tasks) == 0 else None
         return r
@@ -185,7 +191,12 @@ class LearnedRoutines:
     # -- writing ---------------------------------------------------------------------------
 
     def save(self, r: LearnedRoutine) -> LearnedRoutine:
-        """Insert or replace ``r`` (its task embeddings are computed when its tasks changed)."""
+        """Insert ``r`` (``version`` 0) or update it if nobody saved it since it was read.
+
+        :class:`LearnedRoutineChangedError` when another writer saved first (or
+        took its name): read again and redo the change. Use counters are not
+        written here (see :meth:`note_use`).
+        """
         if r.status not in STATUSES:
             raise MemoryInputError(f"learned routine {r.name!r}: status must be one of {', '.join(STATUSES)}")
         if not _NAME.match(r.name):
@@ -194,17 +205,33 @@ class LearnedRoutines:
         if r.embedding is None or r.embedding.shape[0] != len(r.tasks):
             r.embedding = self.memory.embedder.embed(list(r.tasks)) if r.tasks else None
         now = time.time()
-        r.created = r.created or now
-        r.updated = now
         data = json.dumps({"routine": r.routine, "tasks": r.tasks, "runs": r.runs, "evidence": r.evidence,
-                           "problems": r.problems, "explained": r.explained, "pattern": r.pattern,
-                           "uses": r.uses, "stops": r.stops}, default=str)
+                           "problems": r.problems, "explained": r.explained, "pattern": r.pattern}, default=str)
         emb = np.asarray(r.embedding, dtype=np.float32).tobytes() if r.embedding is not None else None
         with self.store.tx():
-            self.store._x("DELETE FROM engrain_mem_routines WHERE id = ?", (r.id,))
-            self.store._x(f"INSERT INTO engrain_mem_routines ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                          (r.id, r.skill, r.name, r.shape, r.status, int(r.trusted), int(r.edited), data, emb,
-                           r.created, r.updated))
+            if r.version == 0:
+                taken = self.store._x(
+                    "SELECT 1 FROM engrain_mem_routines WHERE id = ? OR (skill = ? AND (name = ? OR shape = ?))",
+                    (r.id, r.skill, r.name, r.shape)).fetchone()
+                if taken:
+                    raise LearnedRoutineChangedError(f"learned routine {r.name!r} of skill {r.skill!r} exists already")
+                try:
+                    self.store._x(f"INSERT INTO engrain_mem_routines ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)",
+                                  (r.id, r.skill, r.name, r.shape, r.status, int(r.trusted), int(r.edited), data, emb,
+                                   now, now, 1))
+                except Exception as e:  # a concurrent writer inserted it between the check and here (PostgreSQL)
+                    if type(e).__name__ not in ("IntegrityError", "UniqueViolation"):
+                        raise
+                    raise LearnedRoutineChangedError(f"learned routine {r.name!r} of skill {r.skill!r} exists already") from None
+                r.created = now
+            else:
+                cur = self.store._x(
+                    "UPDATE engrain_mem_routines SET name = ?, status = ?, trusted = ?, edited = ?, data = ?, "
+                    "embedding = ?, updated = ?, version = version + 1 WHERE id = ? AND version = ?",
+                    (r.name, r.status, int(r.trusted), int(r.edited), data, emb, now, r.id, r.version))
+                if cur.rowcount != 1:
+                    raise LearnedRoutineChangedError(f"learned routine {r.name!r} changed since it was read")
+        r.updated, r.version = now, r.version + 1
         return r
 
     def new_id(self) -> str:
@@ -249,13 +276,8 @@ class LearnedRoutines:
     def note_use(self, id: str, stopped: bool) -> None:
         """Count one use of routine ``id`` (and one stop, when it handed back to the model)."""
         with self.store.tx():
-            row = self.store._x("SELECT data FROM engrain_mem_routines WHERE id = ?", (id,)).fetchone()
-            if row is None:
-                return  # deleted meanwhile: nothing to count
-            d = json.loads(row[0])
-            d["uses"] = int(d.get("uses", 0)) + 1
-            d["stops"] = int(d.get("stops", 0)) + int(stopped)
-            self.store._x("UPDATE engrain_mem_routines SET data = ? WHERE id = ?", (json.dumps(d, default=str), id))
+            self.store._x("UPDATE engrain_mem_routines SET uses = uses + 1, stops = stops + ? WHERE id = ?",
+                          (int(stopped), id))
 
 
 def _pattern_matches(pattern: str, task: str) -> bool:
