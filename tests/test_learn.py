@@ -494,3 +494,52 @@ def test_two_processes_learning_the_same_shape_at_once_lose_no_run(journal):
         store.save(b)
     store.note_use(r.id, stopped=True)
     assert (store.get(r.id).uses, store.get(r.id).stops) == (1, 1)
+
+
+def test_an_agent_created_over_http_learns_and_the_client_reviews(tmp_path, monkeypatch):
+    from tests.servers import serve
+
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    tools_file = tmp_path / "bill_tools.py"
+    tools_file.write_text(
+        "import engrain as eg\n"
+        "tools = eg.ToolRegistry()\n"
+        "FILES = {'bills/may.txt': ('DE001', 120.5), 'bills/jun.txt': ('DE002', 99.0), 'bills/jul.txt': ('DE003', 75.25)}\n"
+        "@eg.tool(registry=tools)\n"
+        "def read_file(path: str) -> dict:\n"
+        "    '''Read a bill file.'''\n"
+        "    return {'path': path, 'iban': FILES[path][0], 'amount': FILES[path][1], 'status': 'unpaid'}\n"
+        "@eg.tool(registry=tools)\n"
+        "def pay(iban: str, amount: float) -> str:\n"
+        "    '''Pay an amount to an IBAN.'''\n"
+        "    return f'paid {amount} to {iban}'\n")
+    files = {"bills/may.txt": ("DE001", 120.5), "bills/jun.txt": ("DE002", 99.0), "bills/jul.txt": ("DE003", 75.25)}
+
+    def respond(api: str, body: dict):
+        msgs = body["messages"]
+        task = next(m["content"] for m in msgs if m["role"] == "user").split()[-1]
+        done = sum(m["role"] == "tool" for m in msgs)
+        if "pay_bill" in _tool_names(body):
+            return tool_call("pay_bill", path=task) if done == 0 else say("Paid with the routine.")
+        if done == 0:
+            return tool_call("read_file", path=task)
+        return tool_call("pay", iban=files[task][0], amount=files[task][1]) if done == 1 else say("Paid.")
+
+    with ScriptedModel(respond) as model:
+        monkeypatch.setenv("OPENAI_BASE_URL", model.openai_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "scripted")
+        with serve(url, tmp_path, token="t", tools=f"{tools_file}:tools") as base, eg.Client(base, token="t") as c:
+            made = c.create_agent("biller", "openai:scripted", "Pay bills.", ["read_file", "pay"], learn="bills")
+            assert made["learn"] == "bills"
+            for f in ("bills/may.txt", "bills/jun.txt"):
+                assert c.run_agent("biller", f"Pay the bill in {f}", wait=30)
+            (item,) = c.learned(skill="bills")
+            assert item["status"] == "confirmed" and item["inputs"]["required"] == ["path"]
+            res = c.run_agent("biller", "Pay the bill in bills/jul.txt", wait=30)
+            assert res and res.output == "Paid with the routine."
+            assert c.learned_routine("pay_bill")["uses"] == 1
+            assert c.promote_learned("pay_bill")["trusted"] is True
+            with pytest.raises(eg.RemoteError) as e:
+                c.edit_learned("pay_bill", "steps: [")
+            assert e.value.status == 422
+            assert c.delete_learned("pay_bill")["name"] == "pay_bill" and c.learned() == []

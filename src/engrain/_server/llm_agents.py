@@ -19,7 +19,7 @@ import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -49,6 +49,8 @@ class AgentDefinition(Body):
     memory: str | None = Field(None, min_length=1, max_length=100)
     cache: bool = False
     max_turns: int = Field(10, ge=1, le=100)
+    learn: bool | Annotated[str, Field(min_length=1, max_length=100)] = Field(
+        False, description="Learn routines from ok runs and offer them as tools: true, or a skill name.")
 
 
 class ChatRequest(Body):
@@ -87,7 +89,7 @@ class LLMAgents:
                            f"(configured with --tools / --tools-dir: {known})")
         return Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
                      cache=d.get("cache", False), max_turns=d.get("max_turns", 10), registry=self.tools,
-                     journal=self.state.journal)
+                     journal=self.state.journal, learn=d.get("learn", False))
 
     def create(self, d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Define an agent; returns (its description, whether it is new)."""
@@ -150,7 +152,7 @@ class LLMAgents:
 def describe(d: dict[str, Any]) -> dict[str, Any]:
     return {"name": d["name"], "kind": "llm", "model": d["model"], "instructions": d.get("instructions", ""),
             "tools": list(d.get("tools", [])), "memory": d.get("memory"), "cache": d.get("cache", False),
-            "max_turns": d.get("max_turns", 10),
+            "max_turns": d.get("max_turns", 10), "learn": d.get("learn", False),
             "description": (d.get("instructions", "").strip().splitlines() or [""])[0][:200]}
 
 
