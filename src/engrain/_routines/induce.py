@@ -602,7 +602,8 @@ def check_learned(routine: Any, tools: set[str] | None = None) -> list[str]:
     if not isinstance(routine, dict):
         return ["routine.yaml: must be a mapping"]
     problems = []
-    for i, st in enumerate(routine.get("steps") or []):
+    steps = routine.get("steps")
+    for i, st in enumerate(steps if isinstance(steps, list) else []):
         if not isinstance(st, dict):
             continue  # the package check below names it
         where = f"steps[{i}] ({st.get('id', '?')})"
