@@ -118,7 +118,8 @@ def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
                            len(have.runs), have.problems)
     evidence = [*(AgentTrace.from_dict(d) for d in (have.evidence if have else [])), trace]
     if have is not None and have.edited:  # a human's version stands; the run is kept as evidence
-        have.runs, have.tasks = [*have.runs, run_id], list(dict.fromkeys([*have.tasks, trace.task]))
+        have.runs = [*have.runs, run_id][-MAX_EVIDENCE:]
+        have.tasks = list(dict.fromkeys([*have.tasks, trace.task]))[-MAX_EVIDENCE:]
         have.evidence = [t.to_dict() for t in evidence]
         store.save(have)
         return LearnReport(run_id, "recorded", "the routine was edited by a human: it is not re-induced",
@@ -151,7 +152,11 @@ def offer(agent: Any, ctx: RunContext, task: str) -> dict[str, AgentTool]:
     def recall() -> list[dict[str, Any]]:
         out = []
         taken = set(agent.tools)
-        for score, r in store_for(agent, journal).match(agent.learn, task, top_k=MAX_OFFERED):
+        for score, r in store_for(agent, journal).match(agent.learn, task, top_k=4 * MAX_OFFERED):
+            if not set(r.routine.get("tools") or {}) <= set(agent.tools):
+                continue  # learned by an agent with other tools: this one could not run it
+            if len(out) == MAX_OFFERED:
+                break
             name = r.name if r.name not in taken else f"routine_{r.name}"
             taken.add(name)
             out.append({"tool": name, "id": r.id, "name": r.name, "score": round(score, 4), "routine": r.routine})
@@ -201,8 +206,10 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
 
     from .._routines.induce import LEARNED_STEP_TYPES
 
-    parent = idempotency_key() or "agent"
-    child = f"{parent}:routine"
+    from .._durable.context import new_run_id
+
+    key = idempotency_key()  # the tool step's run_id:N: a resumed parent resumes the same child
+    child = f"{key}:routine" if key else new_run_id()
     odd = [s.get("id") for s in offered["routine"].get("steps") or [] if s.get("type") not in LEARNED_STEP_TYPES]
     if odd:  # a learned routine is tool calls, asserts and a return; the journal cannot make it more
         return {"status": "stopped", "routine": offered["name"], "run_id": None, "stopped_at": odd[0],
