@@ -543,3 +543,14 @@ def test_an_agent_created_over_http_learns_and_the_client_reviews(tmp_path, monk
                 c.edit_learned("pay_bill", "steps: [")
             assert e.value.status == 422
             assert c.delete_learned("pay_bill")["name"] == "pay_bill" and c.learned() == []
+
+
+def test_a_leaf_that_changes_type_between_runs_is_not_taken_for_a_constant():
+    def trace(i: int, tags: object) -> AgentTrace:
+        return AgentTrace(f"r{i}", f"File note {i}0", [ToolCall("file", {"tags": tags}, "ok", 1)])
+
+    done = induce([trace(1, []), trace(2, "urgent")])
+    assert done.status == "not_compilable" and done.problems[0].arg == "tags"
+    step = done.routine["steps"][0]
+    assert step["args"] == {"tags": []} and step["description"].startswith("NOT COMPILABLE: tags")
+    assert check_learned(done.routine) == []  # valid YAML for a human to edit

@@ -349,7 +349,7 @@ class _Induction:
         return self.index[r][j].get(path, _NO)
 
     def explain(self, k: int, path: tuple[Any, ...], vals: list[Any]) -> Any:
-        """The template of one argument leaf of step k (``_NO`` when nothing explains it)."""
+        """The template of one argument leaf of step k (a :class:`Problem` is noted when nothing explains it)."""
         call = self.traces[0].calls[k]
         arg = ".".join(str(p) for p in path) or "(args)"
         varies = not all(_same(v, vals[0]) for v in vals)
@@ -360,7 +360,7 @@ class _Induction:
             self.explained.append({"step": f"step{k + 1}", "tool": call.name, "arg": arg, "as": how})
             return tpl
 
-        if isinstance(vals[0], (dict, list)) or (vals[0] is None or isinstance(vals[0], bool)) and not varies:
+        if not varies and (isinstance(vals[0], (dict, list)) or vals[0] is None or isinstance(vals[0], bool)):
             return note("constant", vals[0])  # an empty list/dict, a flag or null: not evidence of provenance
         have = self.inputs.find(vals)
         if have is not None:
@@ -396,7 +396,7 @@ class _Induction:
         why = ("the value differs between runs (" + shown + ") and is neither in the task text nor in an earlier "
                "result: the model composed or computed it after seeing results")
         self.problems.append(Problem(f"step{k + 1}", call.name, arg, why))
-        return _NO
+        return _const(vals[0])  # the first run's value, for a human to edit: the routine is never offered as is
 
     # -- preconditions --------------------------------------------------------------------
 
@@ -459,6 +459,10 @@ class _Induction:
         steps: list[dict[str, Any]] = []
         for k, call in enumerate(calls):
             steps.append({"id": f"step{k + 1}", "type": "tool.call", "tool": call.name, "args": step_args[k]})
+            bad = [p.arg for p in self.problems if p.step == f"step{k + 1}"]
+            if bad:
+                steps[-1]["description"] = (f"NOT COMPILABLE: {', '.join(bad)} hold(s) the first run's value; "
+                                            "nothing explains it in every run (edit before promoting)")
             if k + 1 < len(calls):
                 for i, (expr, msg) in enumerate(self.asserts.get(k, [])):
                     steps.append({"id": f"check{k + 1}_{i + 1}", "type": "assert", "expr": expr,
