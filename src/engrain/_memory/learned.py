@@ -31,10 +31,13 @@ CREATE TABLE IF NOT EXISTS engrain_mem_routines (
     id TEXT PRIMARY KEY, skill TEXT NOT NULL, name TEXT NOT NULL, shape TEXT NOT NULL, status TEXT NOT NULL,
     trusted INTEGER NOT NULL, edited INTEGER NOT NULL, data TEXT NOT NULL, embedding {blob},
     created DOUBLE PRECISION NOT NULL, updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL,
-    uses INTEGER NOT NULL DEFAULT 0, stops INTEGER NOT NULL DEFAULT 0, UNIQUE (skill, name));
+    uses INTEGER NOT NULL DEFAULT 0, stops INTEGER NOT NULL DEFAULT 0, evidence TEXT NOT NULL,
+    UNIQUE (skill, name));
 CREATE UNIQUE INDEX IF NOT EXISTS engrain_mem_routines_shape ON engrain_mem_routines (skill, shape)
 """
 _COLS = "id, skill, name, shape, status, trusted, edited, data, embedding, created, updated, version, uses, stops"
+#: The evidence runs (up to MAX_EVIDENCE x 256 kB) are read only where a routine is induced or shown in full.
+_FULL = _COLS + ", evidence"
 STATUSES = ("candidate", "confirmed", "not_compilable")
 MAX_EVIDENCE = 8  # runs kept per routine: the newest, enough to tell inputs from constants
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
@@ -71,6 +74,7 @@ class LearnedRoutine:
     created: float = 0.0
     updated: float = 0.0
     version: int = 0  # 0: not saved yet; each save adds one (optimistic concurrency)
+    partial: bool = field(default=False, repr=False)  # read by list(), without its evidence: never saved back
     embedding: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -114,17 +118,19 @@ class LearnedRoutines:
 
     def _row(self, row: tuple) -> LearnedRoutine:
         d = json.loads(row[7])
+        partial = len(row) <= 14
+        d["evidence"] = [] if partial else json.loads(row[14])
         emb = np.frombuffer(bytes(row[8]), dtype=np.float32) if row[8] is not None else None
         r = LearnedRoutine(row[0], row[1], row[2], row[3], row[4], d["routine"], bool(row[5]), bool(row[6]),
                            d.get("tasks", []), d.get("runs", []), d.get("evidence", []), d.get("problems", []),
                            d.get("explained", []), d.get("pattern"), int(row[12]), int(row[13]),
-                           float(row[9]), float(row[10]), int(row[11]))
+                           float(row[9]), float(row[10]), int(row[11]), partial=partial)
         if emb is not None and emb.size:
             r.embedding = emb.reshape(len(r.tasks), -1) if r.tasks and emb.size % len(r.tasks) == 0 else None
         return r
 
     def list(self, skill: str | None = None, status: str | None = None) -> list[LearnedRoutine]:
-        """The learned routines (of ``skill``, with ``status``), newest first."""
+        """The learned routines (of ``skill``, with ``status``), newest first, without their evidence runs."""
         if status is not None and status not in STATUSES:
             raise MemoryInputError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
         sql, args = f"SELECT {_COLS} FROM engrain_mem_routines WHERE 1 = 1", []
@@ -141,9 +147,9 @@ class LearnedRoutines:
         if not isinstance(ref, str) or not ref:
             raise MemoryInputError("a learned routine is named by its id or name (a non-empty string)")
         with self.store._lock:
-            rows = self.store._x(f"SELECT {_COLS} FROM engrain_mem_routines WHERE id = ?", (ref,)).fetchall()
+            rows = self.store._x(f"SELECT {_FULL} FROM engrain_mem_routines WHERE id = ?", (ref,)).fetchall()
             if not rows:
-                sql, args = f"SELECT {_COLS} FROM engrain_mem_routines WHERE name = ?", [ref]
+                sql, args = f"SELECT {_FULL} FROM engrain_mem_routines WHERE name = ?", [ref]
                 if skill is not None:
                     sql, args = sql + " AND skill = ?", [*args, skill]
                 rows = self.store._x(sql, args).fetchall()
@@ -158,7 +164,7 @@ class LearnedRoutines:
     def by_shape(self, skill: str, shape: str) -> LearnedRoutine | None:
         """The routine learned from runs of this shape in ``skill``, if any."""
         with self.store._lock:
-            row = self.store._x(f"SELECT {_COLS} FROM engrain_mem_routines WHERE skill = ? AND shape = ?",
+            row = self.store._x(f"SELECT {_FULL} FROM engrain_mem_routines WHERE skill = ? AND shape = ?",
                                 (skill, shape)).fetchone()
         return self._row(row) if row else None
 
@@ -197,6 +203,8 @@ class LearnedRoutines:
         took its name): read again and redo the change. Use counters are not
         written here (see :meth:`note_use`).
         """
+        if r.partial:
+            raise MemoryInputError(f"learned routine {r.name!r} was read by list(), without its evidence: get() it to save")
         if r.status not in STATUSES:
             raise MemoryInputError(f"learned routine {r.name!r}: status must be one of {', '.join(STATUSES)}")
         if not _NAME.match(r.name):
@@ -205,8 +213,9 @@ class LearnedRoutines:
         if r.embedding is None or r.embedding.shape[0] != len(r.tasks):
             r.embedding = self.memory.embedder.embed(list(r.tasks)) if r.tasks else None
         now = time.time()
-        data = json.dumps({"routine": r.routine, "tasks": r.tasks, "runs": r.runs, "evidence": r.evidence,
-                           "problems": r.problems, "explained": r.explained, "pattern": r.pattern}, default=str)
+        data = json.dumps({"routine": r.routine, "tasks": r.tasks, "runs": r.runs, "problems": r.problems,
+                           "explained": r.explained, "pattern": r.pattern}, default=str)
+        evidence = json.dumps(r.evidence, default=str)
         emb = np.asarray(r.embedding, dtype=np.float32).tobytes() if r.embedding is not None else None
         with self.store.tx():
             if r.version == 0:
@@ -216,9 +225,10 @@ class LearnedRoutines:
                 if taken:
                     raise LearnedRoutineChangedError(f"learned routine {r.name!r} of skill {r.skill!r} exists already")
                 try:
-                    self.store._x(f"INSERT INTO engrain_mem_routines ({_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0)",
+                    self.store._x(f"INSERT INTO engrain_mem_routines ({_FULL}) VALUES "
+                                  "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, ?)",
                                   (r.id, r.skill, r.name, r.shape, r.status, int(r.trusted), int(r.edited), data, emb,
-                                   now, now, 1))
+                                   now, now, 1, evidence))
                 except Exception as e:  # a concurrent writer inserted it between the check and here (PostgreSQL)
                     if type(e).__name__ not in ("IntegrityError", "UniqueViolation"):
                         raise
@@ -227,8 +237,8 @@ class LearnedRoutines:
             else:
                 cur = self.store._x(
                     "UPDATE engrain_mem_routines SET name = ?, status = ?, trusted = ?, edited = ?, data = ?, "
-                    "embedding = ?, updated = ?, version = version + 1 WHERE id = ? AND version = ?",
-                    (r.name, r.status, int(r.trusted), int(r.edited), data, emb, now, r.id, r.version))
+                    "embedding = ?, updated = ?, version = version + 1, evidence = ? WHERE id = ? AND version = ?",
+                    (r.name, r.status, int(r.trusted), int(r.edited), data, emb, now, evidence, r.id, r.version))
                 if cur.rowcount != 1:
                     raise LearnedRoutineChangedError(f"learned routine {r.name!r} changed since it was read")
         r.updated, r.version = now, r.version + 1
