@@ -565,7 +565,8 @@ def routine_name(traces: list[AgentTrace], pattern: str | None, taken: set[str])
     text = pattern if pattern is not None else traces[0].task
     text = re.sub(r"\{[^}]*\}", " ", text)
     words = [w for w in re.findall(r"[A-Za-z]+", text.lower()) if w not in _STOP][:3]
-    return _ident("_".join(words) or "routine", taken)
+    base = "_".join(words) or "routine"
+    return _ident(base if base not in taken else f"{base}_routine", taken)  # not "transfer_2" beside a tool "transfer"
 
 
 def induce(traces: list[AgentTrace], name: str | None = None, taken: set[str] | None = None) -> Induced:
