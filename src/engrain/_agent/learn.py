@@ -162,7 +162,8 @@ def offer(agent: Any, ctx: RunContext, task: str) -> dict[str, AgentTool]:
             out.append({"tool": name, "id": r.id, "name": r.name, "score": round(score, 4), "routine": r.routine})
         return out
 
-    offered = ctx.call(OFFER_STEP, "tool", {"skill": agent.learn}, recall)
+    # Not flushed on its own: only the model call uses it, and that step's flush carries it to disk.
+    offered = ctx.call(OFFER_STEP, "tool", {"skill": agent.learn}, recall, durable=False)
     return {o["tool"]: _as_tool(agent, journal, o) for o in offered}
 
 

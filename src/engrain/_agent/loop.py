@@ -174,7 +174,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
     log: list[dict[str, Any]] = []
     replaying = plan is not None
     tools = agent.tools
-    if agent.learn and not replaying:
+    if agent.learn:  # a cached trajectory that called a learned routine finds it offered again
         from .learn import offer
 
         tools = {**agent.tools, **offer(agent, ctx, text)}
