@@ -23,7 +23,9 @@ import engrain as eg
 from engrain._agent.scripted import ScriptedModel, say, tool_call
 from engrain._journal import open_journal
 from engrain._memory.learned import LearnedRoutines
-from engrain._routines.induce import AgentTrace, ToolCall, check_learned, induce
+from engrain._routines.agent_trace import AgentTrace, ToolCall
+from engrain._routines.induce import induce
+from engrain._routines.learned_check import check_learned
 
 CHILD_LEARN = pathlib.Path(__file__).with_name("learn_child.py")
 ENGRAIN = shutil.which("engrain") or os.path.join(os.path.dirname(sys.executable), "engrain")

@@ -94,7 +94,8 @@ def learn_from_run(agent: Any, journal: Journal, run_id: str) -> LearnReport:
 
 def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
     from .._memory.learned import MAX_EVIDENCE, LearnedRoutine
-    from .._routines.induce import AgentTrace, TraceTooLarge, agent_trace, induce, shape_of
+    from .._routines.agent_trace import AgentTrace, TraceTooLarge, agent_trace, shape_of
+    from .._routines.induce import induce
 
     events = journal.read(run_id)
     if not events or events[-1].kind != "run.completed":
@@ -205,7 +206,7 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
     """Run an offered routine as a durable child run; a stop returns what was done and why."""
     from .._routines.runner import run_routine
 
-    from .._routines.induce import LEARNED_STEP_TYPES
+    from .._routines.learned_check import LEARNED_STEP_TYPES
 
     from .._durable.context import new_run_id
 
@@ -262,7 +263,7 @@ class LearnedRoutines(_Store):
     def edit(self, ref: str, routine: dict[str, Any] | str, skill: str | None = None) -> Any:
         """Replace learned routine ``ref`` with a human's version, checked first; it is then never re-induced."""
         from .._errors import MemoryInputError
-        from .._routines.induce import check_learned, parse_edit
+        from .._routines.learned_check import check_learned, parse_edit
 
         try:
             data = parse_edit(routine) if isinstance(routine, str) else routine

@@ -1,7 +1,8 @@
 """Induce a routine from agent runs: explain every tool argument, or say why it cannot be.
 
-An agent run is read from the journal into an :class:`AgentTrace` (its task,
-and each tool call that succeeded with the model turn that asked for it). Runs
+An agent run is read from the journal into an
+:class:`~.agent_trace.AgentTrace` (its task, and each tool call that succeeded
+with the model turn that asked for it; see :mod:`.agent_trace`). Runs
 with the same *shape* (the same tools, in the same turns, with the same
 argument structure) are induced together. Each argument leaf is explained, in
 this order of preference, as
@@ -30,116 +31,20 @@ changed. See ARCHITECTURE.md ("Learning routines").
 
 from __future__ import annotations
 
-import hashlib
 import json
 import keyword
 import re
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any
 
+from .agent_trace import AgentTrace, _leaves, shape_of
 from .compiler import _child, _key
 from .template import escape, placeholder, render
 
-#: Step names of the agent's own machinery: never part of what a routine does.
-INTERNAL_PREFIXES = ("agent.", "engrain.")
-MAX_TRACE_CHARS = 256 * 1024  # a run whose calls and results are bigger is not learned
 _MAX_NODES = 4000  # nodes of one result indexed as template sources
 _MAX_ASSERTS = 12  # invariant asserts per result
 _ENUMISH = re.compile(r"^[A-Za-z][A-Za-z_\- ]{0,31}$")  # status-like words: "unpaid", "in stock"
 _STOP = {"a", "an", "the", "in", "to", "of", "for", "on", "at", "from", "with", "and", "my", "me", "please", "by", "is"}
-
-
-class TraceTooLarge(ValueError):
-    """A run whose tool calls and results are too big to keep as evidence."""
-
-
-@dataclass(slots=True)
-class ToolCall:
-    """One successful tool call of an agent run: ``turn`` is the model reply (0-based) that asked for it."""
-
-    name: str
-    args: dict[str, Any]
-    result: Any
-    turn: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "args": self.args, "result": self.result, "turn": self.turn}
-
-
-@dataclass(slots=True)
-class AgentTrace:
-    """What induction needs of one finished agent run."""
-
-    run_id: str
-    task: str
-    calls: list[ToolCall]
-    dropped: int = 0  # failed tool calls left out (the model retried or gave up on them)
-    used: str | None = None  # a learned routine the run called and that finished
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "task": self.task, "calls": [c.to_dict() for c in self.calls],
-                "dropped": self.dropped}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AgentTrace:
-        return cls(str(d["run_id"]), str(d["task"]), [ToolCall(c["name"], c["args"], c["result"], int(c["turn"]))
-                                                      for c in d["calls"]], int(d.get("dropped", 0)))
-
-
-def agent_trace(run_id: str, events: list[Any], routines: set[str] | frozenset[str] = frozenset(),
-                read: Callable[[str], list[Any]] | None = None) -> AgentTrace:
-    """The :class:`AgentTrace` of a finished agent run's journal events (``_events.Event`` objects).
-
-    ``routines`` are the learned routines the run was offered. A call of one
-    that finished leaves ``used`` set (such a run teaches nothing new). A call
-    that stopped is replaced by the tool calls its child run made (``read``
-    gives a run's events), one turn each, as the model would have made them by
-    hand; the calls the model made after it follow, so a stop followed by the
-    same steps by hand is one more run of the routine's shape.
-    """
-    task, turn, shift, calls, dropped, used = "", -1, 0, [], 0, None
-    for e in events:
-        d = e.data if isinstance(e.data, dict) else {}
-        if e.kind == "run.started":
-            task = str(d.get("task", ""))
-        elif e.kind in ("step.completed", "step.failed") and "args" in d:
-            if d.get("type") == "llm":
-                turn += 1
-            elif d.get("type") == "tool" and not e.name.startswith(INTERNAL_PREFIXES):
-                if e.kind == "step.failed":
-                    dropped += 1
-                elif e.name in routines:
-                    out = d.get("result") if isinstance(d.get("result"), dict) else {}
-                    if out.get("status") != "stopped" or read is None:
-                        used = e.name
-                        continue
-                    child = [ToolCall(c.name, c.data.get("args") or {}, c.data.get("result"), max(turn, 0) + shift + i)
-                             for i, c in enumerate(x for x in read(str(out.get("run_id"))) if x.kind == "step.completed"
-                                                   and (x.data or {}).get("type") == "tool")]
-                    calls += child
-                    shift += max(len(child) - 1, 0)
-                else:
-                    calls.append(ToolCall(e.name, d.get("args") or {}, d.get("result"), max(turn, 0) + shift))
-    trace = AgentTrace(run_id, task, calls, dropped, used)
-    if len(json.dumps(trace.to_dict(), default=str)) > MAX_TRACE_CHARS:
-        raise TraceTooLarge(f"run {run_id}: its tool calls and results exceed {MAX_TRACE_CHARS} characters")
-    return trace
-
-
-def _leaves(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], Any]]:
-    """The scalar leaves of an argument value (an empty list or dict is a leaf), in order."""
-    if isinstance(value, dict) and value:
-        return [x for k, v in value.items() for x in _leaves(v, (*path, k))]
-    if isinstance(value, list) and value:
-        return [x for i, v in enumerate(value) for x in _leaves(v, (*path, i))]
-    return [(path, value)]
-
-
-def shape_of(trace: AgentTrace) -> str:
-    """Runs with the same shape are induced together: the same tools, turns and argument structure."""
-    parts = [(c.turn, c.name, [list(p) for p, _ in _leaves(c.args)]) for c in trace.calls]
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -583,61 +488,3 @@ def induce(traces: list[AgentTrace], name: str | None = None, taken: set[str] | 
     if name is None:
         done.name = done.routine["name"] = routine_name(traces, done.pattern, taken or set())
     return done
-
-
-#: Step types a learned routine may hold: tool calls, sandboxed asserts and the return (no UDF, no prompt).
-LEARNED_STEP_TYPES = ("tool.call", "assert", "return")
-MAX_EDIT_CHARS = 256 * 1024
-
-
-def check_learned(routine: Any, tools: set[str] | None = None) -> list[str]:
-    """The problems of an edited learned routine (``routine.yaml`` data); empty when it may be saved.
-
-    Besides the checks every routine package gets, a learned routine holds only
-    tool calls (of ``tools``, when given), ``assert`` steps and its return:
-    nothing an edit adds can run code outside the registered tools and the
-    sandboxed expression evaluator.
-    """
-    import tempfile
-
-    import yaml
-
-    from .loader import validate_routine
-
-    if not isinstance(routine, dict):
-        return ["routine.yaml: must be a mapping"]
-    problems = []
-    steps = routine.get("steps")
-    for i, st in enumerate(steps if isinstance(steps, list) else []):
-        if not isinstance(st, dict):
-            continue  # the package check below names it
-        where = f"steps[{i}] ({st.get('id', '?')})"
-        if st.get("type") not in LEARNED_STEP_TYPES:
-            problems.append(f"{where}: type {st.get('type')!r}: a learned routine holds only {', '.join(LEARNED_STEP_TYPES)}")
-        elif st.get("type") == "tool.call" and tools is not None and st.get("tool") not in tools:
-            problems.append(f"{where}: tool {st.get('tool')!r} is not one of the routine's tools ({', '.join(sorted(tools))})")
-    with tempfile.TemporaryDirectory(prefix="engrain-edit-") as d:
-        with open(f"{d}/routine.yaml", "w", encoding="utf-8") as f:
-            f.write(yaml.safe_dump(routine, sort_keys=False, allow_unicode=True))
-        problems += [str(i) for i in validate_routine(d)]
-    return problems
-
-
-def parse_edit(text: str) -> Any:
-    """The data of an edited ``routine.yaml`` text (safe loader, bounded size and depth); ``ValueError`` if bad."""
-    import yaml
-
-    from .._events import MAX_DEPTH, check_depth
-
-    if not isinstance(text, str) or len(text) > MAX_EDIT_CHARS:
-        raise ValueError(f"routine.yaml: must be text of at most {MAX_EDIT_CHARS} characters")
-    try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ValueError(f"routine.yaml: invalid YAML{f' at line {mark.line + 1}' if mark else ''}: "
-                         f"{getattr(e, 'problem', e)}") from None
-    except RecursionError:
-        raise ValueError(f"routine.yaml: nested deeper than {MAX_DEPTH} levels") from None
-    check_depth(data, "routine.yaml", "routine", MAX_DEPTH)
-    return data
