@@ -84,6 +84,22 @@ def _tool_names(body: dict) -> list[str]:
     return [t["function"]["name"] for t in body.get("tools", [])]
 
 
+def _bill_model(files: dict[str, tuple[str, float]], routine_answer: str):
+    """A scripted model's respond(): pay the task's bill by hand, or with pay_bill once it is offered."""
+
+    def respond(api: str, body: dict):
+        msgs = body["messages"]
+        task = next(m["content"] for m in msgs if m["role"] == "user").split()[-1]
+        done = sum(m["role"] == "tool" for m in msgs)
+        if "pay_bill" in _tool_names(body):
+            return tool_call("pay_bill", path=task) if done == 0 else say(routine_answer)
+        if done == 0:
+            return tool_call("read_file", path=task)
+        return tool_call("pay", iban=files[task][0], amount=files[task][1]) if done == 1 else say("Paid.")
+
+    return respond
+
+
 def test_two_runs_confirm_a_routine_that_is_offered_and_run_as_a_child(journal):
     bank = Bank()
     a = _pay_run(journal, bank, "bills/may.txt")
@@ -396,16 +412,7 @@ def test_a_routine_cut_by_a_crash_resumes_as_a_durable_child_run(tmp_path):
     effects = tmp_path / "effects.log"
     effects.touch()
     files = {"bills/may.txt": ("DE001", 120.5), "bills/jun.txt": ("DE002", 99.0)}
-
-    def respond(api: str, body: dict):
-        msgs = body["messages"]
-        task = next(m["content"] for m in msgs if m["role"] == "user").split()[-1]
-        done = sum(m["role"] == "tool" for m in msgs)
-        if "pay_bill" in _tool_names(body):
-            return tool_call("pay_bill", path=task) if done == 0 else say("Paid.")
-        if done == 0:
-            return tool_call("read_file", path=task)
-        return tool_call("pay", iban=files[task][0], amount=files[task][1]) if done == 1 else say("Paid.")
+    respond = _bill_model(files, "Paid.")
 
     def child(task: str, run_id: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(CHILD_LEARN), url, model.openai_url, str(effects), task, run_id],
@@ -515,17 +522,8 @@ def test_an_agent_created_over_http_learns_and_the_client_reviews(tmp_path, monk
         "def pay(iban: str, amount: float) -> str:\n"
         "    '''Pay an amount to an IBAN.'''\n"
         "    return f'paid {amount} to {iban}'\n")
-    files = {"bills/may.txt": ("DE001", 120.5), "bills/jun.txt": ("DE002", 99.0), "bills/jul.txt": ("DE003", 75.25)}
-
-    def respond(api: str, body: dict):
-        msgs = body["messages"]
-        task = next(m["content"] for m in msgs if m["role"] == "user").split()[-1]
-        done = sum(m["role"] == "tool" for m in msgs)
-        if "pay_bill" in _tool_names(body):
-            return tool_call("pay_bill", path=task) if done == 0 else say("Paid with the routine.")
-        if done == 0:
-            return tool_call("read_file", path=task)
-        return tool_call("pay", iban=files[task][0], amount=files[task][1]) if done == 1 else say("Paid.")
+    respond = _bill_model({"bills/may.txt": ("DE001", 120.5), "bills/jun.txt": ("DE002", 99.0)},
+                          "Paid with the routine.")
 
     with ScriptedModel(respond) as model:
         monkeypatch.setenv("OPENAI_BASE_URL", model.openai_url)

@@ -13,7 +13,7 @@ import engrain as eg
 from engrain._agent.scripted import ScriptedModel, say, tool_call
 from engrain._memory.learned import LearnedRoutines
 from tests.servers import serve
-from tests.test_ui import TOKEN, WAIT_MS, browser, shot  # noqa: F401  (browser: a fixture)
+from tests.test_ui import TOKEN, browser, page, shot  # noqa: F401  (browser, page: fixtures; page uses our server)
 
 
 def _read_file(path: str) -> dict:
@@ -53,21 +53,6 @@ def server(tmp_path_factory):
         j.close()
     with serve(url, tmp, token=TOKEN) as base:
         yield {"base": base, "url": url}
-
-
-@pytest.fixture
-def page(browser, server):  # noqa: F811
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
-    ctx.add_init_script(f"sessionStorage.setItem('engrain.token', {TOKEN!r})")
-    pg = ctx.new_page()
-    pg.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        yield pg
-    finally:
-        ctx.close()
-    assert not errors, f"JavaScript errors: {errors}"
 
 
 def test_routines_page_lists_learned_routines_and_reviews_them(page: Page, server):
