@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -554,3 +555,27 @@ def test_a_leaf_that_changes_type_between_runs_is_not_taken_for_a_constant():
     step = done.routine["steps"][0]
     assert step["args"] == {"tags": []} and step["description"].startswith("NOT COMPILABLE: tags")
     assert check_learned(done.routine) == []  # valid YAML for a human to edit
+
+
+def test_a_learned_store_that_cannot_be_read_offers_nothing_and_the_run_goes_on(tmp_path, monkeypatch):
+    journal = open_journal(f"sqlite:///{tmp_path / 'e.db'}")
+    bank = Bank()
+    _pay_run(journal, bank, "bills/may.txt")
+    _pay_run(journal, bank, "bills/jun.txt")
+
+    def broken(*a, **kw):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(LearnedRoutines, "match", broken)
+    with ScriptedModel([say("I will do it by hand later.")]) as m:
+        res = _agent(m, journal, bank).run("Pay the bill in bills/jul.txt")
+        assert res and "pay_bill" not in _tool_names(m.requests[0][1])
+    offer = next(e for e in journal.read(res.run_id) if e.name == "agent.routines.offer")
+    assert offer.data["result"] == {"routines": [], "error": "OperationalError: disk I/O error"}
+
+
+def test_pattern_matching_is_bounded():
+    from engrain._memory.learned import _pattern_matches
+
+    assert _pattern_matches("Pay the bill in {path}", "Pay the bill in bills/x.txt")
+    assert not _pattern_matches("Pay {a} {b} {c}", "Pay " + "x " * 5000)  # too long: never matched, never slow

@@ -15,7 +15,8 @@ human edited is not re-induced (its runs are still recorded).
 
 **Offer.** At the start of a run, :func:`offer` recalls the skill's confirmed
 (or promoted) routines whose source tasks read like the task, as a journaled
-step (a resumed run is offered the very same routines), and makes each an
+step (a resumed run is offered the very same routines; a store that cannot be
+read offers none, and the step records why), and makes each an
 :class:`~.toolspec.AgentTool` named after the routine, with its input schema
 and description. Calling it runs the routine as a durable child run
 (``<run_id>:<step>:routine``, tagged ``learned``), through the agent's own
@@ -101,7 +102,7 @@ def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
     if not events or events[-1].kind != "run.completed":
         return LearnReport(run_id, "skipped", "the run did not end ok")
     offered = {o["tool"] for e in events if e.name == OFFER_STEP and e.kind == "step.completed"
-               for o in (e.data.get("result") or [])}
+               for o in ((e.data.get("result") or {}).get("routines") or [])}
     try:
         trace = agent_trace(run_id, events, offered, journal.read)
     except TraceTooLarge as e:
@@ -150,10 +151,14 @@ def offer(agent: Any, ctx: RunContext, task: str) -> dict[str, AgentTool]:
     """The learned routines offered for ``task``, as agent tools (a journaled step: replays offer the same)."""
     journal = ctx.journal
 
-    def recall() -> list[dict[str, Any]]:
-        out = []
+    def recall() -> dict[str, Any]:
+        out: list[dict[str, Any]] = []
         taken = set(agent.tools)
-        for score, r in store_for(agent, journal).match(agent.learn, task, top_k=4 * MAX_OFFERED):
+        try:
+            found = store_for(agent, journal).match(agent.learn, task, top_k=4 * MAX_OFFERED)
+        except Exception as e:  # noqa: BLE001 - no routine offered beats a failed run: the model works by hand
+            return {"routines": [], "error": f"{type(e).__name__}: {e}"}
+        for score, r in found:
             if not set(r.routine.get("tools") or {}) <= set(agent.tools):
                 continue  # learned by an agent with other tools: this one could not run it
             if len(out) == MAX_OFFERED:
@@ -161,11 +166,11 @@ def offer(agent: Any, ctx: RunContext, task: str) -> dict[str, AgentTool]:
             name = r.name if r.name not in taken else f"routine_{r.name}"
             taken.add(name)
             out.append({"tool": name, "id": r.id, "name": r.name, "score": round(score, 4), "routine": r.routine})
-        return out
+        return {"routines": out, "error": None}
 
     # Not flushed on its own: only the model call uses it, and that step's flush carries it to disk.
     offered = ctx.call(OFFER_STEP, "tool", {"skill": agent.learn}, recall, durable=False)
-    return {o["tool"]: _as_tool(agent, journal, o) for o in offered}
+    return {o["tool"]: _as_tool(agent, journal, o) for o in offered["routines"]}
 
 
 def _as_tool(agent: Any, journal: Journal, offered: dict[str, Any]) -> AgentTool:

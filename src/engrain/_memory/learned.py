@@ -290,8 +290,14 @@ class LearnedRoutines:
                           (int(stopped), id))
 
 
+MAX_PATTERN_TASK = 2000  # characters of task text a pattern is matched against (lazy groups backtrack)
+MAX_PATTERN_SLOTS = 8
+
+
 def _pattern_matches(pattern: str, task: str) -> bool:
-    """Whether ``task`` reads as ``pattern`` with its ``{name}`` slots filled."""
+    """Whether ``task`` reads as ``pattern`` with its ``{name}`` slots filled (bounded: long text never matches)."""
     parts = re.split(r"\{[A-Za-z_]\w*\}", pattern)
+    if len(task) > MAX_PATTERN_TASK or len(parts) - 1 > MAX_PATTERN_SLOTS:
+        return False
     rx = "(.+?)".join(re.escape(p) for p in parts)
     return re.fullmatch(rx, task.strip(), re.S) is not None

@@ -402,6 +402,8 @@ class _Induction:
         task = self.traces[0].task
         named = [(n, v[0]) for n, v in self.inputs.values.items() if "task text" in self.inputs.schema[n]["description"]
                  and "const" not in self.inputs.schema[n]]
+        if len(named) > 8 or any(len(t.task) > 2000 for t in self.traces):
+            return None  # its lazy groups would backtrack too long on such text: no pattern, the embedding matches
         spans: list[tuple[int, int, str]] = []
         for n, v in sorted(named, key=lambda x: -len(str(x[1]))):
             s = str(v)
