@@ -171,6 +171,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "MemoryInputError": ("._errors", "MemoryInputError"),
     "SynthesisError": ("._errors", "SynthesisError"),
     "Agent": ("._agent.agent", "Agent"),
+    "LearnedRoutines": ("._agent.learn", "LearnedRoutines"),
     "wrap": ("._agent.wrap", "wrap"),
     "Client": ("._client", "Client"),
     "instrument_otel": ("._durable.otel", "instrument"),
@@ -197,6 +198,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Agent",
+    "LearnedRoutines",
     "wrap",
     "instrument_otel",
     "uninstrument_otel",

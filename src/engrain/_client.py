@@ -235,11 +235,11 @@ class Client:
 
     def create_agent(self, name: str, model: str, instructions: str = "", tools: list[str] | tuple[str, ...] = (),
                      *, memory: str | None = None, cache: bool = False, max_turns: int = 10,
-                     answers_ttl: float | None = None) -> dict[str, Any]:
+                     answers_ttl: float | None = None, learn: bool | str = False) -> dict[str, Any]:
         """Create an LLM agent on the server; ``tools`` name tools the server was configured with
-        (``answers_ttl``: see :class:`engrain.Agent`)."""
+        (``answers_ttl``, ``learn``: see :class:`engrain.Agent`)."""
         body = {"name": name, "model": model, "instructions": instructions, "tools": list(tools), "memory": memory,
-                "cache": cache, "max_turns": max_turns, "answers_ttl": answers_ttl}
+                "cache": cache, "max_turns": max_turns, "answers_ttl": answers_ttl, "learn": learn}
         return self._call("POST", "/agents", json=body)
 
     def chat(self, agent: str, message: str, *, session: str) -> Iterator[dict[str, Any]]:
@@ -296,6 +296,30 @@ class Client:
     def compile_trace(self, name: str, trace: dict[str, Any], *, overwrite: bool = False) -> dict[str, Any]:
         """Compile a trace into the routine ``name`` on the server."""
         return self._call("POST", "/routines/compile", json={"name": name, "trace": trace, "overwrite": overwrite})
+
+    # -- learned routines ---------------------------------------------------------
+
+    def learned(self, skill: str | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        """Routines agents learned (of ``skill``, with ``status``), newest first."""
+        params = {k: v for k, v in (("skill", skill), ("status", status)) if v is not None}
+        return self._call("GET", "/learned", params=params)
+
+    def learned_routine(self, ref: str) -> dict[str, Any]:
+        """One learned routine (id or name) with its routine.yaml data, explanations and evidence runs."""
+        return self._call("GET", f"/learned/{_seg(ref)}")
+
+    def edit_learned(self, ref: str, routine: str | dict[str, Any]) -> dict[str, Any]:
+        """Replace a learned routine with ``routine.yaml`` text or data (checked by the server)."""
+        body = {"yaml": routine} if isinstance(routine, str) else {"routine": routine}
+        return self._call("PUT", f"/learned/{_seg(ref)}", json=body)
+
+    def promote_learned(self, ref: str, trusted: bool = True) -> dict[str, Any]:
+        """Mark a learned routine reviewed (``trusted: true``), or take that back."""
+        return self._call("POST", f"/learned/{_seg(ref)}/promote", json={"trusted": trusted})
+
+    def delete_learned(self, ref: str) -> dict[str, Any]:
+        """Delete a learned routine."""
+        return self._call("DELETE", f"/learned/{_seg(ref)}")
 
     # -- memory -----------------------------------------------------------------
 

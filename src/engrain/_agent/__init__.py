@@ -7,6 +7,6 @@ runs (:mod:`.sessions`), :func:`~.wrap.wrap` for users' own SDK clients
 (:mod:`.wrap`) and the scripted model server that tests and the offline demo
 use in place of an LLM (:mod:`.scripted`).
 
-May import: ``_durable``, ``_cache`` (its entry store), ``_memory``, ``_journal``,
+May import: ``_durable``, ``_cache`` (its entry store), ``_memory``, ``_routines`` (learning), ``_journal``,
 ``_events``, ``_errors``.
 """

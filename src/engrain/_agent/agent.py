@@ -39,7 +39,10 @@ class Agent:
     ``memory="skill"`` recalls that skill's memory into the system message and
     remembers each outcome; ``cache=True`` replays a repeated task's
     trajectory without model calls while its tools return what they returned.
-    ``memory_store`` is the :class:`engrain.Memory` to use (default: one on
+    ``learn=True`` (or a skill name; ``True`` means the agent's name) learns a
+    routine from each run that ends ok and offers the skill's confirmed
+    routines to the model as tools (see :mod:`engrain._agent.learn`);
+    ``last_learned`` says what the last run taught. ``memory_store`` is the :class:`engrain.Memory` to use (default: one on
     the run's store); ``client`` an SDK client you configured yourself.
 
     The cache keys on the agent (name, model, instructions, tools), the
@@ -79,6 +82,7 @@ class Agent:
         similar_threshold: float = 0.75,
         volatile: dict[str, list[str]] | None = None,
         same_result: dict[str, Callable[[Any, Any], bool]] | None = None,
+        learn: bool | str = False,
     ):
         validate_tool_name(name)
         if len(name) > 64:  # it is part of run ids (chat:<agent>:<session>:<n>), which have a length limit
@@ -97,6 +101,11 @@ class Agent:
             raise ConfigError(f"agent {name!r}: max_turns must be an integer from 1 to 1000, got {max_turns!r}")
         if memory is not None and (not isinstance(memory, str) or not memory):
             raise ConfigError(f"agent {name!r}: memory must be a skill name")
+        if not isinstance(learn, (bool, str)) or learn == "":
+            raise ConfigError(f"agent {name!r}: learn must be True, False or a skill name")
+        #: The skill learned routines are kept under (None: the agent does not learn).
+        self.learn: str | None = (name if learn is True else learn) or None
+        self.last_learned: Any = None
         self.name, self.model, self.instructions = name, model, instructions
         self.memory, self.cache, self.max_turns = memory, bool(cache), max_turns
         self.base_url, self.stream, self.parallel_tools = base_url, stream, max(1, parallel_tools)
@@ -148,7 +157,7 @@ class Agent:
         """A JSON view: name, model, instructions, tools, memory, cache, answers_ttl, max_turns."""
         return {"name": self.name, "model": self.model, "instructions": self.instructions,
                 "tools": [t.spec() for t in self.tools.values()], "memory": self.memory, "cache": self.cache,
-                "answers_ttl": self.answers_ttl, "max_turns": self.max_turns}
+                "answers_ttl": self.answers_ttl, "max_turns": self.max_turns, "learn": self.learn}
 
     # -- runs ------------------------------------------------------------------
 
@@ -170,8 +179,34 @@ class Agent:
             return converse(self, ctx, [], t, emit)["text"]
 
         agent_fn.__name__ = self.name
-        return _run(agent_fn, task, run_id=run_id, journal=journal or self._journal(),
-                    tags=[f"llm-agent:{self.name}", *(tags or [])])
+        j = journal or self._journal()
+        res = _run(agent_fn, task, run_id=run_id, journal=j, tags=[f"llm-agent:{self.name}", *(tags or [])])
+        self._learn_after(j, res, emit)
+        return res
+
+    def learn_from(self, run_id: str, *, journal: Journal | None = None) -> Any:
+        """Learn a routine from this agent's finished run ``run_id``; returns a ``LearnReport``.
+
+        Runs of ``learn=`` agents are learned from as they end; this is for
+        earlier runs, or a run whose learning a crash cut short.
+        """
+        if not self.learn:
+            raise ConfigError(f"agent {self.name!r} does not learn: create it with learn=True or a skill name")
+        from .learn import learn_from_run
+
+        return learn_from_run(self, journal or self._journal(), run_id)
+
+    def _learn_after(self, j: Journal, res: RunResult, emit: Callable[[dict[str, Any]], None]) -> None:
+        if not self.learn or not res:
+            return
+        from .learn import LearnReport, learn_from_run
+
+        try:
+            report = learn_from_run(self, j, res.run_id)
+        except Exception as e:  # noqa: BLE001 - the run is done and ok; learning from it is extra
+            report = LearnReport(res.run_id, "skipped", f"learning failed: {type(e).__name__}: {e}")
+        self.last_learned = report
+        emit({"type": "learned", **report.to_dict()})
 
     def chat(self, message: str, *, session: str, journal: Journal | None = None) -> Iterator[dict[str, Any]]:
         """Send ``message`` in ``session`` and iterate over the turn's events as they happen.
@@ -212,8 +247,10 @@ class Agent:
             return converse(self, ctx, history, t, emit)
 
         turn_fn.__name__ = self.name
-        return _run(turn_fn, message, run_id=sessions.turn_id(self.name, session, n), journal=j,
-                    tags=[f"llm-agent:{self.name}", f"session:{session}"])
+        res = _run(turn_fn, message, run_id=sessions.turn_id(self.name, session, n), journal=j,
+                   tags=[f"llm-agent:{self.name}", f"session:{session}"])
+        self._learn_after(j, res, emit)
+        return res
 
     def _chat_worker(self, j: Journal, session: str, message: str, put: Callable[[Any], None]) -> None:
         try:

@@ -82,22 +82,24 @@ def _run_thunk(key: str, fn: Callable[[], Any]) -> Any:
 
 
 def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: str, emit: Emit,
-              wait: bool = True) -> list[dict[str, Any]]:
+              wait: bool = True, tools: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Answer one model reply's tool calls: one tool message per call, in the model's order.
 
     ``wait=False`` when a model call comes next: each result's append is sent
     without waiting for the store's answer (see ``Journal.append``), and the
-    model step's append raises its failure.
+    model step's append raises its failure. ``tools`` are the run's tools when
+    they are more than the agent's (learned routines offered to this run).
     """
+    tools = agent.tools if tools is None else tools
     out: list[dict[str, Any]] = []
     pending: list[tuple[int, Any, Any, dict[str, Any]]] = []
     for c in calls:
         emit({"type": "tool_call", "id": c["id"], "name": c["name"], "arguments": c["arguments"]})
         msg = {"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": "", "error": False, "ts": ts}
         out.append(msg)
-        tool = agent.tools.get(c["name"])
+        tool = tools.get(c["name"])
         if tool is None:
-            known = ", ".join(sorted(agent.tools)) or "none"
+            known = ", ".join(sorted(tools)) or "none"
             msg.update(content=f"error: unknown tool {c['name']!r}; available tools: {known}", error=True)
             continue
         try:
@@ -196,7 +198,12 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
     replay = Replayer(plan["turns"], text, [m["content"] for m in history]) if plan is not None else None
     checks = {n: t.result_check for n, t in agent.tools.items()} if plan is not None else {}
     saved = cache.Savings()
-    specs = [t.spec() for t in agent.tools.values()]
+    tools = agent.tools
+    if agent.learn:  # a cached trajectory that called a learned routine finds it offered again
+        from .learn import offer
+
+        tools = {**agent.tools, **offer(agent, ctx, text)}
+    specs = [t.spec() for t in tools.values()]
     # Turns replayed from the cache and a plan's groups call no model: max_turns counts model calls.
     for turn in itertools.count():
         if replaying:
@@ -257,14 +264,14 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             ran_calls, results, sizes = cache.run_plan(
                 agent, followed, reply["tool_calls"],
                 # each group's results are waited for: the next group runs with no append before it
-                lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=True),
+                lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=True, tools=tools),
                 lambda c: _skipped(c, reply["ts"], emit))
             msg["tool_calls"] = ran_calls  # the model's next call sees the ids the plan's calls really used
             emit({"type": "cache", "plan": "followed", "similar": followed["entry"]})
             if log is not None:
                 log = _plan_log(log, {**reply, "tool_calls": ran_calls}, results, sizes)
         else:
-            results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying)
+            results = run_tools(agent, ctx, reply["tool_calls"], reply["ts"], emit, wait=replaying, tools=tools)
             if log is not None:
                 log.append({"name": "agent.turn", "args": {}, "reply": reply,
                             "results": [r["content"] for r in results]})

@@ -24,6 +24,7 @@ def _app() -> Any:
     from . import operate as _operate  # noqa: F401
     from . import worker as _worker  # noqa: F401
     from . import routines as _routines  # noqa: F401
+    from . import learned as _learned  # noqa: F401
     from . import cache as _cache  # noqa: F401
     from . import demo as _demo  # noqa: F401
     from . import memory as _memory  # noqa: F401

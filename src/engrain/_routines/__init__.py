@@ -7,8 +7,10 @@ compiler (:mod:`.compiler`) and the JSON Schemas of the traces it reads
 ``when``/``assert`` evaluator (:mod:`.expr`, its limits in :mod:`.expr_limits`), ``{{ path }}`` templates
 (:mod:`.template`, shared with the behavior cache), input/output schemas
 (:mod:`.schema`), the writer of compiled ``udfs.py`` files (:mod:`.udfs_file`),
-em-core's package format converted on load (:mod:`.emcore`) and answers to
-prompts (:mod:`.answers`).
+em-core's package format converted on load (:mod:`.emcore`), answers to
+prompts (:mod:`.answers`), and routines learned from agent runs: the runs as
+induction reads them (:mod:`.agent_trace`), the induction (:mod:`.induce`) and
+what an edited learned routine may hold (:mod:`.learned_check`).
 
 May import: ``_durable``, ``_sandbox``, ``_journal``, ``_events``, ``_errors``.
 """

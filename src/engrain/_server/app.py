@@ -329,9 +329,9 @@ def create_app(
         return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
 
     from . import agents as agents_routes
-    from . import cache, llm_agents, memory, operate, routines, runs
+    from . import cache, learned, llm_agents, memory, operate, routines, runs
 
-    for module in (runs, operate, routines, agents_routes, llm_agents, cache, memory):
+    for module in (runs, operate, routines, agents_routes, llm_agents, cache, memory, learned):
         app.include_router(module.router, prefix="/api")
 
     @app.get("/api/health", tags=["health"])

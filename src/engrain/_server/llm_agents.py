@@ -19,7 +19,7 @@ import json
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -52,6 +52,8 @@ class AgentDefinition(Body):
                                       description="Seconds a cached answer given without tool calls stays valid "
                                                   "(default: such answers are not cached).")
     max_turns: int = Field(10, ge=1, le=100)
+    learn: bool | Annotated[str, Field(min_length=1, max_length=100)] = Field(
+        False, description="Learn routines from ok runs and offer them as tools: true, or a skill name.")
 
 
 class ChatRequest(Body):
@@ -90,8 +92,7 @@ class LLMAgents:
                            f"(configured with --tools / --tools-dir: {known})")
         return Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
                      cache=d.get("cache", False), answers_ttl=d.get("answers_ttl"), max_turns=d.get("max_turns", 10),
-                     registry=self.tools,
-                     journal=self.state.journal)
+                     registry=self.tools, journal=self.state.journal, learn=d.get("learn", False))
 
     def create(self, d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Define an agent; returns (its description, whether it is new)."""
@@ -154,7 +155,7 @@ class LLMAgents:
 def describe(d: dict[str, Any]) -> dict[str, Any]:
     return {"name": d["name"], "kind": "llm", "model": d["model"], "instructions": d.get("instructions", ""),
             "tools": list(d.get("tools", [])), "memory": d.get("memory"), "cache": d.get("cache", False),
-            "answers_ttl": d.get("answers_ttl"), "max_turns": d.get("max_turns", 10),
+            "answers_ttl": d.get("answers_ttl"), "max_turns": d.get("max_turns", 10), "learn": d.get("learn", False),
             "description": (d.get("instructions", "").strip().splitlines() or [""])[0][:200]}
 
 
@@ -218,8 +219,11 @@ async def create_agent(body: AgentDefinition, request: Request) -> JSONResponse:
     # route's costs), and the response skips FastAPI's re-encoding of a dict that is JSON already.
     agents = state_of(request).llm_agents
     d = body.model_dump()
-    if d["answers_ttl"] is None:  # as definitions stored before the field existed: the same agent compares equal
-        del d["answers_ttl"]
+    # Fields added after the first release are left out at their defaults, so a definition stored
+    # before they existed and the same agent sent again compare equal.
+    for field, default in (("answers_ttl", None), ("learn", False)):
+        if d[field] == default:
+            del d[field]
     out, _ = await asyncio.get_running_loop().run_in_executor(None, agents.create, d)
     warning = key_warning(body.model)
     return JSONResponse({**out, "warning": warning} if warning else out, status_code=201)

@@ -423,6 +423,7 @@
       list.length
         ? table(["Routine", "Description", "Inputs", ["Steps", "num"], "State"], rows)
         : h("p", { class: "muted", text: "No routines in the server's routines directory." }),
+      ...(await window.engrainLearned.section()),
     ];
   }
 
