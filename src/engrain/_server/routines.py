@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
 from fastapi import APIRouter, Request
 from pydantic import Field
 
@@ -73,11 +72,20 @@ def routine_dir(state: ServerState, name: str, *, must_exist: bool = True) -> Pa
 
 
 def _read_yaml(path: Path) -> tuple[str, Any, str | None]:
-    text = (path / ROUTINE_FILE).read_text(encoding="utf-8", errors="replace")
+    """The text of ``path``'s routine.yaml, its data and what is wrong with it, read within the YAML bounds."""
+    from .._errors import RoutineError
+    from .._routines.yamlfile import load_yaml_text, read_yaml_text
+
+    file = path / ROUTINE_FILE
+    text = ""
     try:
-        return text, yaml.safe_load(text), None
-    except yaml.YAMLError as e:
-        return text, None, f"{path / ROUTINE_FILE}: invalid YAML: {e}"
+        text = read_yaml_text(file, ROUTINE_FILE)
+        doc = load_yaml_text(text, ROUTINE_FILE)
+    except RoutineError as e:
+        return text, None, "; ".join(f"{file}: {i.field}: {i.message}" for i in e.issues)
+    if doc is None:
+        return text, None, f"{file}: empty: a routine file is a mapping with name, inputs and steps"
+    return text, doc, None
 
 
 def routine_infos(root: Path) -> list[dict[str, Any]]:
