@@ -291,6 +291,15 @@ class PostgresJournal(Journal):
             raise self._storage(e) from e
         return None if row is None else _run_info(row)
 
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        try:
+            with self._lock:
+                self._settle()
+                rows = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = ANY(%s)", (list(run_ids),)).fetchall()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
+        return {info.run_id: info for info in map(_run_info, rows)}
+
     def runs(
         self,
         *,

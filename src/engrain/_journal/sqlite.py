@@ -400,6 +400,19 @@ class SQLiteJournal(Journal):
             raise self._translate(e) from e
         return None if row is None else _run_info(row)
 
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        out: dict[str, RunInfo] = {}
+        ids = list(dict.fromkeys(run_ids))
+        try:
+            with self._lock:
+                for i in range(0, len(ids), 500):  # under SQLite's bound-parameter limit
+                    chunk = ids[i:i + 500]
+                    sql = f"SELECT {_RUN_COLS} FROM runs WHERE run_id IN ({','.join('?' * len(chunk))})"
+                    out.update((info.run_id, info) for info in map(_run_info, self._db.execute(sql, chunk)))
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
+        return out
+
     def runs(
         self,
         *,

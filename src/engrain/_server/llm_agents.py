@@ -29,6 +29,7 @@ from .. import _events as ev
 from .._errors import ConfigError, ConflictError
 from .._events import NewEvent
 from .state import ApiError, Body, state_of
+from .streams import EventStream
 
 router = APIRouter(tags=["llm-agents"])
 
@@ -189,7 +190,8 @@ def run_agent(name: str, body: TaskRequest, request: Request) -> dict[str, Any]:
 
 
 @router.post("/agents/{name}/chat", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
+             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+                        429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
 async def chat(name: str, body: ChatRequest, request: Request) -> StreamingResponse:
     """Send a message in a session: an SSE stream of ``text``, ``tool_call``, ``tool_result``, ..., ``done`` events."""
     import asyncio
@@ -216,10 +218,7 @@ async def chat(name: str, body: ChatRequest, request: Request) -> StreamingRespo
         if sent is not None and not sent.wait(PACE_WAIT):
             paced[0] = False
 
-    agent.start_chat(body.message, session=body.session, on_event=put)
-
-    async def stream() -> Any:
-        state.streams += 1
+    async def stream(_: Any) -> Any:
         try:
             while (item := await q.get()) is not None:
                 e, sent = item
@@ -232,10 +231,10 @@ async def chat(name: str, body: ChatRequest, request: Request) -> StreamingRespo
                 item = q.get_nowait()
                 if item is not None and item[1] is not None:
                     item[1].set()
-            state.streams -= 1
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    resp = EventStream(request, stream)  # takes a stream slot first: a 429 starts no turn
+    agent.start_chat(body.message, session=body.session, on_event=put)
+    return resp
 
 
 @router.get("/agents/{name}/sessions/{session}")

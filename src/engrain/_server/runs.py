@@ -17,15 +17,18 @@ from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
 from .state import ApiError, Body, state_of
+from .streams import EventStream
 
 router = APIRouter(tags=["runs"])
 
 # The run statuses (see engrain._events.STATUSES) plus the old name "completed",
 # still accepted for "ok"; FastAPI answers 422 listing these for anything else.
 Status = Literal["ok", "failed", "needs_input", "running", "queued", "cancelled", "completed"]
-TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED)
-#: How often the SSE stream polls the journal for new events (seconds), and the idle keep-alive.
-POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
+TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED)
+#: Statuses after which a stream waits for nothing more.
+FINISHED = (ev.OK, ev.FAILED, ev.CANCELLED)
+#: Seconds of silence after which a stream sends a comment line (which also finds dead clients).
+KEEPALIVE = 15.0
 
 
 class StartRun(Body):
@@ -181,45 +184,47 @@ def _sse(e: Event) -> str:
 
 
 @router.get("/runs/{run_id}/stream", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+                       429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
 async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1),
                  token: str | None = Query(default=None, description="Bearer token, for EventSource clients.")) -> StreamingResponse:
-    """Server-sent events: the run's events with ``seq > after``, then new ones as they are appended."""
-    journal = state_of(request).journal
-    if await run_in_threadpool(journal.get_run, run_id) is None:
+    """Server-sent events: the run's events with ``seq > after``, then new ones as they are appended.
+
+    The stream ends after the run's last event (completed, failed or cancelled).
+    """
+    state = state_of(request)
+    info = await run_in_threadpool(state.journal.get_run, run_id)
+    if info is None:
         raise RunNotFoundError(run_id)
 
-    state = state_of(request)
-
-    async def events():
-        last, delay, idle_since = after, POLL_MIN, time.monotonic()
-        state.streams += 1
-        try:
-            while True:
-                batch = await run_in_threadpool(journal.read, run_id, last)
-                for e in batch:
-                    yield _sse(e)
-                    last = e.seq
-                    if e.kind in TERMINAL:
-                        return
-                if batch:
-                    delay, idle_since = POLL_MIN, time.monotonic()
-                else:
-                    info = await run_in_threadpool(journal.get_run, run_id)
-                    if info is None or info.status in (ev.OK, ev.FAILED):
-                        return  # finished before `after`: nothing more will come
-                    if time.monotonic() - idle_since > KEEPALIVE:
-                        idle_since = time.monotonic()
-                        yield ": keepalive\n\n"
-                    delay = min(delay * 2, POLL_MAX)
-                if await request.is_disconnected():
+    async def events(sub: Any) -> Any:
+        last, status, idle_since = after, info.status, time.monotonic()
+        # What the journal holds now; the hub hands over what comes after its snapshot (seq ordered, maybe again).
+        batch: list[Event] | None = await run_in_threadpool(state.journal.read, run_id, last)
+        while True:
+            for e in batch or ():
+                if e.seq <= last:
+                    continue
+                yield _sse(e)
+                last = e.seq
+                if e.kind in TERMINAL:
                     return
-                await asyncio.sleep(delay)
-        finally:
-            state.streams -= 1
+            if batch:
+                idle_since = time.monotonic()
+            elif sub.gone or status in FINISHED:
+                return  # finished (or deleted) with nothing more after `after`: nothing more will come
+            elif time.monotonic() - idle_since > KEEPALIVE:
+                idle_since = time.monotonic()
+                yield ": keepalive\n\n"
+            if await request.is_disconnected():
+                return
+            await sub.wait(KEEPALIVE)
+            status = sub.status or status
+            batch = sub.take()
+            if batch is None:  # this reader fell too far behind for the hub to keep its events
+                batch = await run_in_threadpool(state.journal.read, run_id, last)
 
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    return EventStream(request, events, lambda: state.hub.watch(run_id, info.next_seq - 1))
 
 
 #: Tags only the runtime writes: they make the server resume a run as a routine or an agent.
