@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         StorageError,
         StoreCorruptError,
         StoreNotFoundError,
+        StoreURLError,
         StoreVersionError,
         UnknownStatusError,
     )
@@ -105,6 +106,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "StorageError": ("._errors", "StorageError"),
     "StoreCorruptError": ("._errors", "StoreCorruptError"),
     "StoreNotFoundError": ("._errors", "StoreNotFoundError"),
+    "StoreURLError": ("._errors", "StoreURLError"),
     "StoreVersionError": ("._errors", "StoreVersionError"),
     "UnknownStatusError": ("._errors", "UnknownStatusError"),
     "Event": ("._events", "Event"),
@@ -218,6 +220,7 @@ __all__ = [
     "StorageError",
     "StoreCorruptError",
     "StoreNotFoundError",
+    "StoreURLError",
     "StoreVersionError",
     "ToolRegistry",
     "UnknownStatusError",

@@ -62,7 +62,9 @@ def serve(
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]
-    typer.echo(f"engrain serving on http://{shown}:{bound}  (store {app.state.engrain.journal.url})", err=True)
+    from .._journal import redact_url
+
+    typer.echo(f"engrain serving on http://{shown}:{bound}  (store {redact_url(app.state.engrain.journal.url)})", err=True)
     # Open SSE streams would otherwise hold a Ctrl-C shutdown until their clients leave.
     config = server_config(app, header_timeout=header_timeout, max_connections=max_connections, write_timeout=write_timeout,
                            log_level="warning", timeout_graceful_shutdown=3)

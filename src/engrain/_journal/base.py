@@ -197,4 +197,6 @@ class Journal(abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.url}>"
+        from ._common import redact_url
+
+        return f"<{type(self).__name__} {redact_url(self.url)}>"
