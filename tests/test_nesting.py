@@ -98,7 +98,6 @@ def test_routine_file_nested_too_deep_is_an_issue(tmp_path, depth, yaml_parser):
     issues = eg.validate_routine(pkg)
     # The same words whether libyaml (with its own nesting limit) or the pure-Python parser read it.
     assert len(issues) == 1 and issues[0].message == f"nested deeper than {MAX_DEPTH} levels", issues
-    assert issues[0].field == "line 6"
     with pytest.raises(eg.RoutineError, match="nested deeper"):
         eg.load_routine(pkg)
 
