@@ -363,7 +363,12 @@ def create_app(
 
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
 
-    # The last added runs first: the host guard wraps the size limit, which wraps auth, which wraps the routes.
+    from .contract import LiteralPaths, install_openapi
+
+    install_openapi(app, list(state.llm_agents.tools.names()))
+    # The last added runs first: the host guard wraps the size limit, which wraps auth, which wraps the
+    # wrong-method answer of literal paths, which wraps the routes.
+    app.add_middleware(LiteralPaths, fastapi_app=app)
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(BodyLimit, limit=MAX_BODY)
     if is_loopback(host) and not token:

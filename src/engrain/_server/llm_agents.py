@@ -44,7 +44,7 @@ class AgentDefinition(Body):
     """``POST /api/agents``: what an LLM agent is."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    model: str = Field(min_length=3, max_length=200, description="openai:<model>, anthropic:<model> or ollama:<model>")
+    model: str = Field(max_length=200, pattern=r"^(openai|anthropic|ollama):\S", description="openai:<model>, anthropic:<model> or ollama:<model>")
     instructions: str = Field("", max_length=20_000)
     tools: list[str] = Field(default_factory=list, max_length=64)
     memory: str | None = Field(None, min_length=1, max_length=100)
@@ -58,7 +58,7 @@ class ChatRequest(Body):
 
 
 class TaskRequest(Body):
-    task: str = Field(min_length=1, max_length=100_000)
+    task: str = Field(max_length=100_000, pattern=r"\S")
     run_id: str | None = Field(None, min_length=1, max_length=200)
     wait: float = Field(DEFAULT_WAIT, ge=0, le=MAX_WAIT)
 
@@ -137,6 +137,13 @@ class LLMAgents:
 
         agent = self.get(name)
         rid = run_id or new_run_id()
+        if run_id is not None:
+            first = self.state.journal.read(rid, -1)[:1]
+            tags = first[0].data.get("tags") if first else None
+            if first and (first[0].data.get("task") != task or not isinstance(tags, list)
+                          or f"llm-agent:{name}" not in tags):
+                raise ApiError(409, "RunMismatchError", f"run {rid!r} exists and is not a run of agent {name!r} "
+                               "on this task; leave run_id out to start a new run")
         fut: Future[Any] = self._pool.submit(agent.run, task, run_id=rid)
         try:
             return fut.result(timeout=wait).to_dict()

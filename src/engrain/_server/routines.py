@@ -13,7 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path as PathParam, Request
 from pydantic import Field
 
 from .state import ApiError, Body, ServerState, state_of
@@ -21,6 +23,8 @@ from .state import ApiError, Body, ServerState, state_of
 router = APIRouter(tags=["routines"])
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: A routine name in a path: the document states the rule, so a name outside it is a 422 before any lookup.
+RoutineName = Annotated[str, PathParam(pattern=NAME.pattern, description="Routine name (a folder under the routines dir).")]
 ROUTINE_FILE = "routine.yaml"
 #: Modules the routine engine needs to validate and run routines.
 _CORE = ("_routines.model", "_routines.loader", "_routines.validator", "_routines.runner", "_routines.template", "_routines.expr")
@@ -33,17 +37,33 @@ class RunBody(Body):
     run_id: str | None = Field(default=None, max_length=200)
 
 
+def _trace_schema() -> dict[str, Any]:
+    from .._routines.trace_schema import EMCORE_SCHEMA, ENGRAIN_SCHEMA
+
+    # The compiler's own schemas: a trace the document calls valid is one the compiler reads.
+    # Only a finished, successful run compiles: its trace holds a run.completed event.
+    engrain = {**ENGRAIN_SCHEMA, "required": ["format", "events"],
+               "properties": {**ENGRAIN_SCHEMA["properties"], "events": {
+                   **ENGRAIN_SCHEMA["properties"]["events"],
+                   "contains": {"type": "object", "required": ["kind"], "properties": {"kind": {"const": "run.completed"}}}}}}
+    return {"anyOf": [engrain,
+                      {**EMCORE_SCHEMA, "required": ["version", "app", "mission", "events"]}]}
+
+
+_TRACE = Field(description="An engrain trace (engrain export) or an em-core trace.", json_schema_extra=_trace_schema())
+
+
 class PreviewBody(Body):
     """A trace to compile without saving it (the UI's compile view)."""
 
-    trace: dict[str, Any] = Field(description="An engrain trace (engrain export) or an em-core trace.")
+    trace: dict[str, Any] = _TRACE
 
 
 class CompileBody(Body):
     """A trace to compile into ``routines_dir/<name>``."""
 
-    name: str = Field(description="Routine name (folder to create).")
-    trace: dict[str, Any] = Field(description="An engrain trace (engrain export) or an em-core trace.")
+    name: str = Field(pattern=NAME.pattern, description="Routine name (folder to create).")
+    trace: dict[str, Any] = _TRACE
     overwrite: bool = False
 
 
@@ -60,8 +80,9 @@ def _engine(*modules: str) -> None:
 
 def routine_dir(state: ServerState, name: str, *, must_exist: bool = True) -> Path:
     """The folder of routine ``name``, never outside the routines dir."""
-    if not isinstance(name, str) or not NAME.match(name) or ".." in name:
-        raise ApiError(400, "BadRoutineName", f"routine name {name!r} must match {NAME.pattern} and not contain '..'")
+    # The pattern keeps a name one path segment that is never "." or ".."; resolving below keeps it in the root.
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ApiError(400, "BadRoutineName", f"routine name {name!r} must match {NAME.pattern}")
     root = state.routines_dir
     path = (root / name).resolve()
     if not path.is_relative_to(root):
@@ -114,7 +135,7 @@ def list_routines(request: Request) -> list[dict[str, Any]]:
 
 
 @router.get("/routines/{name}")
-def get_routine(request: Request, name: str) -> dict[str, Any]:
+def get_routine(request: Request, name: RoutineName) -> dict[str, Any]:
     """A routine's YAML text, parsed form, validation issues, effective input schema and example inputs.
 
     ``inputs`` is the input schema after loading (an em-core package's converted
@@ -153,7 +174,7 @@ def _example_input(path: Path) -> Any:
 
 
 @router.post("/routines/{name}/validate")
-def validate(request: Request, name: str) -> dict[str, Any]:
+def validate(request: Request, name: RoutineName) -> dict[str, Any]:
     """Validate a routine package; ``ok`` is false when any issue is an error."""
     path = routine_dir(state_of(request), name)
     _engine()
@@ -162,7 +183,7 @@ def validate(request: Request, name: str) -> dict[str, Any]:
 
 
 @router.post("/routines/{name}/run")
-def run(request: Request, name: str, body: RunBody) -> dict[str, Any]:
+def run(request: Request, name: RoutineName, body: RunBody) -> dict[str, Any]:
     """Run a routine to its end or its first prompt; returns the RunResult."""
     return run_routine(state_of(request), name, body.inputs, body.run_id)
 

@@ -9,13 +9,14 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from .. import _events as ev
 from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
+from .contract import one_of
 from .state import ApiError, Body, state_of
 from .streams import EventStream
 
@@ -27,18 +28,29 @@ Status = Literal["ok", "failed", "needs_input", "running", "queued", "cancelled"
 TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED)
 #: Statuses after which a stream waits for nothing more.
 FINISHED = (ev.OK, ev.FAILED, ev.CANCELLED)
+#: The largest seq a store holds (a signed 64-bit integer): ``after`` beyond it is a 422, not a driver error.
+MAX_SEQ = 2**63 - 1
 #: Seconds of silence after which a stream sends a comment line (which also finds dead clients).
 KEEPALIVE = 15.0
 
 
-class StartRun(Body):
-    """Start a run of a routine under the server's routines dir, or of a registered agent."""
+#: A run id a client names: not blank, no surrounding spaces.
+RUN_ID_PATTERN = r"^\S(.*\S)?$"
 
-    routine: str | None = Field(default=None, description="Routine name (a folder under the routines dir).")
+
+class StartRun(Body):
+    """Start a run of a routine under the server's routines dir, or of a registered agent (exactly one)."""
+
+    model_config = ConfigDict(json_schema_extra=one_of({"routine": {"type": "string"}},
+                                                       {"agent": {"type": "string"}, "task": {"type": "string"}}))
+
+    routine: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                description="Routine name (a folder under the routines dir).")
     agent: str | None = Field(default=None, max_length=200, description="Registered agent name (instead of routine).")
     task: str | None = Field(default=None, max_length=20_000, description="The agent's task (required with agent).")
     inputs: dict[str, Any] = Field(default_factory=dict, description="The routine's inputs, or the agent's keyword arguments.")
-    run_id: str | None = Field(default=None, max_length=200, description="Run id to use (default: a new one).")
+    run_id: str | None = Field(default=None, max_length=200, pattern=RUN_ID_PATTERN,
+                               description="Run id to use (default: a new one).")
     wait: float = Field(default=DEFAULT_WAIT, ge=0, le=MAX_WAIT,
                         description="Agent runs: seconds to wait for the end or a prompt before answering status running.")
 
@@ -52,16 +64,31 @@ class Answers(Body):
 
 
 class AppendEvent(Body):
-    kind: str = Field(description="Event kind, e.g. step.started (see DESIGN.md).")
+    kind: Literal[tuple(sorted(ev.KINDS))] = Field(description="Event kind, e.g. step.started (see DESIGN.md).")  # type: ignore[valid-type]
     name: str = Field(default="", max_length=500)
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+_LATER_KINDS = sorted(ev.KINDS - {ev.RUN_STARTED})
+
+
 class Append(Body):
-    """Low-level append with optimistic concurrency."""
+    """Low-level append with optimistic concurrency.
+
+    ``expected_seq`` 0 creates the run: its first event is ``run.started``, which no later event may be.
+    """
+
+    # anyOf, not oneOf: the branches exclude each other by expected_seq, and generators read anyOf better.
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"properties": {"expected_seq": {"const": 0},
+                        "events": {"prefixItems": [{"properties": {"kind": {"const": ev.RUN_STARTED}}}],
+                                   "items": {"properties": {"kind": {"enum": _LATER_KINDS}}}}}},
+        {"properties": {"expected_seq": {"minimum": 1},
+                        "events": {"items": {"properties": {"kind": {"enum": _LATER_KINDS}}}}}},
+    ]})
 
     events: list[AppendEvent] = Field(min_length=1, max_length=1000)
-    expected_seq: int = Field(ge=0, description="The run's next seq as the caller knows it (0 creates the run).")
+    expected_seq: int = Field(ge=0, le=MAX_SEQ, description="The run's next seq as the caller knows it (0 creates the run).")
 
 
 def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
@@ -173,7 +200,7 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}/events")
-def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1)) -> list[dict[str, Any]]:
+def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ)) -> list[dict[str, Any]]:
     """Events of the run with ``seq > after``."""
     _require(request, run_id)
     return [e.to_dict() for e in state_of(request).journal.read(run_id, after)]
@@ -186,7 +213,7 @@ def _sse(e: Event) -> str:
 @router.get("/runs/{run_id}/stream", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
                        429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
-async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1),
+async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ),
                  token: str | None = Query(default=None, description="Bearer token, for EventSource clients.")) -> StreamingResponse:
     """Server-sent events: the run's events with ``seq > after``, then new ones as they are appended.
 
