@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 import engrain as eg
 from servers import serve

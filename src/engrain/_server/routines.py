@@ -11,11 +11,10 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path as PathParam, Request
+from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
 from pydantic import Field
 
 from .state import ApiError, Body, ServerState, state_of
