@@ -109,9 +109,14 @@ def load_yaml_text(text: str, file: str) -> Any:
         try:
             check_bounds(text, file, loader)
             return yaml.load(text, Loader=loader)
-        except yaml.YAMLError:
+        except yaml.YAMLError as e:
             if loader is yaml.SafeLoader:
                 raise
+            if "nesting depth" in str(getattr(e, "problem", "")):
+                # libyaml's own limit (1000 levels) is far past MAX_DEPTH: say so without re-parsing.
+                mark = getattr(e, "problem_mark", None)
+                where = f"line {mark.line + 1}" if mark is not None else "yaml"
+                raise _issue(file, where, f"nested deeper than {MAX_DEPTH} levels") from None
         # libyaml words its errors its own way and stops at a nesting limit of
         # its own (deeper than MAX_DEPTH, so always a depth error here): the
         # pure-Python parser, bounded the same way, says what is wrong, so the
