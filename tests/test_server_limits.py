@@ -283,3 +283,32 @@ def test_serve_help_lists_the_limits():
         assert opt in out
 
 
+
+
+def test_a_reader_far_behind_still_gets_every_event_in_order(tmp_path):
+    """More events than a stream keeps queued arrive while its reader is not reading: it reads the journal again."""
+    from engrain._server.streams import MAX_QUEUED
+
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    started_run(url, "far")
+    n = MAX_QUEUED * 2 + 50
+    with serve(url, tmp_path, token=None) as base:
+        port = int(base.rsplit(":", 1)[1])
+        s = _stalled_stream(port, "far")
+        time.sleep(1)
+        j = eg.open(url)
+        for k in range(n):
+            j.append("far", [eg.NewEvent("log.entry", "n", {"k": k, "pad": "y" * 10_000})], 1 + k)
+        j.append("far", [eg.NewEvent("run.completed", "", {"output": 1})], 1 + n)
+        j.close()
+        time.sleep(2)  # the hub hands over far more than the stream may queue while nobody reads
+        s.settimeout(20)
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):  # the chunked body's end: the stream ended
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+    ids = [int(line.split(b": ", 1)[1]) for line in data.split(b"\n") if line.startswith(b"id: ")]
+    assert ids == list(range(n + 2)), (len(ids), ids[:5], ids[-5:])
