@@ -75,6 +75,22 @@ def embedder():
     return e
 
 
+@pytest.fixture(params=["libyaml", "pure"])
+def yaml_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Read routine files with PyYAML's C parser, then with its pure-Python one: users get either."""
+    import yaml
+
+    from engrain._routines import yamlfile
+
+    if request.param == "libyaml":
+        if not getattr(yaml, "__with_libyaml__", False):
+            pytest.fail("this PyYAML has no libyaml: install a wheel built with it to test the C parser")
+        monkeypatch.setattr(yamlfile, "_loader", lambda: yaml.CSafeLoader)
+    else:
+        monkeypatch.setattr(yamlfile, "_loader", lambda: yaml.SafeLoader)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def _isolated_default_store(tmp_path, monkeypatch):
     """Point the default store at a temp dir so no test writes ./.engrain."""

@@ -31,13 +31,15 @@ def engrain_exe() -> str:
 @contextmanager
 def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", routines: Path | None = None,
           tools: str | None = None, agents: str | None = None, allow_hosts: tuple[str, ...] = (),
-          tools_dir: Path | None = None, procs: list[subprocess.Popen] | None = None) -> Iterator[str]:
+          tools_dir: Path | None = None, procs: list[subprocess.Popen] | None = None,
+          extra: tuple[str, ...] = ()) -> Iterator[str]:
     """Run ``engrain serve`` on ``url`` until the block ends; yields its base URL.
 
     The server's output goes to ``workdir/<name>.log`` (never to our pipes), it must
     answer ``/api/health`` within 30 s, and it is terminated, then killed, on exit.
     ``token=None`` serves without a token (on loopback, with the Host guard).
     ``procs``, if given, receives the server's process (for a test that kills it).
+    ``extra``: more ``engrain serve`` options.
     """
     port = free_port()
     log_path = workdir / f"{name}.log"
@@ -52,6 +54,7 @@ def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", r
         args += ["--tools-dir", str(tools_dir)]
     for h in allow_hosts:
         args += ["--allow-host", h]
+    args += list(extra)
     env = {**os.environ, "ENGRAIN_HOME": str(workdir / f"{name}-home")}
     env.pop("ENGRAIN_TOKEN", None)
     if token is not None:

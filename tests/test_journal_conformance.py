@@ -186,6 +186,16 @@ def test_run_summary_tracks_status_task_tags(journal):
     assert journal.get_run("missing") is None
 
 
+def test_get_runs_answers_many_runs_at_once(journal):
+    for i in range(600):  # past SQLite's chunk of bound parameters
+        journal.append(f"r{i}", [started(f"t{i}", [])], 0)
+    journal.append("r7", [NewEvent("run.completed", "", {"output": 1})], 1)
+    got = journal.get_runs([f"r{i}" for i in range(600)] + ["missing", "r7"])
+    assert set(got) == {f"r{i}" for i in range(600)}
+    assert got["r7"] == journal.get_run("r7") and got["r7"].status == "ok" and got["r7"].next_seq == 2
+    assert got["r599"].task == "t599" and journal.get_runs([]) == {}
+
+
 def test_runs_filters(journal):
     journal.append("a", [started("alpha", ["x"])], 0)
     journal.append("b", [started("beta", ["y"])], 0)

@@ -121,7 +121,8 @@ def test_run_errors_are_clear_4xx(client):
     r = client.post("/api/runs", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422
     assert client.post("/api/runs/nope/answers", json={"answers": {}}).status_code == 404
-    assert client.post("/api/runs", json={"routine": "../etc", "inputs": {}}).status_code == 400
+    r = client.post("/api/runs", json={"routine": "../etc", "inputs": {}})  # the document's name pattern
+    assert r.status_code == 422 and "body.routine" in r.json()["detail"]
     r = client.post("/api/runs", json={"routine": "missing", "inputs": {}})
     assert r.status_code in (404, 501)
 
@@ -301,8 +302,8 @@ def test_memory_routes(sqlite_client):
     out = c.post("/api/memory/export").json()
     assert out["count"] == len(arts) == len(out["documents"]) and out["export_dir"]
     # Bad input: typed 4xx, never 500.
-    r = c.post("/api/memory/remember", json={"data": "   "})
-    assert r.status_code == 422 and r.json()["error"] == "MemoryInputError"
+    r = c.post("/api/memory/remember", json={"data": "   "})  # blank text: the document says so too
+    assert r.status_code == 422 and r.json()["error"] == "ValidationError" and "body.data" in r.json()["detail"]
     assert c.post("/api/memory/recall", json={"query": ""}).status_code == 422
     assert c.post("/api/memory/recall", json={"query": "x", "top_k": 0}).status_code == 422
     assert c.post("/api/memory/consolidate", json={"num_records": -1}).status_code == 422
@@ -317,11 +318,11 @@ def test_routine_names_never_escape_the_root(sqlite_client, tmp_path):
     (tmp_path / "secret" / "routine.yaml").write_text("name: secret\n")
     for bad in ("..", "..%2Fsecret", ".hidden", "a b", "x" * 80):
         r = sqlite_client.get(f"/api/routines/{bad}")
-        assert r.status_code in (400, 404), bad
-        assert "secret" not in r.text or r.json()["error"] in ("BadRoutineName", "NotFound")
+        assert r.status_code in (404, 422), bad  # 422: the path parameter's pattern
+        assert "secret" not in r.text or r.json()["error"] in ("ValidationError", "NotFound")
     assert sqlite_client.get("/api/routines/nothere").status_code == 404
     r = sqlite_client.post("/api/routines/compile", json={"name": "../up", "trace": {}})
-    assert r.status_code == 400 and r.json()["error"] == "BadRoutineName"
+    assert r.status_code == 422 and r.json()["error"] == "ValidationError" and "body.name" in r.json()["detail"]
     assert sqlite_client.get("/api/routines").json() == []
 
 
@@ -402,7 +403,7 @@ def test_client_methods_and_typed_errors(live):
     assert c.cache_entries() == [] and c.cache_stats()["hit_rate"] == 0.0 and c.evict("nope") is False
     with pytest.raises(eg.RemoteError) as ei:
         c.validate_routine(".hidden")
-    assert ei.value.status == 400
+    assert ei.value.status == 422 and "path.name" in str(ei.value)
     c.close()
 
 

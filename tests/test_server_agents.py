@@ -194,7 +194,7 @@ def test_bad_agent_requests_are_clear_4xx(shop):
         assert http.post("/api/runs", json={"agent": "order", "routine": "x", "task": "t"}).status_code == 422
         assert http.post("/api/runs", json={"task": "t"}).status_code == 422
         assert http.post("/api/runs", json={"agent": "shout", "task": "t", "wait": 99999}).status_code == 422
-        assert http.post("/api/runs", json={"agent": "shout", "task": "t", "run_id": "  "}).status_code == 400
+        assert http.post("/api/runs", json={"agent": "shout", "task": "t", "run_id": "  "}).status_code == 422
         # Inputs the agent does not take fail the run (recorded), not the server.
         r = http.post("/api/runs", json={"agent": "shout", "task": "t", "inputs": {"extra": 1}})
         assert r.status_code == 200 and r.json()["status"] == "failed" and "extra" in r.json()["error"]

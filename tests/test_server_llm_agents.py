@@ -92,7 +92,7 @@ def test_chat_body_is_validated(tmp_path, model):
     with serve(f"sqlite:///{tmp_path / 'x.db'}", tmp_path, token=TOKEN) as base:
         h = {"Authorization": f"Bearer {TOKEN}"}
         r = httpx.post(f"{base}/api/agents", json={"name": "a", "model": "gpt"}, headers=h)
-        assert r.status_code == 400 and r.json()["error"] == "ConfigError"
+        assert r.status_code == 422 and r.json()["error"] == "ValidationError" and "body.model" in r.json()["detail"]
         httpx.post(f"{base}/api/agents", json={"name": "a", "model": "openai:m"}, headers=h).raise_for_status()
         r = httpx.post(f"{base}/api/agents/a/chat", json={"session": "../../etc", "message": "hi"}, headers=h)
         assert r.status_code == 422

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
         StorageError,
         StoreCorruptError,
         StoreNotFoundError,
+        StoreURLError,
         StoreVersionError,
         UnknownStatusError,
     )
@@ -133,6 +134,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "StorageError": ("._errors", "StorageError"),
     "StoreCorruptError": ("._errors", "StoreCorruptError"),
     "StoreNotFoundError": ("._errors", "StoreNotFoundError"),
+    "StoreURLError": ("._errors", "StoreURLError"),
     "StoreVersionError": ("._errors", "StoreVersionError"),
     "UnknownStatusError": ("._errors", "UnknownStatusError"),
     "Event": ("._events", "Event"),
@@ -252,6 +254,7 @@ __all__ = [
     "StorageError",
     "StoreCorruptError",
     "StoreNotFoundError",
+    "StoreURLError",
     "StoreVersionError",
     "ToolRegistry",
     "UnknownStatusError",

@@ -52,6 +52,13 @@ class StoreCorruptError(EngrainError):
         )
 
 
+class StoreURLError(ConfigError, ValueError):
+    """A store URL engrain does not read: an unknown scheme, a malformed URL or an unknown query parameter.
+
+    The message lists the forms engrain accepts. A ``ValueError`` too: it is bad input.
+    """
+
+
 class StoreVersionError(ConfigError):
     """The store was written by a newer engrain (its schema version is higher than this one knows)."""
 
@@ -123,11 +130,12 @@ class NondeterminismError(EngrainError):
 class NotJSONError(EngrainError, TypeError):
     """A step argument or result is not a JSON value (None, bool, int, float, str, list, dict)."""
 
-    def __init__(self, where: str, path: str, value: object):
+    def __init__(self, where: str, path: str, value: object, reason: str | None = None):
         self.where = where
         self.path = path
         self.value_type = type(value).__name__
         super().__init__(
+            f"{where}: {path} {reason}" if reason else
             f"{where}: {path} is a {self.value_type}, which is not JSON; "
             "use None, bool, int, float, str, list or dict with str keys"
         )

@@ -275,6 +275,49 @@ def _raise_at(value: Any, where: str, path: str, _depth: int = 0) -> None:
     raise NotJSONError(where, path, value)
 
 
+def check_text(text: str, value: Any, where: str, path: str = "value") -> None:
+    """Raise :class:`NotJSONError` if ``text``, the JSON of ``value``, is not storable UTF-8.
+
+    The JSON encoder writes a lone surrogate (``"\\ud800"``, from a bad decode or
+    a C extension) as is; no database can store it, so it is refused here,
+    naming the string. Checks only non-ASCII text (``isascii`` costs nothing).
+    """
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        at, bad = _surrogate_at(value, path)
+        raise NotJSONError(where, at, bad, "holds a lone surrogate (text that is not valid Unicode), "
+                           "which is not JSON; decode bytes with errors='replace' first") from None
+
+
+def storable_text(text: str) -> str:
+    """``text`` with any lone surrogate written as ``\\udXXX``: for error messages, which must always journal."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _surrogate_at(value: Any, path: str) -> tuple[str, Any]:
+    """The path of the first string (value or key) under ``value`` that UTF-8 cannot encode."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return at, v
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, str) and not k.isascii():
+                    stack.append((k, f"{at} key {k!r}"))
+                stack.append((x, f"{at}[{k!r}]"))
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+    return path, value
+
+
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 # The C encoder JSONEncoder.encode builds on every call, built once: that halves
 # the cost of encoding an event. Without circular-reference markers (a shared

@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._journal import Journal
+from .._journal import Journal, redact_url, refuse_newer_store
 from .binding import canonical_task, key
 
 __all__ = ["SAVINGS", "STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
@@ -157,6 +157,7 @@ class CacheStore:
         atexit.register(_flush_at_exit, weakref.ref(self))
         if self.backend == "sqlite":
             self._db: Any = sqlite3.connect(str(journal.path), isolation_level=None, check_same_thread=False, timeout=30)
+            refuse_newer_store(self._db, "sqlite", str(journal.path))
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
@@ -165,6 +166,7 @@ class CacheStore:
             import psycopg
 
             self._db = psycopg.connect(journal.url, autocommit=True)
+            refuse_newer_store(self._db, "postgres", redact_url(journal.url))
             with self._db.transaction():
                 # Serialize first-time creation across processes starting together.
                 self._db.execute("SELECT pg_advisory_xact_lock(7201004)")

@@ -44,21 +44,30 @@ def serve(
     agents: AgentsOption = None,
     allow_host: AllowHostOption = None,
     tools_dir: ToolsDirOption = None,
+    max_connections: Annotated[int, typer.Option(min=1, help="Most open connections; past it a new one gets 503.")] = 1000,
+    max_streams: Annotated[int, typer.Option(min=1, help="Most open SSE streams; past it 429.")] = 200,
+    max_client_streams: Annotated[int, typer.Option(min=1, help="Most open SSE streams per client address; past it 429.")] = 20,
+    header_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a client has to send a request's headers (408 after).")] = 10.0,
+    write_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a response may wait on a client that stopped reading before the connection is dropped.")] = 30.0,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
         import uvicorn  # lazily: fastapi/uvicorn weigh on every CLI start
 
         from .._server import create_app
+        from .._server.connections import server_config
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
-                         tools_dir=tools_dir)
+                         tools_dir=tools_dir, max_streams=max_streams, max_client_streams=max_client_streams)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]
-    typer.echo(f"engrain serving on http://{shown}:{bound}  (store {app.state.engrain.journal.url})", err=True)
+    from .._journal import redact_url
+
+    typer.echo(f"engrain serving on http://{shown}:{bound}  (store {redact_url(app.state.engrain.journal.url)})", err=True)
     # Open SSE streams would otherwise hold a Ctrl-C shutdown until their clients leave.
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=3)
+    config = server_config(app, header_timeout=header_timeout, max_connections=max_connections, write_timeout=write_timeout,
+                           log_level="warning", timeout_graceful_shutdown=3)
     uvicorn.Server(config).run(sockets=socks)
 
 

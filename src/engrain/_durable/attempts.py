@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import _events as ev
 from .._errors import NotJSONError, RetriesExhaustedError
-from .._events import check_json, is_json
+from .._events import check_json, is_json, storable_text
 from . import observe
 from .steps import AT_MOST_ONCE_FIELDS, AT_MOST_ONCE_PROMPT, StepPolicy, StepRecord
 
@@ -95,8 +95,13 @@ class StepWriter:
         if meta:
             data.update(meta)  # e.g. a UDF's source, journaled with its first completion
         # The result was checked above and the arguments when the step began: a meta's are the caller's.
-        self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable, json_checked=not meta,
-                    wait=wait)
+        try:
+            self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable, json_checked=not meta,
+                        wait=wait)
+        except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
+            self._fail(p, e)
+            raise
+
         if observe.observers:
             self._observe(p, result, None)
         return result
@@ -110,7 +115,8 @@ class StepWriter:
 
     def _fail(self, p: _Pending, exc: BaseException, **extra: Any) -> None:
         t = type(exc)
-        data = {"call_id": p.call_id, "error_type": t.__qualname__, "error_module": t.__module__, "message": str(exc)}
+        data = {"call_id": p.call_id, "error_type": t.__qualname__, "error_module": t.__module__,
+                "message": storable_text(str(exc))}
         self.append(ev.STEP_FAILED, p.name, self._outcome(p, {**data, **extra}))
 
     def _failed(self, p: _Pending, exc: Exception, policy: StepPolicy) -> float | None:

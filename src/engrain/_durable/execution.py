@@ -94,7 +94,10 @@ def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
     except NotJSONError as e:
         # Resuming cannot change the output (the steps replay), so this is final.
         return _finish_error(ctx, e)
-    ctx.append(ev.RUN_COMPLETED, "", {"output": output})
+    try:
+        ctx.append(ev.RUN_COMPLETED, "", {"output": output})
+    except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
+        return _finish_error(ctx, e)
     return RunResult(ctx.run_id, "ok", output, replayed=ctx.replayed, executed=ctx.executed)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigError, StepFailedError
+from .._events import storable_text
 
 #: Longest agent name a run records.
 AGENT_NAME_LIMIT = 200
@@ -53,14 +54,14 @@ def traceback_text(exc: BaseException) -> str:
     if len(text) > TRACEBACK_LIMIT:
         cut = len(text) - TRACEBACK_LIMIT
         text = f"[... {cut} characters cut ...]\n" + text[cut:]
-    return text
+    return storable_text(text)
 
 
 def failure(exc: BaseException) -> dict[str, Any]:
     """The data of the ``run.failed`` event for a run whose agent raised ``exc``."""
     t = type(exc)
     try:
-        message = str(exc)
+        message = storable_text(str(exc))
     except Exception:  # noqa: BLE001 - same as above
         message = "(the error's message could not be formatted)"
     return {
@@ -82,7 +83,7 @@ def failure_report(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, StepFailedError):
         return {"step_id": getattr(exc, "step_id", None), "error_type": exc.error_type, "message": exc.message}
     try:
-        message = str(exc)
+        message = storable_text(str(exc))
     except Exception:  # noqa: BLE001 - as in failure()
         message = "(the error's message could not be formatted)"
     return {"step_id": None, "error_type": type(exc).__name__, "message": message}

@@ -5,8 +5,10 @@ SQLite URLs count slashes: ``sqlite://`` + ``/`` + the path, so
 directory and ``sqlite:////srv/engrain.db`` (four slashes) is the absolute
 ``/srv/engrain.db``. A bare path (``./x.db``, ``/srv/x.db``) is SQLite too.
 Other forms (``sqlite:/x.db``, ``sqlite://host/x.db``, ``sqlite:x.db``) are a
-:class:`~engrain.ConfigError` that shows these, since a typo there used to
-create an empty store somewhere unexpected. ``postgresql://`` /
+:class:`~engrain.StoreURLError` that shows these, since a typo there used to
+create an empty store somewhere unexpected; so are an unknown scheme, a
+scheme with a typo (``postgresql//host/db``, ``postgres:/db``) and a query
+parameter nobody reads (``?durabilty=full``). ``postgresql://`` /
 ``postgres://`` pick PostgreSQL. A ``?durability=normal|full`` query parameter
 sets durability on either. ``open_journal(url, create=False)`` (the read-only
 CLI commands) refuses a store that does not exist yet.
@@ -17,14 +19,16 @@ May import: ``_events`` and ``_errors`` only; every pillar builds on it.
 from __future__ import annotations
 
 import os
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from .._errors import ConfigError
+from .._errors import StoreURLError
+from ._common import redact_url
 from .base import Journal
 
 DEFAULT_URL = "sqlite:///.engrain/engrain.db"
 
-__all__ = ["DEFAULT_URL", "Journal", "default_url", "open_journal", "parse_url"]
+__all__ = ["DEFAULT_URL", "Journal", "default_url", "open_journal", "parse_url", "redact_url", "refuse_newer_store"]
 
 
 def default_url() -> str:
@@ -32,31 +36,77 @@ def default_url() -> str:
     return os.environ.get("ENGRAIN_URL") or DEFAULT_URL
 
 
+#: The store URLs engrain reads, for errors about one it does not.
+FORMS = ("sqlite:///relative/path.db (relative to the current directory), sqlite:////absolute/path.db "
+         "(four slashes), a bare file path, or postgresql://user[:password]@host[:port]/dbname (postgres:// too)")
+_SCHEMES = ("postgresql", "postgres", "sqlite")
+#: Query parameters engrain itself reads (PostgreSQL URLs also take libpq's own).
+OPTIONS = ("durability",)
+
+
+def _bad(url: str, why: str) -> StoreURLError:
+    return StoreURLError(f"store URL {redact_url(url)!r} {why}; use {FORMS}")
+
+
+def _libpq_keywords() -> set[str] | None:
+    try:
+        from psycopg import pq
+
+        return {o.keyword.decode() for o in pq.Conninfo.get_defaults()}
+    except Exception:  # noqa: BLE001 - no psycopg (or no libpq): libpq judges the URL when connecting
+        return None
+
+
 def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
     """Split a store URL into ``(backend, target, options)``.
 
     ``target`` is a file path for SQLite and a libpq URL (options removed) for
-    PostgreSQL.
+    PostgreSQL. Unknown schemes, malformed URLs (a missing ``:`` or ``//``) and
+    unknown query parameters are a :class:`~engrain.StoreURLError` (a ConfigError) listing the forms accepted.
     """
     if not isinstance(url, str) or not url.strip():
-        raise ConfigError("store URL is empty; use sqlite:///path.db or postgresql://user@host/db")
+        raise StoreURLError(f"store URL is empty; use {FORMS}")
     parts = urlsplit(url)
-    options = dict(parse_qsl(parts.query))
-    if parts.scheme in ("postgresql", "postgres"):
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    scheme = parts.scheme.lower()
+    if scheme in ("postgresql", "postgres"):
+        if not url.split(":", 1)[1].startswith("//"):
+            raise _bad(url, "is malformed (no // after the scheme)")
+        libpq = _libpq_keywords()
+        unknown = sorted(k for k in options if k not in OPTIONS and libpq is not None and k not in libpq)
+        if unknown:
+            raise _bad(url, f"has unknown query parameter(s) {', '.join(unknown)} (engrain reads {', '.join(OPTIONS)}; "
+                       "the others go to libpq and must be its parameters, e.g. sslmode, connect_timeout, options)")
         # Keep the other parameters exactly as written (still percent-encoded) for libpq.
         query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("durability="))
-        return "postgres", urlunsplit(parts._replace(query=query)), options
-    if parts.scheme == "sqlite":
+        target = urlunsplit(parts._replace(query=query))
+        if libpq is not None:
+            from psycopg.conninfo import conninfo_to_dict
+
+            try:
+                conninfo_to_dict(target)
+            except Exception as e:  # noqa: BLE001 - psycopg's ProgrammingError: libpq could not parse it
+                raise _bad(url, f"is malformed ({redact_url(str(e))})") from None
+        return "postgres", target, options
+    if scheme == "sqlite":
         # sqlite:///rel.db -> path "/rel.db" (relative); sqlite:////abs.db -> "//abs.db" (absolute)
         if not url.split(":", 1)[1].startswith("///") or parts.netloc or len(parts.path) < 2:
-            raise ConfigError(
-                f"store URL {url!r} is not a SQLite URL engrain reads; use sqlite:///relative/path.db (relative to "
-                "the current directory), sqlite:////absolute/path.db (four slashes), or a bare file path"
-            )
+            raise _bad(url, "is not a SQLite URL engrain reads")
+        _sqlite_options(url, options)
         return "sqlite", parts.path[1:], options
-    if parts.scheme == "" or len(parts.scheme) == 1:  # bare path (or a Windows drive letter)
+    if scheme == "" or len(scheme) == 1:  # bare path (or a Windows drive letter)
+        head = url.lstrip().split("/", 1)[0].rstrip(":").lower()
+        if head in _SCHEMES and url.lstrip()[len(head):].startswith(("//", ":")):
+            raise _bad(url, f"looks like a {head} URL with a typo, not a file path")
+        _sqlite_options(url, options)
         return "sqlite", url.split("?", 1)[0], options
-    raise ConfigError(f"unknown store scheme {parts.scheme!r} in {url!r}; use sqlite:/// or postgresql://")
+    raise _bad(url, f"has an unknown scheme {parts.scheme!r}")
+
+
+def _sqlite_options(url: str, options: dict[str, str]) -> None:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise _bad(url, f"has unknown query parameter(s) {', '.join(unknown)} (a SQLite store reads {', '.join(OPTIONS)})")
 
 
 def open_journal(url: str | None = None, *, durability: str | None = None, create: bool = True) -> Journal:
@@ -75,3 +125,28 @@ def open_journal(url: str | None = None, *, durability: str | None = None, creat
     from .sqlite import SQLiteJournal
 
     return SQLiteJournal(target, durability=dur or "normal", create=create)
+
+
+def refuse_newer_store(db: Any, backend: str, store: str) -> None:
+    """Raise :class:`~engrain.StoreVersionError` if the database behind ``db`` was written by a newer engrain.
+
+    For the openers that add their own tables next to the journal's (memory, the
+    behavior cache): they read the store's schema version as the journal does and
+    write nothing into a store whose version this engrain does not know. A
+    database without engrain's tables yet is fine. ``db`` is an open sqlite3 or
+    psycopg connection in autocommit mode, closed when refused; ``store`` names it in the error.
+    """
+    from .._errors import StoreVersionError
+    from .sqlite_schema import VERSION
+
+    if backend == "sqlite":
+        exists = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'engrain_meta'").fetchone()
+    else:
+        exists = db.execute("SELECT to_regclass('engrain_meta')").fetchone()[0]
+    if not exists:
+        return
+    row = db.execute("SELECT value FROM engrain_meta WHERE key = 'journal'").fetchone()
+    found = int(row[0]) if row is not None and str(row[0]).isdigit() else 0
+    if found > VERSION:
+        db.close()
+        raise StoreVersionError(store, found, VERSION)

@@ -22,6 +22,7 @@ from .._events import (
     NewEvent,
     check_json,
     check_status,
+    check_text,
     dumps,
     dumps_checked,
     is_json,
@@ -76,6 +77,7 @@ def _row(
     # and counting them is cheap next to walking the value.
     if text.count("{") + text.count("[") > MAX_DEPTH and not is_json(data):
         check_json(data, f"event {i} ({kind} {name})", "data")
+    check_text(text, data, f"event {i} ({kind} {name})", "data")
     return (run_id, seq, ts, kind, name, text)
 
 
@@ -171,3 +173,31 @@ def run_filters(
         where.append(f"updated >= {placeholder}")
         args.append(since)
     return (" WHERE " + " AND ".join(where)) if where else "", args
+
+
+#: Query parameters of a PostgreSQL URL that carry a secret.
+_SECRET_PARAMS = ("password", "sslpassword")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (in the user part or a ``password=`` parameter) shown as ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # a malformed netloc (bad port): mask everything between :// and @
+        head, sep, tail = url.partition("://")
+        user, at, rest = tail.rpartition("@")
+        return f"{head}{sep}{user.split(':', 1)[0]}:***@{rest}" if at and ":" in user else url
+    secret_query = any(p.partition("=")[0].lower() in _SECRET_PARAMS for p in parts.query.split("&"))
+    if not password and not secret_query:
+        return url
+    netloc = parts.netloc
+    if password:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.split(':', 1)[0]}:***@{host}"
+    query = "&".join(
+        f"{k}=***" if (k := p.partition("=")[0]).lower() in _SECRET_PARAMS else p for p in parts.query.split("&")
+    ) if parts.query else ""
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -111,6 +111,15 @@ class Journal(abc.ABC):
     def get_run(self, run_id: str) -> RunInfo | None:
         """The summary row of ``run_id``, or ``None`` if no such run exists."""
 
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        """The summary rows of those of ``run_ids`` that exist, by run id (backends answer in one query)."""
+        out = {}
+        for run_id in run_ids:
+            info = self.get_run(run_id)
+            if info is not None:
+                out[run_id] = info
+        return out
+
     @abc.abstractmethod
     def runs(
         self,
@@ -188,4 +197,6 @@ class Journal(abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.url}>"
+        from ._common import redact_url
+
+        return f"<{type(self).__name__} {redact_url(self.url)}>"

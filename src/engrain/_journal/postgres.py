@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterator, Sequence
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads_many
 from ._common import FINISHED, agents_filter, check_lease, prepare, run_filters
+from ._common import redact_url as _redact
 from .base import Journal
 from .postgres_schema import migrate
 from .postgres_wire import Wire, keep_sent_statements, text_params
@@ -291,6 +292,15 @@ class PostgresJournal(Journal):
             raise self._storage(e) from e
         return None if row is None else _run_info(row)
 
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        try:
+            with self._lock:
+                self._settle()
+                rows = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = ANY(%s)", (list(run_ids),)).fetchall()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
+        return {info.run_id: info for info in map(_run_info, rows)}
+
     def runs(
         self,
         *,
@@ -317,14 +327,3 @@ class PostgresJournal(Journal):
                 self._settle()  # an append sent without waiting is committed by the server anyway
             finally:
                 self._db.close()
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for error messages."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url

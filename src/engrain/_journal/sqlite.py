@@ -179,6 +179,9 @@ class SQLiteJournal(Journal):
         text = str(e)
         if code in _CORRUPT_CODES or "not a database" in text or "malformed" in text:
             return StoreCorruptError(str(self.path), e)
+        if "Could not decode to UTF-8" in text:  # damaged pages: the driver's message quotes the garbage
+            column = text.split("column ", 1)[1].split(" ", 1)[0] if "column " in text else "a text"
+            return StoreCorruptError(str(self.path), f"column {column} holds bytes that are not UTF-8 text")
         if code in _STORAGE_CODES or "disk" in text or "I/O" in text:
             return StorageError(str(self.path), e)
         return e
@@ -389,7 +392,10 @@ class SQLiteJournal(Journal):
                 ).fetchall()
         except sqlite3.Error as e:
             raise self._translate(e) from e
-        datas = loads_many([r[4] for r in rows])
+        try:
+            datas = loads_many([r[4] for r in rows])
+        except ValueError as e:  # text the journal wrote as JSON no longer is: damaged pages
+            raise StoreCorruptError(str(self.path), f"an event of run {run_id!r} is not JSON ({e})") from None
         return [Event(run_id, r[0], r[1], r[2], r[3], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
@@ -399,6 +405,19 @@ class SQLiteJournal(Journal):
         except sqlite3.Error as e:
             raise self._translate(e) from e
         return None if row is None else _run_info(row)
+
+    def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        out: dict[str, RunInfo] = {}
+        ids = list(dict.fromkeys(run_ids))
+        try:
+            with self._lock:
+                for i in range(0, len(ids), 500):  # under SQLite's bound-parameter limit
+                    chunk = ids[i:i + 500]
+                    sql = f"SELECT {_RUN_COLS} FROM runs WHERE run_id IN ({','.join('?' * len(chunk))})"
+                    out.update((info.run_id, info) for info in map(_run_info, self._db.execute(sql, chunk)))
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
+        return out
 
     def runs(
         self,

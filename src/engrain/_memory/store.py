@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .._journal import redact_url, refuse_newer_store
 from . import filters as _filters
 from .items import Article, BufferItem, Record, _article, _record, to_blob
 from .pgvector import (  # noqa: F401  (constants and _vec_literal: re-exported)
@@ -114,6 +115,7 @@ class MemoryStore(TextSearch, PgVectorSearch):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db: Any = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
                                             check_same_thread=False)
+            refuse_newer_store(self._db, "sqlite", str(self.path))
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SQLITE_SCHEMA)
@@ -124,6 +126,7 @@ class MemoryStore(TextSearch, PgVectorSearch):
             import psycopg
 
             self._db = psycopg.connect(url, autocommit=True)
+            refuse_newer_store(self._db, "postgres", redact_url(url))
             with self._db.transaction():
                 # Concurrent first opens race on CREATE TABLE IF NOT EXISTS; a lock serialises them.
                 self._db.execute("SELECT pg_advisory_xact_lock(hashtext('engrain_mem_schema'))")

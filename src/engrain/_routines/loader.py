@@ -22,6 +22,7 @@ from .._errors import JSONTooDeepError, RoutineError
 from .._events import MAX_DEPTH, check_depth
 from .model import ROUTINE_FILE, UDFS_FILE, Package, Routine, RoutineIssue, Step, UdfInfo
 from .validator import check_routine_data
+from .yamlfile import load_yaml_text, read_yaml_text
 
 
 def _safe_file(root: pathlib.Path, name: str) -> pathlib.Path:
@@ -100,22 +101,17 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], Pack
         raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", why)])
     path = _safe_file(root, ROUTINE_FILE)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_yaml_text(path, ROUTINE_FILE)
+        data = _cached_yaml(text)
+        if data is _MISS:
+            data = load_yaml_text(text, ROUTINE_FILE)
+            _cache_yaml(text, data)
     except FileNotFoundError:
         return None, None, [RoutineIssue(ROUTINE_FILE, None, "file", "missing")], pkg
-    data = _cached_yaml(text)
-    if data is _MISS:
-        import yaml
-
-        try:
-            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # safe loader only
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"line {mark.line + 1}" if mark is not None else "yaml"
-            return None, None, [RoutineIssue(ROUTINE_FILE, None, where, f"invalid YAML: {getattr(e, 'problem', e)}")], pkg
-        except RecursionError:
-            return None, None, [RoutineIssue(ROUTINE_FILE, None, "yaml", f"nested deeper than {MAX_DEPTH} levels")], pkg
-        _cache_yaml(text, data)
+    except RoutineError as e:
+        return None, None, list(e.issues), pkg
+    if data is None:
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, "file", "empty: a routine file is a mapping with name, inputs and steps")], pkg
     try:
         check_depth(data, ROUTINE_FILE, "routine", MAX_DEPTH)
     except JSONTooDeepError as e:
@@ -133,7 +129,14 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], Pack
         pkg.open_inputs = not pkg.bare and not (data.get("inputs") or {}).get("properties")
         issues += [RoutineIssue(f, None, "file", m) for f, m in problems]
     udfs = _safe_file(root, pkg.udf_file)
-    source = udfs.read_text(encoding="utf-8") if udfs.exists() else None
+    source = None
+    if udfs.exists():
+        raw = udfs.read_bytes()
+        try:
+            source = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw.count(b"\n", 0, e.start) + 1
+            return None, None, [RoutineIssue(pkg.udf_file, None, f"line {line}", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})")], pkg
     return data, source, issues, pkg
 
 
@@ -151,6 +154,9 @@ def _analyse(
         except SyntaxError as e:
             issues.append(RoutineIssue(pkg.udf_file, None, f"line {e.lineno}", f"syntax error: {e.msg}"))
             problem = f"{pkg.udf_file} has a syntax error"
+        except (ValueError, RecursionError, MemoryError) as e:  # null bytes; nesting too deep for the parser
+            issues.append(RoutineIssue(pkg.udf_file, None, "file", f"cannot be parsed: {type(e).__name__}: {e}"))
+            problem = f"{pkg.udf_file} cannot be parsed"
     else:
         udfs = {}
         problem = None

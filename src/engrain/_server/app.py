@@ -232,6 +232,8 @@ def create_app(
     allow_hosts: list[str] | tuple[str, ...] = (),
     ui_dir: str | os.PathLike[str] | None = None,
     tools_dir: str | os.PathLike[str] | None = None,
+    max_streams: int | None = None,
+    max_client_streams: int | None = None,
 ) -> FastAPI:
     """The engrain HTTP API (and web UI) over the store at ``url``.
 
@@ -248,7 +250,9 @@ def create_app(
     name/address get 421 and cross-site ``Origin`` headers get 403 (DNS rebinding);
     ``allow_hosts`` adds names (``"*"``: any).
     The web UI's static files are served at ``/`` from ``ui_dir`` (default: the
-    package's ``_server/ui`` folder) when it exists.
+    package's ``_server/ui`` folder) when it exists. At most ``max_streams`` SSE
+    streams are open at once, ``max_client_streams`` per client address (429
+    past either; defaults in :mod:`engrain._server.streams`).
     """
     token = token if token is not None else (os.environ.get("ENGRAIN_TOKEN") or None)
     if not is_loopback(host) and not token:
@@ -269,6 +273,10 @@ def create_app(
     registry = load_agents(agents)
     state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools)
     state.agents = AgentRunner(state, registry)
+    from .streams import MAX_CLIENT_STREAMS, MAX_STREAMS, StreamHub, StreamSlots
+
+    state.slots = StreamSlots(max_streams or MAX_STREAMS, max_client_streams or MAX_CLIENT_STREAMS)
+    state.hub = StreamHub(lambda: state.journal)
     from .llm_agents import LLMAgents, build_tools
 
     state.llm_agents = LLMAgents(state, build_tools(tools, str(tools_dir) if tools_dir else None))
@@ -297,7 +305,9 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.error, exc.detail)
+        resp = _error(exc.status, exc.error, exc.detail)
+        resp.headers.update(exc.headers)
+        return resp
 
     @app.exception_handler(EngrainError)
     async def _engrain_error(_: Request, exc: EngrainError) -> JSONResponse:
@@ -353,7 +363,12 @@ def create_app(
 
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
 
-    # The last added runs first: the host guard wraps the size limit, which wraps auth, which wraps the routes.
+    from .contract import LiteralPaths, install_openapi
+
+    install_openapi(app, list(state.llm_agents.tools.names()))
+    # The last added runs first: the host guard wraps the size limit, which wraps auth, which wraps the
+    # wrong-method answer of literal paths, which wraps the routes.
+    app.add_middleware(LiteralPaths, fastapi_app=app)
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(BodyLimit, limit=MAX_BODY)
     if is_loopback(host) and not token:

@@ -29,6 +29,7 @@ from .. import _events as ev
 from .._errors import ConfigError, ConflictError
 from .._events import NewEvent
 from .state import ApiError, Body, state_of
+from .streams import EventStream
 
 router = APIRouter(tags=["llm-agents"])
 
@@ -43,7 +44,7 @@ class AgentDefinition(Body):
     """``POST /api/agents``: what an LLM agent is."""
 
     name: str = Field(pattern=NAME_PATTERN)
-    model: str = Field(min_length=3, max_length=200, description="openai:<model>, anthropic:<model> or ollama:<model>")
+    model: str = Field(max_length=200, pattern=r"^(openai|anthropic|ollama):\S", description="openai:<model>, anthropic:<model> or ollama:<model>")
     instructions: str = Field("", max_length=20_000)
     tools: list[str] = Field(default_factory=list, max_length=64)
     memory: str | None = Field(None, min_length=1, max_length=100)
@@ -62,7 +63,7 @@ class ChatRequest(Body):
 
 
 class TaskRequest(Body):
-    task: str = Field(min_length=1, max_length=100_000)
+    task: str = Field(max_length=100_000, pattern=r"\S")
     run_id: str | None = Field(None, min_length=1, max_length=200)
     wait: float = Field(DEFAULT_WAIT, ge=0, le=MAX_WAIT)
 
@@ -141,6 +142,13 @@ class LLMAgents:
 
         agent = self.get(name)
         rid = run_id or new_run_id()
+        if run_id is not None:
+            first = self.state.journal.read(rid, -1)[:1]
+            tags = first[0].data.get("tags") if first else None
+            if first and (first[0].data.get("task") != task or not isinstance(tags, list)
+                          or f"llm-agent:{name}" not in tags):
+                raise ApiError(409, "RunMismatchError", f"run {rid!r} exists and is not a run of agent {name!r} "
+                               "on this task; leave run_id out to start a new run")
         fut: Future[Any] = self._pool.submit(agent.run, task, run_id=rid)
         try:
             return fut.result(timeout=wait).to_dict()
@@ -236,7 +244,8 @@ def run_agent(name: str, body: TaskRequest, request: Request) -> dict[str, Any]:
 
 
 @router.post("/agents/{name}/chat", response_class=StreamingResponse,
-             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
+             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+                        429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
 async def chat(name: str, body: ChatRequest, request: Request) -> StreamingResponse:
     """Send a message in a session: an SSE stream of ``text``, ``tool_call``, ``tool_result``, ..., ``done`` events."""
     import asyncio
@@ -263,10 +272,7 @@ async def chat(name: str, body: ChatRequest, request: Request) -> StreamingRespo
         if sent is not None and not sent.wait(PACE_WAIT):
             paced[0] = False
 
-    agent.start_chat(body.message, session=body.session, on_event=put)
-
-    async def stream() -> Any:
-        state.streams += 1
+    async def stream(_: Any) -> Any:
         try:
             while (item := await q.get()) is not None:
                 e, sent = item
@@ -279,10 +285,10 @@ async def chat(name: str, body: ChatRequest, request: Request) -> StreamingRespo
                 item = q.get_nowait()
                 if item is not None and item[1] is not None:
                     item[1].set()
-            state.streams -= 1
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    resp = EventStream(request, stream)  # takes a stream slot first: a 429 starts no turn
+    agent.start_chat(body.message, session=body.session, on_event=put)
+    return resp
 
 
 @router.get("/agents/{name}/sessions/{session}")

@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from .state import Body, state_of
+from .._memory.filters import MAX_KEY, MAX_KEYS, MAX_VALUE
+from .._memory.transfer import MAX_DOCS, MAX_SOURCES, MAX_TEXT
+from .contract import one_of
+from .state import ApiError, Body, state_of
 
 router = APIRouter(tags=["memory"])
+
+
+#: Text memory stores: not blank. Any other JSON value is stored as its JSON text.
+Text = Annotated[str, Field(pattern=r"\S", max_length=MAX_TEXT)]
+Data = Text | dict[str, Any] | list[Any] | int | float | bool
 
 
 class Remember(Body):
     """One deposit."""
 
-    data: Any = Field(description="A string or any JSON value.")
+    data: Data = Field(description="Text (not blank) or any other JSON value but null.")
     hint: float | None = Field(default=None, ge=0, le=1, description="Importance from 0 to 1 (etchmem's hint).")
     label: str | None = Field(default=None, max_length=10_000, description="Short topic label.")
     skill: str | None = Field(default=None, max_length=200)
@@ -32,22 +40,38 @@ class Recall(Body):
     top_k: int = Field(default=5, ge=1, le=100)
     hint: float | None = Field(default=None, ge=0, le=1, description="Importance prior kept in the recall event.")
     label: str | None = Field(default=None, max_length=10_000, description="Boost items with this label.")
-    where: dict[str, str | int | float | bool | None] | None = Field(
-        default=None, description="Only items whose metadata has these exact values.")
+    where: dict[Annotated[str, Field(min_length=1, max_length=MAX_KEY)],
+                Annotated[str, Field(max_length=MAX_VALUE)] | int | float | bool | None] | None = Field(
+        default=None, max_length=MAX_KEYS, description="Only items whose metadata has these exact values.")
+
+
+class Document(Body):
+    """One article of an export (engrain's or etchmem's)."""
+
+    id: Text
+    content: Text
+    skill: str | None = Field(default=None, max_length=200)
+    title: str | None = Field(default=None, max_length=MAX_TEXT)
+    sources: list[Any] | None = Field(default=None, max_length=MAX_SOURCES)
 
 
 class Import(Body):
-    """An export to load: a folder under the server's export dir, or the documents themselves."""
+    """An export to load: a folder under the server's export dir, or the documents themselves (exactly one)."""
 
-    export_dir: str | None = Field(default=None, max_length=4096)
-    documents: list[dict[str, Any]] | None = None
+    model_config = ConfigDict(json_schema_extra=one_of({"export_dir": {"type": "string"}},
+                                                       {"documents": {"type": "array"}}))
+
+    export_dir: str | None = Field(default=None, min_length=1, max_length=4096)
+    documents: list[Document] | None = Field(default=None, max_length=MAX_DOCS)
     skill_map: dict[str, str] | str | None = None
 
 
 class Forget(Body):
-    """What to forget: one id, or a whole skill."""
+    """What to forget: one id, or a whole skill (exactly one)."""
 
-    id: str | None = Field(default=None, max_length=200)
+    model_config = ConfigDict(json_schema_extra=one_of({"id": {"type": "string"}}, {"skill": {"type": "string"}}))
+
+    id: str | None = Field(default=None, min_length=1, max_length=200)
     skill: str | None = Field(default=None, max_length=200)
 
 
@@ -55,7 +79,7 @@ class Update(Body):
     """New content for a record or an article."""
 
     id: str = Field(min_length=1, max_length=200)
-    data: Any = Field(description="A string or any JSON value (an article takes text only).")
+    data: Data = Field(description="Text (not blank) or any other JSON value but null (an article takes text only).")
     hint: float | None = Field(default=None, ge=0, le=1)
     label: str | None = Field(default=None, max_length=10_000)
     metadata: dict[str, Any] | None = None
@@ -64,7 +88,7 @@ class Update(Body):
 class Consolidate(Body):
     """How much of the buffer to consolidate."""
 
-    num_records: Literal["all"] | int = Field(default="all", description="'all' or a positive count.")
+    num_records: Literal["all"] | Annotated[int, Field(ge=1, le=10**9)] = Field(default="all", description="'all' or a positive count.")
     method: Literal["LIFO", "FIFO"] = "LIFO"
 
 
@@ -151,12 +175,19 @@ def import_(request: Request, body: Import) -> dict[str, Any]:
     mem, lock = _mem(request)
     if (body.export_dir is None) == (body.documents is None):
         raise MemoryInputError("import: give exactly one of export_dir or documents")
-    source: Any = {"documents": body.documents, "export_dir": "(request body)"}
+    docs = None if body.documents is None else [d.model_dump(exclude_unset=True) for d in body.documents]
+    source: Any = {"documents": docs, "export_dir": "(request body)"}
     if body.export_dir is not None:
         root = Path(mem.export_dir()).resolve()
-        folder = (root / body.export_dir).resolve()
-        if folder != root and root not in folder.parents:  # a request never reads outside the export root
-            raise MemoryInputError(f"import: export_dir must be a folder inside {root}")
+        missing = ApiError(404, "ExportNotFound", f"import: no export folder {body.export_dir!r} under {root}")
+        try:
+            folder = (root / body.export_dir).resolve()
+            if folder != root and root not in folder.parents:  # a request never reads outside the export root
+                raise ApiError(403, "OutsideExportDir", f"import: export_dir must be a folder inside {root}")
+            if not folder.is_dir():
+                raise missing
+        except (OSError, ValueError):  # a name too long, a NUL byte: no such folder either
+            raise missing from None
         source = folder
     with lock:
         return mem.import_(source, skill_map=body.skill_map)
@@ -167,6 +198,8 @@ def forget(request: Request, body: Forget) -> dict[str, int]:
     """Delete a record, an article (with its records) or a whole skill."""
     mem, lock = _mem(request)
     with lock:
+        if body.id is not None:
+            _require_item(mem, body.id)
         return mem.forget(body.id, skill=body.skill)
 
 
@@ -175,4 +208,11 @@ def update(request: Request, body: Update) -> dict[str, Any]:
     """Replace a record's content (its article is rewritten) or an article's text."""
     mem, lock = _mem(request)
     with lock:
+        _require_item(mem, body.id)
         return mem.update(body.id, body.data, hint=body.hint, label=body.label, metadata=body.metadata)
+
+
+def _require_item(mem: Any, id: str) -> None:
+    """404 unless ``id`` is a record or an article (an unknown id is not bad input)."""
+    if id not in mem.store.records([id]) and not mem.store.articles(ids=[id]):
+        raise ApiError(404, "MemoryItemNotFound", f"no record or article with id {id!r}")

@@ -8,7 +8,8 @@ from fastapi import APIRouter, Request
 from pydantic import Field
 
 from .runs import _require
-from .state import Body, state_of
+from .._errors import EngrainError
+from .state import ApiError, Body, state_of
 
 router = APIRouter(tags=["runs"])
 
@@ -27,7 +28,13 @@ def fork_run(request: Request, run_id: str, body: Fork) -> dict[str, Any]:
 
     state = state_of(request)
     _require(request, run_id)
-    new = fork(run_id, body.at_step, run_id=body.run_id, journal=state.journal)
+    try:
+        new = fork(run_id, body.at_step, run_id=body.run_id, journal=state.journal)
+    except EngrainError as e:
+        if type(e) is not EngrainError:
+            raise
+        # The request is well formed; the run's state (its steps, an existing new id) refuses it.
+        raise ApiError(409, "ForkConflictError", str(e)) from None
     return {"run_id": new, "source": run_id, "at_step": body.at_step}
 
 

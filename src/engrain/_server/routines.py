@@ -11,10 +11,10 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
 from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
 from pydantic import Field
 
 from .state import ApiError, Body, ServerState, state_of
@@ -22,6 +22,8 @@ from .state import ApiError, Body, ServerState, state_of
 router = APIRouter(tags=["routines"])
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: A routine name in a path: the document states the rule, so a name outside it is a 422 before any lookup.
+RoutineName = Annotated[str, PathParam(pattern=NAME.pattern, description="Routine name (a folder under the routines dir).")]
 ROUTINE_FILE = "routine.yaml"
 #: Modules the routine engine needs to validate and run routines.
 _CORE = ("_routines.model", "_routines.loader", "_routines.validator", "_routines.runner", "_routines.template", "_routines.expr")
@@ -34,17 +36,33 @@ class RunBody(Body):
     run_id: str | None = Field(default=None, max_length=200)
 
 
+def _trace_schema() -> dict[str, Any]:
+    from .._routines.trace_schema import EMCORE_SCHEMA, ENGRAIN_SCHEMA
+
+    # The compiler's own schemas: a trace the document calls valid is one the compiler reads.
+    # Only a finished, successful run compiles: its trace holds a run.completed event.
+    engrain = {**ENGRAIN_SCHEMA, "required": ["format", "events"],
+               "properties": {**ENGRAIN_SCHEMA["properties"], "events": {
+                   **ENGRAIN_SCHEMA["properties"]["events"],
+                   "contains": {"type": "object", "required": ["kind"], "properties": {"kind": {"const": "run.completed"}}}}}}
+    return {"anyOf": [engrain,
+                      {**EMCORE_SCHEMA, "required": ["version", "app", "mission", "events"]}]}
+
+
+_TRACE = Field(description="An engrain trace (engrain export) or an em-core trace.", json_schema_extra=_trace_schema())
+
+
 class PreviewBody(Body):
     """A trace to compile without saving it (the UI's compile view)."""
 
-    trace: dict[str, Any] = Field(description="An engrain trace (engrain export) or an em-core trace.")
+    trace: dict[str, Any] = _TRACE
 
 
 class CompileBody(Body):
     """A trace to compile into ``routines_dir/<name>``."""
 
-    name: str = Field(description="Routine name (folder to create).")
-    trace: dict[str, Any] = Field(description="An engrain trace (engrain export) or an em-core trace.")
+    name: str = Field(pattern=NAME.pattern, description="Routine name (folder to create).")
+    trace: dict[str, Any] = _TRACE
     overwrite: bool = False
 
 
@@ -61,8 +79,9 @@ def _engine(*modules: str) -> None:
 
 def routine_dir(state: ServerState, name: str, *, must_exist: bool = True) -> Path:
     """The folder of routine ``name``, never outside the routines dir."""
-    if not isinstance(name, str) or not NAME.match(name) or ".." in name:
-        raise ApiError(400, "BadRoutineName", f"routine name {name!r} must match {NAME.pattern} and not contain '..'")
+    # The pattern keeps a name one path segment that is never "." or ".."; resolving below keeps it in the root.
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ApiError(400, "BadRoutineName", f"routine name {name!r} must match {NAME.pattern}")
     root = state.routines_dir
     path = (root / name).resolve()
     if not path.is_relative_to(root):
@@ -73,11 +92,20 @@ def routine_dir(state: ServerState, name: str, *, must_exist: bool = True) -> Pa
 
 
 def _read_yaml(path: Path) -> tuple[str, Any, str | None]:
-    text = (path / ROUTINE_FILE).read_text(encoding="utf-8", errors="replace")
+    """The text of ``path``'s routine.yaml, its data and what is wrong with it, read within the YAML bounds."""
+    from .._errors import RoutineError
+    from .._routines.yamlfile import load_yaml_text, read_yaml_text
+
+    file = path / ROUTINE_FILE
+    text = ""
     try:
-        return text, yaml.safe_load(text), None
-    except yaml.YAMLError as e:
-        return text, None, f"{path / ROUTINE_FILE}: invalid YAML: {e}"
+        text = read_yaml_text(file, ROUTINE_FILE)
+        doc = load_yaml_text(text, ROUTINE_FILE)
+    except RoutineError as e:
+        return text, None, "; ".join(f"{file}: {i.field}: {i.message}" for i in e.issues)
+    if doc is None:
+        return text, None, f"{file}: empty: a routine file is a mapping with name, inputs and steps"
+    return text, doc, None
 
 
 def routine_infos(root: Path) -> list[dict[str, Any]]:
@@ -106,7 +134,7 @@ def list_routines(request: Request) -> list[dict[str, Any]]:
 
 
 @router.get("/routines/{name}")
-def get_routine(request: Request, name: str) -> dict[str, Any]:
+def get_routine(request: Request, name: RoutineName) -> dict[str, Any]:
     """A routine's YAML text, parsed form, validation issues, effective input schema and example inputs.
 
     ``inputs`` is the input schema after loading (an em-core package's converted
@@ -145,7 +173,7 @@ def _example_input(path: Path) -> Any:
 
 
 @router.post("/routines/{name}/validate")
-def validate(request: Request, name: str) -> dict[str, Any]:
+def validate(request: Request, name: RoutineName) -> dict[str, Any]:
     """Validate a routine package; ``ok`` is false when any issue is an error."""
     path = routine_dir(state_of(request), name)
     _engine()
@@ -154,7 +182,7 @@ def validate(request: Request, name: str) -> dict[str, Any]:
 
 
 @router.post("/routines/{name}/run")
-def run(request: Request, name: str, body: RunBody) -> dict[str, Any]:
+def run(request: Request, name: RoutineName, body: RunBody) -> dict[str, Any]:
     """Run a routine to its end or its first prompt; returns the RunResult."""
     return run_routine(state_of(request), name, body.inputs, body.run_id)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from .. import _events as ev
@@ -17,26 +16,41 @@ from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
 from .run_kinds import listed, log_view, runs_page
+from .contract import one_of
 from .state import ApiError, Body, state_of
+from .streams import EventStream
 
 router = APIRouter(tags=["runs"])
 
 # The run statuses (see engrain._events.STATUSES) plus the old name "completed",
 # still accepted for "ok"; FastAPI answers 422 listing these for anything else.
 Status = Literal["ok", "failed", "needs_input", "running", "queued", "cancelled", "completed"]
-TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED)
-#: How often the SSE stream polls the journal for new events (seconds), and the idle keep-alive.
-POLL_MIN, POLL_MAX, KEEPALIVE = 0.05, 0.5, 15.0
+TERMINAL = (ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED)
+#: Statuses after which a stream waits for nothing more.
+FINISHED = (ev.OK, ev.FAILED, ev.CANCELLED)
+#: The largest seq a store holds (a signed 64-bit integer): ``after`` beyond it is a 422, not a driver error.
+MAX_SEQ = 2**63 - 1
+#: Seconds of silence after which a stream sends a comment line (which also finds dead clients).
+KEEPALIVE = 15.0
+
+
+#: A run id a client names: not blank, no surrounding spaces.
+RUN_ID_PATTERN = r"^\S(.*\S)?$"
 
 
 class StartRun(Body):
-    """Start a run of a routine under the server's routines dir, or of a registered agent."""
+    """Start a run of a routine under the server's routines dir, or of a registered agent (exactly one)."""
 
-    routine: str | None = Field(default=None, description="Routine name (a folder under the routines dir).")
+    model_config = ConfigDict(json_schema_extra=one_of({"routine": {"type": "string"}},
+                                                       {"agent": {"type": "string"}, "task": {"type": "string"}}))
+
+    routine: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                description="Routine name (a folder under the routines dir).")
     agent: str | None = Field(default=None, max_length=200, description="Registered agent name (instead of routine).")
     task: str | None = Field(default=None, max_length=20_000, description="The agent's task (required with agent).")
     inputs: dict[str, Any] = Field(default_factory=dict, description="The routine's inputs, or the agent's keyword arguments.")
-    run_id: str | None = Field(default=None, max_length=200, description="Run id to use (default: a new one).")
+    run_id: str | None = Field(default=None, max_length=200, pattern=RUN_ID_PATTERN,
+                               description="Run id to use (default: a new one).")
     wait: float = Field(default=DEFAULT_WAIT, ge=0, le=MAX_WAIT,
                         description="Agent runs: seconds to wait for the end or a prompt before answering status running.")
 
@@ -50,16 +64,31 @@ class Answers(Body):
 
 
 class AppendEvent(Body):
-    kind: str = Field(description="Event kind, e.g. step.started (see DESIGN.md).")
+    kind: Literal[tuple(sorted(ev.KINDS))] = Field(description="Event kind, e.g. step.started (see DESIGN.md).")  # type: ignore[valid-type]
     name: str = Field(default="", max_length=500)
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+_LATER_KINDS = sorted(ev.KINDS - {ev.RUN_STARTED})
+
+
 class Append(Body):
-    """Low-level append with optimistic concurrency."""
+    """Low-level append with optimistic concurrency.
+
+    ``expected_seq`` 0 creates the run: its first event is ``run.started``, which no later event may be.
+    """
+
+    # anyOf, not oneOf: the branches exclude each other by expected_seq, and generators read anyOf better.
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"properties": {"expected_seq": {"const": 0},
+                        "events": {"prefixItems": [{"properties": {"kind": {"const": ev.RUN_STARTED}}}],
+                                   "items": {"properties": {"kind": {"enum": _LATER_KINDS}}}}}},
+        {"properties": {"expected_seq": {"minimum": 1},
+                        "events": {"items": {"properties": {"kind": {"enum": _LATER_KINDS}}}}}},
+    ]})
 
     events: list[AppendEvent] = Field(min_length=1, max_length=1000)
-    expected_seq: int = Field(ge=0, description="The run's next seq as the caller knows it (0 creates the run).")
+    expected_seq: int = Field(ge=0, le=MAX_SEQ, description="The run's next seq as the caller knows it (0 creates the run).")
 
 
 def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
@@ -176,7 +205,7 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}/events")
-def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1)) -> list[dict[str, Any]]:
+def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ)) -> list[dict[str, Any]]:
     """Events of the run with ``seq > after``."""
     _require(request, run_id)
     return [e.to_dict() for e in state_of(request).journal.read(run_id, after)]
@@ -187,45 +216,47 @@ def _sse(e: Event) -> str:
 
 
 @router.get("/runs/{run_id}/stream", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"}})
-async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1),
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
+                       429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
+async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ),
                  token: str | None = Query(default=None, description="Bearer token, for EventSource clients.")) -> StreamingResponse:
-    """Server-sent events: the run's events with ``seq > after``, then new ones as they are appended."""
-    journal = state_of(request).journal
-    if await run_in_threadpool(journal.get_run, run_id) is None:
+    """Server-sent events: the run's events with ``seq > after``, then new ones as they are appended.
+
+    The stream ends after the run's last event (completed, failed or cancelled).
+    """
+    state = state_of(request)
+    info = await run_in_threadpool(state.journal.get_run, run_id)
+    if info is None:
         raise RunNotFoundError(run_id)
 
-    state = state_of(request)
-
-    async def events():
-        last, delay, idle_since = after, POLL_MIN, time.monotonic()
-        state.streams += 1
-        try:
-            while True:
-                batch = await run_in_threadpool(journal.read, run_id, last)
-                for e in batch:
-                    yield _sse(e)
-                    last = e.seq
-                    if e.kind in TERMINAL:
-                        return
-                if batch:
-                    delay, idle_since = POLL_MIN, time.monotonic()
-                else:
-                    info = await run_in_threadpool(journal.get_run, run_id)
-                    if info is None or info.status in (ev.OK, ev.FAILED):
-                        return  # finished before `after`: nothing more will come
-                    if time.monotonic() - idle_since > KEEPALIVE:
-                        idle_since = time.monotonic()
-                        yield ": keepalive\n\n"
-                    delay = min(delay * 2, POLL_MAX)
-                if await request.is_disconnected():
+    async def events(sub: Any) -> Any:
+        last, status, idle_since = after, info.status, time.monotonic()
+        # What the journal holds now; the hub hands over what comes after its snapshot (seq ordered, maybe again).
+        batch: list[Event] | None = await run_in_threadpool(state.journal.read, run_id, last)
+        while True:
+            for e in batch or ():
+                if e.seq <= last:
+                    continue
+                yield _sse(e)
+                last = e.seq
+                if e.kind in TERMINAL:
                     return
-                await asyncio.sleep(delay)
-        finally:
-            state.streams -= 1
+            if batch:
+                idle_since = time.monotonic()
+            elif sub.gone or status in FINISHED:
+                return  # finished (or deleted) with nothing more after `after`: nothing more will come
+            elif time.monotonic() - idle_since > KEEPALIVE:
+                idle_since = time.monotonic()
+                yield ": keepalive\n\n"
+            if await request.is_disconnected():
+                return
+            await sub.wait(KEEPALIVE)
+            status = sub.status or status
+            batch = sub.take()
+            if batch is None:  # this reader fell too far behind for the hub to keep its events
+                batch = await run_in_threadpool(state.journal.read, run_id, last)
 
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+    return EventStream(request, events, lambda: state.hub.watch(run_id, info.next_seq - 1))
 
 
 #: Tags only the runtime writes: they make the server resume a run as a routine or an agent.

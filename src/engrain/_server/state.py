@@ -69,10 +69,11 @@ class Body(BaseModel):
 class ApiError(Exception):
     """An error with an HTTP status, raised by route code for bad input."""
 
-    def __init__(self, status: int, error: str, detail: str):
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None):
         self.status = status
         self.error = error
         self.detail = detail
+        self.headers = headers or {}
         super().__init__(detail)
 
 
@@ -90,13 +91,19 @@ class ServerState:
         #: LLM agents created over the API (an ``LLMAgents``, set by ``create_app``).
         self.llm_agents: Any = None
         self.closed = False
-        #: Open SSE streams (reported by /api/health; they end when their client disconnects).
-        self.streams = 0
+        #: SSE stream slots and the journal poller that feeds run streams (set by ``create_app``).
+        self.slots: Any = None
+        self.hub: Any = None
         self._lock = threading.Lock()
         self._cache: Any = None
         self._memory: Any = None
         #: Memory is not documented as thread-safe; requests use it one at a time.
         self.memory_lock = threading.Lock()
+
+    @property
+    def streams(self) -> int:
+        """Open SSE streams (reported by /api/health; they end when their client disconnects)."""
+        return self.slots.open if self.slots is not None else 0
 
     def cache_store(self) -> Any:
         """The behavior cache's store on the journal's database (opened on first use)."""

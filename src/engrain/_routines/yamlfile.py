@@ -1,0 +1,152 @@
+"""YAML files read within bounds: size, text, depth and expanded size checked before anything is built.
+
+A routine file is input like any other. YAML aliases let a few hundred bytes
+stand for billions of nodes (``&a [...]``, ``&b [*a, *a, ...]``, ...): PyYAML
+builds them as shared objects, cheaply, but everything after that (the
+validator, the JSON cache, a response body) walks the expanded tree. So before
+PyYAML composes anything, one pass over the parser's event stream (iterative in
+both the C and the pure-Python parser) counts the nodes the document expands
+to, aliases included, and the nesting depth. Every failure is a
+:class:`~engrain.RoutineError` with one issue naming the file and the line, the
+same whichever parser PyYAML picks: the depth limit here is lower than
+libyaml's own nesting limit and than what the pure-Python composer's recursion
+allows, and an error from libyaml is worded by the pure-Python parser.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .._errors import RoutineError
+from .._events import MAX_DEPTH
+from .model import RoutineIssue
+
+#: Largest YAML file read, in bytes.
+MAX_BYTES = 4 * 1024 * 1024
+#: Most nodes a document may expand to, aliases expanded. A file of
+#: ``MAX_BYTES`` without aliases holds at most ~2.1M nodes (``[1,1,...]``), so
+#: only alias expansion reaches this.
+MAX_NODES = 2_500_000
+#: Most characters of scalars a document may expand to (one long string
+#: repeated through aliases is a bomb of its own), again past what a file of
+#: ``MAX_BYTES`` holds without aliases.
+MAX_CHARS = 4 * MAX_BYTES
+
+
+def _loader() -> Any:
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # safe loader only
+
+
+def _issue(file: str, where: str, message: str, shown: str | None = None) -> RoutineError:
+    return RoutineError(shown or file, [RoutineIssue(file, None, where, message)])
+
+
+def _line(event: Any) -> str:
+    mark = getattr(event, "start_mark", None)
+    return f"line {mark.line + 1}" if mark is not None else "yaml"
+
+
+def check_bounds(text: str, file: str, loader: Any = None) -> None:
+    """Raise :class:`~engrain.RoutineError` if ``text`` nests deeper than ``MAX_DEPTH`` or expands past ``MAX_NODES``/``MAX_CHARS``.
+
+    Walks parser events only, keeping one count per anchor, so a document is
+    measured in time linear in its text whatever it expands to. An alias to a
+    node still open (a recursive structure) is refused too.
+    """
+    import yaml
+
+    depth = 0
+    nodes = chars = 0
+    sizes: dict[str, tuple[int, int]] = {}
+    open_: list[tuple[str | None, int, int]] = []
+    for ev in yaml.parse(text, Loader=loader or _loader()):
+        if isinstance(ev, yaml.AliasEvent):
+            size = sizes.get(ev.anchor)  # type: ignore[arg-type]
+            if size is None:
+                if any(a == ev.anchor for a, _, _ in open_):
+                    raise _issue(file, _line(ev), f"alias *{ev.anchor} refers to a node that contains it (recursive data is not allowed)")
+                raise _issue(file, _line(ev), f"alias *{ev.anchor} refers to no anchor before it")
+            nodes += size[0]
+            chars += size[1]
+        elif isinstance(ev, yaml.ScalarEvent):
+            nodes += 1
+            chars += len(ev.value)
+            if ev.anchor is not None:
+                sizes[ev.anchor] = (1, len(ev.value))
+        elif isinstance(ev, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _issue(file, _line(ev), f"nested deeper than {MAX_DEPTH} levels")
+            if ev.anchor is not None:
+                sizes.pop(ev.anchor, None)  # redefined: the old one no longer answers inside
+            open_.append((ev.anchor, nodes, chars))
+            nodes += 1
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            depth -= 1
+            anchor, n0, c0 = open_.pop()
+            if anchor is not None:
+                sizes[anchor] = (nodes - n0, chars - c0)
+        if nodes > MAX_NODES or chars > MAX_CHARS:
+            what = f"{MAX_NODES:,} nodes" if nodes > MAX_NODES else f"{MAX_CHARS:,} characters of text"
+            raise _issue(file, _line(ev), f"expands to more than {what} (through aliases); refused")
+
+
+def load_yaml_text(text: str, file: str) -> Any:
+    """The data of YAML ``text`` (safe types only), bounded as :func:`check_bounds` says.
+
+    ``file`` names the file in errors. Syntax errors become a
+    :class:`~engrain.RoutineError` naming the line.
+    """
+    import yaml
+
+    if len(text) > MAX_BYTES:
+        raise _issue(file, "file", f"larger than the {MAX_BYTES:,} bytes a YAML file may hold")
+    loader = _loader()
+    try:
+        try:
+            check_bounds(text, file, loader)
+            return yaml.load(text, Loader=loader)
+        except yaml.YAMLError as e:
+            if loader is yaml.SafeLoader:
+                raise
+            if "nesting depth" in str(getattr(e, "problem", "")):
+                # libyaml's own limit (1000 levels) is far past MAX_DEPTH: say so without re-parsing.
+                mark = getattr(e, "problem_mark", None)
+                where = f"line {mark.line + 1}" if mark is not None else "yaml"
+                raise _issue(file, where, f"nested deeper than {MAX_DEPTH} levels") from None
+        # libyaml words its errors its own way and stops at a nesting limit of
+        # its own (deeper than MAX_DEPTH, so always a depth error here): the
+        # pure-Python parser, bounded the same way, says what is wrong, so the
+        # message is the same whichever parser PyYAML was built with.
+        check_bounds(text, file, yaml.SafeLoader)
+        return yaml.load(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "yaml"
+        raise _issue(file, where, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    except RecursionError:  # not reached within MAX_DEPTH; kept so no parser can turn depth into a crash
+        raise _issue(file, "yaml", f"nested deeper than {MAX_DEPTH} levels") from None
+
+
+def read_yaml_text(path: str | os.PathLike[str], file: str) -> str:
+    """The text of the YAML file at ``path``: at most ``MAX_BYTES`` of UTF-8 (a BOM dropped).
+
+    Raises :class:`~engrain.RoutineError` naming ``file`` otherwise (``FileNotFoundError``
+    passes through). The size is checked before reading.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_BYTES:
+            raise _issue(file, "file", f"{size:,} bytes, larger than the {MAX_BYTES:,} a YAML file may hold")
+        raw = f.read(MAX_BYTES + 1)
+    if len(raw) > MAX_BYTES:
+        raise _issue(file, "file", f"larger than the {MAX_BYTES:,} bytes a YAML file may hold")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise _issue(file, f"line {line}", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save the file as UTF-8") from None
+    return text.removeprefix("\ufeff")
