@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 
 from .._errors import EngrainError
 from .context import _current
-from .steps import DEFAULT_POLICY, StepPolicy
+from .steps import ARGS_CHECKED, DEFAULT_POLICY, StepPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 builtins_type = type  # ``tool`` has a parameter named ``type``
@@ -226,6 +226,7 @@ def tool(
 
         step_name = validate_tool_name(name or default_name(f))
         bind = _binder(f)
+        checked = type in ARGS_CHECKED  # a replayed call with other arguments is another step
 
         if inspect.iscoroutinefunction(f):
 
@@ -234,9 +235,10 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
-                if (rec := ctx.replay_next(step_name)) is not None:
+                bound = bind(args, kwargs)
+                if (rec := ctx.replay_next(step_name, bound if checked else None)) is not None:
                     return rec.result
-                return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
+                return await ctx.acall(step_name, type, bound, lambda: f(*args, **kwargs), policy)
 
             wrapper: Callable[..., Any] = awrapper
         else:
@@ -246,9 +248,10 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                if (rec := ctx.replay_next(step_name)) is not None:  # a resumed run: no binding, no thunk
+                bound = bind(args, kwargs)
+                if (rec := ctx.replay_next(step_name, bound if checked else None)) is not None:  # no thunk
                     return rec.result
-                return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
+                return ctx.call(step_name, type, bound, lambda: f(*args, **kwargs), policy)
 
             wrapper = swrapper
         wrapper.__engrain_step__ = {"name": step_name, "type": type, "policy": policy}  # type: ignore[attr-defined]
