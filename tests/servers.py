@@ -31,7 +31,8 @@ def engrain_exe() -> str:
 @contextmanager
 def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", routines: Path | None = None,
           tools: str | None = None, agents: str | None = None, allow_hosts: tuple[str, ...] = (),
-          tools_dir: Path | None = None, procs: list[subprocess.Popen] | None = None) -> Iterator[str]:
+          tools_dir: Path | None = None, procs: list[subprocess.Popen] | None = None,
+          allow_fork: bool = False) -> Iterator[str]:
     """Run ``engrain serve`` on ``url`` until the block ends; yields its base URL.
 
     The server's output goes to ``workdir/<name>.log`` (never to our pipes), it must
@@ -52,6 +53,8 @@ def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", r
         args += ["--tools-dir", str(tools_dir)]
     for h in allow_hosts:
         args += ["--allow-host", h]
+    if allow_fork:
+        args.append("--allow-fork")
     env = {**os.environ, "ENGRAIN_HOME": str(workdir / f"{name}-home")}
     env.pop("ENGRAIN_TOKEN", None)
     if token is not None:

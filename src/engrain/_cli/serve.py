@@ -44,6 +44,12 @@ def serve(
     agents: AgentsOption = None,
     allow_host: AllowHostOption = None,
     tools_dir: ToolsDirOption = None,
+    allow_fork: Annotated[
+        bool, typer.Option("--allow-fork", help="Let API clients fork runs the runtime executes (re-executes their later steps).")
+    ] = False,
+    upgrade: Annotated[
+        bool, typer.Option("--upgrade", help="Answers may resume runs another version of the --agents code started.")
+    ] = False,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -52,7 +58,7 @@ def serve(
         from .._server import create_app
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
-                         tools_dir=tools_dir)
+                         tools_dir=tools_dir, allow_fork=allow_fork, upgrade_agents=upgrade)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]

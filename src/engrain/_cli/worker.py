@@ -25,6 +25,9 @@ def worker(
     otel: Annotated[
         bool, typer.Option("--otel", help="Export runs as OpenTelemetry spans (OTEL_TRACES_EXPORTER=otlp or console).")
     ] = False,
+    upgrade: Annotated[
+        bool, typer.Option("--upgrade", help="Also resume runs another version of the agents' code started (a deploy).")
+    ] = False,
     url: UrlOption = None,
 ) -> None:
     """Claim and execute queued runs (and runs whose worker died) until SIGTERM; finishes what it holds first."""
@@ -52,7 +55,7 @@ def worker(
 
             provider = instrument_from_env()[1]
         w = Worker(open_store(url), table, list(queue or ["default"]), concurrency=concurrency, park_after=park_after,
-                   grace=grace)
+                   grace=grace, upgrade=upgrade)
     w.install_signal_handlers()
     typer.echo(f"worker: queues {', '.join(w.queues)}; agents {', '.join(sorted(table))}; concurrency {concurrency}", err=True)
     stats = w.run(until_idle=until_idle)

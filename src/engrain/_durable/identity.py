@@ -215,6 +215,6 @@ def refusal(started: dict[str, Any], name: str | None, code: str | None, *, upgr
 def legacy_hint(recorded: str) -> str:
     """For a name every script shared before scripts were named by path: how to resume such a run."""
     if recorded.split(":", 1)[0] in _SCRIPT_MODULES:
-        return (f" (recorded before scripts were named by their path: if this script started it,"
-                f" resume it with recover({{{recorded!r}: agent}}))")
+        return (f" (recorded before scripts were named by their path: if this script started it, resume it"
+                f" with recover({{{recorded!r}: agent}}) or run(..., agent_name={recorded!r}))")
     return ""
