@@ -6,8 +6,8 @@ given, else ``module:qualname``, where a script (module ``__main__``) is named
 by its resolved file path, since every script's function ``agent`` would
 otherwise be ``__main__:agent``. The fingerprint says which version of it: a
 digest of the agent function's bytecode and constants, of the functions of its
-own module it calls, and of the engrain tools they call by name (each tool's
-name, type, at-most-once policy and code). It ignores comments, blank lines,
+own module it calls by global name, and of the engrain tools they reach by name
+or closure (each tool's name, type, at-most-once policy and code). It ignores comments, blank lines,
 where the code sits in its file and the path it was deployed to, so a restart
 of the same code matches; any change of that code (or of the Python version,
 whose bytecode differs) is a new version.
@@ -61,7 +61,8 @@ def agent_name(agent: Callable[..., Any]) -> str:
 
     A function of a script (module ``__main__``) is named by the script's
     resolved path instead, e.g. ``/srv/jobs/pay.py:agent``, so two scripts'
-    ``agent`` functions are two agents. A ``functools.partial`` is named after
+    ``agent`` functions are two agents (a module run with ``python -m`` by its
+    import name, as when it is imported). A ``functools.partial`` is named after
     its function, a callable object after its class.
     """
     fn: Any = agent
@@ -71,7 +72,9 @@ def agent_name(agent: Callable[..., Any]) -> str:
         fn = type(fn)
     module = getattr(fn, "__module__", None) or "?"
     if module in _SCRIPT_MODULES:
-        module = _script_path(fn) or module
+        # `python -m pkg.mod` runs a module under its import name; `python path/to/script.py` has only its path.
+        spec = getattr(sys.modules.get(module), "__spec__", None)
+        module = getattr(spec, "name", None) or _script_path(fn) or module
     name = f"{module}:{fn.__qualname__}"
     # Keep the end of a long path: it tells programs apart, and the qualname must stay whole.
     return name if len(name) <= AGENT_NAME_LIMIT else "..." + name[-(AGENT_NAME_LIMIT - 3):]
@@ -144,7 +147,11 @@ def _names(code: types.CodeType) -> list[str]:
 
 
 def _referenced(f: Any, code: types.CodeType) -> list[Any]:
-    """The objects ``f`` reaches by name: its globals, then its closure's cells."""
+    """The objects ``f`` reaches by name: its globals, then the tools in its closure's cells.
+
+    Of a closure only tools count: its other cells hold per-call values (callbacks,
+    clients) that say nothing about which program this is.
+    """
     out = []
     g = getattr(f, "__globals__", None) or {}
     for name in dict.fromkeys(_names(code)):
@@ -152,9 +159,11 @@ def _referenced(f: Any, code: types.CodeType) -> list[Any]:
             out.append(g[name])
     for cell in getattr(f, "__closure__", None) or ():
         try:
-            out.append(cell.cell_contents)
+            value = cell.cell_contents
         except ValueError:  # a cell not filled yet
-            pass
+            continue
+        if isinstance(getattr(value, "__engrain_step__", None), dict):
+            out.append(value)
     return out
 
 
