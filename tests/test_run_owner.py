@@ -240,8 +240,18 @@ def stamp(items: list) -> int:
     return len(items)
 
 
+class Till:
+    @eg.tool(registry=_tools, name="till.ring")
+    def ring(self, amount: int) -> str:
+        _state["calls"].append(("ring", amount))
+        return f"rang {amount}"
+
+
 def payer(task: str) -> str:
-    done = charge(_state["amount"]) if task == "charge" else transfer(_state["amount"], "acct")
+    n = _state["amount"]
+    calls = {"charge": lambda: charge(n), "charge-kw": lambda: charge(amount=n), "transfer": lambda: transfer(n, "acct"),
+             "ring": lambda: Till().ring(n)}
+    done = calls[task]()
     if _state["crash"]:
         raise KeyboardInterrupt
     return done
@@ -254,7 +264,7 @@ def stamper(task: str) -> int:
     return n
 
 
-@pytest.mark.parametrize("task", ["charge", "transfer"])
+@pytest.mark.parametrize("task", ["charge", "charge-kw", "transfer", "ring"])
 def test_a_replayed_step_with_other_arguments_ends_the_run_naming_both(journal, task):
     _state.update(amount=0, crash=True, calls=[])
     with pytest.raises(KeyboardInterrupt):
@@ -263,8 +273,16 @@ def test_a_replayed_step_with_other_arguments_ends_the_run_naming_both(journal, 
     res = eg.run(payer, task, run_id="r", journal=journal)
     assert res.status == "failed" and res.error_type == "NondeterminismError" and _state["calls"] == []
     tail = ", to='acct'" if task == "transfer" else ""
+    step = {"charge-kw": "charge", "ring": "till.ring"}.get(task, task)
     recorded, called = res.error.split("recorded ", 1)[1].split(" but the agent called ")
-    assert f"{task}(amount=0{tail})" in recorded and f"{task}(amount=1{tail})" in called
+    assert f"{step}(amount=0{tail})" in recorded and f"{step}(amount=1{tail})" in called
+    # The same call replays, on the fast path or the slow one.
+    _state.update(amount=0, crash=True, calls=[])
+    with pytest.raises(KeyboardInterrupt):
+        eg.run(payer, task, run_id="same", journal=journal)
+    _state.update(crash=False, calls=[])
+    again = eg.run(payer, task, run_id="same", journal=journal)
+    assert again.status == "ok" and again.replayed == 1 and _state["calls"] == []
     assert journal.get_run("r").status == "failed"
 
 

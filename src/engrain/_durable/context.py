@@ -221,19 +221,23 @@ class RunContext(StepWriter):
                 raise
             self.seq += 1
 
-    def replay_next(self, name: str, args: dict[str, Any] | None) -> StepRecord | None:
-        """The next step's record when the journal completed it as ``name`` with ``args``: a tool call's replay fast path.
+    def replay_next(self, name: str, values: tuple[Any, ...] | None = None) -> StepRecord | None:
+        """The next step's record when the journal completed it as ``name``: a tool call's replay fast path.
 
-        ``args`` ``None``: not compared (see ``ARGS_CHECKED``). Anything else (a
-        new step, another name or other arguments, a failure, a step to retry
-        or to ask about) returns ``None`` without taking the step, and the
-        caller goes through :meth:`call`, which handles every case.
+        ``values``: the call's argument values, compared with the recorded
+        arguments' in their recorded order (``None``: not compared, see
+        ``ARGS_CHECKED``). Anything else (a new step, another name or other
+        arguments, a failure, a step to retry or to ask about) returns ``None``
+        without taking the step, and the caller goes through :meth:`call`,
+        which handles every case (and names both calls when they differ).
         """
         if self.cursor not in self.steps:
             return None  # a new step: the executed path pays one dict lookup for this fast path, no lock
         with self._lock:
             rec = self.steps.get(self.cursor)
-            if rec is None or rec.state != "completed" or rec.name != name or (args is not None and args != rec.args):
+            if rec is None or rec.state != "completed" or rec.name != name:
+                return None
+            if values is not None and tuple(rec.args.values()) != values:
                 return None
             self.cursor += 1
             self.replayed += 1

@@ -123,6 +123,12 @@ def default_name(fn: Callable[..., Any]) -> str:
     return fn.__qualname__.rsplit("<locals>.", 1)[-1]
 
 
+def _has_self(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``'s first parameter is ``self``/``cls``, which the journal does not record."""
+    code = getattr(fn, "__code__", None)
+    return bool(code is not None and code.co_argcount and code.co_varnames[0] in ("self", "cls"))
+
+
 def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     """A function turning call arguments into the ``{name: value}`` dict the journal records."""
     import inspect  # lazily: ~10 ms of start-up that CLI commands without tools never need
@@ -226,7 +232,11 @@ def tool(
 
         step_name = validate_tool_name(name or default_name(f))
         bind = _binder(f)
-        checked = type in ARGS_CHECKED  # a replayed call with other arguments is another step
+        # A replayed call with other arguments is another step. The replay fast path compares the
+        # call's positional values with the recorded arguments' (recorded in signature order, without
+        # self), so it binds nothing; any other call shape takes the slow path, which binds.
+        checked = type in ARGS_CHECKED
+        method = _has_self(f)
 
         if inspect.iscoroutinefunction(f):
 
@@ -235,10 +245,15 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
-                bound = bind(args, kwargs)
-                if (rec := ctx.replay_next(step_name, bound if checked else None)) is not None:
+                if not checked:
+                    rec = ctx.replay_next(step_name)
+                elif not kwargs:
+                    rec = ctx.replay_next(step_name, args[1:] if method else args)
+                else:
+                    rec = None
+                if rec is not None:
                     return rec.result
-                return await ctx.acall(step_name, type, bound, lambda: f(*args, **kwargs), policy)
+                return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
 
             wrapper: Callable[..., Any] = awrapper
         else:
@@ -248,10 +263,15 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                bound = bind(args, kwargs)
-                if (rec := ctx.replay_next(step_name, bound if checked else None)) is not None:  # no thunk
+                if not checked:
+                    rec = ctx.replay_next(step_name)
+                elif not kwargs:
+                    rec = ctx.replay_next(step_name, args[1:] if method else args)
+                else:
+                    rec = None
+                if rec is not None:  # a resumed run: no binding, no thunk
                     return rec.result
-                return ctx.call(step_name, type, bound, lambda: f(*args, **kwargs), policy)
+                return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
 
             wrapper = swrapper
         wrapper.__engrain_step__ = {"name": step_name, "type": type, "policy": policy}  # type: ignore[attr-defined]
