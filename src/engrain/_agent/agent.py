@@ -131,8 +131,9 @@ class Agent:
             return converse(self, ctx, [], t, emit)["text"]
 
         agent_fn.__name__ = self.name
+        # Named after this agent, so another agent's run is never continued by this one (see eg.agent_name).
         return _run(agent_fn, task, run_id=run_id, journal=journal or self._journal(),
-                    tags=[f"llm-agent:{self.name}", *(tags or [])])
+                    tags=[f"llm-agent:{self.name}", *(tags or [])], agent_name=f"llm-agent:{self.name}")
 
     def chat(self, message: str, *, session: str, journal: Journal | None = None) -> Iterator[dict[str, Any]]:
         """Send ``message`` in ``session`` and iterate over the turn's events as they happen.
@@ -174,7 +175,7 @@ class Agent:
 
         turn_fn.__name__ = self.name
         return _run(turn_fn, message, run_id=sessions.turn_id(self.name, session, n), journal=j,
-                    tags=[f"llm-agent:{self.name}", f"session:{session}"])
+                    tags=[f"llm-agent:{self.name}", f"session:{session}"], agent_name=f"llm-agent:{self.name}")
 
     def _chat_worker(self, j: Journal, session: str, message: str, put: Callable[[Any], None]) -> None:
         try:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import UrlOption, command, errors_as_exit, fail
+from .common import UpgradeOption, UrlOption, command, errors_as_exit, fail
 
 TokenOption = Annotated[
     str | None,
@@ -47,9 +47,7 @@ def serve(
     allow_fork: Annotated[
         bool, typer.Option("--allow-fork", help="Let API clients fork runs the runtime executes (re-executes their later steps).")
     ] = False,
-    upgrade: Annotated[
-        bool, typer.Option("--upgrade", help="Answers may resume runs another version of the --agents code started.")
-    ] = False,
+    upgrade: UpgradeOption = False,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .common import JsonOption, UrlOption, command, errors_as_exit, open_store, print_json
+from .common import JsonOption, UpgradeOption, UrlOption, command, errors_as_exit, open_store, print_json
 from .operate import json_object
 
 
@@ -25,9 +25,7 @@ def worker(
     otel: Annotated[
         bool, typer.Option("--otel", help="Export runs as OpenTelemetry spans (OTEL_TRACES_EXPORTER=otlp or console).")
     ] = False,
-    upgrade: Annotated[
-        bool, typer.Option("--upgrade", help="Also resume runs another version of the agents' code started (a deploy).")
-    ] = False,
+    upgrade: UpgradeOption = False,
     url: UrlOption = None,
 ) -> None:
     """Claim and execute queued runs (and runs whose worker died) until SIGTERM; finishes what it holds first."""

@@ -140,7 +140,7 @@ class _Execution:
         tags: list[str] | None,
         journal: Journal | None,
         agent: str,
-        code: str,
+        code: str | None,
         upgrade: bool,
     ):
         self.task = task

@@ -10,7 +10,9 @@ own module it calls by global name, and of the engrain tools they reach by name
 or closure (each tool's name, type, at-most-once policy and code). It ignores comments, blank lines,
 where the code sits in its file and the path it was deployed to, so a restart
 of the same code matches; any change of that code (or of the Python version,
-whose bytecode differs) is a new version.
+whose bytecode differs) is a new version. engrain's own runners (routines, the
+cache, ``eg.Agent``, named ``llm-agent:<name>``) record no fingerprint: the run
+names what they execute, and their code is engrain's.
 
 :func:`refusal` is the one rule every resumer applies (``engrain.run`` with an
 existing run id, ``recover``, workers, the server): a run created by an API
@@ -88,9 +90,17 @@ def _script_path(fn: Any) -> str | None:
     return os.path.realpath(path)
 
 
-def fingerprint(agent: Callable[..., Any]) -> str:
-    """The fingerprint of ``agent``'s code and tools (16 hex digits), computed once per function."""
+def fingerprint(agent: Callable[..., Any]) -> str | None:
+    """The fingerprint of ``agent``'s code and tools (16 hex digits), computed once per function.
+
+    ``None`` for engrain's own runners (a routine run, a cache hit, an ``eg.Agent``):
+    what they execute is named by the run (the routine, the agent's name), and their
+    code is engrain's, so an engrain upgrade must not strand their runs.
+    """
     fn = _target(agent)
+    module = getattr(fn, "__module__", None) or ""
+    if module == "engrain" or module.startswith("engrain."):
+        return None
     try:
         hit = _fingerprints.get(fn)
     except TypeError:  # not weak-referenceable (a builtin): nothing of ours to fingerprint but its name

@@ -245,12 +245,8 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
-                if not checked:
-                    rec = ctx.replay_next(step_name)
-                elif not kwargs:
-                    rec = ctx.replay_next(step_name, args[1:] if method else args)
-                else:
-                    rec = None
+                rec = (ctx.replay_next(step_name) if not checked else None if kwargs
+                       else ctx.replay_next(step_name, args[1:] if method else args))
                 if rec is not None:
                     return rec.result
                 return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
@@ -263,12 +259,8 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                if not checked:
-                    rec = ctx.replay_next(step_name)
-                elif not kwargs:
-                    rec = ctx.replay_next(step_name, args[1:] if method else args)
-                else:
-                    rec = None
+                rec = (ctx.replay_next(step_name) if not checked else None if kwargs
+                       else ctx.replay_next(step_name, args[1:] if method else args))
                 if rec is not None:  # a resumed run: no binding, no thunk
                     return rec.result
                 return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
