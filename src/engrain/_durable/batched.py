@@ -71,8 +71,11 @@ class BufferedContext(RunContext):
 def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool, agent: Callable[..., Any]) -> BufferedContext:
     ctx = BufferedContext(journal, run_id, write)
     if write:  # the run's record is built only when it is kept
-        ctx.append(ev.RUN_STARTED, "", {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent),
-                                        "agent_code": fingerprint(agent)})
+        data = {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent)}
+        code = fingerprint(agent)
+        if code is not None:  # as a durable run records it
+            data["agent_code"] = code
+        ctx.append(ev.RUN_STARTED, "", data)
     return ctx
 
 
