@@ -26,7 +26,6 @@ changed steps behind ``engrain.patched``). Runs recorded before fingerprints
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import sys
 import types
@@ -104,7 +103,9 @@ def fingerprint(agent: Callable[..., Any]) -> str | None:
     try:
         hit = _fingerprints.get(fn)
     except TypeError:  # not weak-referenceable (a builtin): nothing of ours to fingerprint but its name
-        return hashlib.blake2b(repr(fn).encode(), digest_size=8).hexdigest()
+        from hashlib import blake2b
+
+        return blake2b(repr(fn).encode(), digest_size=8).hexdigest()
     if hit is None:
         hit = _compute(fn)
         try:
@@ -115,7 +116,9 @@ def fingerprint(agent: Callable[..., Any]) -> str | None:
 
 
 def _compute(fn: Any) -> str:
-    h = hashlib.blake2b(digest_size=8)
+    from hashlib import blake2b  # lazily: hashlib (OpenSSL) costs ~20 ms of start-up
+
+    h = blake2b(digest_size=8)
     module = getattr(fn, "__module__", None)
     tools: dict[str, Any] = {}
     seen: set[int] = {id(fn)}

@@ -191,11 +191,17 @@ def check_at_most_once_answer(name: str, answers: Any) -> None:
 ARGS_CHECKED = frozenset({"tool", "udf"})
 
 
+_blake2b: Any = None
+
+
 def args_digest(args: dict[str, Any]) -> str:
     """A digest of strictly JSON ``args`` (recorded as ``ad``, taken before the call can change them)."""
-    import hashlib
+    global _blake2b
+    if _blake2b is None:
+        from hashlib import blake2b  # lazily: hashlib (OpenSSL) costs ~20 ms of start-up
 
-    return hashlib.blake2b(ev.dumps_checked(args).encode(), digest_size=8).hexdigest()
+        _blake2b = blake2b
+    return _blake2b(ev.dumps_checked(args).encode(), digest_size=8).hexdigest()
 
 
 def same_args(rec: StepRecord, args: dict[str, Any]) -> bool:
