@@ -76,14 +76,14 @@ def _start(
         if lease is not None:
             lease.take()
         return events, None
-    recorded = events[0].data.get("task")
-    if recorded != task:
-        raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
     last = events[-1]
     finished = last.kind in _FINISHED_KINDS
     why = refusal(events[0].data, agent, code, upgrade=upgrade, finished=finished)
-    if why is not None:
+    if why is not None:  # first: another program's run is not this one's, whatever its task
         raise AgentMismatchError(run_id, why)
+    recorded = events[0].data.get("task")
+    if recorded != task:
+        raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
     if not finished:
         return events, None  # resumable: the common case, so the count below is not paid for it
     steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})

@@ -166,10 +166,11 @@ def unmatched(j: Journal, codes: dict[str | None, str | None], limit: int, *, na
     """
     now = time.time()  # PostgreSQL leases use the database clock: a listing may be off by the skew
     out: list[Recovered] = []
+    reads = [limit]  # a run of a given name is read to compare its code: at most ``limit`` such reads
     for info in j.runs(status=ev.RUNNING, limit=_SCAN):
         if info.lease_until is not None and info.lease_until >= now:
             continue
-        why = _why_not(j, info, codes, named_only)
+        why = _why_not(j, info, codes, named_only, reads)
         if why is not None:
             out.append(Recovered(info.run_id, info.agent, UNMATCHED, why))
             if len(out) >= limit:
@@ -177,7 +178,8 @@ def unmatched(j: Journal, codes: dict[str | None, str | None], limit: int, *, na
     return out
 
 
-def _why_not(j: Journal, info: ev.RunInfo, codes: dict[str | None, str | None], named_only: bool) -> str | None:
+def _why_not(j: Journal, info: ev.RunInfo, codes: dict[str | None, str | None], named_only: bool,
+             reads: list[int]) -> str | None:
     if info.agent not in codes:
         if named_only:
             return None
@@ -188,6 +190,9 @@ def _why_not(j: Journal, info: ev.RunInfo, codes: dict[str | None, str | None], 
         return f"no agent named {info.agent!r} was given{legacy_hint(info.agent)}"
     if codes[info.agent] is None and ev.CLIENT_TAG not in info.tags:
         return None  # claimable: left for the next call (the limit was reached)
+    if reads[0] <= 0:
+        return None  # not looked at this time; the claim's SQL never takes it if its code differs
+    reads[0] -= 1
     head = j.read(info.run_id, after=-1)[:1]
     started = head[0].data if head else {}
     if is_client_run(started):
