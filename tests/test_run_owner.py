@@ -235,6 +235,12 @@ def transfer(amount: int, to: str) -> str:
 
 
 @eg.tool(registry=_tools)
+def refund(amount: int, reason: str = "returned") -> str:
+    _state["calls"].append(("refund", amount))
+    return f"refunded {amount}"
+
+
+@eg.tool(registry=_tools)
 def stamp(items: list) -> int:
     items.append("stamped")  # changes its argument after the call began (recorded after the call)
     return len(items)
@@ -250,7 +256,7 @@ class Till:
 def payer(task: str) -> str:
     n = _state["amount"]
     calls = {"charge": lambda: charge(n), "charge-kw": lambda: charge(amount=n), "transfer": lambda: transfer(n, "acct"),
-             "ring": lambda: Till().ring(n)}
+             "ring": lambda: Till().ring(n), "refund": lambda: refund(n)}
     done = calls[task]()
     if _state["crash"]:
         raise KeyboardInterrupt
@@ -264,7 +270,7 @@ def stamper(task: str) -> int:
     return n
 
 
-@pytest.mark.parametrize("task", ["charge", "charge-kw", "transfer", "ring"])
+@pytest.mark.parametrize("task", ["charge", "charge-kw", "transfer", "ring", "refund"])
 def test_a_replayed_step_with_other_arguments_ends_the_run_naming_both(journal, task):
     _state.update(amount=0, crash=True, calls=[])
     with pytest.raises(KeyboardInterrupt):
@@ -272,7 +278,7 @@ def test_a_replayed_step_with_other_arguments_ends_the_run_naming_both(journal, 
     _state.update(amount=1, crash=False, calls=[])  # the same code now computes another argument
     res = eg.run(payer, task, run_id="r", journal=journal)
     assert res.status == "failed" and res.error_type == "NondeterminismError" and _state["calls"] == []
-    tail = ", to='acct'" if task == "transfer" else ""
+    tail = {"transfer": ", to='acct'", "refund": ", reason='returned'"}.get(task, "")
     step = {"charge-kw": "charge", "ring": "till.ring"}.get(task, task)
     recorded, called = res.error.split("recorded ", 1)[1].split(" but the agent called ")
     assert f"{step}(amount=0{tail})" in recorded and f"{step}(amount=1{tail})" in called

@@ -221,12 +221,12 @@ class RunContext(StepWriter):
                 raise
             self.seq += 1
 
-    def replay_next(self, name: str, values: tuple[Any, ...] | None = None) -> StepRecord | None:
+    def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None) -> StepRecord | None:
         """The next step's record when the journal completed it as ``name``: a tool call's replay fast path.
 
-        ``values``: the call's argument values, compared with the recorded
-        arguments' in their recorded order (``None``: not compared, see
-        ``ARGS_CHECKED``). Anything else (a new step, another name or other
+        ``args``: the call's arguments, compared with the recorded ones: a dict
+        by name, a tuple by their values in the recorded order (``None``: not
+        compared, see ``ARGS_CHECKED``). Anything else (a new step, another name or other
         arguments, a failure, a step to retry or to ask about) returns ``None``
         without taking the step, and the caller goes through :meth:`call`,
         which handles every case (and names both calls when they differ).
@@ -237,7 +237,7 @@ class RunContext(StepWriter):
             rec = self.steps.get(self.cursor)
             if rec is None or rec.state != "completed" or rec.name != name:
                 return None
-            if values is not None and tuple(rec.args.values()) != values:
+            if args is not None and (tuple(rec.args.values()) if type(args) is tuple else rec.args) != args:
                 return None
             self.cursor += 1
             self.replayed += 1

@@ -123,10 +123,15 @@ def default_name(fn: Callable[..., Any]) -> str:
     return fn.__qualname__.rsplit("<locals>.", 1)[-1]
 
 
-def _has_self(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn``'s first parameter is ``self``/``cls``, which the journal does not record."""
+def _arity(fn: Callable[..., Any]) -> tuple[bool, int]:
+    """(first parameter is ``self``/``cls``, which the journal does not record; the number of
+    positional values that give every parameter, or -1 when no positional call does)."""
+    import inspect  # lazily: as _binder
+
     code = getattr(fn, "__code__", None)
-    return bool(code is not None and code.co_argcount and code.co_varnames[0] in ("self", "cls"))
+    if code is None or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
+        return False, -1
+    return bool(code.co_argcount and code.co_varnames[0] in ("self", "cls")), code.co_argcount
 
 
 def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
@@ -232,11 +237,20 @@ def tool(
 
         step_name = validate_tool_name(name or default_name(f))
         bind = _binder(f)
-        # A replayed call with other arguments is another step. The replay fast path compares the
-        # call's positional values with the recorded arguments' (recorded in signature order, without
-        # self), so it binds nothing; any other call shape takes the slow path, which binds.
+        # A replayed call with other arguments is another step. A call giving every parameter
+        # positionally (the common one) is compared by its values with the recorded arguments'
+        # (recorded in signature order, without self), binding nothing; others are bound first.
         checked = type in ARGS_CHECKED
-        method = _has_self(f)
+        method, full = _arity(f)
+
+        def replayed(ctx: Any, args: tuple, kwargs: dict) -> tuple[Any, dict[str, Any] | None]:
+            """The step's record if the journal completed this very call (and the bound arguments, if bound)."""
+            if not checked:
+                return ctx.replay_next(step_name), None
+            if not kwargs and len(args) == full:
+                return ctx.replay_next(step_name, args[1:] if method else args), None
+            bound = bind(args, kwargs)
+            return ctx.replay_next(step_name, bound), bound
 
         if inspect.iscoroutinefunction(f):
 
@@ -245,11 +259,11 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
-                rec = (ctx.replay_next(step_name) if not checked else None if kwargs
-                       else ctx.replay_next(step_name, args[1:] if method else args))
+                rec, bound = replayed(ctx, args, kwargs)
                 if rec is not None:
                     return rec.result
-                return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
+                bound = bind(args, kwargs) if bound is None else bound
+                return await ctx.acall(step_name, type, bound, lambda: f(*args, **kwargs), policy)
 
             wrapper: Callable[..., Any] = awrapper
         else:
@@ -259,11 +273,11 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                rec = (ctx.replay_next(step_name) if not checked else None if kwargs
-                       else ctx.replay_next(step_name, args[1:] if method else args))
-                if rec is not None:  # a resumed run: no binding, no thunk
+                rec, bound = replayed(ctx, args, kwargs)
+                if rec is not None:  # a resumed run: no thunk
                     return rec.result
-                return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
+                bound = bind(args, kwargs) if bound is None else bound
+                return ctx.call(step_name, type, bound, lambda: f(*args, **kwargs), policy)
 
             wrapper = swrapper
         wrapper.__engrain_step__ = {"name": step_name, "type": type, "policy": policy}  # type: ignore[attr-defined]
