@@ -244,11 +244,10 @@ def tool(
         method, full = _arity(f)
 
         def replayed(ctx: Any, args: tuple, kwargs: dict) -> tuple[Any, dict[str, Any] | None]:
-            """The step's record if the journal completed this very call (and the bound arguments, if bound)."""
+            """The step's record if the journal completed this call given otherwise than positionally (and its
+            bound arguments, if bound)."""
             if not checked:
                 return ctx.replay_next(step_name), None
-            if not kwargs and len(args) == full:
-                return ctx.replay_next(step_name, args[1:] if method else args), None
             bound = bind(args, kwargs)
             return ctx.replay_next(step_name, bound), bound
 
@@ -259,7 +258,10 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
-                rec, bound = replayed(ctx, args, kwargs)
+                if checked and not kwargs and len(args) == full:  # the common call, without a helper's call
+                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args), None
+                else:
+                    rec, bound = replayed(ctx, args, kwargs)
                 if rec is not None:
                     return rec.result
                 bound = bind(args, kwargs) if bound is None else bound
@@ -273,7 +275,10 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                rec, bound = replayed(ctx, args, kwargs)
+                if checked and not kwargs and len(args) == full:  # the common call, without a helper's call
+                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args), None
+                else:
+                    rec, bound = replayed(ctx, args, kwargs)
                 if rec is not None:  # a resumed run: no thunk
                     return rec.result
                 bound = bind(args, kwargs) if bound is None else bound
