@@ -7,7 +7,6 @@ and its traceback (bounded) for ``engrain show`` and the web UI.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigError, StepFailedError

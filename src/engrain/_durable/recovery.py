@@ -23,7 +23,7 @@ from .._errors import ConfigError
 from .._journal import Journal
 from .context import RunResult, default_journal
 from .execution import run
-from .identity import CLIENT_RUN, fingerprint, is_client_run, legacy_hint, refusal
+from .identity import CLIENT_RUN, fingerprint, legacy_hint, refusal
 from .lease import DEFAULT_TTL, owner_id
 from .outcome import agent_name, check_agent_name
 
@@ -194,7 +194,4 @@ def _why_not(j: Journal, info: ev.RunInfo, codes: dict[str | None, str | None], 
         return None  # not looked at this time; the claim's SQL never takes it if its code differs
     reads[0] -= 1
     head = j.read(info.run_id, after=-1)[:1]
-    started = head[0].data if head else {}
-    if is_client_run(started):
-        return CLIENT_RUN
-    return refusal(started, info.agent, codes[info.agent])
+    return refusal(head[0].data if head else {}, info.agent, codes[info.agent])
