@@ -170,27 +170,20 @@ class QueueStore:
 
     # -- claims --------------------------------------------------------------------------------
 
-    def _which(self, agents: Agents | None, column: str) -> tuple[str, tuple[Any, ...]]:
-        """`` AND ...`` for runs (alias ``r``) of ``agents`` (see ``Journal.claim_runs``), never a client's."""
-        code, not_client = trust_sql(self.pg, "r")
-        if agents is None:
-            return f" AND {not_client}", ()
-        cond, args = agents_filter(agents, column, self.ph, code)
-        return f" AND {cond} AND {not_client}", tuple(args)
-
     def claim(self, queue: str, owner: str, ttl: float, limit: int, agents: Agents | None = None) -> list[Claimed]:
         """Lease up to ``limit`` runs of ``queue``: orphans first, then available queued runs, within its limits.
 
-        With ``agents``, only runs of those agents (a mapping also names the code
-        fingerprint their runs must record, see ``Journal.claim_runs``): a worker
-        never takes a run it cannot execute (it would hand it back and take it
-        again, forever), nor one started by other code.
+        With ``agents``, only runs of those agents (by name: a queued run's ``run.started``
+        is written by :meth:`enqueue`, which names the agent and records no code): a worker
+        never takes a run it cannot execute (it would hand it back and take it again,
+        forever). A client's run is never queued (only :meth:`enqueue` creates queue rows).
         """
         p, r = self.ph, self.runs
         skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
         if agents is not None and not agents:
             return []
-        which, names = self._which(agents, "q.agent")
+        cond, args = ("", []) if agents is None else agents_filter(list(agents), "q.agent", p)
+        which, names = (f" AND {cond}" if cond else ""), tuple(args)
 
         def pick(q: Any) -> list[Claimed]:
             now = self._now(q)
@@ -253,7 +246,9 @@ class QueueStore:
             return []
         p, r = self.ph, self.runs
         skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
-        which, names = self._which(agents, "r.agent")
+        code, not_client = trust_sql(self.pg, "r")
+        cond, args = agents_filter(agents, "r.agent", p, code)
+        which, names = f" AND {cond} AND {not_client}", tuple(args)
 
         def pick(q: Any) -> list[Claimed]:
             now = self._now(q)
