@@ -263,7 +263,8 @@ def run(
     :class:`~engrain.NondeterminismError` and an output that is not JSON, which
     no resume could fix. Only :class:`~engrain.ConflictError` and
     :class:`~engrain.LeaseHeldError` (another executor has the run) propagate
-    and leave the run resumable.
+    and leave the run resumable, as does :class:`~engrain.AgentMismatchError`,
+    raised before anything is written.
     """
     import inspect  # lazily, like asyncio below: both weigh on every CLI start
 
