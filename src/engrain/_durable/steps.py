@@ -118,8 +118,10 @@ def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
             if rec is None:
                 # The common event of a long run (a completion-only step), built in one go:
                 # resuming a 10k-step run folds 10k of these.
+                # Every field positionally: keyword arguments cost more, 10k times.
                 steps[cid] = StepRecord(cid, e.name, d.get("type", "tool"), d.get("args") or {},
-                                        d.get("attempt", 1), "completed", d.get("result"), digest=d.get("ad"))
+                                        d.get("attempt", 1), "completed", d.get("result"), "", "", "", False, 0.0,
+                                        None, d.get("ad"))
             else:
                 rec.state, rec.result = "completed", d.get("result")
                 rec.attempts = max(rec.attempts, d.get("attempt", 1))
