@@ -227,14 +227,20 @@ class Floor:
         self.db.close()
 
 
-def _record_unfinished(url: str, run_id: str, steps: int) -> None:
-    """Write the events a run of ``steps`` completed steps leaves when its process dies before returning."""
+def _record_unfinished(url: str, run_id: str, steps: int, agent) -> None:
+    """Write the events a run of ``steps`` completed steps of ``agent`` leaves when its process dies before returning."""
+    from engrain._durable.identity import fingerprint
+    from engrain._durable.steps import args_digest
+
     journal = eg.open(url)
     try:
-        events = [NewEvent("run.started", "", {"task": "bench", "inputs": {"n": steps}, "tags": []})]
+        started = {"task": "bench", "inputs": {"n": steps}, "tags": [], "agent": eg.agent_name(agent),
+                   "agent_code": fingerprint(agent)}
+        events = [NewEvent("run.started", "", started)]
         ts = time.time()
         for i in range(steps):
-            data = {"call_id": i, "result": i + 1, "type": "tool", "args": {"x": i}, "started": ts}
+            data = {"call_id": i, "result": i + 1, "type": "tool", "args": {"x": i}, "started": ts,
+                    "ad": args_digest({"x": i})}
             events.append(NewEvent("step.completed", "inc", data))
         for start in range(0, len(events), 1000):
             journal.append(run_id, events[start : start + 1000], start)
@@ -247,7 +253,7 @@ def resume(url: str) -> list[float]:
     agent = _tool_and_agent()
     ids = [uuid.uuid4().hex for _ in range(REPS)]
     for run_id in ids:
-        _record_unfinished(url, run_id, RESUME_STEPS)
+        _record_unfinished(url, run_id, RESUME_STEPS, agent)
     out = []
     for run_id in ids:
         t0 = time.perf_counter()

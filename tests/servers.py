@@ -32,7 +32,7 @@ def engrain_exe() -> str:
 def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", routines: Path | None = None,
           tools: str | None = None, agents: str | None = None, allow_hosts: tuple[str, ...] = (),
           tools_dir: Path | None = None, procs: list[subprocess.Popen] | None = None,
-          extra: tuple[str, ...] = ()) -> Iterator[str]:
+          extra: tuple[str, ...] = (), allow_fork: bool = False) -> Iterator[str]:
     """Run ``engrain serve`` on ``url`` until the block ends; yields its base URL.
 
     The server's output goes to ``workdir/<name>.log`` (never to our pipes), it must
@@ -55,6 +55,8 @@ def serve(url: str, workdir: Path, *, token: str | None, name: str = "server", r
     for h in allow_hosts:
         args += ["--allow-host", h]
     args += list(extra)
+    if allow_fork:
+        args.append("--allow-fork")
     env = {**os.environ, "ENGRAIN_HOME": str(workdir / f"{name}-home")}
     env.pop("ENGRAIN_TOKEN", None)
     if token is not None:

@@ -78,15 +78,19 @@ def test_one_trace_per_run_one_span_per_step(journal, spans):
 def test_replayed_steps_and_a_run_without_caller(journal, spans):
     exporter, _ = spans
     agent = _agent()
+    crash = {"on": True}
 
-    def crashing(task):
-        agent(task)
-        raise KeyboardInterrupt  # the process dies after the steps
+    def finder(task):
+        out = agent(task)
+        if crash["on"]:
+            raise KeyboardInterrupt  # the process dies after the steps
+        return out
 
     with pytest.raises(KeyboardInterrupt):
-        eg.run(crashing, "find", run_id="o2", journal=journal)
+        eg.run(finder, "find", run_id="o2", journal=journal)
     exporter.clear()
-    assert eg.run(agent, "find", run_id="o2", journal=journal)
+    crash["on"] = False  # the same agent, restarted
+    assert eg.run(finder, "find", run_id="o2", journal=journal)
     spans_ = exporter.get_finished_spans()
     run = [s for s in spans_ if s.name == "invoke_agent"][0]
     assert run.parent is None  # no caller span: the run is its own trace

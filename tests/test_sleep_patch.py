@@ -145,39 +145,53 @@ def _crash_before_notify(journal, agent, run_id):
     _tools["notify"] = die
     try:
         with pytest.raises(KeyboardInterrupt):
-            eg.run(agent, "t", run_id=run_id, journal=journal)
+            eg.run(agent, "t", run_id=run_id, journal=journal, agent_name=NAME)
     finally:
         _tools["notify"] = real
+
+
+#: The one program that _v1, _v2 and _v3 are versions of (each a deploy of it).
+NAME = "notifier"
+
+
+def _deployed(agent, run_id, journal):
+    """Resume ``run_id`` with ``agent``, a new version of the program: opted in with upgrade=True."""
+    return eg.run(agent, "t", run_id=run_id, journal=journal, agent_name=NAME, upgrade=True)
 
 
 def test_patched_new_runs_take_the_new_branch_old_runs_replay_the_old(journal, tools):
     # A run of the old code, in flight when the new code is deployed.
     _crash_before_notify(journal, _v1, "old-run")
     tools.clear()
-    old = eg.run(_v2, "t", run_id="old-run", journal=journal)
+    # Another version of the code resumes a run only when told to (a deploy).
+    with pytest.raises(eg.AgentMismatchError, match="another version of agent 'notifier'.*upgrade=True"):
+        eg.run(_v2, "t", run_id="old-run", journal=journal, agent_name=NAME)
+    assert tools == [] and journal.get_run("old-run").status == "running"
+    old = _deployed(_v2, "old-run", journal)
     assert old.output == "old a" and tools == ["notify"]  # old_parse replayed, the old branch kept
     assert not any(e.name == "engrain.patched" for e in journal.read("old-run"))
     # A new run takes the new branch and records the marker; resumed, it stays on it.
     tools.clear()
-    new = eg.run(_v2, "t", run_id="new-run", journal=journal)
+    new = eg.run(_v2, "t", run_id="new-run", journal=journal, agent_name=NAME)
     assert new.output == "new a" and tools == ["fetch", "new_parse", "notify"]
     marker = [e for e in journal.read("new-run") if e.name == "engrain.patched"]
     assert len(marker) == 1 and marker[0].data["args"] == {"name": "better-parser"}
     _crash_before_notify(journal, _v2, "new-run-2")
     tools.clear()
-    assert eg.run(_v2, "t", run_id="new-run-2", journal=journal).output == "new a" and tools == ["notify"]
+    assert eg.run(_v2, "t", run_id="new-run-2", journal=journal, agent_name=NAME).output == "new a"
+    assert tools == ["notify"]
     assert eg.patched("anything") is True  # outside a run
 
 
 def test_run_that_cannot_replay_names_the_patch(journal, tools):
     # A run that cannot replay ends failed (terminal: resuming cannot fix it), its error naming the patch.
     _crash_before_notify(journal, _v1, "stuck")
-    stuck = eg.run(_v3, "t", run_id="stuck", journal=journal)
+    stuck = _deployed(_v3, "stuck", journal)
     assert stuck.status == "failed" and stuck.error_type == "NondeterminismError"
     assert "before patch 'better-parser'" in stuck.error
     # A marker recorded where the code no longer asks names the patch as the recorded step.
     _crash_before_notify(journal, _v2, "marked")
-    marked = eg.run(_v1, "t", run_id="marked", journal=journal)
+    marked = _deployed(_v1, "marked", journal)
     assert marked.status == "failed" and "patch 'better-parser'" in marked.error
     with pytest.raises(eg.EngrainError, match="patch name"):
         eg.patched("bad name!")

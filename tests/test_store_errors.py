@@ -185,7 +185,7 @@ def test_lost_postgres_connection_is_a_storage_error(pg_url):
     assert "engrain:engrain@" not in str(err.value)  # the password is not in the message
     j2 = eg.open(store_url)
     assert j2.get_run("pg").status == "running" and "run.failed" not in [e.kind for e in j2.read("pg")]
-    assert eg.run(lambda task: cut() + 1, "cut", run_id="pg", journal=j2).status == "ok"
+    assert eg.run(agent, "cut", run_id="pg", journal=j2).status == "ok"
     j2.close()
 
 

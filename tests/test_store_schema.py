@@ -27,9 +27,13 @@ def _cli(*args: str, url: str) -> subprocess.CompletedProcess:
     return subprocess.run([ENGRAIN, *args, "--url", url], capture_output=True, text=True, timeout=60)
 
 
+def _fine(task: str) -> str:
+    return "done"
+
+
 def _two_runs(url: str) -> None:
     j = eg.open(url)
-    eg.run(lambda task: "done", "fine", run_id="good", journal=j)
+    eg.run(_fine, "fine", run_id="good", journal=j)
     eg.run(lambda task: 1 / 0, "broken", run_id="bad", journal=j)
     j.close()
 
@@ -48,7 +52,7 @@ def _raw(url: str):
 def test_store_says_ok_like_run_result(store_url):
     _two_runs(store_url)
     j = eg.open(store_url)
-    res = eg.run(lambda task: "done", "fine", run_id="good", journal=j)
+    res = eg.run(_fine, "fine", run_id="good", journal=j)
     assert res.status == "ok" and j.get_run("good").status == res.status == ev.OK
     assert [r.run_id for r in j.runs(status="ok")] == ["good"]
     assert [r.run_id for r in j.runs(status="completed")] == ["good"]  # the old name is an alias

@@ -203,7 +203,8 @@ def test_api_refuses_hostile_operations_with_json_4xx(store_url, tmp_path):
     j = eg.open(store_url)
     try:
         _finished_run(j)
-        with TestClient(create_app(store_url, routines_dir=tmp_path / "r"), base_url="http://127.0.0.1") as c:
+        app = create_app(store_url, routines_dir=tmp_path / "r", allow_fork=True)
+        with TestClient(app, base_url="http://127.0.0.1") as c:
             cases = [
                 ("/api/runs/s/fork", {"at_step": 3}, 400, "step"),
                 ("/api/runs/s/fork", {"at_step": -1}, 422, "at_step"),
@@ -255,7 +256,8 @@ def test_sigterm_releases_what_the_worker_cannot_finish_in_its_grace(store_url, 
         p.send_signal(signal.SIGTERM)
         out, _ = p.communicate(timeout=20)
         assert p.returncode == 0, (tmp_path / "w1.log").read_text()
-        assert json.loads(out) == {"finished": {}, "parked": 0, "errors": [], "released": [rid]}
+        assert json.loads(out) == {"finished": {}, "parked": 0, "errors": [], "released": [rid],
+                                   "unmatched": []}
         info = j.get_run(rid)
         assert info.status == "running" and info.lease_owner is None  # released, not left to expire
         # Another worker takes it over at once and finishes it.
@@ -264,6 +266,7 @@ def test_sigterm_releases_what_the_worker_cannot_finish_in_its_grace(store_url, 
                               env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["finished"] == {"ok": 1} and time.time() - t0 < 25
-        assert j.get_run(rid).status == "ok" and eg.run(lambda t: None, "t", run_id=rid, journal=j).output == 3
+        assert j.get_run(rid).status == "ok" and eg.run(lambda t: None, "t", run_id=rid, journal=j,
+                                                                 agent_name="steps").output == 3
     finally:
         j.close()

@@ -313,7 +313,8 @@ def test_api_fork_cancel_queued_and_queues_view(store_url, tmp_path):
         eg.queue("mail", concurrency=3, rate=(10, 60), journal=j)
         queued = eg.enqueue("agent", "t", queue="mail", journal=j)
         j.append("held", [NewEvent("run.started", "", {"task": "t"})], 0, lease=("host-a:77:ab", 3600.0))
-        with TestClient(create_app(store_url, routines_dir=tmp_path / "r"), base_url="http://127.0.0.1") as c:
+        app = create_app(store_url, routines_dir=tmp_path / "r", allow_fork=True)
+        with TestClient(app, base_url="http://127.0.0.1") as c:
             r = c.post("/api/runs/src/fork", json={"at_step": 1, "run_id": "forked"})
             assert r.status_code == 200 and r.json() == {"run_id": "forked", "source": "src", "at_step": 1}
             view = c.get("/api/queues").json()

@@ -114,7 +114,7 @@ def server(request, tmp_path_factory):
     finally:
         j.close()
     try:
-        with serve(url, tmp, token=TOKEN) as base:
+        with serve(url, tmp, token=TOKEN, allow_fork=True) as base:  # the fork button forks agent runs
             yield {"base": base, "url": url}
     finally:
         if request.param == "postgres":

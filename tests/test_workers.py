@@ -76,11 +76,11 @@ def test_an_error_outside_the_run_is_retried_once_per_lease_not_in_a_loop(journa
     attempts = collections.Counter()
     real = worker_mod._run_parked
 
-    def flaky(park_after, j, agent, task, run_id, inputs):
+    def flaky(park_after, j, agent, task, run_id, inputs, *rest):
         attempts[run_id] += 1
         if task == "broken":
             raise RuntimeError("store hiccup")
-        return real(park_after, j, agent, task, run_id, inputs)
+        return real(park_after, j, agent, task, run_id, inputs, *rest)
 
     monkeypatch.setattr(worker_mod, "_run_parked", flaky)
 
@@ -118,7 +118,7 @@ def test_worker_runs_queued_runs_within_the_concurrency_limit(journal):
     assert stats.finished == {"ok": 9} and not stats.errors
     assert state["max"] == 2  # the queue's limit, not the worker's 4
     for k, rid in enumerate(ids):
-        r = eg.run(agent, "t", run_id=rid, journal=journal)
+        r = eg.run(agent, "t", run_id=rid, journal=journal, agent_name="agent")  # the name it was queued under
         assert r and r.output == 3 + k and r.executed == 0
     # The low-priority run was claimed last.
     ordered = sorted(ids + [low], key=lambda r: journal.get_run(r).updated)
@@ -164,7 +164,7 @@ def test_sleeping_run_is_parked_and_claimed_again_when_due(journal):
     stats = w.run(until_idle=True)
     assert stats.parked == 1 and stats.finished == {"ok": 2}
     assert order == ["sleeper starts", "quick", "sleeper starts", "sleeper wakes"]
-    assert eg.run(sleeper, "t", run_id=a, journal=journal).output == "rested"
+    assert eg.run(sleeper, "t", run_id=a, journal=journal, agent_name="sleeper").output == "rested"
     assert journal.get_run(b).status != "queued"
 
 

@@ -29,13 +29,14 @@ if TYPE_CHECKING:
     from ._durable.execution import run, run_async
     from ._durable.human import answer, ask, now
     from ._durable.operate import cancel, fork, gc
-    from ._durable.outcome import agent_name
+    from ._durable.identity import agent_name
     from ._durable.patching import patched
     from ._durable.recovery import Recovered, recover
     from ._durable.sleep import sleep, sleep_until
     from ._durable.tools import ToolRegistry, llm, tool, tools
     from ._durable.udf import udf
     from ._errors import (
+        AgentMismatchError,
         ConfigError,
         ConflictError,
         EngrainError,
@@ -108,7 +109,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "cancel": ("._durable.operate", "cancel"),
     "fork": ("._durable.operate", "fork"),
     "gc": ("._durable.operate", "gc"),
-    "agent_name": ("._durable.outcome", "agent_name"),
+    "agent_name": ("._durable.identity", "agent_name"),
     "patched": ("._durable.patching", "patched"),
     "Recovered": ("._durable.recovery", "Recovered"),
     "recover": ("._durable.recovery", "recover"),
@@ -119,6 +120,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "tool": ("._durable.tools", "tool"),
     "tools": ("._durable.tools", "tools"),
     "udf": ("._durable.udf", "udf"),
+    "AgentMismatchError": ("._errors", "AgentMismatchError"),
     "ConfigError": ("._errors", "ConfigError"),
     "ConflictError": ("._errors", "ConflictError"),
     "EngrainError": ("._errors", "EngrainError"),
@@ -233,6 +235,7 @@ __all__ = [
     "SandboxLimitError",
     "sandbox",
     "testing",
+    "AgentMismatchError",
     "ConfigError",
     "ConflictError",
     "EngrainError",

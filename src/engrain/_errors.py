@@ -127,6 +127,18 @@ class NondeterminismError(EngrainError):
         )
 
 
+class AgentMismatchError(EngrainError):
+    """A run was given to code that did not start it: another program, another version of it, or an API client's run.
+
+    ``reason`` says which (see :func:`engrain.run`'s ``upgrade``); the run is left untouched.
+    """
+
+    def __init__(self, run_id: str, reason: str):
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"run {run_id!r} {reason}")
+
+
 class NotJSONError(EngrainError, TypeError):
     """A step argument or result is not a JSON value (None, bool, int, float, str, list, dict)."""
 

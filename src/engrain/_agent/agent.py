@@ -180,7 +180,9 @@ class Agent:
 
         agent_fn.__name__ = self.name
         j = journal or self._journal()
-        res = _run(agent_fn, task, run_id=run_id, journal=j, tags=[f"llm-agent:{self.name}", *(tags or [])])
+        # Named after this agent, so another agent's run is never continued by this one (see eg.agent_name).
+        res = _run(agent_fn, task, run_id=run_id, journal=j, tags=[f"llm-agent:{self.name}", *(tags or [])],
+                   agent_name=f"llm-agent:{self.name}")
         self._learn_after(j, res, emit)
         return res
 
@@ -248,7 +250,7 @@ class Agent:
 
         turn_fn.__name__ = self.name
         res = _run(turn_fn, message, run_id=sessions.turn_id(self.name, session, n), journal=j,
-                   tags=[f"llm-agent:{self.name}", f"session:{session}"])
+                   tags=[f"llm-agent:{self.name}", f"session:{session}"], agent_name=f"llm-agent:{self.name}")
         self._learn_after(j, res, emit)
         return res
 

@@ -19,6 +19,9 @@ UrlOption = Annotated[
     typer.Option("--url", envvar="ENGRAIN_URL", help="Store URL (sqlite:///path.db or postgresql://...)."),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+UpgradeOption = Annotated[
+    bool, typer.Option("--upgrade", help="Also resume runs another version of the agents' code started (a deploy).")
+]
 
 #: The typer app; each command module registers its commands on it.
 app = typer.Typer(

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import OBJECT_SPEC, UrlOption, command, errors_as_exit, fail
+from .common import OBJECT_SPEC, UpgradeOption, UrlOption, command, errors_as_exit, fail
 
 TokenOption = Annotated[
     str | None,
@@ -49,6 +49,10 @@ def serve(
     max_client_streams: Annotated[int, typer.Option(min=1, help="Most open SSE streams per client address; past it 429.")] = 20,
     header_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a client has to send a request's headers (408 after).")] = 10.0,
     write_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a response may wait on a client that stopped reading before the connection is dropped.")] = 30.0,
+    allow_fork: Annotated[
+        bool, typer.Option("--allow-fork", help="Let API clients fork runs the runtime executes (re-executes their later steps).")
+    ] = False,
+    upgrade: UpgradeOption = False,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -58,7 +62,8 @@ def serve(
         from .._server.connections import server_config
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
-                         tools_dir=tools_dir, max_streams=max_streams, max_client_streams=max_client_streams)
+                         tools_dir=tools_dir, max_streams=max_streams, max_client_streams=max_client_streams,
+                         allow_fork=allow_fork, upgrade_agents=upgrade)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .common import OBJECT_SPEC, JsonOption, UrlOption, command, errors_as_exit, fail, open_store, print_json
+from .common import OBJECT_SPEC, JsonOption, UpgradeOption, UrlOption, command, errors_as_exit, fail, open_store, print_json
 from .operate import json_object
 
 
@@ -25,6 +25,7 @@ def worker(
     otel: Annotated[
         bool, typer.Option("--otel", help="Export runs as OpenTelemetry spans (OTEL_TRACES_EXPORTER=otlp or console).")
     ] = False,
+    upgrade: UpgradeOption = False,
     url: UrlOption = None,
 ) -> None:
     """Claim and execute queued runs (and runs whose worker died) until SIGTERM; finishes what it holds first."""
@@ -52,7 +53,7 @@ def worker(
 
             provider = instrument_from_env()[1]
         w = Worker(open_store(url), table, list(queue or ["default"]), concurrency=concurrency, park_after=park_after,
-                   grace=grace)
+                   grace=grace, upgrade=upgrade)
     w.install_signal_handlers()
     typer.echo(f"worker: queues {', '.join(w.queues)}; agents {', '.join(sorted(table))}; concurrency {concurrency}", err=True)
     stats = w.run(until_idle=until_idle)

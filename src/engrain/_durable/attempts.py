@@ -36,6 +36,7 @@ class _Pending:
     logged: bool = False
     started: float = 0.0
     errors: list[str] = field(default_factory=list)  # "Type: message" of the failed attempts so far
+    digest: str | None = None  # of the arguments before the call (see ``steps.args_digest``), where checked
 
 
 def _question(rec: StepRecord) -> dict[str, Any]:
@@ -67,6 +68,8 @@ class StepWriter:
     def _log_start(self, p: _Pending) -> None:
         """Journal a durable ``step.started``: on resume, a start without an outcome asks a human."""
         data = {"call_id": p.call_id, "type": p.type, "args": p.args, "attempt": p.attempt, "at_most_once": True}
+        if p.digest is not None:
+            data["ad"] = p.digest
         self.append(ev.STEP_STARTED, p.name, data)
         p.started = time.time()
         p.logged = True
@@ -75,6 +78,8 @@ class StepWriter:
         """``data`` plus what a completion-only step's event must carry (type, arguments, start time)."""
         if not p.logged:
             data["type"], data["args"], data["started"] = p.type, p.args, p.started
+            if p.digest is not None:
+                data["ad"] = p.digest
         if p.attempt > 1:
             data["attempt"] = p.attempt
         return data

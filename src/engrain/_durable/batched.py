@@ -19,8 +19,9 @@ from .._events import NewEvent
 from .._journal import Journal
 from .context import RunContext, RunResult, _current, _Pending, check_args
 from .execution import _finish_error, _finish_ok
+from .identity import fingerprint
 from .outcome import agent_name
-from .steps import DEFAULT_POLICY, StepPolicy
+from .steps import ARGS_CHECKED, DEFAULT_POLICY, StepPolicy, args_digest
 
 
 class BufferedContext(RunContext):
@@ -55,7 +56,10 @@ class BufferedContext(RunContext):
             self.cursor += 1
         check_args(type_, name, args)
         self.executed += 1
-        return _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, 1, False, time.time())
+        p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, 1, False, time.time())
+        if self.write and type_ in ARGS_CHECKED:
+            p.digest = args_digest(args)  # journaled as a durable run's step is
+        return p
 
     def flush(self) -> None:
         """Append every buffered event in one transaction."""
@@ -67,7 +71,11 @@ class BufferedContext(RunContext):
 def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool, agent: Callable[..., Any]) -> BufferedContext:
     ctx = BufferedContext(journal, run_id, write)
     if write:  # the run's record is built only when it is kept
-        ctx.append(ev.RUN_STARTED, "", {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent)})
+        data = {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent)}
+        code = fingerprint(agent)
+        if code is not None:  # as a durable run records it
+            data["agent_code"] = code
+        ctx.append(ev.RUN_STARTED, "", data)
     return ctx
 
 

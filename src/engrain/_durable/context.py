@@ -34,10 +34,13 @@ from .._journal import Journal, default_url, open_journal
 from . import observe
 from .attempts import StepWriter, _Pending, _question
 from .steps import (
+    ARGS_CHECKED,
     DEFAULT_POLICY,
     StepPolicy,
     StepRecord,
+    args_digest,
     replay,
+    same_args,
     steps_of,
 )
 
@@ -181,6 +184,11 @@ class RunContext(StepWriter):
                         " in the code until no such run is in flight",)
         return err
 
+    def _args_mismatch(self, call_id: int, rec: StepRecord, args: dict[str, Any]) -> NondeterminismError:
+        """The error for a step called with other arguments than the journal recorded for it."""
+        return NondeterminismError(self.run_id, call_id, f"{rec.name}({_args_text(rec.args)})",
+                                   f"{rec.name}({_args_text(args)})")
+
     def append(
         self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
         json_checked: bool = False, wait: bool = True,
@@ -213,18 +221,23 @@ class RunContext(StepWriter):
                 raise
             self.seq += 1
 
-    def replay_next(self, name: str) -> StepRecord | None:
+    def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None) -> StepRecord | None:
         """The next step's record when the journal completed it as ``name``: a tool call's replay fast path.
 
-        Anything else (a new step, another name, a failure, a step to retry or
-        to ask about) returns ``None`` without taking the step, and the caller
-        goes through :meth:`call`, which handles every case.
+        ``args``: the call's arguments, compared with the recorded ones: a dict
+        by name, a tuple by their values in the recorded order (``None``: not
+        compared, see ``ARGS_CHECKED``). Anything else (a new step, another name or other
+        arguments, a failure, a step to retry or to ask about) returns ``None``
+        without taking the step, and the caller goes through :meth:`call`,
+        which handles every case (and names both calls when they differ).
         """
         if self.cursor not in self.steps:
             return None  # a new step: the executed path pays one dict lookup for this fast path, no lock
         with self._lock:
             rec = self.steps.get(self.cursor)
             if rec is None or rec.state != "completed" or rec.name != name:
+                return None
+            if args is not None and (tuple(rec.args.values()) if type(args) is tuple else rec.args) != args:
                 return None
             self.cursor += 1
             self.replayed += 1
@@ -243,6 +256,9 @@ class RunContext(StepWriter):
         if rec is not None:
             if rec.name != name:
                 raise self._mismatch(call_id, rec, name)
+            if type_ in ARGS_CHECKED and not same_args(rec, args):
+                # Its recorded outcome is another call's: never hand it to this one.
+                raise self._args_mismatch(call_id, rec, args)
             state = rec.state
             if state == "completed" or state == "failed":
                 self.replayed += 1
@@ -267,6 +283,8 @@ class RunContext(StepWriter):
         else:
             check_args(type_, name, args)
         p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, attempt)
+        if type_ in ARGS_CHECKED:
+            p.digest = args_digest(args)  # now: the call may change what it was given
         if rec is not None and rec.errors:
             p.errors = list(rec.errors)
         if policy.at_most_once:
@@ -366,6 +384,12 @@ class RunContext(StepWriter):
             self.replayed += 1
             return rec.result
         raise _Suspend(request)
+
+
+def _args_text(args: dict[str, Any], limit: int = 300) -> str:
+    """``k=v, ...`` of a step's arguments for a message, cut to ``limit`` characters."""
+    text = ", ".join(f"{k}={v!r}" for k, v in args.items())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _observe_replay(ctx: RunContext, rec: StepRecord) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _events as ev
 from .._errors import (
+    AgentMismatchError,
     ConflictError,
     EngrainError,
     LeaseHeldError,
@@ -34,6 +35,7 @@ from .context import (
     default_journal,
     new_run_id,
 )
+from .identity import fingerprint, refusal
 from .lease import Lease
 from .outcome import agent_name as _name_of
 from .outcome import check_agent_name, failure, failure_report
@@ -50,10 +52,14 @@ def _start(
     lease: Lease | None = None,
     agent: str | None = None,
     fresh: bool = False,
+    code: str | None = None,
+    upgrade: bool = False,
 ) -> tuple[list[ev.Event], RunResult | None]:
     """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
 
-    ``agent`` is the agent name a new run records, which :func:`~engrain.recover` matches.
+    ``agent`` and ``code`` are the agent name and code fingerprint a new run records
+    (see :mod:`.identity`), which an existing run must match (:class:`AgentMismatchError`
+    otherwise; ``upgrade``: another version of the code may resume it).
     ``fresh``: ``run_id`` was just made by :func:`new_run_id`, so there is nothing to read
     (were it taken after all, creating the run raises :class:`ConflictError`).
     """
@@ -62,17 +68,23 @@ def _start(
         data: dict[str, Any] = {"task": task, "inputs": inputs, "tags": tags}
         if agent is not None:
             data["agent"] = agent
+        if code is not None:
+            data["agent_code"] = code
         check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
         events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
         if lease is not None:
             lease.take()
         return events, None
+    last = events[-1]
+    finished = last.kind in _FINISHED_KINDS
+    why = refusal(events[0].data, agent, code, upgrade=upgrade, finished=finished)
+    if why is not None:  # first: another program's run is not this one's, whatever its task
+        raise AgentMismatchError(run_id, why)
     recorded = events[0].data.get("task")
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
-    last = events[-1]
-    if last.kind not in _FINISHED_KINDS:
+    if not finished:
         return events, None  # resumable: the common case, so the count below is not paid for it
     steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
     if last.kind == ev.RUN_COMPLETED:
@@ -131,6 +143,8 @@ class _Execution:
         tags: list[str] | None,
         journal: Journal | None,
         agent: str,
+        code: str | None,
+        upgrade: bool,
     ):
         self.task = task
         self.journal = journal or default_journal()
@@ -138,7 +152,7 @@ class _Execution:
         self.inputs = dict(inputs or {})
         self._lease = lease = Lease(self.journal, self.run_id)
         events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
-                                   fresh=not run_id)
+                                   fresh=not run_id, code=code, upgrade=upgrade)
         if self.done is None and not lease.held:
             # Resuming: take the lease, then read again. A dead executor's last
             # append may have landed after the first read (PostgreSQL finishes
@@ -147,7 +161,7 @@ class _Execution:
             lease.acquire()
             if len(self.journal.read(self.run_id, after=len(events) - 1)):
                 events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease,
-                                           agent)
+                                           agent, code=code, upgrade=upgrade)
                 if self.done is not None:
                     lease.__exit__(None, None, None)
         self.ctx = RunContext(self.journal, self.run_id, events)
@@ -225,6 +239,7 @@ def run(
     tags: list[str] | None = None,
     journal: Journal | None = None,
     agent_name: str | None = None,
+    upgrade: bool = False,
 ) -> RunResult:
     """Run ``agent(task, **inputs)`` durably and return its :class:`RunResult`.
 
@@ -235,16 +250,24 @@ def run(
     Async agents are run with :func:`asyncio.run`; inside an event loop use
     :func:`run_async`.
 
-    A new run records the agent's name in ``run.started``: ``agent_name`` if
-    given, else ``module:qualname`` of ``agent``. :func:`~engrain.recover`
-    resumes a run only with an agent of that name.
+    A new run records who started it in ``run.started``: the agent's name
+    (``agent_name`` if given, else ``module:qualname`` of ``agent``, a script
+    named by its path) and a fingerprint of its code and tools (see
+    :func:`~engrain.agent_name`). An existing ``run_id`` is resumed only by
+    that agent: another name, or a run an HTTP API client created, raises
+    :class:`~engrain.AgentMismatchError` and leaves the run untouched; so does
+    another version of the agent's code, unless ``upgrade=True`` says this
+    code replays it (a deploy, with changed steps behind
+    :func:`~engrain.patched`). A replayed step called with other arguments
+    than recorded ends the run with :class:`~engrain.NondeterminismError`.
 
     An exception from the agent ends the run ``failed`` with the error and its
     traceback journaled in ``run.failed``; so do a
     :class:`~engrain.NondeterminismError` and an output that is not JSON, which
     no resume could fix. Only :class:`~engrain.ConflictError` and
     :class:`~engrain.LeaseHeldError` (another executor has the run) propagate
-    and leave the run resumable.
+    and leave the run resumable, as does :class:`~engrain.AgentMismatchError`,
+    raised before anything is written.
     """
     import inspect  # lazily, like asyncio below: both weigh on every CLI start
 
@@ -252,10 +275,11 @@ def run(
         import asyncio  # lazily: importing asyncio costs ~40 ms of start-up for every CLI command
 
         return asyncio.run(
-            run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal, agent_name=agent_name)
+            run_async(agent, task, run_id=run_id, inputs=inputs, tags=tags, journal=journal, agent_name=agent_name,
+                      upgrade=upgrade)
         )
     name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
-    ex = _Execution(task, run_id, inputs, tags, journal, name)
+    ex = _Execution(task, run_id, inputs, tags, journal, name, fingerprint(agent), upgrade)
     if ex.done is not None:
         return ex.done
     with ex:
@@ -275,10 +299,11 @@ async def run_async(
     tags: list[str] | None = None,
     journal: Journal | None = None,
     agent_name: str | None = None,
+    upgrade: bool = False,
 ) -> RunResult:
     """Async :func:`run` for coroutine agents."""
     name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
-    ex = _Execution(task, run_id, inputs, tags, journal, name)
+    ex = _Execution(task, run_id, inputs, tags, journal, name, fingerprint(agent), upgrade)
     if ex.done is not None:
         return ex.done
     with ex:

@@ -1,37 +1,22 @@
 """What a run records about its agent: the agent's name at the start, its failure at the end.
 
-The name in ``run.started`` is how :func:`~engrain.recover` knows which agent
-may resume a run; the ``run.failed`` record keeps the error and its traceback
-(bounded) for ``engrain show`` and the web UI.
+The name in ``run.started`` (see :mod:`.identity`) is how :func:`~engrain.recover`
+knows which agent may resume a run; the ``run.failed`` record keeps the error
+and its traceback (bounded) for ``engrain show`` and the web UI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .._errors import ConfigError, StepFailedError
 from .._events import storable_text
+from .identity import AGENT_NAME_LIMIT, agent_name
 
-#: Longest agent name a run records.
-AGENT_NAME_LIMIT = 200
 #: Most characters of a traceback kept in ``run.failed`` (its end: the innermost frames).
 TRACEBACK_LIMIT = 16_000
 
-
-def agent_name(agent: Callable[..., Any]) -> str:
-    """The name a run of ``agent`` records when no ``agent_name`` is given: ``module:qualname``.
-
-    A ``functools.partial`` is named after its function, a callable object after its class.
-    """
-    import functools
-
-    fn: Any = agent
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if not isinstance(getattr(fn, "__qualname__", None), str):
-        fn = type(fn)
-    return f"{getattr(fn, '__module__', None) or '?'}:{fn.__qualname__}"[:AGENT_NAME_LIMIT]
+__all__ = ["AGENT_NAME_LIMIT", "agent_name", "check_agent_name", "failure", "failure_report", "traceback_text"]
 
 
 def check_agent_name(name: Any) -> str:

@@ -91,6 +91,7 @@ class StepRecord:
     at_most_once: bool = False
     retry_at: float = 0.0  # wall time of the next attempt while ``retrying``
     errors: list[str] | None = None  # "Type: message" of each failed attempt
+    digest: str | None = None  # of the arguments as the call began (``ad``, see ``args_digest``)
 
 
 def _record(steps: dict[int, StepRecord], e: ev.Event) -> StepRecord:
@@ -99,7 +100,8 @@ def _record(steps: dict[int, StepRecord], e: ev.Event) -> StepRecord:
     cid = d["call_id"]
     rec = steps.get(cid)
     if rec is None:
-        rec = steps[cid] = StepRecord(cid, e.name, d.get("type", "tool"), d.get("args") or {}, attempts=0)
+        rec = steps[cid] = StepRecord(cid, e.name, d.get("type", "tool"), d.get("args") or {}, attempts=0,
+                                      digest=d.get("ad"))
     return rec
 
 
@@ -116,8 +118,10 @@ def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
             if rec is None:
                 # The common event of a long run (a completion-only step), built in one go:
                 # resuming a 10k-step run folds 10k of these.
+                # Every field positionally: keyword arguments cost more, 10k times.
                 steps[cid] = StepRecord(cid, e.name, d.get("type", "tool"), d.get("args") or {},
-                                        d.get("attempt", 1), "completed", d.get("result"))
+                                        d.get("attempt", 1), "completed", d.get("result"), "", "", "", False, 0.0,
+                                        None, d.get("ad"))
             else:
                 rec.state, rec.result = "completed", d.get("result")
                 rec.attempts = max(rec.attempts, d.get("attempt", 1))
@@ -126,7 +130,7 @@ def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
             if rec is None:
                 steps[d["call_id"]] = StepRecord(
                     d["call_id"], e.name, d.get("type", "tool"), d.get("args") or {},
-                    attempts=d.get("attempt", 1), at_most_once=bool(d.get("at_most_once")),
+                    attempts=d.get("attempt", 1), at_most_once=bool(d.get("at_most_once")), digest=d.get("ad"),
                 )
             else:
                 rec.attempts = max(rec.attempts + 1, d.get("attempt", 1))
@@ -181,6 +185,39 @@ def check_at_most_once_answer(name: str, answers: Any) -> None:
             f"step {name!r} asks whether it happened: answer with exactly one of"
             f" {{'result': ...}}, {{'retry': True}} or {{'error': 'message'}}, got {answers!r}"
         )
+
+
+#: Step types whose arguments identify the call: a replayed one called with other arguments is another step.
+#: LLM calls, clock reads, sleeps and patch markers are matched by name only: their arguments carry
+#: conversation state that frameworks rebuild with fresh timestamps and ids on every run.
+ARGS_CHECKED = frozenset({"tool", "udf"})
+
+
+_blake2b: Any = None
+
+
+def args_digest(args: dict[str, Any]) -> str:
+    """A digest of strictly JSON ``args`` (recorded as ``ad``, taken before the call can change them)."""
+    global _blake2b
+    if _blake2b is None:
+        from hashlib import blake2b  # lazily: hashlib (OpenSSL) costs ~20 ms of start-up
+
+        _blake2b = blake2b
+    return _blake2b(ev.dumps_checked(args).encode(), digest_size=8).hexdigest()
+
+
+def same_args(rec: StepRecord, args: dict[str, Any]) -> bool:
+    """True when a call with ``args`` is the call ``rec`` recorded (equal as JSON values)."""
+    if args == rec.args:
+        return True  # the common case: no encoding
+    try:
+        if rec.digest is not None:
+            # The recorded arguments may have been changed by the call itself (recorded after it): the
+            # digest was taken before.
+            return args_digest(args) == rec.digest
+        return ev.dumps(args) == ev.dumps(rec.args)
+    except (TypeError, ValueError):  # not JSON: not what was recorded
+        return False
 
 
 def replay(rec: StepRecord) -> Any:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 
 from .._errors import EngrainError
 from .context import _current
-from .steps import DEFAULT_POLICY, StepPolicy
+from .steps import ARGS_CHECKED, DEFAULT_POLICY, StepPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 builtins_type = type  # ``tool`` has a parameter named ``type``
@@ -121,6 +121,17 @@ def validate_tool_name(name: str) -> str:
 def default_name(fn: Callable[..., Any]) -> str:
     """``module-free qualified name``: ``fetch`` for a function, ``Browser.click`` for a method."""
     return fn.__qualname__.rsplit("<locals>.", 1)[-1]
+
+
+def _arity(fn: Callable[..., Any]) -> tuple[bool, int]:
+    """(first parameter is ``self``/``cls``, which the journal does not record; the number of
+    positional values that give every parameter, or -1 when no positional call does)."""
+    import inspect  # lazily: as _binder
+
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or code.co_kwonlyargcount:
+        return False, -1
+    return bool(code.co_argcount and code.co_varnames[0] in ("self", "cls")), code.co_argcount
 
 
 def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
@@ -237,6 +248,19 @@ def tool(
 
         step_name = validate_tool_name(name or default_name(f))
         bind = _binder(f)
+        # A replayed call with other arguments is another step. A call giving every parameter
+        # positionally (the common one) is compared by its values with the recorded arguments'
+        # (recorded in signature order, without self), binding nothing; others are bound first.
+        checked = type in ARGS_CHECKED
+        method, full = _arity(f)
+
+        def replayed(ctx: Any, args: tuple, kwargs: dict) -> tuple[Any, dict[str, Any] | None]:
+            """The step's record if the journal completed this call given otherwise than positionally (and its
+            bound arguments, if bound)."""
+            if not checked:
+                return ctx.replay_next(step_name), None
+            bound = bind(args, kwargs)
+            return ctx.replay_next(step_name, bound), bound
 
         if inspect.iscoroutinefunction(f):
 
@@ -245,9 +269,14 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return await f(*args, **kwargs)
-                if (rec := ctx.replay_next(step_name)) is not None:
+                if checked and not kwargs and len(args) == full:  # the common call, without a helper's call
+                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args), None
+                else:
+                    rec, bound = replayed(ctx, args, kwargs)
+                if rec is not None:
                     return rec.result
-                return await ctx.acall(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
+                bound = bind(args, kwargs) if bound is None else bound
+                return await ctx.acall(step_name, type, bound, lambda: f(*args, **kwargs), policy)
 
             wrapper: Callable[..., Any] = awrapper
         else:
@@ -257,9 +286,14 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                if (rec := ctx.replay_next(step_name)) is not None:  # a resumed run: no binding, no thunk
+                if checked and not kwargs and len(args) == full:  # the common call, without a helper's call
+                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args), None
+                else:
+                    rec, bound = replayed(ctx, args, kwargs)
+                if rec is not None:  # a resumed run: no thunk
                     return rec.result
-                return ctx.call(step_name, type, bind(args, kwargs), lambda: f(*args, **kwargs), policy)
+                bound = bind(args, kwargs) if bound is None else bound
+                return ctx.call(step_name, type, bound, lambda: f(*args, **kwargs), policy)
 
             wrapper = swrapper
         wrapper.__engrain_step__ = {"name": step_name, "type": type, "policy": policy}  # type: ignore[attr-defined]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._events import (
+    CLIENT_TAG,
     INPUT_RECEIVED,
     INPUT_REQUESTED,
     KINDS,
@@ -116,13 +117,39 @@ def agent_of(started: dict) -> str | None:
     return agent if isinstance(agent, str) and agent else None
 
 
-def agents_filter(agents: Collection[str | None], column: str, placeholder: str) -> tuple[str, list[str]]:
-    """A SQL condition (and its arguments) true for rows whose ``column`` is one of ``agents``; ``None`` matches NULL."""
-    names = sorted({a for a in agents if a is not None})
+#: Agents a claim may take runs of: names (``None`` for runs that record none), or a mapping of
+#: name to the code fingerprint its runs must record (``None``: any), see ``Journal.claim_runs``.
+Agents = Collection[str | None] | Mapping[str | None, str | None]
+
+
+def agents_filter(agents: Agents, column: str, placeholder: str, code: str = "NULL") -> tuple[str, list[str]]:
+    """A SQL condition (and its arguments) true for rows whose ``column`` is one of ``agents``; ``None`` matches NULL.
+
+    With a mapping, a name's runs must also record its code: ``code`` is the SQL expression
+    of a run's recorded ``agent_code`` (NULL for runs recorded without one, which match by name).
+    """
+    codes: Mapping[str | None, str | None] = agents if isinstance(agents, Mapping) else dict.fromkeys(agents)
+    names = sorted(a for a, c in codes.items() if a is not None and c is None)
     parts = [f"{column} IN ({', '.join([placeholder] * len(names))})"] if names else []
-    if None in agents:
+    for name in sorted(a for a, c in codes.items() if a is not None and c is not None):
+        parts.append(f"({column} = {placeholder} AND COALESCE({code}, {placeholder}) = {placeholder})")
+        names += [name, codes[name], codes[name]]  # type: ignore[list-item]
+    if None in codes:
         parts.append(f"{column} IS NULL")
     return "(" + (" OR ".join(parts) or "1 = 0") + ")", names
+
+
+def trust_sql(pg: bool, runs: str) -> tuple[str, str]:
+    """SQL over the runs row ``runs`` (a table name or alias): the ``agent_code`` its ``run.started``
+    records, and a condition true unless the run is an API client's (tagged ``client`` by the server).
+
+    Claims use both: a run is handed only to the code that started it, and a client's run to none.
+    """
+    if pg:
+        code = f"(SELECT e.data::json ->> 'agent_code' FROM engrain_events e WHERE e.run_id = {runs}.run_id AND e.seq = 0)"
+        return code, f"NOT ({runs}.tags @> '[\"{CLIENT_TAG}\"]'::jsonb)"
+    code = f"(SELECT json_extract(e.data, '$.agent_code') FROM events e WHERE e.run_id = {runs}.run_id AND e.seq = 0)"
+    return code, f"NOT EXISTS (SELECT 1 FROM json_each({runs}.tags) WHERE value = '{CLIENT_TAG}')"
 
 
 def check_lease(lease: tuple[str, float] | None, expected_seq: int) -> tuple[str, float] | None:

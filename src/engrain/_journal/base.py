@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._events import Event, NewEvent, RunInfo
+from ._common import Agents
 
 
 class Journal(abc.ABC):
@@ -159,7 +160,7 @@ class Journal(abc.ABC):
 
     @abc.abstractmethod
     def claim_runs(
-        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Agents | None = None
     ) -> list[RunInfo]:
         """Lease up to ``limit`` unfinished (``running``) runs whose lease is free or expired.
 
@@ -168,7 +169,10 @@ class Journal(abc.ABC):
         Concurrent claimers never receive the same run: this is how a fleet of
         workers splits the recovery of runs whose process died. With ``agents``,
         only runs whose recorded agent name (``RunInfo.agent``) is in it are
-        claimed, ``None`` standing for runs that record none; others are not touched.
+        claimed, ``None`` standing for runs that record none; given as a mapping
+        of name to code fingerprint, a name's runs must also record that
+        ``agent_code`` (or none; ``None`` for any). Runs an API client created
+        (tagged ``client``) are never claimed. Others are not touched.
         """
 
     @abc.abstractmethod

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
 from .._events import Event, NewEvent, RunInfo, loads_many
-from ._common import FINISHED, agents_filter, check_lease, prepare, run_filters
+from ._common import FINISHED, Agents, agents_filter, check_lease, prepare, run_filters, trust_sql
 from ._common import redact_url as _redact
 from .base import Journal
 from .postgres_schema import migrate
@@ -248,15 +248,18 @@ class PostgresJournal(Journal):
             )
 
     def claim_runs(
-        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Agents | None = None
     ) -> list[RunInfo]:
-        which, names = ("", []) if agents is None else agents_filter(agents, "agent", "%s")
+        code, not_client = trust_sql(True, "engrain_runs")
+        which, names = (not_client, []) if agents is None else agents_filter(agents, "agent", "%s", code)
+        if agents is not None:
+            which = f"{which} AND {not_client}"
         with self._lock:
             self._settle()
             rows = self._db.execute(
                 f"UPDATE engrain_runs SET {_TAKE}"
                 " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
-                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}){' AND ' + which if which else ''}"
+                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}) AND {which}"
                 " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
                 f" RETURNING {_RUN_COLS}",
                 (owner, owner, ttl, *names, limit),

@@ -13,7 +13,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from .._errors import (
@@ -29,11 +29,13 @@ from .._events import Event, NewEvent, RunInfo, loads, loads_many
 from ._common import (
     FINISH_KINDS,
     FINISHED,
+    Agents,
     agents_filter,
     check_lease,
     prepare,
     prepare_row,
     run_filters,
+    trust_sql,
 )
 from .base import Journal
 from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
@@ -339,11 +341,14 @@ class SQLiteJournal(Journal):
             )
 
     def claim_runs(
-        self, owner: str, ttl: float, limit: int = 10, *, agents: Collection[str | None] | None = None
+        self, owner: str, ttl: float, limit: int = 10, *, agents: Agents | None = None
     ) -> list[RunInfo]:
         now = self._now()
         db = self._db
-        which, names = ("", []) if agents is None else agents_filter(agents, "agent", "?")
+        code, not_client = trust_sql(False, "runs")
+        which, names = (not_client, []) if agents is None else agents_filter(agents, "agent", "?", code)
+        if agents is not None:
+            which = f"{which} AND {not_client}"
         with self._lock:
             # BEGIN IMMEDIATE takes the database write lock, so two processes
             # claiming at once are serialized and never get the same run.
@@ -353,7 +358,7 @@ class SQLiteJournal(Journal):
                     r[0]
                     for r in db.execute(
                         "SELECT run_id FROM runs WHERE status = 'running'"
-                        f" AND (lease_until IS NULL OR lease_until < ?){' AND ' + which if which else ''}"
+                        f" AND (lease_until IS NULL OR lease_until < ?) AND {which}"
                         " ORDER BY updated LIMIT ?",
                         (now, *names, limit),
                     )

@@ -6,10 +6,12 @@ runs ``engrain.run(agent, task, inputs=...)`` on the server's journal in a
 worker thread, and an answer to one of its prompts resumes it there: the agent
 starts again from the top and every journaled step returns its recorded result.
 
-A run started here is tagged ``agent`` and ``agent:<name>``, so any server with
-the same name registered can resume it. Which code runs is decided only by this
-server's registry; the journal merely selects a name from it, so a client that
-writes events by hand can run nothing it could not start with ``POST /runs``.
+A run started here is tagged ``agent`` and ``agent:<name>`` and records the
+agent's code fingerprint (see ``engrain._durable.identity``), so a server with
+the same name registered and the same code can resume it (another version only
+with ``upgrade``). Which code runs is decided only by this server's registry;
+the journal merely selects a name from it, so a client that writes events by
+hand can run nothing it could not start with ``POST /runs``.
 
 The request waits up to ``wait`` seconds for the run to finish or ask for
 input; after that it answers ``status: "running"`` and the thread carries on.
@@ -99,9 +101,11 @@ class AgentRunner:
     two threads of one server would both hold a run's lease.
     """
 
-    def __init__(self, state: Any, agents: dict[str, Callable[..., Any]], workers: int = MAX_WORKERS):
+    def __init__(self, state: Any, agents: dict[str, Callable[..., Any]], workers: int = MAX_WORKERS,
+                 upgrade: bool = False):
         self.state = state
         self.agents = agents
+        self.upgrade = upgrade  # resume runs another version of an agent's code started (a deploy)
         self._slots = threading.BoundedSemaphore(workers)
         self._lock = threading.Lock()
         self._active: dict[str, Future[Any]] = {}
@@ -118,6 +122,7 @@ class AgentRunner:
         """Start (or continue, for an unfinished ``run_id``) a run of agent ``name``."""
         from .._durable.context import new_run_id
         from .._durable.execution import _start
+        from .._durable.identity import fingerprint
 
         agent = self.get(name)
         if run_id is not None and (not run_id.strip() or run_id != run_id.strip()):
@@ -133,18 +138,24 @@ class AgentRunner:
             # Create the run before answering, so the returned id is visible at once, and
             # refuse a task or inputs mismatch here rather than in the thread.
             # The registered name is the run's agent name, so recover({name: fn}) resumes it.
-            _, done = _start(self.state.journal, run_id, task, inputs, [AGENT_TAG, f"{AGENT_TAG}:{name}"], agent=name)
+            _, done = _start(self.state.journal, run_id, task, inputs, [AGENT_TAG, f"{AGENT_TAG}:{name}"], agent=name,
+                             code=fingerprint(agent), upgrade=self.upgrade)
             if done is not None:
                 self._release(run_id)
                 return done.to_dict()
         except BaseException:
             self._release(run_id)
             raise
-        return self._execute(fut, agent, task, inputs, run_id, wait)
+        return self._execute(fut, agent, name, task, inputs, run_id, wait)
 
     def resume(self, name: str, run_id: str, events: list[Event], record: Callable[[], None], wait: float) -> dict[str, Any]:
         """Call ``record`` (which stores the answers), then run agent ``name`` again on ``run_id``."""
+        from .._durable.identity import fingerprint, refusal
+
         agent = self.get(name)
+        why = refusal(events[0].data, name, fingerprint(agent), upgrade=self.upgrade)
+        if why is not None:  # before the answer is recorded: the run keeps waiting for one its agent can use
+            raise ApiError(409, "AgentMismatchError", f"run {run_id!r} {why}")
         fut = self._reserve(run_id)
         try:
             record()
@@ -152,7 +163,7 @@ class AgentRunner:
             self._release(run_id)
             raise
         started = events[0].data
-        return self._execute(fut, agent, started.get("task", ""), dict(started.get("inputs") or {}), run_id, wait)
+        return self._execute(fut, agent, name, started.get("task", ""), dict(started.get("inputs") or {}), run_id, wait)
 
     def _reserve(self, run_id: str) -> Future[Any]:
         # A run that just asked for input is still unwinding for a moment: give it that moment.
@@ -176,7 +187,7 @@ class AgentRunner:
         if fut is not None and not fut.done():
             fut.cancel()
 
-    def _execute(self, fut: Future[Any], agent: Callable[..., Any], task: str, inputs: dict[str, Any],
+    def _execute(self, fut: Future[Any], agent: Callable[..., Any], name: str, task: str, inputs: dict[str, Any],
                  run_id: str, wait: float) -> dict[str, Any]:
         journal = self.state.journal
 
@@ -187,7 +198,8 @@ class AgentRunner:
                 fut.set_running_or_notify_cancel()
                 outcome: Any
                 try:
-                    outcome = run(agent, task, run_id=run_id, inputs=inputs, journal=journal).to_dict()
+                    outcome = run(agent, task, run_id=run_id, inputs=inputs, journal=journal, agent_name=name,
+                                  upgrade=self.upgrade).to_dict()
                 except Exception as e:  # noqa: BLE001 - reported to the waiting request, or logged
                     outcome = e
                 except BaseException as e:  # noqa: BLE001 - SystemExit in an agent must not stop the server

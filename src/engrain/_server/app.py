@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._errors import (
+    AgentMismatchError,
     ConfigError,
     ConflictError,
     EngrainError,
@@ -114,6 +115,7 @@ _STATUS: list[tuple[type[BaseException], int]] = [
     (RunNotFoundError, 404),
     (ConflictError, 409),
     (LeaseHeldError, 409),
+    (AgentMismatchError, 409),
     (NotJSONError, 422),
     (TraceError, 422),
     (ConfigError, 400),
@@ -234,6 +236,8 @@ def create_app(
     tools_dir: str | os.PathLike[str] | None = None,
     max_streams: int | None = None,
     max_client_streams: int | None = None,
+    allow_fork: bool = False,
+    upgrade_agents: bool = False,
 ) -> FastAPI:
     """The engrain HTTP API (and web UI) over the store at ``url``.
 
@@ -244,7 +248,12 @@ def create_app(
     ``agents`` is a dict name -> agent callable (or ``"module:attr"`` naming one)
     that ``POST /api/runs`` may start and an answer resumes. LLM agents created
     with ``POST /api/agents`` pick their tools by name from ``tools`` and the
-    WASM tools of ``tools_dir``.
+    WASM tools of ``tools_dir``. ``upgrade_agents``: an answer may resume a run
+    that another version of its agent's code started (a deploy).
+    ``allow_fork``: ``POST /api/runs/{id}/fork`` may fork runs the runtime
+    executes (agents, routines, ``engrain.run``), which queues their later steps
+    for execution again; without it only an API client's own runs fork over
+    HTTP, and ``engrain fork`` / :func:`engrain.fork` stay the operator's way.
 
     On loopback without a token, requests whose ``Host`` is not a loopback
     name/address get 421 and cross-site ``Origin`` headers get 403 (DNS rebinding);
@@ -272,11 +281,12 @@ def create_app(
 
     registry = load_agents(agents)
     state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools)
-    state.agents = AgentRunner(state, registry)
+    state.agents = AgentRunner(state, registry, upgrade=upgrade_agents)
     from .streams import MAX_CLIENT_STREAMS, MAX_STREAMS, StreamHub, StreamSlots
 
     state.slots = StreamSlots(max_streams or MAX_STREAMS, max_client_streams or MAX_CLIENT_STREAMS)
     state.hub = StreamHub(lambda: state.journal)
+    state.allow_fork = bool(allow_fork)
     from .llm_agents import LLMAgents, build_tools
 
     state.llm_agents = LLMAgents(state, build_tools(tools, str(tools_dir) if tools_dir else None))

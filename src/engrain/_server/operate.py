@@ -23,11 +23,26 @@ class Fork(Body):
 
 @router.post("/runs/{run_id}/fork")
 def fork_run(request: Request, run_id: str, body: Fork) -> dict[str, Any]:
-    """A new run reusing the recorded results of the first ``at_step`` steps; resume it with its agent."""
+    """A new run reusing the recorded results of the first ``at_step`` steps; resume it with its agent.
+
+    A fork of a run the runtime executes (an agent's, a routine's, ``engrain.run``'s) is
+    resumed by its agent, which executes the steps from ``at_step`` again: only a server
+    started with ``--allow-fork`` lets API clients do that (403 ``ForkNotAllowedError``
+    otherwise; ``engrain fork`` and ``engrain.fork`` are the operator's way). A client's own
+    run forks freely: the fork is the client's too, never executed.
+    """
+    from .._durable.identity import is_client_run
     from .._durable.operate import fork
 
     state = state_of(request)
     _require(request, run_id)
+    if not state.allow_fork:
+        head = state.journal.read(run_id, -1)[:1]
+        if not (head and is_client_run(head[0].data)):
+            raise ApiError(403, "ForkNotAllowedError",
+                           f"run {run_id!r} is executed by engrain's runtime: forking it over HTTP re-executes its"
+                           " later steps, which this server does not allow (start it with --allow-fork, or fork"
+                           " with `engrain fork` / engrain.fork)")
     try:
         new = fork(run_id, body.at_step, run_id=body.run_id, journal=state.journal)
     except EngrainError as e:

@@ -289,10 +289,11 @@ def _client_events(journal: Any, run_id: str, body: Append) -> list[NewEvent]:
         if reserved:
             raise _runtime_only(f"events[0].data.tags: {', '.join(reserved)} may only be written by engrain's runtime; "
                                 "start routine and agent runs with POST /api/runs")
-        if "agent" in events[0].data:
-            # recover() hands a run to the agent its run.started names: a client must not pick the agent.
-            raise _runtime_only("events[0].data.agent may only be written by engrain's runtime; "
-                                "start agent runs with POST /api/runs")
+        for key in ("agent", "agent_code"):
+            if key in events[0].data:
+                # recover() hands a run to the agent (and code) its run.started names: a client must not pick it.
+                raise _runtime_only(f"events[0].data.{key} may only be written by engrain's runtime; "
+                                    "start agent runs with POST /api/runs")
         events[0] = NewEvent(ev.RUN_STARTED, events[0].name, {**events[0].data, "tags": [*tags, ev.CLIENT_TAG]})
         return events
     head = journal.read(run_id, -1)[:1]

@@ -35,7 +35,7 @@ class ErrorBody(BaseModel):
 _ERRORS = {
     400: "Bad input (a malformed id or value the schema cannot express)",
     401: "Missing or wrong bearer token (only when the server has a token)",
-    403: "Refused: a cross-site Origin on a loopback server, or a write only the runtime may make",
+    403: "Refused: a cross-site Origin on a loopback server, a write only the runtime may make, or a fork not allowed",
     404: "No such run, routine, agent or path",
     409: "Conflict: another writer appended first, the run is busy, or it is not waiting for input",
     413: "Request body larger than the server's limit",
@@ -90,6 +90,8 @@ class ServerState:
         self.agents: Any = None
         #: LLM agents created over the API (an ``LLMAgents``, set by ``create_app``).
         self.llm_agents: Any = None
+        #: ``POST /api/runs/{id}/fork`` may fork runs the runtime executes (``--allow-fork``); see ``operate.py``.
+        self.allow_fork = False
         self.closed = False
         #: SSE stream slots and the journal poller that feeds run streams (set by ``create_app``).
         self.slots: Any = None

@@ -29,6 +29,7 @@ from .. import _events as ev
 from .._errors import EngrainError
 from .._events import NewEvent, check_json
 from .._journal import Journal
+from .._journal._common import Agents, agents_filter, trust_sql
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
@@ -169,17 +170,20 @@ class QueueStore:
 
     # -- claims --------------------------------------------------------------------------------
 
-    def claim(self, queue: str, owner: str, ttl: float, limit: int, agents: list[str] | None = None) -> list[Claimed]:
+    def claim(self, queue: str, owner: str, ttl: float, limit: int, agents: Agents | None = None) -> list[Claimed]:
         """Lease up to ``limit`` runs of ``queue``: orphans first, then available queued runs, within its limits.
 
-        With ``agents``, only runs of those agents: a worker never takes a run it cannot
-        execute (it would hand it back and take it again, forever).
+        With ``agents``, only runs of those agents (by name: a queued run's ``run.started``
+        is written by :meth:`enqueue`, which names the agent and records no code): a worker
+        never takes a run it cannot execute (it would hand it back and take it again,
+        forever). A client's run is never queued (only :meth:`enqueue` creates queue rows).
         """
         p, r = self.ph, self.runs
         skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
-        which, names = ("", ()) if agents is None else (f" AND q.agent IN ({', '.join([p] * len(agents))})", tuple(agents))
         if agents is not None and not agents:
             return []
+        cond, args = ("", []) if agents is None else agents_filter(list(agents), "q.agent", p)
+        which, names = (f" AND {cond}" if cond else ""), tuple(args)
 
         def pick(q: Any) -> list[Claimed]:
             now = self._now(q)
@@ -230,26 +234,30 @@ class QueueStore:
 
         return self._tx(pick, queue_lock=queue)
 
-    def claim_orphans(self, owner: str, ttl: float, limit: int, agents: list[str]) -> list[Claimed]:
+    def claim_orphans(self, owner: str, ttl: float, limit: int, agents: Agents) -> list[Claimed]:
         """Lease up to ``limit`` runs of ``agents`` that were never queued and whose executor died.
 
         What ``engrain.recover`` does, for a worker: a run started with ``engrain.run``
         (its agent name recorded) whose lease expired is resumed by a worker that has
-        its agent. Queued runs are left to :meth:`claim`, which applies their queue's limits.
+        its agent, and (``agents`` a mapping of name to code fingerprint) its code.
+        Queued runs are left to :meth:`claim`, which applies their queue's limits.
         """
         if limit <= 0 or not agents:
             return []
         p, r = self.ph, self.runs
         skip = " FOR UPDATE OF r SKIP LOCKED" if self.pg else ""
+        code, not_client = trust_sql(self.pg, "r")
+        cond, args = agents_filter(agents, "r.agent", p, code)
+        which, names = f" AND {cond} AND {not_client}", tuple(args)
 
         def pick(q: Any) -> list[Claimed]:
             now = self._now(q)
             rows = q(
                 f"SELECT r.run_id, r.agent FROM {r} r WHERE r.status = 'running'"
-                f" AND (r.lease_until IS NULL OR r.lease_until < {p}) AND r.agent IN ({', '.join([p] * len(agents))})"
+                f" AND (r.lease_until IS NULL OR r.lease_until < {p}){which}"
                 f" AND NOT EXISTS (SELECT 1 FROM engrain_queue q WHERE q.run_id = r.run_id)"
                 f" ORDER BY r.updated LIMIT {p}{skip}",
-                (now, *agents, limit),
+                (now, *names, limit),
             ).fetchall()
             for rid, _ in rows:
                 q(f"UPDATE {r} SET lease_owner = {p}, lease_until = {p}, lease_epoch = lease_epoch + 1 WHERE run_id = {p}",

@@ -3,7 +3,8 @@
 One :class:`Worker` per process (``engrain worker``). Each pass claims, per
 queue, as many runs as it has free threads (:meth:`QueueStore.claim` applies
 the queue's shared concurrency and rate limits), then runs never queued whose
-executor died and whose agent it has (as ``engrain.recover`` would), and executes each with
+executor died and whose agent (name and code) it has, as ``engrain.recover``
+would, and executes each with
 :func:`engrain.run` in a thread; the run's lease is renewed by the durable
 runner's renewal thread. A run that sleeps longer than ``park_after`` seconds
 is parked: back in its queue until its wake-up time, holding no thread.
@@ -11,7 +12,10 @@ is parked: back in its queue until its wake-up time, holding no thread.
 ``grace`` seconds. Runs still executing then are listed in
 ``WorkerStats.unfinished``; ``engrain worker`` releases their leases and exits
 at once, so another worker resumes them right away instead of after the lease
-expires (their completed steps are not run again).
+expires (their completed steps are not run again). Orphaned runs of its
+agents' names that another version of their code started are not claimed
+(unless ``upgrade``) and are listed in ``WorkerStats.unmatched``; a run an API
+client created is never claimed.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from typing import Any
 
 from .._durable import context as _ctx
 from .._durable import execution as _execution
+from .._durable.identity import fingerprint
 from .._durable.lease import DEFAULT_TTL, owner_id
+from .._durable.recovery import unmatched
 from .._errors import EngrainError
 from .._journal import Journal
 from .queues import store_of
@@ -42,11 +48,13 @@ class WorkerStats:
     errors: list[str] = field(default_factory=list)
     #: Runs still executing when the grace period ended (their leases are still this process's).
     unfinished: list[str] = field(default_factory=list)
+    #: ``"run_id: reason"`` of orphaned runs of its agents' names it may not resume (another version's), at stop.
+    unmatched: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (what ``engrain worker`` prints when it stops)."""
         return {"finished": dict(self.finished), "parked": self.parked, "errors": list(self.errors),
-                "released": list(self.unfinished)}
+                "released": list(self.unfinished), "unmatched": list(self.unmatched)}
 
 
 class Worker:
@@ -63,6 +71,7 @@ class Worker:
         ttl: float = DEFAULT_TTL,
         park_after: float = 5.0,
         grace: float = 30.0,
+        upgrade: bool = False,
     ):
         if not agents:
             raise EngrainError("a worker needs at least one agent (--agents module:attr)")
@@ -79,6 +88,9 @@ class Worker:
         self.journal = journal
         self.store = store_of(journal)
         self.agents = agents
+        self.upgrade = bool(upgrade)
+        #: Agent name -> the code fingerprint its runs must record (None with ``upgrade``: any version).
+        self.codes: dict[str | None, str | None] = {n: None if upgrade else fingerprint(fn) for n, fn in agents.items()}
         self.queues = queues
         self.concurrency = concurrency
         self.poll = poll
@@ -131,11 +143,11 @@ class Worker:
                     free = self.concurrency - self._busy()
                     if free <= 0:
                         break
-                    for c in self.store.claim(queue, owner, self.ttl, free, agents=sorted(self.agents)):
+                    for c in self.store.claim(queue, owner, self.ttl, free, agents=self.codes):
                         self._start(c)
                         claimed += 1
                 # Runs started with engrain.run (not queued) whose process died, if we have their agent.
-                for c in self.store.claim_orphans(owner, self.ttl, self.concurrency - self._busy(), sorted(self.agents)):
+                for c in self.store.claim_orphans(owner, self.ttl, self.concurrency - self._busy(), self.codes):
                     self._start(c)
                     claimed += 1
                 if until_idle and not claimed and not self._busy() and not self._waiting():
@@ -143,6 +155,11 @@ class Worker:
                 self._stop.wait(self.poll if not claimed else 0.01)
         finally:
             self._drain(grace)
+            try:
+                self.stats.unmatched = [f"{u.run_id}: {u.error}" for u in unmatched(self.journal, self.codes, 100,
+                                                                                    named_only=True)]
+            except Exception as e:  # noqa: BLE001 - a listing must not hide how the worker stopped
+                self.stats.errors.append(f"listing unmatched runs: {type(e).__name__}: {e}")
         return self.stats
 
     def _waiting(self) -> bool:
@@ -169,7 +186,8 @@ class Worker:
             data = events[0].data if events else {}
             # A run never queued has no queue row to wait in, so its sleeps run in this thread.
             park_after = self.park_after if c.queue else None
-            result = _run_parked(park_after, self.journal, agent, data.get("task", ""), c.run_id, data.get("inputs") or {})
+            result = _run_parked(park_after, self.journal, agent, data.get("task", ""), c.run_id, data.get("inputs") or {},
+                                 c.agent, self.upgrade)
             if result is not None:
                 with self._lock:
                     self.stats.finished[result.status] = self.stats.finished.get(result.status, 0) + 1
@@ -214,12 +232,14 @@ def _check_grace(grace: float) -> float:
 
 
 def _run_parked(
-    park_after: float | None, journal: Journal, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any]
+    park_after: float | None, journal: Journal, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any],
+    name: str, upgrade: bool,
 ) -> Any:
-    """``engrain.run`` with sleeps longer than ``park_after`` parking the run (``RunContext.park_after``)."""
+    """``engrain.run`` (as agent ``name``) with sleeps longer than ``park_after`` parking the run (``RunContext.park_after``)."""
     token = _park_after.set(park_after)
     try:
-        return _execution.run(agent, task, run_id=run_id, inputs=inputs, journal=journal)
+        return _execution.run(agent, task, run_id=run_id, inputs=inputs, journal=journal, agent_name=name,
+                              upgrade=upgrade)
     finally:
         _park_after.reset(token)
 
