@@ -131,11 +131,11 @@ def test_worker_cli_exports_spans_with_otel(store_url, tmp_path):
         assert s["parent_id"] == run["context"]["span_id"] and s["context"]["trace_id"] == run["context"]["trace_id"]
         assert s["attributes"]["gen_ai.tool.name"] == "work" and s["attributes"]["gen_ai.operation.name"] == "execute_tool"
     bad = subprocess.run(cmd, env={**env, "OTEL_TRACES_EXPORTER": "zipkin-ish"}, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "OTEL_TRACES_EXPORTER" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "OTEL_TRACES_EXPORTER" in bad.stderr
     try:
         has_otlp = importlib.util.find_spec("opentelemetry.exporter.otlp") is not None
     except ModuleNotFoundError:
         has_otlp = False
     if not has_otlp:
         missing = subprocess.run(cmd, env={**env, "OTEL_TRACES_EXPORTER": "otlp"}, capture_output=True, text=True, timeout=60)
-        assert missing.returncode == 1 and "opentelemetry-exporter-otlp" in missing.stderr and "Traceback" not in missing.stderr
+        assert missing.returncode == 2 and "opentelemetry-exporter-otlp" in missing.stderr and "Traceback" not in missing.stderr

@@ -254,7 +254,7 @@ def test_agents_option_errors_are_clear(tmp_path, agents_file):
         create_app(url, agents={"x": 3})
     proc = subprocess.run([engrain_exe(), "serve", "--url", url, "--agents", "nomodule"], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "--agents 'nomodule'" in proc.stderr and "module:registry" in proc.stderr
+    assert proc.returncode == 2 and "--agents 'nomodule'" in proc.stderr and "module:registry" in proc.stderr
 
 
 # -- DNS rebinding -------------------------------------------------------------------------

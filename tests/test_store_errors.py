@@ -246,7 +246,7 @@ def test_read_only_commands_refuse_a_missing_store(tmp_path):
     missing = tmp_path / "nonexistent" / "dir" / "x.db"
     for cmd in (["runs"], ["show", "r"], ["export", "r"]):
         out = _cli(*cmd, "--url", f"sqlite:///{missing}", cwd=str(tmp_path))
-        assert out.returncode == 1, (cmd, out)
+        assert out.returncode == 2, (cmd, out)  # bad input: no store there
         assert out.stderr.count("\n") == 1 and "no store at" in out.stderr and str(missing) in out.stderr
     assert not missing.parent.parent.exists()  # nothing was created
     bad = _cli("runs", "--url", "sqlite:/tmp/x.db", cwd=str(tmp_path))

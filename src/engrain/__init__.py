@@ -62,7 +62,9 @@ if TYPE_CHECKING:
     from ._journal import Journal, default_url
     from ._journal import open_journal as open
     from . import _sandbox as sandbox
+    from . import testing
     from ._agent.agent import Agent
+    from ._agent.learn import LearnedRoutines
     from ._agent.wrap import wrap
     from ._cache.checks import Check
     from ._cache.engine import Engine, Outcome
