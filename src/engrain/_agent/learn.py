@@ -137,7 +137,7 @@ def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
     r.tasks = list(dict.fromkeys(t.task for t in kept))
     r.runs = [*r.runs, run_id][-len(kept):] if have is not None else [run_id]
     r.evidence = [t.to_dict() for t in kept]
-    r.problems = [p.to_dict() for p in done.problems]
+    r.problems = [p.to_dict() for p in [*done.problems, *done.doubts]]  # a doubt keeps it a candidate
     r.explained, r.pattern = done.explained, done.pattern
     store.save(r)
     return LearnReport(run_id, "created" if have is None else "updated", "", r.name, r.id, r.status, len(kept),

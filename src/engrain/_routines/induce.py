@@ -100,8 +100,10 @@ class Induced:
     """The result of :func:`induce`: a routine (``routine.yaml`` data) and what it rests on.
 
     ``status`` is ``confirmed`` (two or more runs with different tasks, every
-    argument explained), ``candidate`` (one run, or runs that all had the same
-    task) or ``not_compilable`` (``problems`` say which steps and why).
+    argument explained), ``candidate`` (one run, runs that all had the same
+    task, or ``doubts``: an argument read from one element of a list that held
+    several, which no number of runs can explain) or ``not_compilable``
+    (``problems`` say which steps and why).
     """
 
     name: str
@@ -110,10 +112,12 @@ class Induced:
     problems: list[Problem]
     pattern: str | None
     explained: list[dict[str, Any]] = field(default_factory=list)
+    doubts: list[Problem] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "routine": self.routine, "pattern": self.pattern,
-                "problems": [p.to_dict() for p in self.problems], "explained": self.explained}
+                "problems": [p.to_dict() for p in self.problems], "explained": self.explained,
+                "doubts": [p.to_dict() for p in self.doubts]}
 
 
 class _Inputs:
@@ -173,6 +177,7 @@ class _Induction:
         self.n = len(traces)
         self.inputs = _Inputs()
         self.problems: list[Problem] = []
+        self.doubts: list[Problem] = []  # what keeps an otherwise explained routine a candidate
         self.explained: list[dict[str, Any]] = []
         self.asserts: dict[int, list[tuple[str, str]]] = {}  # after step k: (expr, message)
         self.consumed: dict[int, set[str]] = {}  # step k -> paths read by later steps
@@ -282,6 +287,7 @@ class _Induction:
         if paths and (varies or not sure):
             first = paths[0]
             self._consume(first)
+            self._chosen(k, arg, first)
             for other in paths[1:4]:  # the runs could not tell these apart: the routine relies on them agreeing
                 self._assert([first, other], f"{first} == {other}", f"{first} and {other} differ")
             return note(f"result {first}", placeholder(first))
@@ -289,6 +295,7 @@ class _Induction:
         if tpl is not None:
             for v in re.findall(r"\{\{ (step\d+[^ ]*) \}\}", tpl):
                 self._consume(v)
+                self._chosen(k, arg, v)
             return note("text around earlier values", tpl)
         if varies and call.turn == 0:
             name = self.inputs.add(base, vals, f"what you would pass as {call.name}'s {arg!r} for this task", False)
@@ -312,6 +319,24 @@ class _Induction:
         if expr not in [e for e, _ in items]:
             items.append((expr, message))
 
+    def _chosen(self, k: int, arg: str, path: str) -> None:
+        """Doubt a value read from one element of a list that held several items in some run.
+
+        The model picked that element on its meaning ("the latest", "the one
+        from Bob"); that it sat at the same index in every run may be the
+        order's coincidence, and a routine that takes that index would pay
+        another invoice. Only a human can say the order is by contract.
+        """
+        j = int(re.match(r"step(\d+)", path).group(1)) - 1  # type: ignore[union-attr]
+        for m in re.finditer(r"\[\d+\]", path):
+            n = max((len(x) for r in range(self.n) if isinstance(x := self.index[r][j].get(path[: m.start()]), list)),
+                    default=0)
+            if n > 1:
+                why = (f"read from {path[: m.end()]}, one of {n} items: the runs cannot tell why the model chose that "
+                       "one (a human may promote it if the order is by contract)")
+                self.doubts.append(Problem(f"step{k + 1}", self.traces[0].calls[k].name, arg, why))
+                return
+
     def _consume(self, path: str) -> None:
         step = int(re.match(r"step(\d+)", path).group(1)) - 1  # type: ignore[union-attr]
         self.consumed.setdefault(step, set()).add(path)
@@ -321,13 +346,9 @@ class _Induction:
         model saw them before it went on, whether or not a later argument reads them), and the same in
         the records and lists that later arguments read from."""
         read = self.consumed.get(j, set())
-        parents: set[str] = {f"step{j + 1}"}
-        for p in read:  # the records a consumed value sits in, and the lists holding them
-            for m in re.finditer(r"\[\d+\]|\.[A-Za-z_]\w*|\[\"[^\"]*\"\]", p):
-                parents.add(p[: m.start()])
         idx0 = self.index[0][j]
         found: list[tuple[str, str]] = []
-        for parent in sorted(parents, key=len):
+        for parent in self._records(j):
             node = idx0.get(parent, _NO)
             if isinstance(node, list):
                 if all(isinstance(self.index[r][j].get(parent), list) and len(self.index[r][j][parent]) == len(node)
@@ -345,6 +366,47 @@ class _Induction:
         for expr, msg in found[:_MAX_ASSERTS]:
             self._assert([f"step{j + 1}"], expr, msg)
 
+    def _records(self, j: int) -> list[str]:
+        """Step j's result and the records (and lists) that values later steps read sit in, shortest first."""
+        parents: set[str] = {f"step{j + 1}"}
+        for p in self.consumed.get(j, set()):
+            for m in re.finditer(r"\[\d+\]|\.[A-Za-z_]\w*|\[\"[^\"]*\"\]", p):
+                parents.add(p[: m.start()])
+        return sorted(parents, key=len)
+
+    def relations(self, k: int, args: Any) -> None:
+        """Asserts on how step k's numeric arguments compared with numbers the model saw before it asked.
+
+        A model that sends 100 EUR after reading a balance of 500 may have
+        checked the balance; when one order held in every run (balance above
+        the amount), the routine stops where it does not, instead of sending
+        money the model would not have sent.
+        """
+        turn = self.traces[0].calls[k].turn
+        added = 0
+        for path, tpl in _leaves(args):
+            m = re.fullmatch(r"\{\{ ((?:inputs|step\d+)[^ ]*) \}\}", tpl) if isinstance(tpl, str) else None
+            vals = [dict(_leaves(t.calls[k].args)).get(path) for t in self.traces]
+            if m is None or not all(_number(v) for v in vals):
+                continue
+            src = m.group(1)
+            for j in range(k):
+                if self.traces[0].calls[j].turn >= turn:
+                    break
+                for parent in self._records(j):
+                    node = self.index[0][j].get(parent)
+                    cands = [parent] if _number(node) else [c for key in node if (c := _child(parent, key))] \
+                        if isinstance(node, dict) else []
+                    for p in cands:
+                        seen = [self.index[r][j].get(p, _NO) for r in range(self.n)]
+                        if p == src or not all(_number(b) for b in seen):
+                            continue
+                        op = _order([(b, a) for b, a in zip(seen, vals)])
+                        if op is not None and added < _MAX_ASSERTS:
+                            added += 1
+                            self._assert([p, *([src] if src.startswith("step") else [])], f"{p} {op} {src}",
+                                         f"{p} is not {op} {src} as in the learned runs")
+
     # -- the whole routine ------------------------------------------------------------------
 
     def run(self, name: str) -> Induced:
@@ -361,6 +423,8 @@ class _Induction:
             step_args.append(_rebuild(call.args, filled))
         for j in range(len(calls)):
             self.invariants(j)
+        for k in range(len(calls)):
+            self.relations(k, step_args[k])
         steps: list[dict[str, Any]] = []
         for k, call in enumerate(calls):
             steps.append({"id": f"step{k + 1}", "type": "tool.call", "tool": call.name, "args": step_args[k]})
@@ -378,7 +442,7 @@ class _Induction:
         tasks = list(dict.fromkeys(t.task for t in self.traces))
         if self.problems:
             status = "not_compilable"
-        elif self.n >= 2 and len(tasks) >= 2:
+        elif self.n >= 2 and len(tasks) >= 2 and not self.doubts:
             status = "confirmed"
         else:
             status = "candidate"
@@ -395,7 +459,7 @@ class _Induction:
             "tools": {c.name: {} for c in calls},
             "steps": steps,
         }
-        return Induced(name, status, routine, self.problems, pattern, self.explained)
+        return Induced(name, status, routine, self.problems, pattern, self.explained, self.doubts)
 
     def _pattern(self) -> str | None:
         """The task with each task input's value as ``{name}``, when it reads back every run's task."""
@@ -434,6 +498,19 @@ class _NoType:
 
 
 _NO = _NoType()
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _order(pairs: list[tuple[Any, Any]]) -> str | None:
+    """The comparison ``b OP a`` that held for every pair, or None (no order, or only equality)."""
+    for op, holds in ((">", lambda b, a: b > a), ("<", lambda b, a: b < a),
+                      (">=", lambda b, a: b >= a), ("<=", lambda b, a: b <= a)):
+        if all(holds(b, a) for b, a in pairs) and not all(b == a for b, a in pairs):
+            return op
+    return None
 
 
 def _short(v: Any) -> str:

@@ -1,0 +1,209 @@
+"""Learned routines must never act differently from the model: the cases that could make them.
+
+Each test learns through the public flow (an ``eg.Agent(learn=True)`` driven
+by the scripted model server through the official ``openai`` SDK, a real
+SQLite store with MiniLM embeddings) from two runs of a model *policy* that
+reads the task and the results, then runs a new task where the learned runs
+were right by coincidence. The model calls an offered routine whenever its
+task pattern reads the task (as a model trusting the description would);
+the outcome must be what the policy does by hand, or a stop it finishes by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import engrain as eg
+from engrain._agent.scripted import Reply, ScriptedModel, say, tool_call
+from engrain._journal import open_journal
+from engrain._memory.learned import LearnedRoutines
+
+Done = list[tuple[str, Any]]
+
+
+class World:
+    """Invoices, an account balance, and every tool call made."""
+
+    def __init__(self, invoices: dict[str, list[dict]] | None = None, balance: float = 1000.0) -> None:
+        self.invoices = invoices or {}
+        self.balance = balance
+        self.calls: list[tuple[str, dict]] = []
+
+    def tools(self) -> list[Callable[..., Any]]:
+        def list_invoices(vendor: str) -> dict:
+            """A vendor's open invoices."""
+            self.calls.append(("list_invoices", {"vendor": vendor}))
+            return {"vendor": vendor, "invoices": self.invoices.get(vendor, [])}
+
+        def pay_invoice(invoice_id: str, amount: float) -> str:
+            """Pay an invoice."""
+            self.calls.append(("pay_invoice", {"invoice_id": invoice_id, "amount": amount}))
+            return f"paid {invoice_id}"
+
+        def get_balance() -> dict:
+            """The account's balance."""
+            self.calls.append(("get_balance", {}))
+            return {"balance": self.balance, "currency": "EUR"}
+
+        def transfer(to: str, amount: int) -> str:
+            """Transfer money to a person."""
+            self.calls.append(("transfer", {"to": to, "amount": amount}))
+            return "booked"
+
+        def notify(text: str) -> str:
+            """Tell the user something."""
+            self.calls.append(("notify", {"text": text}))
+            return "sent"
+
+        return [list_invoices, pay_invoice, get_balance, transfer, notify]
+
+
+BASE = {"list_invoices", "pay_invoice", "get_balance", "transfer", "notify"}
+
+
+def _routine_call(body: dict, task: str) -> Reply | None:
+    """A call of an offered routine whose task pattern reads ``task`` (its slots filled from the task)."""
+    for t in body.get("tools", []):
+        f = t["function"]
+        m = re.search(r"Task pattern: (.*?)\. Calls ", f["description"])
+        if f["name"] in BASE or m is None:
+            continue
+        names = re.findall(r"\{(\w+)\}", m.group(1))
+        rx = "".join(f"(?P<{p}>.+?)" if i % 2 else re.escape(p) for i, p in enumerate(re.split(r"\{(\w+)\}", m.group(1))))
+        hit = re.fullmatch(rx, task)
+        if hit is None:
+            continue
+        props = f["parameters"]["properties"]
+        args = {n: int(hit[n]) if props[n].get("type") == "integer" else hit[n] for n in names}
+        args.update({n: p["const"] for n, p in props.items() if "const" in p})
+        return tool_call(f["name"], **args)
+    return None
+
+
+def _model(policy: Callable[[str, Done], Reply]) -> Callable[[str, dict], Reply]:
+    """respond(): an offered routine when it matches, else the policy over the results so far."""
+
+    def respond(api: str, body: dict) -> Reply:
+        msgs = body["messages"]
+        task = re.sub(r"^\[[^\]]*\] ", "", next(m["content"] for m in msgs if m["role"] == "user"))  # the date stamp
+        names = {c["id"]: c["function"]["name"] for m in msgs if m["role"] == "assistant"
+                 for c in m.get("tool_calls") or []}
+        done: Done = []
+        used = False
+        for m in msgs:
+            if m["role"] != "tool":
+                continue
+            value = json.loads(m["content"]) if m["content"][:1] in "{[" else m["content"]
+            if names[m["tool_call_id"]] in BASE:
+                done.append((names[m["tool_call_id"]], value))
+            else:
+                used = True
+                steps = value.get("results") if value.get("status") == "ok" else value.get("done")
+                done += [(s["tool"], s["result"]) for s in steps or []]
+        if not used and not done:
+            call = _routine_call(body, task)
+            if call is not None:
+                return call
+        return policy(task, done)
+
+    return respond
+
+
+def _run(url: str, world: World, policy: Callable[[str, Done], Reply], task: str) -> dict:
+    with ScriptedModel(_model(policy)) as m:
+        agent = eg.Agent("clerk", "openai:scripted", "Do the task.", world.tools(), base_url=m.openai_url,
+                         journal=open_journal(url), learn=True)
+        res = agent.run(task)
+        assert res, res
+        routine = [json.loads(x["content"]) for _, b in m.requests for x in b["messages"]
+                   if x["role"] == "tool" and x["content"].startswith('{"status"')]
+    return {"learned": agent.last_learned, "routine": routine[0] if routine else None}
+
+
+# -- a list element chosen on meaning ---------------------------------------------------------
+
+
+def latest_policy(task: str, done: Done) -> Reply:
+    vendor = task.rsplit(" ", 1)[-1]
+    if not done:
+        return tool_call("list_invoices", vendor=vendor)
+    if len(done) == 1:
+        inv = max(done[0][1]["invoices"], key=lambda i: i["date"])
+        return tool_call("pay_invoice", invoice_id=inv["id"], amount=inv["amount"])
+    return say("Paid.")
+
+
+def test_an_element_the_model_chose_from_a_longer_list_is_not_generalized(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    # In both learned runs the latest invoice happened to come first.
+    invoices = {
+        "Acme": [{"id": "A-17", "date": "2026-05-01", "amount": 10.5}, {"id": "A-12", "date": "2026-03-01", "amount": 20.0}],
+        "Globex": [{"id": "G-9", "date": "2026-06-01", "amount": 99.0}, {"id": "G-3", "date": "2026-01-01", "amount": 5.0}],
+        "Initech": [{"id": "I-1", "date": "2026-01-15", "amount": 7.0}, {"id": "I-8", "date": "2026-07-15", "amount": 70.0}],
+    }
+    for v in ("Acme", "Globex"):
+        got = _run(url, World(invoices), latest_policy, f"Pay the latest invoice from {v}")
+    rep = got["learned"]
+    assert rep.status == "candidate", rep  # never offered on its own: the order was a coincidence
+    assert rep.problems == [{"step": "step2", "tool": "pay_invoice", "arg": "invoice_id",
+                             "reason": "read from step1.invoices[0], one of 2 items: the runs cannot tell why the model "
+                                       "chose that one (a human may promote it if the order is by contract)"},
+                            {"step": "step2", "tool": "pay_invoice", "arg": "amount",
+                             "reason": "read from step1.invoices[0], one of 2 items: the runs cannot tell why the model "
+                                       "chose that one (a human may promote it if the order is by contract)"}]
+    w = World(invoices)
+    got = _run(url, w, latest_policy, "Pay the latest invoice from Initech")
+    assert got["routine"] is None
+    assert w.calls[-1] == ("pay_invoice", {"invoice_id": "I-8", "amount": 70.0})  # the latest, as by hand
+
+
+def test_a_one_item_list_is_no_choice_and_a_human_can_vouch_for_an_order(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    invoices = {"Acme": [{"id": "A-17", "date": "2026-05-01", "amount": 10.5}],
+                "Globex": [{"id": "G-9", "date": "2026-06-01", "amount": 99.0}],
+                "Initech": [{"id": "I-8", "date": "2026-07-15", "amount": 70.0}]}
+    for v in ("Acme", "Globex"):
+        got = _run(url, World(invoices), latest_policy, f"Pay the latest invoice from {v}")
+    assert got["learned"].status == "confirmed" and got["learned"].problems == []
+    w = World(invoices)
+    got = _run(url, w, latest_policy, "Pay the latest invoice from Initech")
+    assert got["routine"]["status"] == "ok" and w.calls[-1] == ("pay_invoice", {"invoice_id": "I-8", "amount": 70.0})
+    # two invoices now: the routine learned on one-item lists stops instead of picking one
+    invoices["Initech"].insert(0, {"id": "I-1", "date": "2026-01-15", "amount": 7.0})
+    w = World(invoices)
+    got = _run(url, w, latest_policy, "Pay the latest invoice from Initech")
+    assert got["routine"]["status"] == "stopped" and "no longer has 1 items" in got["routine"]["reason"]
+    assert [c for c in w.calls if c[0] == "pay_invoice"] == [("pay_invoice", {"invoice_id": "I-8", "amount": 70.0})]
+
+
+# -- a number the model compared before acting ------------------------------------------------
+
+
+def balance_policy(task: str, done: Done) -> Reply:
+    amount, to = re.fullmatch(r"Transfer (\d+) EUR to (\w+)", task).groups()
+    if not done:
+        return tool_call("get_balance")
+    if len(done) == 1:
+        if done[0][1]["balance"] < int(amount):
+            return tool_call("notify", text=f"Not enough money to send {amount} EUR to {to}")
+        return tool_call("transfer", to=to, amount=int(amount))
+    return say("Done.")
+
+
+def test_a_number_the_model_compared_with_its_argument_is_asserted(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    _run(url, World(balance=500.0), balance_policy, "Transfer 100 EUR to Ann")
+    got = _run(url, World(balance=900.0), balance_policy, "Transfer 250 EUR to Bob")
+    assert got["learned"].status == "confirmed"
+    steps = LearnedRoutines(url).get(got["learned"].routine_id).routine["steps"]
+    assert "step1.balance > inputs.amount" in [s.get("expr") for s in steps]
+    w = World(balance=80.0)
+    got = _run(url, w, balance_policy, "Transfer 300 EUR to Cem")
+    assert got["routine"]["status"] == "stopped" and got["routine"]["stopped_at"] == "check1_2"
+    assert [c[0] for c in w.calls] == ["get_balance", "notify"]  # no transfer: the model would not have made one
+    w = World(balance=700.0)
+    got = _run(url, w, balance_policy, "Transfer 300 EUR to Cem")
+    assert got["routine"]["status"] == "ok" and w.calls[-1] == ("transfer", {"to": "Cem", "amount": 300})
