@@ -27,9 +27,11 @@ Done = list[tuple[str, Any]]
 class World:
     """Invoices, an account balance, and every tool call made."""
 
-    def __init__(self, invoices: dict[str, list[dict]] | None = None, balance: float = 1000.0) -> None:
+    def __init__(self, invoices: dict[str, list[dict]] | None = None, balance: float = 1000.0,
+                 currency: str = "EUR") -> None:
         self.invoices = invoices or {}
         self.balance = balance
+        self.currency = currency
         self.calls: list[tuple[str, dict]] = []
 
     def tools(self) -> list[Callable[..., Any]]:
@@ -46,7 +48,7 @@ class World:
         def get_balance() -> dict:
             """The account's balance."""
             self.calls.append(("get_balance", {}))
-            return {"balance": self.balance, "currency": "EUR"}
+            return {"balance": self.balance, "currency": self.currency}
 
         def transfer(to: str, amount: int) -> str:
             """Transfer money to a person."""
@@ -83,7 +85,7 @@ def _routine_call(body: dict, task: str) -> Reply | None:
     return None
 
 
-def _model(policy: Callable[[str, Done], Reply]) -> Callable[[str, dict], Reply]:
+def _model(policy: Callable[[str, Done], Reply], use_routines: bool = True) -> Callable[[str, dict], Reply]:
     """respond(): an offered routine when it matches, else the policy over the results so far."""
 
     def respond(api: str, body: dict) -> Reply:
@@ -103,7 +105,7 @@ def _model(policy: Callable[[str, Done], Reply]) -> Callable[[str, dict], Reply]
                 used = True
                 steps = value.get("results") if value.get("status") == "ok" else value.get("done")
                 done += [(s["tool"], s["result"]) for s in steps or []]
-        if not used and not done:
+        if use_routines and not used and not done:
             call = _routine_call(body, task)
             if call is not None:
                 return call
@@ -112,8 +114,8 @@ def _model(policy: Callable[[str, Done], Reply]) -> Callable[[str, dict], Reply]
     return respond
 
 
-def _run(url: str, world: World, policy: Callable[[str, Done], Reply], task: str) -> dict:
-    with ScriptedModel(_model(policy)) as m:
+def _run(url: str, world: World, policy: Callable[[str, Done], Reply], task: str, use_routines: bool = True) -> dict:
+    with ScriptedModel(_model(policy, use_routines)) as m:
         agent = eg.Agent("clerk", "openai:scripted", "Do the task.", world.tools(), base_url=m.openai_url,
                          journal=open_journal(url), learn=True)
         res = agent.run(task)
@@ -207,3 +209,17 @@ def test_a_number_the_model_compared_with_its_argument_is_asserted(tmp_path):
     w = World(balance=700.0)
     got = _run(url, w, balance_policy, "Transfer 300 EUR to Cem")
     assert got["routine"]["status"] == "ok" and w.calls[-1] == ("transfer", {"to": "Cem", "amount": 300})
+
+
+def test_a_promoted_routine_is_not_re_induced_behind_the_reviewer(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    _run(url, World(balance=500.0), balance_policy, "Transfer 100 EUR to Ann")
+    got = _run(url, World(balance=900.0), balance_policy, "Transfer 250 EUR to Bob")
+    store = eg.LearnedRoutines(url)
+    reviewed = store.promote(got["learned"].routine_id).routine
+    assert 'step1.currency == "EUR"' in [s.get("expr") for s in reviewed["steps"]]
+    # A run by hand in a world the reviewer never saw (the balance in another currency) would drop that assert.
+    got = _run(url, World(balance=700.0, currency="GBP"), balance_policy, "Transfer 40 EUR to Cem", use_routines=False)
+    assert got["learned"].action == "recorded" and "promoted" in got["learned"].reason
+    r = store.get(got["learned"].routine_id)
+    assert r.trusted is True and r.routine == reviewed and len(r.runs) == 3

@@ -11,7 +11,8 @@ explanation. A run in which a learned routine finished teaches nothing new and
 is skipped; in a run where one stopped, its child run's tool calls stand in for
 it, so a stop the model finished by hand the same way is one more run of the
 routine's shape (an assert the runs did not need then drops out). A routine a
-human edited is not re-induced (its runs are still recorded).
+human edited or promoted is not re-induced (its runs are still recorded), so
+trust never carries over to a version nobody reviewed.
 
 **Offer.** At the start of a run, :func:`offer` recalls the skill's confirmed
 (or promoted) routines whose source tasks read like the task, as a journaled
@@ -119,12 +120,13 @@ def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
         return LearnReport(run_id, "recorded", "this run was learned before", have.name, have.id, have.status,
                            len(have.runs), have.problems)
     evidence = [*(AgentTrace.from_dict(d) for d in (have.evidence if have else [])), trace]
-    if have is not None and have.edited:  # a human's version stands; the run is kept as evidence
+    if have is not None and (have.edited or have.trusted):  # the version a human wrote or reviewed stands
         have.runs = [*have.runs, run_id][-MAX_EVIDENCE:]
         have.tasks = list(dict.fromkeys([*have.tasks, trace.task]))[-MAX_EVIDENCE:]
         have.evidence = [t.to_dict() for t in evidence]
         store.save(have)
-        return LearnReport(run_id, "recorded", "the routine was edited by a human: it is not re-induced",
+        why = "edited" if have.edited else "promoted"
+        return LearnReport(run_id, "recorded", f"the routine was {why} by a human: it is not re-induced",
                            have.name, have.id, have.status, len(have.runs))
     kept = evidence[-MAX_EVIDENCE:]
     if have is None:
