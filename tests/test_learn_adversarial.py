@@ -223,3 +223,15 @@ def test_a_promoted_routine_is_not_re_induced_behind_the_reviewer(tmp_path):
     assert got["learned"].action == "recorded" and "promoted" in got["learned"].reason
     r = store.get(got["learned"].routine_id)
     assert r.trusted is True and r.routine == reviewed and len(r.runs) == 3
+
+
+def test_a_journaled_routine_name_cannot_put_its_package_outside_the_cache(tmp_path, monkeypatch):
+    from engrain._agent import learn
+
+    monkeypatch.setattr(learn, "_tmp_root", [tmp_path / "root"])
+    monkeypatch.setattr("engrain._disk_cache.cache_dir", lambda name: None)
+    (tmp_path / "root").mkdir()
+    # the offer step's result is read back from the journal on a resume: its name is data, not a path
+    folder = learn._package({"name": "../../outside", "steps": [{"id": "result", "type": "return", "value": 1}]})
+    assert folder.parent == tmp_path / "root" and (folder / "routine.yaml").is_file()
+    assert not (tmp_path / "outside").exists() and not any(tmp_path.parent.glob("outside-*"))

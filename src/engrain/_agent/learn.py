@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -199,7 +200,9 @@ def _package(routine: dict[str, Any]) -> pathlib.Path:
             if not _tmp_root:
                 _tmp_root.append(pathlib.Path(tempfile.mkdtemp(prefix="engrain-learned-")))
         root = _tmp_root[0]
-    folder = root / f"{routine.get('name', 'routine')}-{digest}"
+    # the name may come back from the journal (a resumed offer): it names the folder, never a path
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", str(routine.get("name") or "routine"))[:48]
+    folder = root / f"{stem}-{digest}"
     target = folder / "routine.yaml"
     if not target.exists():
         folder.mkdir(parents=True, exist_ok=True)
