@@ -53,19 +53,24 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _in_task(v: Any, task: str) -> bool:
+    return _task_count(v, task) > 0
+
+
+def _task_count(v: Any, task: str) -> int:
+    """How many places of the task text hold ``v``."""
     if isinstance(v, bool) or v is None:
-        return False
+        return 0
     if isinstance(v, str):
         if not v.strip():
-            return False
+            return 0
         # whole words only where the value starts or ends with one ("cat" is not in "concatenate")
         left = r"(?<![^\W_])" if v[0].isalnum() else ""
         right = r"(?![^\W_])" if v[-1].isalnum() else ""
-        return re.search(left + re.escape(v) + right, task) is not None
+        return len(re.findall(left + re.escape(v) + right, task))
     if isinstance(v, (int, float)):
         forms = {str(v)} | ({str(int(v))} if isinstance(v, float) and v.is_integer() else set())
-        return any(re.search(rf"(?<![\w.]){re.escape(f)}(?![\w]|\.\d)", task) for f in forms)
-    return False
+        return sum(len(re.findall(rf"(?<![\w.]){re.escape(f)}(?![\w]|\.\d)", task)) for f in forms)
+    return 0
 
 
 def _index(step: str, result: Any) -> dict[str, Any]:
@@ -274,6 +279,11 @@ class _Induction:
             return note("constant", vals[0])  # an empty list/dict, a flag or null: not evidence of provenance
         have = self.inputs.find(vals)
         if have is not None:
+            twice = max(_task_count(v, t.task) for v, t in zip(vals, self.traces))
+            if twice > 1:  # "move my Monday meeting to Monday": the day to find and the day to move to
+                self.doubts.append(Problem(f"step{k + 1}", call.name, arg, (
+                    f"equal to input {have} in every run, but the task held that value in {twice} places: "
+                    "the runs cannot tell which one the model read")))
             return note(f"input {have}", placeholder(f"inputs.{have}"))
         paths = self._paths(k, vals)
         if all(_in_task(v, t.task) for v, t in zip(vals, self.traces)):
