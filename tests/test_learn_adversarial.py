@@ -63,7 +63,7 @@ class World:
         return [list_invoices, pay_invoice, get_balance, transfer, notify]
 
 
-BASE = {"list_invoices", "pay_invoice", "get_balance", "transfer", "notify"}
+BASE = {"list_invoices", "pay_invoice", "get_balance", "transfer", "notify", "read_bill", "pay"}
 
 
 def _routine_call(body: dict, task: str) -> Reply | None:
@@ -296,3 +296,43 @@ def test_an_argument_equal_to_another_only_where_the_task_held_the_value_twice_s
     # never offered, so the next task is done by hand: the Monday meeting moves to Tuesday
     assert _move(url, "Move my Monday meeting to Tuesday at 9:00") == [
         ("find_event", {"day": "Monday"}), ("update_event", {"event_id": "ev-1", "day": "Tuesday", "time": "9:00"})]
+
+
+# -- a flag the model saw in a record no argument reads -------------------------------------
+
+
+def test_a_flag_in_a_record_beside_the_one_read_is_asserted(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    bills = {f: {"customer": {"name": "Ada", "blocked": False}, "bill": {"iban": f"DE{i}", "amount": 10.0 * i}}
+             for i, f in enumerate(["a.txt", "b.txt", "c.txt"], 1)}
+    calls: list[tuple[str, dict]] = []
+
+    def read_bill(path: str) -> dict:
+        """A bill and the customer it is for."""
+        return bills[path]
+
+    def pay(iban: str, amount: float) -> str:
+        """Pay an amount to an IBAN."""
+        calls.append(("pay", {"iban": iban, "amount": amount}))
+        return "paid"
+
+    def policy(task: str, done: Done) -> Reply:
+        if not done:
+            return tool_call("read_bill", path=task.rsplit(" ", 1)[-1])
+        if len(done) == 1 and not done[0][1]["customer"]["blocked"]:
+            return tool_call("pay", **done[0][1]["bill"])
+        return say("Not paid: the customer is blocked." if len(done) == 1 else "Paid.")
+
+    def run(task: str) -> dict:
+        with ScriptedModel(_model(policy)) as m:
+            agent = eg.Agent("clerk", "openai:scripted", "Pay.", [read_bill, pay], base_url=m.openai_url,
+                             journal=open_journal(url), learn=True)
+            assert agent.run(task)
+        return agent.last_learned
+
+    run("Pay the bill in a.txt")
+    assert run("Pay the bill in b.txt").status == "confirmed"
+    bills["c.txt"]["customer"]["blocked"] = True
+    calls.clear()
+    run("Pay the bill in c.txt")
+    assert calls == []  # the routine stopped at step1.customer.blocked == False; the model paid nothing

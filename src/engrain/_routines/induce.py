@@ -43,6 +43,8 @@ from .template import escape, placeholder, render
 
 _MAX_NODES = 4000  # nodes of one result indexed as template sources
 _MAX_ASSERTS = 12  # invariant asserts per result
+_RECORD_DEPTH = 3  # records held by key this deep in a result have their flags asserted
+_SEGMENT = r"\[\d+\]|\.[A-Za-z_]\w*|\[\"[^\"]*\"\]"  # one step of a result path
 _ENUMISH = re.compile(r"^[A-Za-z][A-Za-z_\- ]{0,31}$")  # status-like words: "unpaid", "in stock"
 _STOP = {"a", "an", "the", "in", "to", "of", "for", "on", "at", "from", "with", "and", "my", "me", "please", "by", "is"}
 
@@ -377,11 +379,15 @@ class _Induction:
             self._assert([f"step{j + 1}"], expr, msg)
 
     def _records(self, j: int) -> list[str]:
-        """Step j's result and the records (and lists) that values later steps read sit in, shortest first."""
+        """Step j's result, the records it holds by key (not in lists), and the records (and lists) that
+        values later steps read sit in, shortest first."""
         parents: set[str] = {f"step{j + 1}"}
         for p in self.consumed.get(j, set()):
-            for m in re.finditer(r"\[\d+\]|\.[A-Za-z_]\w*|\[\"[^\"]*\"\]", p):
+            for m in re.finditer(_SEGMENT, p):
                 parents.add(p[: m.start()])
+        # a record beside the one read ({"customer": {"blocked": false}, "bill": {...}}) was seen all the same
+        parents.update(p for p, v in self.index[0][j].items() if isinstance(v, dict) and not re.search(r"\[\d+\]", p)
+                       and len(re.findall(_SEGMENT, p)) <= _RECORD_DEPTH)
         return sorted(parents, key=len)
 
     def relations(self, k: int, args: Any) -> None:
