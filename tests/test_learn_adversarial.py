@@ -63,7 +63,7 @@ class World:
         return [list_invoices, pay_invoice, get_balance, transfer, notify]
 
 
-BASE = {"list_invoices", "pay_invoice", "get_balance", "transfer", "notify", "read_bill", "pay"}
+BASE = {"list_invoices", "pay_invoice", "get_balance", "transfer", "notify", "read_bill", "pay", "find_invoice"}
 
 
 def _routine_call(body: dict, task: str) -> Reply | None:
@@ -336,3 +336,54 @@ def test_a_flag_in_a_record_beside_the_one_read_is_asserted(tmp_path):
     calls.clear()
     run("Pay the bill in c.txt")
     assert calls == []  # the routine stopped at step1.customer.blocked == False; the model paid nothing
+
+
+# -- a value in the task and in a result: the task wins, the result must still agree ------------
+
+
+def test_a_task_value_a_later_argument_reuses_is_checked_against_the_result_that_held_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    invoices = {"Ann": {"id": "I-1", "payee": "Ann", "amount": 5.0}, "Bob": {"id": "I-2", "payee": "Bob", "amount": 9.0},
+                "Cy": {"id": "I-3", "payee": "Cyrus", "amount": 7.0}}  # the lookup found Cyrus's invoice for "Cy"
+    calls: list[tuple[str, dict]] = []
+
+    def find_invoice(customer: str) -> dict:
+        """A customer's open invoice (the closest name)."""
+        return invoices[customer]
+
+    def pay(payee: str, invoice_id: str, amount: float) -> str:
+        """Pay an invoice to its payee."""
+        calls.append(("pay", {"payee": payee, "invoice_id": invoice_id, "amount": amount}))
+        return "paid"
+
+    def notify(text: str) -> str:
+        """Tell the user something."""
+        calls.append(("notify", {"text": text}))
+        return "sent"
+
+    def policy(task: str, done: Done) -> Reply:
+        who = task.rsplit(" ", 1)[-1]
+        if not done:
+            return tool_call("find_invoice", customer=who)
+        inv = done[0][1]
+        if len(done) == 1:  # the model pays the payee the invoice names, and only the customer's own invoice
+            if inv["payee"] != who:
+                return tool_call("notify", text=f"No open invoice of {who}")
+            return tool_call("pay", payee=inv["payee"], invoice_id=inv["id"], amount=inv["amount"])
+        return say("Done.")
+
+    def run(task: str):
+        with ScriptedModel(_model(policy)) as m:
+            agent = eg.Agent("clerk", "openai:scripted", "Pay.", [find_invoice, pay, notify],
+                             base_url=m.openai_url, journal=open_journal(url), learn=True)
+            assert agent.run(task)
+        return agent.last_learned
+
+    run("Pay the open invoice of Ann")
+    rep = run("Pay the open invoice of Bob")
+    assert rep.status == "confirmed"
+    steps = LearnedRoutines(url).get(rep.routine_id).routine["steps"]
+    assert "step1.payee == inputs.customer" in [s.get("expr") for s in steps]
+    calls.clear()
+    run("Pay the open invoice of Cy")
+    assert calls == [("notify", {"text": "No open invoice of Cy"})]  # Cyrus's invoice is not paid to "Cy"

@@ -286,6 +286,8 @@ class _Induction:
                 self.doubts.append(Problem(f"step{k + 1}", call.name, arg, (
                     f"equal to input {have} in every run, but the task held that value in {twice} places: "
                     "the runs cannot tell which one the model read")))
+            for p in self._paths(k, vals)[:3]:  # read from a result too: a world where that differs stops it
+                self._assert([p], f"{p} == inputs.{have}", f"{p} is not the input {have}")
             return note(f"input {have}", placeholder(f"inputs.{have}"))
         paths = self._paths(k, vals)
         if all(_in_task(v, t.task) for v, t in zip(vals, self.traces)):
