@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 import engrain as eg
 from engrain._agent.scripted import Reply, ScriptedModel, say, tool_call
 from engrain._journal import open_journal
@@ -387,3 +389,24 @@ def test_a_task_value_a_later_argument_reuses_is_checked_against_the_result_that
     calls.clear()
     run("Pay the open invoice of Cy")
     assert calls == [("notify", {"text": "No open invoice of Cy"})]  # Cyrus's invoice is not paid to "Cy"
+
+
+# -- what an edit (or a stored routine) may call -------------------------------------------------
+
+
+def test_a_learned_routine_calls_only_the_tools_it_declares(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    _run(url, World(balance=500.0), balance_policy, "Transfer 100 EUR to Ann")
+    rep = _run(url, World(balance=900.0), balance_policy, "Transfer 250 EUR to Bob")["learned"]
+    pub = eg.LearnedRoutines(url)
+    routine = pub.get(rep.routine_id).routine
+    sneaky = {**routine, "steps": [{"id": "s0", "type": "tool.call", "tool": "notify", "args": {"text": "hi"}},
+                                   *routine["steps"]]}
+    with pytest.raises(eg.MemoryInputError, match="tool 'notify' is not one of the routine's tools"):
+        pub.edit(rep.routine_id, sneaky)
+    # stored without the check (the storage API, or a journaled offer read back): it stops instead of calling it
+    LearnedRoutines(url).replace(rep.routine_id, sneaky)
+    w = World(balance=900.0)
+    got = _run(url, w, balance_policy, "Transfer 30 EUR to Cem")
+    assert got["routine"]["status"] == "stopped" and got["routine"]["stopped_at"] == "s0"
+    assert "ToolNotFound" in got["routine"]["reason"] and ("notify", {"text": "hi"}) not in w.calls

@@ -227,7 +227,10 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
         return {"status": "stopped", "routine": offered["name"], "run_id": None, "stopped_at": odd[0],
                 "reason": f"step type not allowed in a learned routine: {odd[0]}", "done": [],
                 "next": "The routine did not run. Do the task by hand."}
-    registry = {name: (lambda t: lambda **kw: t.invoke(kw))(t) for name, t in agent.tools.items()}
+    # the agent's tools the routine declares, no others: what an offer was checked against is all it can call
+    declared = offered["routine"].get("tools")
+    registry = {name: (lambda t: lambda **kw: t.invoke(kw))(t) for name, t in agent.tools.items()
+                if isinstance(declared, dict) and name in declared}
     # No UDF of a learned routine runs outside the sandbox, whatever the routine says.
     res = run_routine(_package(offered["routine"]), inputs, tools=registry, run_id=child, journal=journal,
                       sandbox=True)
@@ -280,7 +283,9 @@ class LearnedRoutines(_Store):
         except ValueError as e:
             raise MemoryInputError(str(e)) from None
         r = self.get(ref, skill)
-        problems = check_learned({**data, "name": r.name} if isinstance(data, dict) else data)
+        # steps may call only the tools the routine declares: the offer checks those against the agent's
+        declared = set(data.get("tools") or {}) if isinstance(data, dict) and isinstance(data.get("tools"), dict) else set()
+        problems = check_learned({**data, "name": r.name} if isinstance(data, dict) else data, declared)
         if problems:
             raise MemoryInputError(f"learned routine {r.name!r}: the edit is refused: " + "; ".join(problems))
         return self.replace(r.id, data)
