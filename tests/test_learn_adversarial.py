@@ -410,3 +410,42 @@ def test_a_learned_routine_calls_only_the_tools_it_declares(tmp_path):
     got = _run(url, w, balance_policy, "Transfer 30 EUR to Cem")
     assert got["routine"]["status"] == "stopped" and got["routine"]["stopped_at"] == "s0"
     assert "ToolNotFound" in got["routine"]["reason"] and ("notify", {"text": "hi"}) not in w.calls
+
+
+# -- a result value the runs never varied, written inside text ------------------------------------
+
+
+def test_numbers_of_a_result_written_into_text_are_asserted_when_the_runs_never_varied_them(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    bills = {"a.txt": {"iban": "DE111", "amount": 60.0, "due": 3}, "b.txt": {"iban": "DE222", "amount": 60.0, "due": 3},
+             "c.txt": {"iban": "DE333", "amount": 75.0, "due": 10}}
+    sent: list[str] = []
+
+    def read_bill(path: str) -> dict:
+        """A bill: IBAN, amount and days until it is due."""
+        return bills[path]
+
+    def notify(text: str) -> str:
+        """Tell the user something."""
+        sent.append(text)
+        return "sent"
+
+    def policy(task: str, done: Done) -> Reply:
+        if not done:
+            return tool_call("read_bill", path=task.rsplit(" ", 1)[-1])
+        b = done[0][1]
+        return say("Done.") if len(done) > 1 else tool_call(
+            "notify", text=f"Your {b['amount']} EUR bill to {b['iban']} is due in {b['due']} days")
+
+    def run(task: str):
+        with ScriptedModel(_model(policy)) as m:
+            agent = eg.Agent("clerk", "openai:scripted", "Remind.", [read_bill, notify], base_url=m.openai_url,
+                             journal=open_journal(url), learn=True)
+            assert agent.run(task)
+        return agent.last_learned
+
+    run("Remind me of the bill in a.txt")
+    assert run("Remind me of the bill in b.txt").status == "confirmed"  # both bills: 60.0 EUR, due in 3 days
+    sent.clear()
+    run("Remind me of the bill in c.txt")
+    assert sent == ["Your 75.0 EUR bill to DE333 is due in 10 days"]  # never "60.0 ... 3 days"

@@ -38,32 +38,11 @@ from typing import Any
 
 from .agent_trace import AgentTrace, _leaves, shape_of
 from .compiler import _child
-from .preconditions import _NO, Preconditions, Problem, _literal, _same, _short
+from .preconditions import _NO, Preconditions, Problem, _in_task, _literal, _same, _short, _task_count
 from .template import escape, placeholder, render
 
 _MAX_NODES = 4000  # nodes of one result indexed as template sources
 _STOP = {"a", "an", "the", "in", "to", "of", "for", "on", "at", "from", "with", "and", "my", "me", "please", "by", "is"}
-
-
-def _in_task(v: Any, task: str) -> bool:
-    return _task_count(v, task) > 0
-
-
-def _task_count(v: Any, task: str) -> int:
-    """How many places of the task text hold ``v``."""
-    if isinstance(v, bool) or v is None:
-        return 0
-    if isinstance(v, str):
-        if not v.strip():
-            return 0
-        # whole words only where the value starts or ends with one ("cat" is not in "concatenate")
-        left = r"(?<![^\W_])" if v[0].isalnum() else ""
-        right = r"(?![^\W_])" if v[-1].isalnum() else ""
-        return len(re.findall(left + re.escape(v) + right, task))
-    if isinstance(v, (int, float)):
-        forms = {str(v)} | ({str(int(v))} if isinstance(v, float) and v.is_integer() else set())
-        return sum(len(re.findall(rf"(?<![\w.]){re.escape(f)}(?![\w]|\.\d)", task)) for f in forms)
-    return 0
 
 
 def _index(step: str, result: Any) -> dict[str, Any]:
@@ -231,6 +210,11 @@ class _Induction(Preconditions):
         for p in pinned:
             v = self._at(0, p)
             self._assert([p], f"{p} == {_literal(v)}", f"{p} is no longer {_short(v)}")
+        pos, kept = 0, []
+        for a, b, _ in sorted(spans):
+            kept.append(text[pos:a])
+            pos = b
+        self.pin_embedded(k, "\n".join([*kept, text[pos:]]))
         return tpl
 
     def _at(self, r: int, path: str) -> Any:
@@ -290,6 +274,8 @@ class _Induction(Preconditions):
         if not varies:
             for p in paths[:3]:  # pinned, and the world must still hold the value it came from
                 self._assert([p], f"{p} == {_literal(vals[0])}", f"{p} is no longer {_short(vals[0])}")
+            if isinstance(vals[0], str):
+                self.pin_embedded(k, vals[0])
             return note("constant" if sure else "constant (unconfirmed: one run cannot tell)", _const(vals[0]))
         shown = ", ".join(_short(v) for v in vals[:3])
         why = ("the value differs between runs (" + shown + ") and is neither in the task text nor in an earlier "

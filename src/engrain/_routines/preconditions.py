@@ -28,6 +28,27 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and _key(a) == _key(b)
 
 
+def _in_task(v: Any, task: str) -> bool:
+    return _task_count(v, task) > 0
+
+
+def _task_count(v: Any, task: str) -> int:
+    """How many places of ``task`` (the task text, or other text) hold ``v`` (as a whole word or number)."""
+    if isinstance(v, bool) or v is None:
+        return 0
+    if isinstance(v, str):
+        if not v.strip():
+            return 0
+        # whole words only where the value starts or ends with one ("cat" is not in "concatenate")
+        left = r"(?<![^\W_])" if v[0].isalnum() else ""
+        right = r"(?![^\W_])" if v[-1].isalnum() else ""
+        return len(re.findall(left + re.escape(v) + right, task))
+    if isinstance(v, (int, float)):
+        forms = {str(v)} | ({str(int(v))} if isinstance(v, float) and v.is_integer() else set())
+        return sum(len(re.findall(rf"(?<![\w.]){re.escape(f)}(?![\w]|\.\d)", task)) for f in forms)
+    return 0
+
+
 @dataclass(slots=True)
 class Problem:
     """Why a step is not compilable: the step, its tool, the argument and the reason."""
@@ -88,6 +109,24 @@ class Preconditions:
         items = self.asserts.setdefault(step, [])
         if expr not in [e for e, _ in items]:
             items.append((expr, message))
+
+    def pin_embedded(self, k: int, text: str) -> None:
+        """Assert the earlier results' values that step k's literal ``text`` holds and every run shared.
+
+        "Your 60.0 EUR bill is due in 3 days", learned from two bills of 60.0
+        due in 3 days, must not be sent about a bill of 75.0: the runs cannot
+        tell the number was read from the result, so the result must still hold it.
+        """
+        turn, added = self.traces[0].calls[k].turn, 0
+        for j in range(k):
+            if self.traces[0].calls[j].turn >= turn:
+                break
+            for p, v in self.index[0][j].items():
+                small = _number(v) or isinstance(v, str) and 2 <= len(v) <= 200 and "\n" not in v
+                if added < _MAX_ASSERTS and small and _task_count(v, text) and all(
+                        _same(self.index[r][j].get(p, _NO), v) for r in range(self.n)):
+                    added += 1
+                    self._assert([p], f"{p} == {_literal(v)}", f"{p} is no longer {_short(v)}")
 
     def _chosen(self, k: int, arg: str, path: str) -> None:
         """Doubt a value read from one element of a list that held several items in some run.
