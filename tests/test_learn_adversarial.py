@@ -65,7 +65,7 @@ class World:
         return [list_invoices, pay_invoice, get_balance, transfer, notify]
 
 
-BASE = {"list_invoices", "pay_invoice", "get_balance", "transfer", "notify", "read_bill", "pay", "find_invoice"}
+BASE = {"list_invoices", "pay_invoice", "get_balance", "transfer", "notify", "read_bill", "pay", "find_invoice", "get_price", "place_order"}
 
 
 def _routine_call(body: dict, task: str) -> Reply | None:
@@ -449,3 +449,42 @@ def test_numbers_of_a_result_written_into_text_are_asserted_when_the_runs_never_
     sent.clear()
     run("Remind me of the bill in c.txt")
     assert sent == ["Your 75.0 EUR bill to DE333 is due in 10 days"]  # never "60.0 ... 3 days"
+
+
+# -- a number the model computed, the same in every run ----------------------------------------
+
+
+def test_a_constant_number_written_after_results_pins_the_numbers_it_may_come_from(tmp_path):
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    prices = {"paper": 30.0, "toner": 30.0, "staples": 12.0}
+    orders: list[tuple] = []
+
+    def get_price(item: str) -> dict:
+        """The unit price of an item."""
+        return {"item": item, "unit_price": prices[item]}
+
+    def place_order(item: str, qty: int, total: float) -> str:
+        """Order items."""
+        orders.append((item, qty, total))
+        return "ordered"
+
+    def policy(task: str, done: Done) -> Reply:
+        n, item = re.fullmatch(r"Order (\d+) boxes of (\w+)", task).groups()
+        if not done:
+            return tool_call("get_price", item=item)
+        if len(done) == 1:  # the model computes the total
+            return tool_call("place_order", item=item, qty=int(n), total=done[0][1]["unit_price"] * int(n))
+        return say("Ordered.")
+
+    def run(task: str):
+        with ScriptedModel(_model(policy)) as m:
+            agent = eg.Agent("buyer", "openai:scripted", "Order.", [get_price, place_order], base_url=m.openai_url,
+                             journal=open_journal(url), learn=True)
+            assert agent.run(task)
+        return agent.last_learned
+
+    run("Order 2 boxes of paper")
+    assert run("Order 2 boxes of toner").status == "confirmed"  # the same total (60.0) both times
+    orders.clear()
+    run("Order 2 boxes of staples")
+    assert orders == [("staples", 2, 24.0)]  # never the learned runs' 60.0

@@ -276,6 +276,8 @@ class _Induction(Preconditions):
                 self._assert([p], f"{p} == {_literal(vals[0])}", f"{p} is no longer {_short(vals[0])}")
             if isinstance(vals[0], str):
                 self.pin_embedded(k, vals[0])
+            elif not paths and call.turn > 0:  # a number the model may have computed from what it saw
+                self.pin_numbers(k)
             return note("constant" if sure else "constant (unconfirmed: one run cannot tell)", _const(vals[0]))
         shown = ", ".join(_short(v) for v in vals[:3])
         why = ("the value differs between runs (" + shown + ") and is neither in the task text nor in an earlier "

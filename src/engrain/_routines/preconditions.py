@@ -128,6 +128,24 @@ class Preconditions:
                     added += 1
                     self._assert([p], f"{p} == {_literal(v)}", f"{p} is no longer {_short(v)}")
 
+    def pin_numbers(self, k: int) -> None:
+        """Assert the numbers of earlier results every run shared, for a constant number step k wrote after them.
+
+        Two orders of 2 boxes at 30.0 both had the total 60.0: the runs cannot
+        tell it was computed, so it holds only while the price does. A number
+        that differed between the runs while the constant did not is no such source.
+        """
+        turn, added = self.traces[0].calls[k].turn, 0
+        for j in range(k):
+            if self.traces[0].calls[j].turn >= turn:
+                break
+            for p in self._fields(j):
+                v = self.index[0][j].get(p)
+                if added < _MAX_ASSERTS and _number(v) and all(
+                        _same(self.index[r][j].get(p, _NO), v) for r in range(self.n)):
+                    added += 1
+                    self._assert([p], f"{p} == {_literal(v)}", f"{p} is no longer {_short(v)}")
+
     def _chosen(self, k: int, arg: str, path: str) -> None:
         """Doubt a value read from one element of a list that held several items in some run.
 
@@ -187,6 +205,17 @@ class Preconditions:
                        and len(re.findall(_SEGMENT, p)) <= _RECORD_DEPTH)
         return sorted(parents, key=len)
 
+    def _fields(self, j: int) -> list[str]:
+        """The paths of the fields of step j's records (:meth:`_records`), and of the result if it is a number."""
+        out = []
+        for parent in self._records(j):
+            node = self.index[0][j].get(parent)
+            if _number(node):
+                out.append(parent)
+            elif isinstance(node, dict):
+                out += [c for key in node if (c := _child(parent, key)) is not None]
+        return out
+
     def relations(self, k: int, args: Any) -> None:
         """Asserts on how step k's numeric arguments compared with numbers the model saw before it asked.
 
@@ -206,16 +235,12 @@ class Preconditions:
             for j in range(k):
                 if self.traces[0].calls[j].turn >= turn:
                     break
-                for parent in self._records(j):
-                    node = self.index[0][j].get(parent)
-                    cands = [parent] if _number(node) else [c for key in node if (c := _child(parent, key))] \
-                        if isinstance(node, dict) else []
-                    for p in cands:
-                        seen = [self.index[r][j].get(p, _NO) for r in range(self.n)]
-                        if p == src or not all(_number(b) for b in seen):
-                            continue
-                        op = _order([(b, a) for b, a in zip(seen, vals)])
-                        if op is not None and added < _MAX_ASSERTS:
-                            added += 1
-                            self._assert([p, *([src] if src.startswith("step") else [])], f"{p} {op} {src}",
-                                         f"{p} is not {op} {src} as in the learned runs")
+                for p in self._fields(j):
+                    seen = [self.index[r][j].get(p, _NO) for r in range(self.n)]
+                    if p == src or not all(_number(b) for b in seen):
+                        continue
+                    op = _order([(b, a) for b, a in zip(seen, vals)])
+                    if op is not None and added < _MAX_ASSERTS:
+                        added += 1
+                        self._assert([p, *([src] if src.startswith("step") else [])], f"{p} {op} {src}",
+                                     f"{p} is not {op} {src} as in the learned runs")
