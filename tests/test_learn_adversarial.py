@@ -127,6 +127,15 @@ def _run(url: str, world: World, policy: Callable[[str, Done], Reply], task: str
     return {"learned": agent.last_learned, "routine": routine[0] if routine else None}
 
 
+def _learning_run(url: str, tools: list[Callable[..., Any]], policy: Callable[[str, Done], Reply], task: str) -> Any:
+    """Run ``task`` with an agent that learns, the model playing ``policy``; what the run taught."""
+    with ScriptedModel(_model(policy)) as m:
+        agent = eg.Agent("clerk", "openai:scripted", "Do the task.", tools, base_url=m.openai_url,
+                         journal=open_journal(url), learn=True)
+        assert agent.run(task)
+    return agent.last_learned
+
+
 # -- a list element chosen on meaning ---------------------------------------------------------
 
 
@@ -325,12 +334,8 @@ def test_a_flag_in_a_record_beside_the_one_read_is_asserted(tmp_path):
             return tool_call("pay", **done[0][1]["bill"])
         return say("Not paid: the customer is blocked." if len(done) == 1 else "Paid.")
 
-    def run(task: str) -> dict:
-        with ScriptedModel(_model(policy)) as m:
-            agent = eg.Agent("clerk", "openai:scripted", "Pay.", [read_bill, pay], base_url=m.openai_url,
-                             journal=open_journal(url), learn=True)
-            assert agent.run(task)
-        return agent.last_learned
+    def run(task: str) -> Any:
+        return _learning_run(url, [read_bill, pay], policy, task)
 
     run("Pay the bill in a.txt")
     assert run("Pay the bill in b.txt").status == "confirmed"
@@ -374,12 +379,8 @@ def test_a_task_value_a_later_argument_reuses_is_checked_against_the_result_that
             return tool_call("pay", payee=inv["payee"], invoice_id=inv["id"], amount=inv["amount"])
         return say("Done.")
 
-    def run(task: str):
-        with ScriptedModel(_model(policy)) as m:
-            agent = eg.Agent("clerk", "openai:scripted", "Pay.", [find_invoice, pay, notify],
-                             base_url=m.openai_url, journal=open_journal(url), learn=True)
-            assert agent.run(task)
-        return agent.last_learned
+    def run(task: str) -> Any:
+        return _learning_run(url, [find_invoice, pay, notify], policy, task)
 
     run("Pay the open invoice of Ann")
     rep = run("Pay the open invoice of Bob")
@@ -437,12 +438,8 @@ def test_numbers_of_a_result_written_into_text_are_asserted_when_the_runs_never_
         return say("Done.") if len(done) > 1 else tool_call(
             "notify", text=f"Your {b['amount']} EUR bill to {b['iban']} is due in {b['due']} days")
 
-    def run(task: str):
-        with ScriptedModel(_model(policy)) as m:
-            agent = eg.Agent("clerk", "openai:scripted", "Remind.", [read_bill, notify], base_url=m.openai_url,
-                             journal=open_journal(url), learn=True)
-            assert agent.run(task)
-        return agent.last_learned
+    def run(task: str) -> Any:
+        return _learning_run(url, [read_bill, notify], policy, task)
 
     run("Remind me of the bill in a.txt")
     assert run("Remind me of the bill in b.txt").status == "confirmed"  # both bills: 60.0 EUR, due in 3 days
@@ -476,12 +473,8 @@ def test_a_constant_number_written_after_results_pins_the_numbers_it_may_come_fr
             return tool_call("place_order", item=item, qty=int(n), total=done[0][1]["unit_price"] * int(n))
         return say("Ordered.")
 
-    def run(task: str):
-        with ScriptedModel(_model(policy)) as m:
-            agent = eg.Agent("buyer", "openai:scripted", "Order.", [get_price, place_order], base_url=m.openai_url,
-                             journal=open_journal(url), learn=True)
-            assert agent.run(task)
-        return agent.last_learned
+    def run(task: str) -> Any:
+        return _learning_run(url, [get_price, place_order], policy, task)
 
     run("Order 2 boxes of paper")
     assert run("Order 2 boxes of toner").status == "confirmed"  # the same total (60.0) both times
