@@ -454,8 +454,8 @@ def main() -> None:
         runs_ok = sum(r["ok"] for r in truth.values())
         final = {r.id: r for r in store1.list()}
         compiled = Counter(final[t["learned"].routine_id].status for t in truth.values() if t["learned"].routine_id)
-        reasons = [f"{r.skill}: {p['step']} {p['tool']}.{p['arg']}: {p['reason']}" for r in final.values()
-                   for p in r.problems]
+        reasons = [f"{r.status.replace('_', ' ')}: {r.skill}: {p['step']} {p['tool']}.{p['arg']}: {p['reason']}"
+                   for r in final.values() for p in r.problems]
 
         # 2. learn from the first LEARN tasks of each family
         url2 = tmp / "learned.db"
@@ -508,8 +508,8 @@ def main() -> None:
           "The routine each run's shape induces (all runs of each family):")
     for status in ("confirmed", "candidate", "not_compilable"):
         print(f"   {status:<15} {compiled[status]:>3} runs ({compiled[status] / max(1, runs_ok):.0%})")
-    for why in reasons:
-        print(f"   not compilable: {why}")
+    for why in reasons:  # why a routine is not compilable, or stays a candidate (a choice the runs cannot explain)
+        print(f"   {why}")
     print()
     bad = 0
     rest = len(fams[0].tasks) - LEARN

@@ -11,7 +11,8 @@ explanation. A run in which a learned routine finished teaches nothing new and
 is skipped; in a run where one stopped, its child run's tool calls stand in for
 it, so a stop the model finished by hand the same way is one more run of the
 routine's shape (an assert the runs did not need then drops out). A routine a
-human edited is not re-induced (its runs are still recorded).
+human edited or promoted is not re-induced (its runs are still recorded), so
+trust never carries over to a version nobody reviewed.
 
 **Offer.** At the start of a run, :func:`offer` recalls the skill's confirmed
 (or promoted) routines whose source tasks read like the task, as a journaled
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -119,12 +121,13 @@ def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
         return LearnReport(run_id, "recorded", "this run was learned before", have.name, have.id, have.status,
                            len(have.runs), have.problems)
     evidence = [*(AgentTrace.from_dict(d) for d in (have.evidence if have else [])), trace]
-    if have is not None and have.edited:  # a human's version stands; the run is kept as evidence
+    if have is not None and (have.edited or have.trusted):  # the version a human wrote or reviewed stands
         have.runs = [*have.runs, run_id][-MAX_EVIDENCE:]
         have.tasks = list(dict.fromkeys([*have.tasks, trace.task]))[-MAX_EVIDENCE:]
         have.evidence = [t.to_dict() for t in evidence]
         store.save(have)
-        return LearnReport(run_id, "recorded", "the routine was edited by a human: it is not re-induced",
+        why = "edited" if have.edited else "promoted"
+        return LearnReport(run_id, "recorded", f"the routine was {why} by a human: it is not re-induced",
                            have.name, have.id, have.status, len(have.runs))
     kept = evidence[-MAX_EVIDENCE:]
     if have is None:
@@ -137,7 +140,7 @@ def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
     r.tasks = list(dict.fromkeys(t.task for t in kept))
     r.runs = [*r.runs, run_id][-len(kept):] if have is not None else [run_id]
     r.evidence = [t.to_dict() for t in kept]
-    r.problems = [p.to_dict() for p in done.problems]
+    r.problems = [p.to_dict() for p in [*done.problems, *done.doubts]]  # a doubt keeps it a candidate
     r.explained, r.pattern = done.explained, done.pattern
     store.save(r)
     return LearnReport(run_id, "created" if have is None else "updated", "", r.name, r.id, r.status, len(kept),
@@ -197,7 +200,9 @@ def _package(routine: dict[str, Any]) -> pathlib.Path:
             if not _tmp_root:
                 _tmp_root.append(pathlib.Path(tempfile.mkdtemp(prefix="engrain-learned-")))
         root = _tmp_root[0]
-    folder = root / f"{routine.get('name', 'routine')}-{digest}"
+    # the name may come back from the journal (a resumed offer): it names the folder, never a path
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", str(routine.get("name") or "routine"))[:48]
+    folder = root / f"{stem}-{digest}"
     target = folder / "routine.yaml"
     if not target.exists():
         folder.mkdir(parents=True, exist_ok=True)
@@ -222,7 +227,10 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
         return {"status": "stopped", "routine": offered["name"], "run_id": None, "stopped_at": odd[0],
                 "reason": f"step type not allowed in a learned routine: {odd[0]}", "done": [],
                 "next": "The routine did not run. Do the task by hand."}
-    registry = {name: (lambda t: lambda **kw: t.invoke(kw))(t) for name, t in agent.tools.items()}
+    # the agent's tools the routine declares, no others: what an offer was checked against is all it can call
+    declared = offered["routine"].get("tools")
+    registry = {name: (lambda t: lambda **kw: t.invoke(kw))(t) for name, t in agent.tools.items()
+                if isinstance(declared, dict) and name in declared}
     # No UDF of a learned routine runs outside the sandbox, whatever the routine says.
     res = run_routine(_package(offered["routine"]), inputs, tools=registry, run_id=child, journal=journal,
                       sandbox=True)
@@ -275,7 +283,9 @@ class LearnedRoutines(_Store):
         except ValueError as e:
             raise MemoryInputError(str(e)) from None
         r = self.get(ref, skill)
-        problems = check_learned({**data, "name": r.name} if isinstance(data, dict) else data)
+        # steps may call only the tools the routine declares: the offer checks those against the agent's
+        declared = set(data.get("tools") or {}) if isinstance(data, dict) and isinstance(data.get("tools"), dict) else set()
+        problems = check_learned({**data, "name": r.name} if isinstance(data, dict) else data, declared)
         if problems:
             raise MemoryInputError(f"learned routine {r.name!r}: the edit is refused: " + "; ".join(problems))
         return self.replace(r.id, data)

@@ -25,47 +25,24 @@ Where the runs agree on a value that could still vary, the value is pinned: a
 constant, or an input whose schema admits only that value, with an ``assert``
 on the result it came from. What the runs relied on in the results they read
 (status fields, flags, list lengths, two paths holding the same value) become
-``assert`` steps, so the routine stops instead of acting on a world that
-changed. See ARCHITECTURE.md ("Learning routines").
+``assert`` steps (:mod:`.preconditions`), so the routine stops instead of
+acting on a world that changed. See ARCHITECTURE.md ("Learning routines").
 """
 
 from __future__ import annotations
 
-import json
 import keyword
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from .agent_trace import AgentTrace, _leaves, shape_of
-from .compiler import _child, _key
+from .compiler import _child
+from .preconditions import _NO, Preconditions, Problem, _in_task, _literal, _same, _short, _task_count
 from .template import escape, placeholder, render
 
 _MAX_NODES = 4000  # nodes of one result indexed as template sources
-_MAX_ASSERTS = 12  # invariant asserts per result
-_ENUMISH = re.compile(r"^[A-Za-z][A-Za-z_\- ]{0,31}$")  # status-like words: "unpaid", "in stock"
 _STOP = {"a", "an", "the", "in", "to", "of", "for", "on", "at", "from", "with", "and", "my", "me", "please", "by", "is"}
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal as JSON values, type included (``1`` is not ``True`` nor ``1.0``)."""
-    return type(a) is type(b) and _key(a) == _key(b)
-
-
-def _in_task(v: Any, task: str) -> bool:
-    if isinstance(v, bool) or v is None:
-        return False
-    if isinstance(v, str):
-        if not v.strip():
-            return False
-        # whole words only where the value starts or ends with one ("cat" is not in "concatenate")
-        left = r"(?<![^\W_])" if v[0].isalnum() else ""
-        right = r"(?![^\W_])" if v[-1].isalnum() else ""
-        return re.search(left + re.escape(v) + right, task) is not None
-    if isinstance(v, (int, float)):
-        forms = {str(v)} | ({str(int(v))} if isinstance(v, float) and v.is_integer() else set())
-        return any(re.search(rf"(?<![\w.]){re.escape(f)}(?![\w]|\.\d)", task) for f in forms)
-    return False
 
 
 def _index(step: str, result: Any) -> dict[str, Any]:
@@ -83,25 +60,14 @@ def _index(step: str, result: Any) -> dict[str, Any]:
 
 
 @dataclass(slots=True)
-class Problem:
-    """Why a step is not compilable: the step, its tool, the argument and the reason."""
-
-    step: str
-    tool: str
-    arg: str
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tool": self.tool, "arg": self.arg, "reason": self.reason}
-
-
-@dataclass(slots=True)
 class Induced:
     """The result of :func:`induce`: a routine (``routine.yaml`` data) and what it rests on.
 
     ``status`` is ``confirmed`` (two or more runs with different tasks, every
-    argument explained), ``candidate`` (one run, or runs that all had the same
-    task) or ``not_compilable`` (``problems`` say which steps and why).
+    argument explained), ``candidate`` (one run, runs that all had the same
+    task, or ``doubts``: an argument read from one element of a list that held
+    several, which no number of runs can explain) or ``not_compilable``
+    (``problems`` say which steps and why).
     """
 
     name: str
@@ -110,10 +76,12 @@ class Induced:
     problems: list[Problem]
     pattern: str | None
     explained: list[dict[str, Any]] = field(default_factory=list)
+    doubts: list[Problem] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "routine": self.routine, "pattern": self.pattern,
-                "problems": [p.to_dict() for p in self.problems], "explained": self.explained}
+                "problems": [p.to_dict() for p in self.problems], "explained": self.explained,
+                "doubts": [p.to_dict() for p in self.doubts]}
 
 
 class _Inputs:
@@ -162,17 +130,13 @@ def _type_schema(vals: list[Any]) -> dict[str, Any]:
     return {}
 
 
-def _literal(v: Any) -> str:
-    """``v`` as an expression literal (scalars only)."""
-    return json.dumps(v) if isinstance(v, str) else repr(v)
-
-
-class _Induction:
+class _Induction(Preconditions):
     def __init__(self, traces: list[AgentTrace]):
         self.traces = traces
         self.n = len(traces)
         self.inputs = _Inputs()
         self.problems: list[Problem] = []
+        self.doubts: list[Problem] = []  # what keeps an otherwise explained routine a candidate
         self.explained: list[dict[str, Any]] = []
         self.asserts: dict[int, list[tuple[str, str]]] = {}  # after step k: (expr, message)
         self.consumed: dict[int, set[str]] = {}  # step k -> paths read by later steps
@@ -246,6 +210,11 @@ class _Induction:
         for p in pinned:
             v = self._at(0, p)
             self._assert([p], f"{p} == {_literal(v)}", f"{p} is no longer {_short(v)}")
+        pos, kept = 0, []
+        for a, b, _ in sorted(spans):
+            kept.append(text[pos:a])
+            pos = b
+        self.pin_embedded(k, "\n".join([*kept, text[pos:]]))
         return tpl
 
     def _at(self, r: int, path: str) -> Any:
@@ -269,6 +238,13 @@ class _Induction:
             return note("constant", vals[0])  # an empty list/dict, a flag or null: not evidence of provenance
         have = self.inputs.find(vals)
         if have is not None:
+            twice = max(_task_count(v, t.task) for v, t in zip(vals, self.traces))
+            if twice > 1:  # "move my Monday meeting to Monday": the day to find and the day to move to
+                self.doubts.append(Problem(f"step{k + 1}", call.name, arg, (
+                    f"equal to input {have} in every run, but the task held that value in {twice} places: "
+                    "the runs cannot tell which one the model read")))
+            for p in self._paths(k, vals)[:3]:  # read from a result too: a world where that differs stops it
+                self._assert([p], f"{p} == inputs.{have}", f"{p} is not the input {have}")
             return note(f"input {have}", placeholder(f"inputs.{have}"))
         paths = self._paths(k, vals)
         if all(_in_task(v, t.task) for v, t in zip(vals, self.traces)):
@@ -282,6 +258,7 @@ class _Induction:
         if paths and (varies or not sure):
             first = paths[0]
             self._consume(first)
+            self._chosen(k, arg, first)
             for other in paths[1:4]:  # the runs could not tell these apart: the routine relies on them agreeing
                 self._assert([first, other], f"{first} == {other}", f"{first} and {other} differ")
             return note(f"result {first}", placeholder(first))
@@ -289,6 +266,7 @@ class _Induction:
         if tpl is not None:
             for v in re.findall(r"\{\{ (step\d+[^ ]*) \}\}", tpl):
                 self._consume(v)
+                self._chosen(k, arg, v)
             return note("text around earlier values", tpl)
         if varies and call.turn == 0:
             name = self.inputs.add(base, vals, f"what you would pass as {call.name}'s {arg!r} for this task", False)
@@ -296,54 +274,16 @@ class _Induction:
         if not varies:
             for p in paths[:3]:  # pinned, and the world must still hold the value it came from
                 self._assert([p], f"{p} == {_literal(vals[0])}", f"{p} is no longer {_short(vals[0])}")
+            if isinstance(vals[0], str):
+                self.pin_embedded(k, vals[0])
+            elif not paths and call.turn > 0:  # a number the model may have computed from what it saw
+                self.pin_numbers(k)
             return note("constant" if sure else "constant (unconfirmed: one run cannot tell)", _const(vals[0]))
         shown = ", ".join(_short(v) for v in vals[:3])
         why = ("the value differs between runs (" + shown + ") and is neither in the task text nor in an earlier "
                "result: the model composed or computed it after seeing results")
         self.problems.append(Problem(f"step{k + 1}", call.name, arg, why))
         return _const(vals[0])  # the first run's value, for a human to edit: the routine is never offered as is
-
-    # -- preconditions --------------------------------------------------------------------
-
-    def _assert(self, paths: list[str], expr: str, message: str) -> None:
-        # after the last step the expression reads, before the step that relies on it
-        step = max(int(re.match(r"step(\d+)", p).group(1)) for p in paths) - 1  # type: ignore[union-attr]
-        items = self.asserts.setdefault(step, [])
-        if expr not in [e for e, _ in items]:
-            items.append((expr, message))
-
-    def _consume(self, path: str) -> None:
-        step = int(re.match(r"step(\d+)", path).group(1)) - 1  # type: ignore[union-attr]
-        self.consumed.setdefault(step, set()).add(path)
-
-    def invariants(self, j: int) -> None:
-        """Asserts on what step j's result held in every run: its top-level flags and status words (the
-        model saw them before it went on, whether or not a later argument reads them), and the same in
-        the records and lists that later arguments read from."""
-        read = self.consumed.get(j, set())
-        parents: set[str] = {f"step{j + 1}"}
-        for p in read:  # the records a consumed value sits in, and the lists holding them
-            for m in re.finditer(r"\[\d+\]|\.[A-Za-z_]\w*|\[\"[^\"]*\"\]", p):
-                parents.add(p[: m.start()])
-        idx0 = self.index[0][j]
-        found: list[tuple[str, str]] = []
-        for parent in sorted(parents, key=len):
-            node = idx0.get(parent, _NO)
-            if isinstance(node, list):
-                if all(isinstance(self.index[r][j].get(parent), list) and len(self.index[r][j][parent]) == len(node)
-                       for r in range(self.n)) and self.n >= 2:
-                    found.append((f"len({parent}) == {len(node)}", f"{parent} no longer has {len(node)} items"))
-                continue
-            if not isinstance(node, dict):
-                continue
-            for key, v in node.items():
-                p = _child(parent, key)
-                if p is None or p in read or not (v is None or isinstance(v, bool) or isinstance(v, str) and _ENUMISH.match(v)):
-                    continue
-                if all(_same(self.index[r][j].get(p, _NO), v) for r in range(self.n)):
-                    found.append((f"{p} == {_literal(v)}", f"{p} is no longer {_short(v)}"))
-        for expr, msg in found[:_MAX_ASSERTS]:
-            self._assert([f"step{j + 1}"], expr, msg)
 
     # -- the whole routine ------------------------------------------------------------------
 
@@ -361,6 +301,8 @@ class _Induction:
             step_args.append(_rebuild(call.args, filled))
         for j in range(len(calls)):
             self.invariants(j)
+        for k in range(len(calls)):
+            self.relations(k, step_args[k])
         steps: list[dict[str, Any]] = []
         for k, call in enumerate(calls):
             steps.append({"id": f"step{k + 1}", "type": "tool.call", "tool": call.name, "args": step_args[k]})
@@ -378,7 +320,7 @@ class _Induction:
         tasks = list(dict.fromkeys(t.task for t in self.traces))
         if self.problems:
             status = "not_compilable"
-        elif self.n >= 2 and len(tasks) >= 2:
+        elif self.n >= 2 and len(tasks) >= 2 and not self.doubts:
             status = "confirmed"
         else:
             status = "candidate"
@@ -395,7 +337,7 @@ class _Induction:
             "tools": {c.name: {} for c in calls},
             "steps": steps,
         }
-        return Induced(name, status, routine, self.problems, pattern, self.explained)
+        return Induced(name, status, routine, self.problems, pattern, self.explained, self.doubts)
 
     def _pattern(self) -> str | None:
         """The task with each task input's value as ``{name}``, when it reads back every run's task."""
@@ -426,19 +368,6 @@ class _Induction:
             if m is None or any(m.group(n) != str(self.inputs.values[n][r]) for n, _ in named):
                 return None
         return "".join(out)
-
-
-class _NoType:
-    def __repr__(self) -> str:
-        return "<none>"
-
-
-_NO = _NoType()
-
-
-def _short(v: Any) -> str:
-    s = json.dumps(v, default=str)
-    return s if len(s) <= 40 else s[:37] + "..."
 
 
 def _const(v: Any) -> Any:
