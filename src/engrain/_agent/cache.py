@@ -84,7 +84,7 @@ def lookup(agent: Agent, journal: Any, key: str, ctx_key: str, task: str) -> dic
     now = time.time()
     for e in store.candidates(key, limit=3):
         last = (e.steps[-1].get("reply") or {}) if e.steps else {}
-        if not last.get("text") and not last.get("tool_calls"):
+        if not (last.get("text") or "").strip() and not last.get("tool_calls"):
             store.evict(e.id)  # an empty answer recorded before empty replies were refused: never replayed
             continue
         if _answer_only(e.steps):
@@ -189,7 +189,8 @@ def _depends(call: dict[str, Any], results: list[str], task: str) -> bool:
         args = json.loads(call["arguments"] or "{}")
     except ValueError:
         args = call["arguments"]
-    return any(v not in task and any(v in r for r in results) for v in _leaves(args, []))
+    task, results = task.lower(), [r.lower() for r in results]  # a model copies an address in another case
+    return any(v.lower() not in task and any(v.lower() in r for r in results) for v in _leaves(args, []))
 
 
 def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
@@ -217,8 +218,9 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
         mine = calls[pos:pos + len(recorded)]
         pos += len(recorded)
         sizes.append(len(mine))
+        # the recorded calls, and the model's own: a value it copied from the plan's results is stale
         if not on_plan and any(_depends(c, [r for t in turns[:g] for r in t["results"]], similar["task"])
-                               for c in recorded):
+                               for c in (*recorded, *mine)):
             out.extend(skipped(c) for c in mine)
             ran.extend(mine)
             continue
@@ -249,6 +251,8 @@ class Savings:
 
     def avoided(self, reply: dict[str, Any], resumed: bool = False) -> None:
         """A model call not paid: ``reply`` came from the cache (or from the journal, ``resumed``)."""
+        if reply.get("plan_group"):
+            return  # a later group of a followed plan: its calls came with the first group's model call
         if resumed:
             self.resumed += 1
         else:

@@ -155,7 +155,7 @@ def _complete(agent: Agent, system: str, msgs: list[dict[str, Any]], specs: list
         t0 = time.perf_counter()
         reply = agent.provider.complete(system, msgs, specs, delta)
         reply["seconds"] = round(time.perf_counter() - t0, 4)
-        if reply["text"] or reply["tool_calls"]:
+        if (reply["text"] or "").strip() or reply["tool_calls"]:
             return reply
     raise EmptyReplyError(
         f"agent {agent.name!r}: model {agent.model!r} sent an empty reply (no text and no tool call) at turn "
@@ -294,6 +294,8 @@ def _plan_log(log: list[dict[str, Any]], reply: dict[str, Any], results: list[di
     pos = 0
     for k, n in enumerate(sizes):
         part = {**reply, "text": reply["text"] if k == 0 else "", "tool_calls": reply["tool_calls"][pos:pos + n]}
+        if k:  # one model call made every group: a replay saves it once (see cache.Savings)
+            part.update(usage={}, seconds=0.0, plan_group=k)
         log.append({"name": "agent.turn", "args": {}, "reply": part,
                     "results": [r["content"] for r in results[pos:pos + n]]})
         pos += n
