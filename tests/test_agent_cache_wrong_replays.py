@@ -272,6 +272,7 @@ def test_a_value_the_session_named_is_never_volatile():
     fresh = [json.dumps({"order": "ord_9z8y7x6w5v4u", "state": "open"})]
     assert Replayer(turns, "is my order open?").matches(0, ["t"], fresh, {})
     assert not Replayer(turns, "is my order open?", ["My order is ORD_A1B2C3D4E5F6."]).matches(0, ["t"], fresh, {})
+    assert not Replayer(turns, "is my order open?", ["Mine is ord_9z8y7x6w5v4u."]).matches(0, ["t"], fresh, {})
 
 
 def test_an_edited_plan_never_runs_a_call_on_a_value_taken_from_a_result_in_another_case(model, journal, embedder):
@@ -359,3 +360,21 @@ def test_a_reply_of_only_whitespace_is_an_empty_reply(model, journal):
     model.script += [Reply(text="\n\n"), say("  ")]
     res = a.run("hi again")
     assert res.status == "failed" and "empty reply" in res.error
+
+
+def test_an_edited_plan_is_judged_against_the_plan_it_edited():
+    from engrain._agent.cache import plan_followed
+
+    def plan(task: str, to: str) -> dict:
+        calls = [{"id": "1", "name": "search_contacts", "arguments": json.dumps({"name": task.split()[1]})},
+                 {"id": "2", "name": "send_email", "arguments": json.dumps({"to": to, "subject": "Report"})}]
+        return {"entry": task, "task": task, "turns": [
+            {"reply": {"text": "", "tool_calls": calls[:1]}, "results": [json.dumps({"email": to})]},
+            {"reply": {"text": "", "tool_calls": calls[1:]}, "results": ["sent"]},
+            {"reply": {"text": "Sent.", "tool_calls": []}, "results": []}]}
+
+    nearest, other = plan("Email Bob the report", "team@example.com"), plan("Email Carol the report", "carol@x.org")
+    edited = [{"id": "a", "name": "search_contacts", "arguments": json.dumps({"name": "Carol"})},
+              {"id": "b", "name": "send_email", "arguments": json.dumps({"to": "carol@x.org", "subject": "Weekly"})}]
+    assert plan_followed([nearest, other], edited) is other  # its stale address came from that plan's results
+    assert plan_followed([nearest, other], [{**c, "arguments": json.dumps({"x": 1})} for c in edited]) is nearest

@@ -132,17 +132,8 @@ def _tool_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _groups(similar: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    groups = []
-    for t in _tool_turns(similar["turns"]):
-        group = []
-        for c in t["reply"]["tool_calls"]:
-            try:
-                args = json.loads(c["arguments"] or "{}")
-            except ValueError:
-                args = c["arguments"]
-            group.append({"name": c["name"], "arguments": args})
-        groups.append(group)
-    return groups
+    return [[{"name": c["name"], "arguments": _args(c)} for c in t["reply"]["tool_calls"]]
+            for t in _tool_turns(similar["turns"])]
 
 
 def plan_text(similar: list[dict[str, Any]]) -> str:
@@ -163,12 +154,24 @@ def _calls(similar: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plan_followed(similar: list[dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The plan whose tool calls a reply makes, in order: the one taken unchanged, else the nearest
-    one with those calls (its arguments edited); None when the reply follows no plan."""
+    """The plan whose tool calls a reply makes, in order: the one taken unchanged, else the one with
+    those calls whose arguments share the most values with the reply's (the plan it edited: its
+    results are what the reply's copied values came from), the nearest on a tie; None when the
+    reply follows no plan."""
     made = [(c["name"], c["arguments"]) for c in calls]
     same = [s for s in similar if len(_calls(s)) > 1 and [c["name"] for c in _calls(s)] == [n for n, _ in made]]
     exact = [s for s in same if [(c["name"], c["arguments"]) for c in _calls(s)] == made]
-    return (exact or same or [None])[0]
+    if exact or not same:
+        return (exact or [None])[0]
+    mine = [_leaves(_args(c), []) for c in calls]
+    return max(same, key=lambda s: sum(len(set(m) & set(_leaves(_args(c), []))) for m, c in zip(mine, _calls(s))))
+
+
+def _args(call: dict[str, Any]) -> Any:
+    try:
+        return json.loads(call["arguments"] or "{}")
+    except ValueError:
+        return call["arguments"]
 
 
 def _leaves(value: Any, out: list[str]) -> list[str]:
@@ -184,11 +187,8 @@ def _leaves(value: Any, out: list[str]) -> list[str]:
 
 
 def _depends(call: dict[str, Any], results: list[str], task: str) -> bool:
-    """Whether a recorded call's arguments hold a value of earlier recorded results the task did not name."""
-    try:
-        args = json.loads(call["arguments"] or "{}")
-    except ValueError:
-        args = call["arguments"]
+    """Whether a call's arguments hold a value of earlier recorded results the task did not name."""
+    args = _args(call)
     task, results = task.lower(), [r.lower() for r in results]  # a model copies an address in another case
     return any(v.lower() not in task and any(v.lower() in r for r in results) for v in _leaves(args, []))
 

@@ -316,12 +316,13 @@ class Replayer:
                 elif (kind := _kind(key, a, b)) is None:
                     return False
                 elif kind == "stamp":
-                    if str(a) in self.task or not (_of_call(a, rec_at) and _of_call(b, now)) or _used(a, later):
+                    if any(str(v) in t for v in (a, b) for t in self.before) or \
+                            not (_of_call(a, rec_at) and _of_call(b, now)) or _used(a, later):
                         return False  # named, looked up rather than made by the call, or read again
                     continue
                 a, b = str(a), str(b)
-                if check.volatile is None and _mentions(a, self.before):
-                    return False  # the user named it
+                if check.volatile is None and (_mentions(a, self.before) or _mentions(b, self.before)):
+                    return False  # the user named it (the recorded or the fresh one: "is that my order?")
                 whole = any(_whole(a).search(t) for t in later)
                 if _mentions(a, [_whole(a).sub(" ", t) for t in later]):
                     return False  # the model used it in another form (part of it, another case): not carried
