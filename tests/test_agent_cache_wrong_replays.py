@@ -378,3 +378,72 @@ def test_an_edited_plan_is_judged_against_the_plan_it_edited():
               {"id": "b", "name": "send_email", "arguments": json.dumps({"to": "carol@x.org", "subject": "Weekly"})}]
     assert plan_followed([nearest, other], edited) is other  # its stale address came from that plan's results
     assert plan_followed([nearest, other], [{**c, "arguments": json.dumps({"x": 1})} for c in edited]) is nearest
+
+
+@pytest.mark.parametrize("where", ["same result", "earlier result"])
+def test_an_id_the_model_compared_with_another_is_not_a_fresh_draw(model, journal, where):
+    sha = {"deployed": uuid.uuid4().hex + "0a1b2c3d", "latest": None}
+    sha["latest"] = sha["deployed"]
+    deploys: list[str] = []
+
+    def get_release(repo: str) -> dict:
+        """The deployed and the latest commit of a repository."""
+        return {"repo": repo, "deployed": sha["deployed"], "latest": sha["latest"]}
+
+    def get_deployed(repo: str) -> dict:
+        """The deployed commit."""
+        return {"repo": repo, "sha": sha["deployed"]}
+
+    def get_latest(repo: str) -> dict:
+        """The latest commit."""
+        return {"repo": repo, "sha": sha["latest"]}
+
+    def deploy(repo: str, commit: str) -> str:
+        """Deploy a commit."""
+        deploys.append(commit)
+        return "deployed"
+
+    def script(api, body):
+        res = _results(body)
+        if where == "same result":
+            if not res:
+                return tool_call("get_release", repo="shop")
+            deployed, latest = res[0]["deployed"], res[0]["latest"]
+        else:
+            if not res:
+                return tool_call("get_deployed", repo="shop")
+            if len(res) == 1:
+                return tool_call("get_latest", repo="shop")
+            deployed, latest = res[0]["sha"], res[1]["sha"]
+        if deployed == latest:
+            return say("Already up to date.")
+        if len(res) == (1 if where == "same result" else 2):
+            return tool_call("deploy", repo="shop", commit=latest)
+        return say("Deployed.")
+
+    model.script = script
+    a = _agent(model, journal, [get_release, get_deployed, get_latest, deploy])
+    out, calls = _twice(model, a, "deploy shop if it is behind", lambda: sha.update(latest=uuid.uuid4().hex + "9f8e7d6c"))
+    assert out == "Deployed." and deploys == [sha["latest"]]
+
+
+def test_stamps_of_the_call_that_came_in_another_order_end_the_replay(model, journal):
+    flip = {"on": False}
+
+    def send_all(to: list[str]) -> list[dict]:
+        """Send an email to each address (in parallel: the order they go out varies)."""
+        now = time.time()
+        gaps = [0.0, 0.5] if not flip["on"] else [0.5, 0.0]
+        return [{"to": t, "sent_at": _iso(now + g)} for t, g in zip(to, gaps)]
+
+    def script(api, body):
+        res = _results(body)
+        if not res:
+            return tool_call("send_all", to=["ann@example.com", "bob@example.com"])
+        last = max(res[0], key=lambda m: m["sent_at"])["to"]
+        return say(f"The last email went to {last.split('@')[0].title()}.")
+
+    model.script = script
+    a = _agent(model, journal, [send_all])
+    out, calls = _twice(model, a, "email Ann and Bob; who got theirs last?", lambda: flip.update(on=True))
+    assert out == "The last email went to Ann." and calls == 1

@@ -30,12 +30,16 @@ Otherwise the default tolerates a difference only when all of these hold:
 * the model never read it again. What the model did after seeing the result is
   on record: the arguments of its later tool calls and the text of its later
   replies and final answer. A value that appears in none of them was not
-  used. A generated id that does appear there whole, and that this very call
-  minted (it occurs nowhere before), is what the model copied, so the later
+  used. An id that occurs anywhere before (the task, earlier replies and
+  results, the turn's other results) or elsewhere in its own result (a
+  ``deployed`` equal to a ``latest``) may have been compared, and ends the
+  replay. A generated id that does appear there whole, and that this very call
+  minted, is what the model copied, so the later
   recorded arguments and answer are replayed with the new id in its place; an
   id used in another form (a part of it, upper-cased) cannot be carried and
   ends the replay, and so does a stamp that appears there (as written, or its
-  date or time of day in a usual form).
+  date or time of day in a usual form), as do stamps of one turn that came
+  in another order.
 
 Amounts, names, addresses, statuses, short or all-digit ids (card, account and
 phone numbers), dates that are not write stamps and a bare time a tool was
@@ -287,6 +291,7 @@ class Replayer:
                    *_texts(self.turns[turn])]
         rec_at, now = _at(self.turns[turn]["reply"]), time.time()
         pending: dict[str, str] = {}
+        stamps: list[tuple[float, float]] = []
         for i, (rec, new) in enumerate(zip(recorded, fresh)):
             rec = self._sub(rec)
             if rec == new:
@@ -319,10 +324,13 @@ class Replayer:
                     if any(str(v) in t for v in (a, b) for t in self.before) or \
                             not (_of_call(a, rec_at) and _of_call(b, now)) or _used(a, later):
                         return False  # named, looked up rather than made by the call, or read again
+                    stamps.append((_epochs(a)[0], _epochs(b)[0]))
                     continue
                 a, b = str(a), str(b)
                 if check.volatile is None and (_mentions(a, self.before) or _mentions(b, self.before)):
                     return False  # the user named it (the recorded or the fresh one: "is that my order?")
+                if check.volatile is None and (any(a in t for t in others) or not _alone(a, b, diffs, rec, new)):
+                    return False  # it was seen before or elsewhere in the result: the model may have compared it
                 whole = any(_whole(a).search(t) for t in later)
                 if _mentions(a, [_whole(a).sub(" ", t) for t in later]):
                     return False  # the model used it in another form (part of it, another case): not carried
@@ -330,8 +338,17 @@ class Replayer:
                     return False  # an id the model used that this call did not mint
                 if whole:
                     pending[a] = b
+        if any((a1 - a2) * (b1 - b2) < 0 for a1, b1 in stamps for a2, b2 in stamps):
+            return False  # the stamps of the turn came in another order ("the last one sent")
         self.subs.update(pending)
         return True
+
+
+def _alone(a: str, b: str, diffs: list[tuple[str, str | None, Any, Any]], rec: str, new: str) -> bool:
+    """Whether id ``a`` occurs in the recorded result only where the fresh one has ``b``, and ``b``
+    only there: no other field equal to it (``deployed`` == ``latest``) that a decision compared."""
+    at = [(str(x), str(y)) for _, _, x, y in diffs if str(x) == a or str(y) == b]
+    return all(p == (a, b) for p in at) and rec.count(a) == len(at) == new.count(b)
 
 
 def _whole(value: str) -> re.Pattern[str]:
