@@ -241,7 +241,10 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
 
 class Savings:
     """What one run paid (LLM calls made) and avoided (replayed from the cache or, on a resume,
-    from the journal), with the recorded usage and model time of the avoided calls."""
+    from the journal), with the recorded usage and model time of the avoided calls.
+
+    A call a resume takes from the journal was paid once, by the attempt a crash cut short (which
+    recorded no savings): it counts as made, and as not paid twice."""
 
     __slots__ = ("made", "cache", "resumed", "input", "output", "seconds")
 
@@ -266,7 +269,7 @@ class Savings:
         return bool(self.cache or self.resumed)
 
     def row(self) -> dict[str, Any]:
-        return {"calls_made": self.made, "cache_calls": self.cache, "resumed_calls": self.resumed,
+        return {"calls_made": self.made + self.resumed, "cache_calls": self.cache, "resumed_calls": self.resumed,
                 "input_tokens": self.input, "output_tokens": self.output, "model_seconds": round(self.seconds, 4)}
 
     def event(self) -> dict[str, Any]:
