@@ -447,3 +447,46 @@ def test_stamps_of_the_call_that_came_in_another_order_end_the_replay(model, jou
     a = _agent(model, journal, [send_all])
     out, calls = _twice(model, a, "email Ann and Bob; who got theirs last?", lambda: flip.update(on=True))
     assert out == "The last email went to Ann." and calls == 1
+
+
+def test_an_edited_plan_never_runs_a_call_that_wraps_a_stale_result(model, journal, embedder):
+    files: dict[str, str] = {}
+    shared: list[str] = []
+
+    def create_file(name: str) -> dict:
+        """Create a file."""
+        fid = str(uuid.uuid4())
+        files[fid] = name
+        return {"file_id": fid, "name": name}
+
+    def share(link: str) -> str:
+        """Share a link with the team."""
+        shared.append(link)
+        return "shared"
+
+    def policy(name):
+        def respond(api, body):
+            res = _results(body)
+            if not res:
+                return tool_call("create_file", name=name)
+            if len(res) == 1:
+                return tool_call("share", link=f"https://drive.example/f/{res[0]['file_id']}")
+            return say(f"Shared {name}.")
+        return respond
+
+    a = _agent(model, journal, [create_file, share], embedder=embedder)
+    model.script = policy("notes.txt")
+    a.run("Create notes.txt and share it with the team")
+
+    def edit(api, body):
+        system = body["messages"][0]["content"]
+        if "<plan>" in system and not any(m["role"] == "tool" for m in body["messages"]):
+            plan = json.loads(system.split("<plan>")[1].split("</plan>")[0])
+            return tool_calls(*[(c["name"], json.loads(json.dumps(c["arguments"]).replace("notes", "todo")))
+                                for g in plan for c in g])
+        return policy("todo.txt")(api, body)
+
+    model.script = edit
+    assert a.run("Create todo.txt and share it with the team").output == "Shared todo.txt."
+    todo = [f for f, n in files.items() if n == "todo.txt"]
+    assert shared[1:] == [f"https://drive.example/f/{todo[0]}"]  # never the link to notes.txt

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .volatile import Replayer
+from .volatile import Replayer, _parse
 
 Agent = Any
 PLANS = 3  # similar tasks proposed at most: the nearest by embedding is often a sibling (another entity)
@@ -168,10 +168,7 @@ def plan_followed(similar: list[dict[str, Any]], calls: list[dict[str, Any]]) ->
 
 
 def _args(call: dict[str, Any]) -> Any:
-    try:
-        return json.loads(call["arguments"] or "{}")
-    except ValueError:
-        return call["arguments"]
+    return _parse(call["arguments"] or "{}")
 
 
 def _leaves(value: Any, out: list[str]) -> list[str]:
@@ -187,10 +184,16 @@ def _leaves(value: Any, out: list[str]) -> list[str]:
 
 
 def _depends(call: dict[str, Any], results: list[str], task: str) -> bool:
-    """Whether a call's arguments hold a value of earlier recorded results the task did not name."""
-    args = _args(call)
-    task, results = task.lower(), [r.lower() for r in results]  # a model copies an address in another case
-    return any(v.lower() not in task and any(v.lower() in r for r in results) for v in _leaves(args, []))
+    """Whether a call's arguments hold a value of earlier recorded results the task did not name:
+    an argument found in a result, or a result's value (6 characters or more) inside an argument
+    (an id in a link), in any case (a model copies an address in lower case)."""
+    task, results = task.lower(), [r.lower() for r in results]
+    args = [v.lower() for v in _leaves(_args(call), [])]
+    if any(v not in task and any(v in r for r in results) for v in args):
+        return True
+    found = {v.lower() for r in results for v in _leaves(_parse(r), []) if len(v) >= 6}
+    return any(v not in task and any(v in a for a in args) for v in found)
+
 
 
 def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
