@@ -490,3 +490,43 @@ def test_an_edited_plan_never_runs_a_call_that_wraps_a_stale_result(model, journ
     assert a.run("Create todo.txt and share it with the team").output == "Shared todo.txt."
     todo = [f for f, n in files.items() if n == "todo.txt"]
     assert shared[1:] == [f"https://drive.example/f/{todo[0]}"]  # never the link to notes.txt
+
+
+class Crash(BaseException):
+    """Stands for the process dying inside a tool."""
+
+
+def test_a_replay_resumed_later_decides_as_the_first_attempt_did(model, journal, monkeypatch):
+    from engrain._agent import volatile
+
+    crash = {"on": False}
+    notes: list[str] = []
+
+    def send_email(to: str) -> dict:
+        """Send an email."""
+        return {"id": f"msg_{uuid.uuid4().hex[:12]}", "to": to, "sent_at": _iso(time.time())}
+
+    def note(text: str) -> str:
+        """Write a note."""
+        if crash["on"]:
+            crash["on"] = False
+            raise Crash()
+        notes.append(text)
+        return "noted"
+
+    model.script = [tool_call("send_email", to="ann@example.com"), tool_call("note", text="mailed Ann"), say("Done.")]
+    a = _agent(model, journal, [send_email, note])
+    a.run("email Ann and note it")
+    crash["on"] = True
+    with pytest.raises(Crash):
+        a.run("email Ann and note it", run_id="replay-cut")
+
+    class Later:  # the resume comes an hour later: the journaled stamps are old by then
+        @staticmethod
+        def time() -> float:
+            return time.time() + 3600
+
+    monkeypatch.setattr(volatile, "time", Later)
+    res = a.run("email Ann and note it", run_id="replay-cut")
+    assert res.status == "ok" and res.output == "Done." and model.calls == 3
+    assert notes == ["mailed Ann", "mailed Ann"]

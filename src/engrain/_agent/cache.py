@@ -196,12 +196,12 @@ def _depends(call: dict[str, Any], results: list[str], task: str) -> bool:
 
 
 
-def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
+def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]], at: str,
              run_group: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
              skipped: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                                         list[int]]:
-    """Run a followed plan's calls group by group; returns the calls as they ran (minted ids carried
-    in), their tool messages and the group sizes.
+    """Run a followed plan's calls group by group (``at``: the time of the reply that made them);
+    returns the calls as they ran (minted ids carried in), their tool messages and the group sizes.
 
     A group runs when every earlier group returned the plan's results (with
     the same arguments), or when none of its recorded arguments came from an
@@ -210,7 +210,7 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
     calls' arguments, as in a replay.
     """
     turns = _tool_turns(similar["turns"])
-    replay = Replayer(turns, similar["task"])
+    replay = Replayer(turns, similar["task"], at=at)  # at: the plan reply's journaled time
     checks = {n: t.result_check for n, t in agent.tools.items()}
     out: list[dict[str, Any]] = []
     ran: list[dict[str, Any]] = []

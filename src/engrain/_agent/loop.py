@@ -193,7 +193,8 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             emit({"type": "cache", "hit": plan is not None})
     log: list[dict[str, Any]] | None = []
     replaying = plan is not None
-    replay = Replayer(plan["turns"], text, [m["content"] for m in history]) if plan is not None else None
+    # the journaled clock, not now: a resumed replay compares the journaled results as the first attempt did
+    replay = Replayer(plan["turns"], text, [m["content"] for m in history], user["ts"]) if plan is not None else None
     checks = {n: t.result_check for n, t in agent.tools.items()} if plan is not None else {}
     saved = cache.Savings()
     specs = [t.spec() for t in agent.tools.values()]
@@ -255,7 +256,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         followed = cache.plan_followed(similar, reply["tool_calls"]) if turn == 0 and similar else None
         if followed is not None:
             ran_calls, results, sizes = cache.run_plan(
-                agent, followed, reply["tool_calls"],
+                agent, followed, reply["tool_calls"], reply["ts"],
                 # each group's results are waited for: the next group runs with no append before it
                 lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=True),
                 lambda c: _skipped(c, reply["ts"], emit))

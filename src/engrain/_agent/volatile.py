@@ -261,10 +261,13 @@ class Replayer:
     """One replay of a recorded trajectory: compares fresh results with the recorded ones and
     carries the ids the fresh results minted into the recorded replies that copied them."""
 
-    def __init__(self, turns: list[dict[str, Any]], task: str, before: Iterable[str] = ()):
+    def __init__(self, turns: list[dict[str, Any]], task: str, before: Iterable[str] = (), at: str | None = None):
+        """``at``: when the fresh calls run (an ISO time from the run's journal, so that a resumed
+        run, comparing journaled results later, decides as the first attempt did; default: now)."""
         self.turns = turns
         self.task = task
         self.before = [task, *before]
+        self.at = _at({"ts": at}) if at is not None else None
         self.subs: dict[str, str] = {}
 
     def _sub(self, text: str) -> str:
@@ -289,7 +292,7 @@ class Replayer:
         later = [t for x in self.turns[turn + 1:] for t in _texts(x)]
         earlier = [*self.before, *(t for x in self.turns[:turn] for t in (*_texts(x), *x["results"])),
                    *_texts(self.turns[turn])]
-        rec_at, now = _at(self.turns[turn]["reply"]), time.time()
+        rec_at, now = _at(self.turns[turn]["reply"]), self.at if self.at is not None else time.time()
         pending: dict[str, str] = {}
         stamps: list[tuple[float, float]] = []
         for i, (rec, new) in enumerate(zip(recorded, fresh)):
