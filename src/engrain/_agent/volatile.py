@@ -107,17 +107,17 @@ def _id_shape(v: str) -> tuple[str, int] | None:
 
 
 def _fresh_pair(shape: tuple[str, int], a: str, b: str) -> bool:
-    """Whether two ids of the same shape differ as two draws of a generator do: in at least half
-    of their characters after the prefix, and only in parts that hold a digit (a word that changed,
-    ``ch_approved_…`` against ``ch_declined_…``, or a code a few characters apart, is meaning)."""
+    """Whether two ids of the same shape differ as two draws of a generator do: every part (between
+    ``_``, ``-``, ``.``, ``:``, ``/``) that differs holds a digit on both sides and differs in at least
+    half of its characters (a word that changed, ``ch_approved_…`` against ``ch_declined_…``, or a
+    code a few characters apart, is meaning; a constant part, ``ch_approved_``, is not a difference)."""
     if shape[0] == "uuid":
         return True
-    p = len(shape[0]) if shape[0] not in ("hex", "token") else 0
-    if 2 * sum(x != y for x, y in zip(a[p:], b[p:])) < len(a) - p:
-        return False
-    sa, sb = _SEP.split(a[p:]), _SEP.split(b[p:])
-    return len(sa) == len(sb) and all(x == y or (re.search(r"\d", x) and re.search(r"\d", y))
-                                      for x, y in zip(sa, sb))
+    sa, sb = _SEP.split(a), _SEP.split(b)
+    return len(sa) == len(sb) and all(
+        x == y or (len(x) == len(y) and bool(re.search(r"\d", x)) and bool(re.search(r"\d", y))
+                   and 2 * sum(c != d for c, d in zip(x, y)) >= len(x))
+        for x, y in zip(sa, sb))
 
 
 def _kind(key: str | None, old: Any, new: Any) -> str | None:
