@@ -530,3 +530,23 @@ def test_a_replay_resumed_later_decides_as_the_first_attempt_did(model, journal,
     res = a.run("email Ann and note it", run_id="replay-cut")
     assert res.status == "ok" and res.output == "Done." and model.calls == 3
     assert notes == ["mailed Ann", "mailed Ann"]
+
+
+def test_calls_paid_for_empty_replies_and_by_failed_runs_are_counted(model, journal):
+    model.script = [Reply(), say("Here it is.")]
+    a = eg.Agent("counted", "openai:scripted", "", [], base_url=model.openai_url, journal=journal, cache=True)
+    ok = a.run("hi")
+    model.script += [Reply(), Reply()]
+    failed = a.run("hi again")
+
+    def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    b = eg.Agent("looper", "openai:scripted", "", [ping], base_url=model.openai_url, journal=journal, cache=True,
+                 max_turns=2)
+    model.script += [tool_call("ping"), tool_call("ping")]
+    looped = b.run("ping forever")
+    assert failed.status == looped.status == "failed" and model.calls == 6
+    store = a._store(journal)
+    assert [store.savings(run_id=r.run_id)[0]["calls_made"] for r in (ok, failed, looped)] == [2, 2, 2]

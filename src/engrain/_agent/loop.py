@@ -156,6 +156,8 @@ def _complete(agent: Agent, system: str, msgs: list[dict[str, Any]], specs: list
         reply = agent.provider.complete(system, msgs, specs, delta)
         reply["seconds"] = round(time.perf_counter() - t0, 4)
         if (reply["text"] or "").strip() or reply["tool_calls"]:
+            if attempt > 1:
+                reply["empty_retries"] = attempt - 1  # paid for too (see cache.Savings)
             return reply
     raise EmptyReplyError(
         f"agent {agent.name!r}: model {agent.model!r} sent an empty reply (no text and no tool call) at turn "
@@ -227,12 +229,18 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             system = system_text(agent.instructions, extra)
             # A reply that calls tools is flushed before they run; a final one is the run's output,
             # flushed with run.completed (or the memory step) in the same disk flush.
-            reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn}, call_model,
-                             durable=_calls_tools)
+            try:
+                reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn}, call_model,
+                                 durable=_calls_tools)
+            except EmptyReplyError:
+                saved.made += 2 if ran[0] else 0  # the run fails, but those calls were paid
+                _record_savings(agent, ctx, saved)
+                raise
             if ran[0]:
                 saved.made += 1
             else:  # a resumed run: the recorded reply is not paid for twice
                 saved.avoided(reply, resumed=True)
+            saved.made += int(reply.get("empty_retries") or 0)
             if reply["text"] and not streamed[0]:  # replayed from the journal, or not streamed
                 emit({"type": "text", "delta": reply["text"]})
         msg = {"role": "assistant", "content": reply["text"], "tool_calls": reply["tool_calls"], "ts": reply["ts"]}
@@ -244,8 +252,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             elif key is not None and log is not None:
                 log.append({"name": "agent.turn", "args": {}, "reply": reply, "results": []})
                 cache.store(agent, ctx.journal, key, ctx_key, text, log, ctx.run_id)
-            if agent.cache or saved.any():
-                agent._store(ctx.journal).record_savings(ctx.run_id, agent.name, saved.row())
+            if _record_savings(agent, ctx, saved):
                 emit(saved.event())
             if agent.memory:
                 ctx.call("agent.memory.remember", "tool", {"skill": agent.memory},
@@ -276,7 +283,16 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             replaying = False  # a tool answered differently: the model takes over from here
             agent._cache_diverged(ctx.journal, plan["entry"])
             emit({"type": "cache", "diverged": turn})
+    _record_savings(agent, ctx, saved)
     raise TurnLimitError(f"agent {agent.name!r}: no final answer after max_turns={agent.max_turns} model calls")
+
+
+def _record_savings(agent: Agent, ctx: RunContext, saved: cache.Savings) -> bool:
+    """Record the run's savings (also of a run that fails: its calls were paid); False if none to record."""
+    if not (agent.cache or saved.any()):
+        return False
+    agent._store(ctx.journal).record_savings(ctx.run_id, agent.name, saved.row())
+    return True
 
 
 def _skipped(call: dict[str, Any], ts: str, emit: Emit) -> dict[str, Any]:
