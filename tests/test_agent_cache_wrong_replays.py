@@ -42,6 +42,19 @@ def _results(body: dict) -> list:
             and not m["content"].startswith("error:")]
 
 
+def _drive():
+    """``(files, create_file)``: a tool minting a UUID per file, and the names it created by id."""
+    files: dict[str, str] = {}
+
+    def create_file(name: str) -> dict:
+        """Create a file."""
+        fid = str(uuid.uuid4())
+        files[fid] = name
+        return {"file_id": fid, "name": name}
+
+    return files, create_file
+
+
 def _iso(t: float, zone: bool = True) -> str:
     d = dt.datetime.fromtimestamp(t, dt.timezone.utc)
     return d.isoformat() if zone else d.replace(tzinfo=None).isoformat()
@@ -103,14 +116,8 @@ def test_an_all_digit_number_is_never_taken_for_a_generated_id(model, journal):
 
 @pytest.mark.parametrize("form", ["upper", "prefix", "url"])
 def test_a_minted_id_the_model_used_in_another_form_ends_the_replay(model, journal, form):
-    files: dict[str, str] = {}
+    files, create_file = _drive()
     opened: list[str] = []
-
-    def create_file(name: str) -> dict:
-        """Create a file."""
-        fid = str(uuid.uuid4())
-        files[fid] = name
-        return {"file_id": fid, "name": name}
 
     def open_link(link: str) -> str:
         """Open a link to a file."""
@@ -275,6 +282,21 @@ def test_a_value_the_session_named_is_never_volatile():
     assert not Replayer(turns, "is my order open?", ["Mine is ord_9z8y7x6w5v4u."]).matches(0, ["t"], fresh, {})
 
 
+def _editing(old: str, new: str, otherwise):
+    """A model that takes the first proposed plan with ``new`` put in place of ``old`` in its arguments
+    (it cannot know the results yet), and plays ``otherwise`` after."""
+
+    def respond(api, body):
+        system = body["messages"][0]["content"]
+        if "<plan>" in system and not any(m["role"] == "tool" for m in body["messages"]):
+            plan = json.loads(system.split("<plan>")[1].split("</plan>")[0])
+            return tool_calls(*[(c["name"], json.loads(json.dumps(c["arguments"]).replace(old, new)))
+                                for g in plan for c in g])
+        return otherwise(api, body)
+
+    return respond
+
+
 def test_an_edited_plan_never_runs_a_call_on_a_value_taken_from_a_result_in_another_case(model, journal, embedder):
     contacts = {"Bob": "Bob@Example.com", "Carol": "Carol@Example.com"}
     log: list[tuple] = []
@@ -302,32 +324,19 @@ def test_an_edited_plan_never_runs_a_call_on_a_value_taken_from_a_result_in_anot
     model.script = policy("Bob")
     a.run("Email Bob the sales report")
 
-    def edit(api, body):
-        system = body["messages"][0]["content"]
-        if "<plan>" in system and not any(m["role"] == "tool" for m in body["messages"]):
-            plan = json.loads(system.split("<plan>")[1].split("</plan>")[0])
-            return tool_calls(*[(c["name"], json.loads(json.dumps(c["arguments"]).replace("Bob", "Carol")))
-                                for g in plan for c in g])
-        return policy("Carol")(api, body)
-
-    model.script = edit
+    model.script = _editing("Bob", "Carol", policy("Carol"))
     assert a.run("Email Carol the sales report").output == "Sent to carol@example.com."
     assert ("send", "bob@example.com") not in log[1:]
 
 
 def test_a_replayed_plan_counts_the_model_calls_it_really_saved(model, journal, embedder):
-    files: dict[str, str] = {}
-
-    def create_file(name: str) -> dict:
-        """Create a file."""
-        fid = str(uuid.uuid4())
-        files[fid] = ""
-        return {"file_id": fid, "name": name}
+    texts: dict[str, str] = {}
+    files, create_file = _drive()
 
     def append_to_file(file_id: str, text: str) -> dict:
         """Append to a file."""
-        files[file_id] += text
-        return {"file_id": file_id, "size": len(files[file_id])}
+        texts[file_id] = texts.get(file_id, "") + text
+        return {"file_id": file_id, "size": len(texts[file_id])}
 
     def write(api, body):
         system = body["messages"][0]["content"]
@@ -450,14 +459,8 @@ def test_stamps_of_the_call_that_came_in_another_order_end_the_replay(model, jou
 
 
 def test_an_edited_plan_never_runs_a_call_that_wraps_a_stale_result(model, journal, embedder):
-    files: dict[str, str] = {}
+    files, create_file = _drive()
     shared: list[str] = []
-
-    def create_file(name: str) -> dict:
-        """Create a file."""
-        fid = str(uuid.uuid4())
-        files[fid] = name
-        return {"file_id": fid, "name": name}
 
     def share(link: str) -> str:
         """Share a link with the team."""
@@ -478,15 +481,7 @@ def test_an_edited_plan_never_runs_a_call_that_wraps_a_stale_result(model, journ
     model.script = policy("notes.txt")
     a.run("Create notes.txt and share it with the team")
 
-    def edit(api, body):
-        system = body["messages"][0]["content"]
-        if "<plan>" in system and not any(m["role"] == "tool" for m in body["messages"]):
-            plan = json.loads(system.split("<plan>")[1].split("</plan>")[0])
-            return tool_calls(*[(c["name"], json.loads(json.dumps(c["arguments"]).replace("notes", "todo")))
-                                for g in plan for c in g])
-        return policy("todo.txt")(api, body)
-
-    model.script = edit
+    model.script = _editing("notes", "todo", policy("todo.txt"))
     assert a.run("Create todo.txt and share it with the team").output == "Shared todo.txt."
     todo = [f for f, n in files.items() if n == "todo.txt"]
     assert shared[1:] == [f"https://drive.example/f/{todo[0]}"]  # never the link to notes.txt
