@@ -1,12 +1,16 @@
 """The agent's behavior cache on tools whose results change between runs (engrain's own task set).
 
 A small office world (mail, files, calendar, invoices, payments, tickets, bank
-accounts) whose write tools return what real services do: a freshly minted id
-(``msg_…``, a UUID, ``pay_…``) and the time of the call. Six task families, each a
-policy the scripted model (a local stub server speaking the OpenAI wire format,
-not an LLM) plays from what it sees: the task and the tool results so far. So
-when a meaningful field changes (an invoice's amount or status, a contact's
-address, a ticket's priority, a balance), the right next step changes too.
+accounts, stock quotes, card charges) whose write tools return what real
+services do: a freshly minted id (``msg_…``, a UUID, ``pay_…``) and the time of
+the call. Eight task families, each a policy the scripted model (a local stub
+server speaking the OpenAI wire format, not an LLM) plays from what it sees:
+the task and the tool results so far. So when a meaningful field changes (an
+invoice's amount or status, a contact's address, a ticket's priority, a
+balance), the right next step changes too. Two families are traps for the
+default comparison: a quote whose ``as_of`` (shaped like a stamp) the model
+judges fresh or stale, and a charge whose id carries its outcome
+(``ch_approved_…``/``ch_declined_…``, shaped like a generated id).
 
 Part 1, repeated tasks: every task is run once (filling the cache), then again
 in a fresh world (the same facts, new ids and times), then in a world where a
@@ -35,6 +39,7 @@ and wrong replays (target 0).
 from __future__ import annotations
 
 import argparse
+import calendar
 import itertools
 import json
 import re
@@ -49,7 +54,7 @@ from typing import Any
 import engrain as eg
 from engrain._agent.scripted import Reply, ScriptedModel, say, tool_calls
 
-ID = re.compile(r"msg_[0-9a-f]{12}|pay_[0-9a-f]{10}|c_[0-9a-f]{10}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+ID = re.compile(r"msg_[0-9a-f]{12}|ord_[0-9a-f]{12}|(?<=ch_approved_)[0-9a-f]{10}|(?<=ch_declined_)[0-9a-f]{10}|pay_[0-9a-f]{10}|c_[0-9a-f]{10}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 # -- the world -------------------------------------------------------------------------------
@@ -61,6 +66,9 @@ CUSTOMERS = ["Acme", "Globex", "Initech", "Umbrella", "Hooli", "Stark", "Wayne",
 OTHER_CUSTOMERS = ["Soylent", "Vandelay", "Oceanic", "Gringotts", "Monarch", "Dunder", "Pied Piper", "Wonka", "Nakatomi"]
 ACCOUNTS = ["savings", "checking", "travel", "payroll", "taxes"]
 OTHER_ACCOUNTS = ["reserve", "marketing", "rent", "pension", "bonus"]
+SYMBOLS = ["ACME", "GLBX", "INIT", "UMBR", "HOOL", "STRK"]
+OTHER_SYMBOLS = ["SOYL", "VAND", "OCEA", "GRIN", "MONA", "DUND"]
+ORDERS = [f"O-{500 + i}" for i in range(6)]
 
 
 def base_facts() -> dict[str, Any]:
@@ -69,6 +77,10 @@ def base_facts() -> dict[str, Any]:
         "invoices": {c: {"invoice": f"INV-{1000 + i}", "amount": 100.0 + 17 * i, "status": "open" if i % 3 else "paid"}
                      for i, c in enumerate(CUSTOMERS + OTHER_CUSTOMERS)},
         "balances": {a: round(250.0 + 91.5 * i, 2) for i, a in enumerate(ACCOUNTS + OTHER_ACCOUNTS)},
+        # a quote's as_of lags its call by "lag" seconds: a field shaped like a stamp that the model judges
+        "quotes": {s: {"price": 40.0 + 3 * i, "lag": 0} for i, s in enumerate(SYMBOLS + OTHER_SYMBOLS)},
+        # a charge id carries its outcome ("ch_approved_…"): shaped like a generated id, but meaningful
+        "charges": {o: "approved" for o in ORDERS} | {f"O-{600 + i}": "approved" for i in range(6)},
         "tickets": {f"T-{100 + i}": {"status": "open", "priority": "low" if i % 2 else "high"} for i in range(10)}
         | {f"T-{200 + i}": {"status": "open", "priority": "low" if i % 3 else "high"} for i in range(10)},
     }
@@ -159,7 +171,29 @@ class World:
             w.effect("close_ticket", ticket=ticket)
             return {"ticket": ticket, "status": "closed", "updated_at": w.now()}
 
-        return [search_contacts, send_email, create_file, append_to_file, get_invoice, pay, get_balance,
+        def get_quote(symbol: str) -> dict:
+            """The latest quote of a stock."""
+            q = w.facts["quotes"].get(symbol)
+            if q is None:
+                return {"error": f"no symbol {symbol}"}
+            t = time.time() - q["lag"]
+            return {"symbol": symbol, "price": q["price"], "currency": "EUR",
+                    "as_of": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))}
+
+        def buy(symbol: str, price: float) -> dict:
+            """Buy one share at a limit price."""
+            w.effect("buy", symbol=symbol, price=price)
+            return {"order_id": f"ord_{uuid.uuid4().hex[:12]}", "symbol": symbol, "status": "filled",
+                    "created_at": w.now()}
+
+        def charge_order(order: str) -> dict:
+            """Charge the card on file for an order."""
+            w.effect("charge_order", order=order)
+            outcome = w.facts["charges"].get(order, "declined")
+            return {"charge": f"ch_{outcome}_{uuid.uuid4().hex[:10]}", "order": order, "created_at": w.now()}
+
+        return [get_quote, buy, charge_order,
+                search_contacts, send_email, create_file, append_to_file, get_invoice, pay, get_balance,
                 create_event, get_ticket, comment_ticket, close_ticket]
 
 
@@ -222,6 +256,26 @@ def ticket(p: dict[str, Any], done: Done) -> Any:
     return f"Closed {p['ticket']}."
 
 
+def trade(p: dict[str, Any], done: Done) -> Any:
+    if not done:
+        return [("get_quote", {"symbol": p["symbol"]})]
+    q = done[0][2]
+    age = time.time() - calendar.timegm(time.strptime(q["as_of"], "%Y-%m-%dT%H:%M:%SZ"))
+    if len(done) == 1 and age < 900:
+        return [("buy", {"symbol": p["symbol"], "price": q["price"]})]
+    if len(done) == 1:
+        return f"No trade: the {p['symbol']} quote is stale."
+    return f"Bought {p['symbol']} at {q['price']}."
+
+
+def charge(p: dict[str, Any], done: Done) -> Any:
+    if not done:
+        return [("charge_order", {"order": p["order"]})]
+    if "_approved_" in done[0][2]["charge"]:
+        return f"Charged order {p['order']}."
+    return f"The card for order {p['order']} was declined."
+
+
 FAMILIES = {
     "email_report": (email_report, ["Email {name} the {report} report", "Send the {report} report to {name} by email",
                                     "Could you mail {name} our {report} report?", "{name} needs the {report} report: email it"]),
@@ -233,6 +287,10 @@ FAMILIES = {
                           "Tell me the {account} account balance", "Check the {account} account's balance"]),
     "meeting": (meeting, ["Schedule {title} on {date} and invite {name}", "Set up {title} for {date} and email {name} an invite",
                           "Put {title} in the calendar on {date}, then invite {name}", "Book {title} on {date} and let {name} know"]),
+    "trade": (trade, ["Buy one {symbol} share if its quote is fresh", "If the {symbol} quote is current, buy a share",
+                      "Get a {symbol} share, but only on a fresh quote", "Check {symbol}'s quote and buy one share if it is fresh"]),
+    "charge": (charge, ["Charge the card for order {order}", "Bill order {order} to the card on file",
+                        "Take payment for order {order}", "Run the card charge for {order}"]),
     "ticket": (ticket, ["Close ticket {ticket} if it is low priority", "If {ticket} is low priority, close it",
                         "Check ticket {ticket} and close it when its priority is low", "Close {ticket} unless it is high priority"]),
 }
@@ -254,6 +312,7 @@ def instances() -> list[tuple[str, dict[str, Any]]]:
                                 "name": NAMES[(i + 3) % 10]}))
     for i in range(9):
         out.append(("ticket", {"ticket": f"T-{100 + i}"}))
+    out += [("trade", {"symbol": sym}) for sym in SYMBOLS] + [("charge", {"order": o}) for o in ORDERS]
     return out
 
 
@@ -270,6 +329,10 @@ def near_miss(family: str, p: dict[str, Any], k: int) -> dict[str, Any]:
         q["file"] = p["file"].replace("notes", "todo")
     elif family == "balance":
         q["account"] = OTHER_ACCOUNTS[ACCOUNTS.index(p["account"])]
+    elif family == "trade":
+        q["symbol"] = OTHER_SYMBOLS[SYMBOLS.index(p["symbol"])]
+    elif family == "charge":
+        q["order"] = p["order"].replace("O-5", "O-6")
     else:
         q["ticket"] = p["ticket"].replace("T-1", "T-2")
     return q
@@ -421,6 +484,12 @@ def part1(quick: bool) -> None:
         for i, t in enumerate(changed["tickets"].values()):
             if i % 3 == 0:
                 t["priority"] = "high" if t["priority"] == "low" else "low"
+        for i, q in enumerate(changed["quotes"].values()):
+            if i % 2 == 0:
+                q["lag"] = 7200  # the feed stalled: the same price with an old as_of
+        for i, o in enumerate(changed["charges"]):
+            if i % 2 == 0:
+                changed["charges"][o] = "declined"
         with ScriptedModel(oracle) as model:
             j = eg.open(f"sqlite:///{tempfile.mkdtemp(prefix='engrain-bench-ac-')}/c.db")
             ref_calls = {}

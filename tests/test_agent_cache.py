@@ -34,12 +34,9 @@ def _agent(model, journal, tools, provider="openai", **kw) -> eg.Agent:
                     cache=True, **kw)
 
 
-_clock = itertools.count()
-
-
 def _now() -> str:
-    t = dt.datetime(2026, 11, 26, 9, 0, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=next(_clock) * 7)
-    return t.isoformat()
+    """The time of the call, as a service stamps what it writes (a stamp far from its call is not one)."""
+    return dt.datetime.now(dt.timezone.utc).isoformat()
 
 
 class Mailbox:
@@ -196,15 +193,19 @@ def test_a_tool_says_how_its_result_compares(model, journal):
 
 
 def test_the_default_comparison_on_text_results():
-    turns = [{"reply": {"text": "", "tool_calls": [{"id": "1", "name": "t", "arguments": "{}"}]},
-              "results": ["Email sent.\ntimestamp: 2026-11-25 10:00:00\nid: msg_a1b2c3d4e5f6"]},
+    then = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    turns = [{"reply": {"text": "", "tool_calls": [{"id": "1", "name": "t", "arguments": "{}"}],
+                        "ts": then.isoformat()},
+              "results": [f"Email sent.\ntimestamp: {then:%Y-%m-%d %H:%M:%S}\nid: msg_a1b2c3d4e5f6"]},
              {"reply": {"text": "Done.", "tool_calls": []}, "results": []}]
     r = Replayer(turns, "send it")
-    assert r.matches(0, ["t"], ["Email sent.\ntimestamp: 2026-11-26 11:12:13\nid: msg_f6e5d4c3b2a1"], {})
-    for changed in ["Email bounced.\ntimestamp: 2026-11-26 11:12:13\nid: msg_f6e5d4c3b2a1",
-                    "Email sent.\ndue: 2026-11-26 11:12:13\nid: msg_f6e5d4c3b2a1",  # a date that is not a stamp
-                    "Email sent.\ntimestamp: 2026-11-26 11:12:13\nid: msg_77",  # another id shape
-                    "Email sent.\ntimestamp: 2026-11-26 11:12:13"]:
+    assert r.matches(0, ["t"], [f"Email sent.\ntimestamp: {now}\nid: msg_f6e5d4c3b2a1"], {})
+    for changed in [f"Email bounced.\ntimestamp: {now}\nid: msg_f6e5d4c3b2a1",
+                    f"Email sent.\ndue: {now}\nid: msg_f6e5d4c3b2a1",  # a date that is not a stamp
+                    f"Email sent.\ntimestamp: {now}\nid: msg_77",  # another id shape
+                    f"Email sent.\ntimestamp: {now}",
+                    "Email sent.\ntimestamp: 2026-01-02 03:04:05\nid: msg_f6e5d4c3b2a1"]:  # not the call's time
         assert not Replayer(turns, "send it").matches(0, ["t"], [changed], {}), changed
     # nesting past MAX_DEPTH compares whole; a result too deep for json is compared as text
     deep_old, deep_new = {"id": "msg_a1b2c3d4e5f6"}, {"id": "msg_f6e5d4c3b2a1"}
@@ -216,7 +217,7 @@ def test_the_default_comparison_on_text_results():
     assert not Replayer(nested, "t").matches(0, ["t"], ["[" * 99_999 + "]" * 99_999], {})
     # a value the task named is never volatile
     assert not Replayer(turns, "resend msg_a1b2c3d4e5f6").matches(
-        0, ["t"], ["Email sent.\ntimestamp: 2026-11-26 11:12:13\nid: msg_f6e5d4c3b2a1"], {})
+        0, ["t"], [f"Email sent.\ntimestamp: {now}\nid: msg_f6e5d4c3b2a1"], {})
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
@@ -323,7 +324,8 @@ def test_a_resumed_run_counts_the_calls_it_did_not_pay_twice(model, journal):
     crash["on"] = False
     assert a.run("charge order 7", run_id="resume-me").output == "Charged." and model.calls == 2
     (row,) = a._store(journal).savings(run_id="resume-me")
-    assert row["resumed_calls"] == 1 and row["calls_made"] == 1 and row["input_tokens"] > 0
+    # the first call was paid by the attempt the crash cut short, and not paid again
+    assert row["resumed_calls"] == 1 and row["calls_made"] == 2 and row["input_tokens"] > 0
 
 
 # -- reworded tasks: a similar cached task is proposed as a plan, never replayed -----------------------
@@ -550,4 +552,4 @@ def test_a_run_cut_short_inside_a_followed_plan_resumes_without_redoing_it(model
     assert office.log[-2:] == [("search", "Bob"), ("send", "bob@example.com", "Sales report")]
     assert [e for e in office.log if e[0] == "search"] == [("search", "Bob")] * 2  # not searched again on resume
     (row,) = a._store(journal).savings(run_id="plan-cut")
-    assert row["resumed_calls"] == 1 and row["calls_made"] == 1
+    assert row["resumed_calls"] == 1 and row["calls_made"] == 2  # the plan's reply paid once, before the crash

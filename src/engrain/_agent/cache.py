@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .volatile import Replayer
+from .volatile import Replayer, _parse
 
 Agent = Any
 PLANS = 3  # similar tasks proposed at most: the nearest by embedding is often a sibling (another entity)
@@ -84,7 +84,7 @@ def lookup(agent: Agent, journal: Any, key: str, ctx_key: str, task: str) -> dic
     now = time.time()
     for e in store.candidates(key, limit=3):
         last = (e.steps[-1].get("reply") or {}) if e.steps else {}
-        if not last.get("text") and not last.get("tool_calls"):
+        if not (last.get("text") or "").strip() and not last.get("tool_calls"):
             store.evict(e.id)  # an empty answer recorded before empty replies were refused: never replayed
             continue
         if _answer_only(e.steps):
@@ -132,17 +132,8 @@ def _tool_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _groups(similar: dict[str, Any]) -> list[list[dict[str, Any]]]:
-    groups = []
-    for t in _tool_turns(similar["turns"]):
-        group = []
-        for c in t["reply"]["tool_calls"]:
-            try:
-                args = json.loads(c["arguments"] or "{}")
-            except ValueError:
-                args = c["arguments"]
-            group.append({"name": c["name"], "arguments": args})
-        groups.append(group)
-    return groups
+    return [[{"name": c["name"], "arguments": _args(c)} for c in t["reply"]["tool_calls"]]
+            for t in _tool_turns(similar["turns"])]
 
 
 def plan_text(similar: list[dict[str, Any]]) -> str:
@@ -163,12 +154,21 @@ def _calls(similar: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plan_followed(similar: list[dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The plan whose tool calls a reply makes, in order: the one taken unchanged, else the nearest
-    one with those calls (its arguments edited); None when the reply follows no plan."""
+    """The plan whose tool calls a reply makes, in order: the one taken unchanged, else the one with
+    those calls whose arguments share the most values with the reply's (the plan it edited: its
+    results are what the reply's copied values came from), the nearest on a tie; None when the
+    reply follows no plan."""
     made = [(c["name"], c["arguments"]) for c in calls]
     same = [s for s in similar if len(_calls(s)) > 1 and [c["name"] for c in _calls(s)] == [n for n, _ in made]]
     exact = [s for s in same if [(c["name"], c["arguments"]) for c in _calls(s)] == made]
-    return (exact or same or [None])[0]
+    if exact or not same:
+        return (exact or [None])[0]
+    mine = [_leaves(_args(c), []) for c in calls]
+    return max(same, key=lambda s: sum(len(set(m) & set(_leaves(_args(c), []))) for m, c in zip(mine, _calls(s))))
+
+
+def _args(call: dict[str, Any]) -> Any:
+    return _parse(call["arguments"] or "{}")
 
 
 def _leaves(value: Any, out: list[str]) -> list[str]:
@@ -184,20 +184,24 @@ def _leaves(value: Any, out: list[str]) -> list[str]:
 
 
 def _depends(call: dict[str, Any], results: list[str], task: str) -> bool:
-    """Whether a recorded call's arguments hold a value of earlier recorded results the task did not name."""
-    try:
-        args = json.loads(call["arguments"] or "{}")
-    except ValueError:
-        args = call["arguments"]
-    return any(v not in task and any(v in r for r in results) for v in _leaves(args, []))
+    """Whether a call's arguments hold a value of earlier recorded results the task did not name:
+    an argument found in a result, or a result's value (6 characters or more) inside an argument
+    (an id in a link), in any case (a model copies an address in lower case)."""
+    task, results = task.lower(), [r.lower() for r in results]
+    args = [v.lower() for v in _leaves(_args(call), [])]
+    if any(v not in task and any(v in r for r in results) for v in args):
+        return True
+    found = {v.lower() for r in results for v in _leaves(_parse(r), []) if len(v) >= 6}
+    return any(v not in task and any(v in a for a in args) for v in found)
 
 
-def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
+
+def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]], at: str,
              run_group: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
              skipped: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
                                                                         list[int]]:
-    """Run a followed plan's calls group by group; returns the calls as they ran (minted ids carried
-    in), their tool messages and the group sizes.
+    """Run a followed plan's calls group by group (``at``: the time of the reply that made them);
+    returns the calls as they ran (minted ids carried in), their tool messages and the group sizes.
 
     A group runs when every earlier group returned the plan's results (with
     the same arguments), or when none of its recorded arguments came from an
@@ -206,7 +210,7 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
     calls' arguments, as in a replay.
     """
     turns = _tool_turns(similar["turns"])
-    replay = Replayer(turns, similar["task"])
+    replay = Replayer(turns, similar["task"], at=at)  # at: the plan reply's journaled time
     checks = {n: t.result_check for n, t in agent.tools.items()}
     out: list[dict[str, Any]] = []
     ran: list[dict[str, Any]] = []
@@ -217,8 +221,9 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
         mine = calls[pos:pos + len(recorded)]
         pos += len(recorded)
         sizes.append(len(mine))
+        # the recorded calls, and the model's own: a value it copied from the plan's results is stale
         if not on_plan and any(_depends(c, [r for t in turns[:g] for r in t["results"]], similar["task"])
-                               for c in recorded):
+                               for c in (*recorded, *mine)):
             out.extend(skipped(c) for c in mine)
             ran.extend(mine)
             continue
@@ -239,7 +244,10 @@ def run_plan(agent: Agent, similar: dict[str, Any], calls: list[dict[str, Any]],
 
 class Savings:
     """What one run paid (LLM calls made) and avoided (replayed from the cache or, on a resume,
-    from the journal), with the recorded usage and model time of the avoided calls."""
+    from the journal), with the recorded usage and model time of the avoided calls.
+
+    A call a resume takes from the journal was paid once, by the attempt a crash cut short (which
+    recorded no savings): it counts as made, and as not paid twice."""
 
     __slots__ = ("made", "cache", "resumed", "input", "output", "seconds")
 
@@ -249,6 +257,8 @@ class Savings:
 
     def avoided(self, reply: dict[str, Any], resumed: bool = False) -> None:
         """A model call not paid: ``reply`` came from the cache (or from the journal, ``resumed``)."""
+        if reply.get("plan_group"):
+            return  # a later group of a followed plan: its calls came with the first group's model call
         if resumed:
             self.resumed += 1
         else:
@@ -262,7 +272,7 @@ class Savings:
         return bool(self.cache or self.resumed)
 
     def row(self) -> dict[str, Any]:
-        return {"calls_made": self.made, "cache_calls": self.cache, "resumed_calls": self.resumed,
+        return {"calls_made": self.made + self.resumed, "cache_calls": self.cache, "resumed_calls": self.resumed,
                 "input_tokens": self.input, "output_tokens": self.output, "model_seconds": round(self.seconds, 4)}
 
     def event(self) -> dict[str, Any]:

@@ -157,7 +157,9 @@ def _complete(agent: Agent, system: str, msgs: list[dict[str, Any]], specs: list
         t0 = time.perf_counter()
         reply = agent.provider.complete(system, msgs, specs, delta)
         reply["seconds"] = round(time.perf_counter() - t0, 4)
-        if reply["text"] or reply["tool_calls"]:
+        if (reply["text"] or "").strip() or reply["tool_calls"]:
+            if attempt > 1:
+                reply["empty_retries"] = attempt - 1  # paid for too (see cache.Savings)
             return reply
     raise EmptyReplyError(
         f"agent {agent.name!r}: model {agent.model!r} sent an empty reply (no text and no tool call) at turn "
@@ -195,7 +197,8 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             emit({"type": "cache", "hit": plan is not None})
     log: list[dict[str, Any]] | None = []
     replaying = plan is not None
-    replay = Replayer(plan["turns"], text, [m["content"] for m in history]) if plan is not None else None
+    # the journaled clock, not now: a resumed replay compares the journaled results as the first attempt did
+    replay = Replayer(plan["turns"], text, [m["content"] for m in history], user["ts"]) if plan is not None else None
     checks = {n: t.result_check for n, t in agent.tools.items()} if plan is not None else {}
     saved = cache.Savings()
     tools = agent.tools
@@ -233,12 +236,18 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             system = system_text(agent.instructions, extra)
             # A reply that calls tools is flushed before they run; a final one is the run's output,
             # flushed with run.completed (or the memory step) in the same disk flush.
-            reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn}, call_model,
-                             durable=_calls_tools)
+            try:
+                reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn}, call_model,
+                                 durable=_calls_tools)
+            except EmptyReplyError:
+                saved.made += 2 if ran[0] else 0  # the run fails, but those calls were paid
+                _record_savings(agent, ctx, saved)
+                raise
             if ran[0]:
                 saved.made += 1
             else:  # a resumed run: the recorded reply is not paid for twice
                 saved.avoided(reply, resumed=True)
+            saved.made += int(reply.get("empty_retries") or 0)
             if reply["text"] and not streamed[0]:  # replayed from the journal, or not streamed
                 emit({"type": "text", "delta": reply["text"]})
         msg = {"role": "assistant", "content": reply["text"], "tool_calls": reply["tool_calls"], "ts": reply["ts"]}
@@ -250,8 +259,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             elif key is not None and log is not None:
                 log.append({"name": "agent.turn", "args": {}, "reply": reply, "results": []})
                 cache.store(agent, ctx.journal, key, ctx_key, text, log, ctx.run_id)
-            if agent.cache or saved.any():
-                agent._store(ctx.journal).record_savings(ctx.run_id, agent.name, saved.row())
+            if _record_savings(agent, ctx, saved):
                 emit(saved.event())
             if agent.memory:
                 ctx.call("agent.memory.remember", "tool", {"skill": agent.memory},
@@ -262,7 +270,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         followed = cache.plan_followed(similar, reply["tool_calls"]) if turn == 0 and similar else None
         if followed is not None:
             ran_calls, results, sizes = cache.run_plan(
-                agent, followed, reply["tool_calls"],
+                agent, followed, reply["tool_calls"], reply["ts"],
                 # each group's results are waited for: the next group runs with no append before it
                 lambda calls: run_tools(agent, ctx, calls, reply["ts"], emit, wait=True, tools=tools),
                 lambda c: _skipped(c, reply["ts"], emit))
@@ -282,7 +290,16 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
             replaying = False  # a tool answered differently: the model takes over from here
             agent._cache_diverged(ctx.journal, plan["entry"])
             emit({"type": "cache", "diverged": turn})
+    _record_savings(agent, ctx, saved)
     raise TurnLimitError(f"agent {agent.name!r}: no final answer after max_turns={agent.max_turns} model calls")
+
+
+def _record_savings(agent: Agent, ctx: RunContext, saved: cache.Savings) -> bool:
+    """Record the run's savings (also of a run that fails: its calls were paid); False if none to record."""
+    if not (agent.cache or saved.any()):
+        return False
+    agent._store(ctx.journal).record_savings(ctx.run_id, agent.name, saved.row())
+    return True
 
 
 def _skipped(call: dict[str, Any], ts: str, emit: Emit) -> dict[str, Any]:
@@ -301,6 +318,8 @@ def _plan_log(log: list[dict[str, Any]], reply: dict[str, Any], results: list[di
     pos = 0
     for k, n in enumerate(sizes):
         part = {**reply, "text": reply["text"] if k == 0 else "", "tool_calls": reply["tool_calls"][pos:pos + n]}
+        if k:  # one model call made every group: a replay saves it once (see cache.Savings)
+            part.update(usage={}, seconds=0.0, plan_group=k)
         log.append({"name": "agent.turn", "args": {}, "reply": part,
                     "results": [r["content"] for r in results[pos:pos + n]]})
         pos += n
