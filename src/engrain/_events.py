@@ -326,3 +326,13 @@ def loads_many(texts: list[str]) -> list[Any]:
         except _msgspec.MsgspecError:
             pass  # what msgspec refuses and the stdlib reads (NaN, 1e400, a lone surrogate): rare, and slower
     return json.loads(text)
+
+
+#: One journal event as a backend reads it (``Journal.read_raw``): seq, ts, kind, name, and the data's JSON text.
+Row = tuple[int, float, str, str, str]
+
+
+def events_of(run_id: str, rows: list[Row]) -> list[Event]:
+    """The events of ``run_id``'s raw rows, every data decoded in one parser call."""
+    datas = loads_many([r[4] for r in rows])
+    return [Event(run_id, r[0], r[1], r[2], r[3], d) for r, d in zip(rows, datas)]

@@ -37,6 +37,7 @@ from .context import (
 from .lease import Lease
 from .outcome import agent_name as _name_of
 from .outcome import check_agent_name, failure, failure_report
+from .steps import steps_of_rows
 
 _FINISHED_KINDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
 
@@ -50,42 +51,44 @@ def _start(
     lease: Lease | None = None,
     agent: str | None = None,
     fresh: bool = False,
-) -> tuple[list[ev.Event], RunResult | None]:
-    """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
+) -> tuple[list[ev.Row] | None, RunResult | None]:
+    """Read the run's journal rows (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
 
+    The rows are None for a run this call created (its one event is ``run.started``).
     ``agent`` is the agent name a new run records, which :func:`~engrain.recover` matches.
     ``fresh``: ``run_id`` was just made by :func:`new_run_id`, so there is nothing to read
     (were it taken after all, creating the run raises :class:`ConflictError`).
     """
-    events = [] if fresh else journal.read(run_id)
-    if not events:
+    rows = [] if fresh else journal.read_raw(run_id)
+    if not rows:
         data: dict[str, Any] = {"task": task, "inputs": inputs, "tags": tags}
         if agent is not None:
             data["agent"] = agent
         check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
-        events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
+        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
         if lease is not None:
             lease.take()
-        return events, None
-    recorded = events[0].data.get("task")
+        return None, None
+    first = ev.loads_many([rows[0][4]])[0]
+    recorded = first.get("task") if isinstance(first, dict) else None
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
+    if rows[-1][2] not in _FINISHED_KINDS:
+        return rows, None  # resumable: the common case, so nothing below is paid for it
+    events = ev.events_of(run_id, rows)
     last = events[-1]
-    if last.kind not in _FINISHED_KINDS:
-        return events, None  # resumable: the common case, so the count below is not paid for it
     steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
     if last.kind == ev.RUN_COMPLETED:
-        return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
+        return rows, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:
         f = last.data.get("failure") if isinstance(last.data.get("failure"), dict) else {}
-        return events, RunResult(
+        return rows, RunResult(
             run_id, "failed", error=last.data.get("error"), replayed=steps,
             step_id=f.get("step_id"), error_type=f.get("error_type"), message=f.get("message"),
         )
-    if last.kind == ev.RUN_CANCELLED:  # never resumed
-        return events, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
-    return events, None
+    # run.cancelled: never resumed
+    return rows, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
 
 
 def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
@@ -134,20 +137,23 @@ class _Execution:
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
         self._lease = lease = Lease(self.journal, self.run_id)
-        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
-                                   fresh=not run_id)
-        if self.done is None and not lease.held:
+        rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
+                                 fresh=not run_id)
+        if rows is not None and self.done is None and not lease.held:
             # Resuming: take the lease, then read again. A dead executor's last
             # append may have landed after the first read (PostgreSQL finishes
             # a killed client's statement); after the takeover its appends are
             # fenced off, so this read is the journal the run continues from.
             lease.acquire()
-            if len(self.journal.read(self.run_id, after=len(events) - 1)):
-                events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease,
-                                           agent)
+            more = self.journal.read_raw(self.run_id, after=len(rows) - 1)
+            if more:
+                rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent)
                 if self.done is not None:
                     lease.__exit__(None, None, None)
-        self.ctx = RunContext(self.journal, self.run_id, events)
+        if rows is None:
+            self.ctx = RunContext(self.journal, self.run_id, 1, {})
+        else:
+            self.ctx = RunContext(self.journal, self.run_id, len(rows), steps_of_rows(self.run_id, rows))
         self.ctx.fence = lease.epoch
 
     def __enter__(self) -> _Execution:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from .._events import Event, NewEvent, RunInfo
+from .._events import Event, NewEvent, Row, RunInfo, dumps
 
 
 class Journal(abc.ABC):
@@ -106,6 +106,14 @@ class Journal(abc.ABC):
     @abc.abstractmethod
     def read(self, run_id: str, after: int = -1) -> list[Event]:
         """Events of ``run_id`` with ``seq > after``, in order. Empty if the run is unknown."""
+
+    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
+        """What :meth:`read` returns, as rows whose data is still JSON text, for a caller that decodes only what it needs.
+
+        Resuming a long run decodes its completions straight into step records
+        (``_durable.steps``); a backend overrides this to skip building events.
+        """
+        return [(e.seq, e.ts, e.kind, e.name, dumps(e.data)) for e in self.read(run_id, after)]
 
     @abc.abstractmethod
     def get_run(self, run_id: str) -> RunInfo | None:

@@ -25,7 +25,7 @@ from .._errors import (
     StoreCorruptError,
     StoreNotFoundError,
 )
-from .._events import Event, NewEvent, RunInfo, loads, loads_many
+from .._events import Event, NewEvent, Row, RunInfo, events_of, loads
 from ._common import (
     FINISH_KINDS,
     FINISHED,
@@ -380,17 +380,18 @@ class SQLiteJournal(Journal):
     # -- reads -------------------------------------------------------------------
 
     def read(self, run_id: str, after: int = -1) -> list[Event]:
+        return events_of(run_id, self.read_raw(run_id, after))
+
+    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
         try:
             with self._lock:
                 # run_id is the caller's: not selecting it saves a string object per event.
-                rows = self._db.execute(
+                return self._db.execute(
                     "SELECT seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
                     (run_id, after),
                 ).fetchall()
         except sqlite3.Error as e:
             raise self._translate(e) from e
-        datas = loads_many([r[4] for r in rows])
-        return [Event(run_id, r[0], r[1], r[2], r[3], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
         try:
