@@ -31,6 +31,9 @@ INPUT_REQUESTED: Final = "input.requested"
 INPUT_RECEIVED: Final = "input.received"
 REPLAY_STARTED: Final = "replay.started"
 REPLAY_DIVERGED: Final = "replay.diverged"
+#: A cached trajectory replayed to its end in a run journaled at its end (``durability="run"``): one
+#: event carrying what ``replay.started`` says and every step completion of the run, in order.
+REPLAY_COMPLETED: Final = "replay.completed"
 RUN_COMPLETED: Final = "run.completed"
 RUN_FAILED: Final = "run.failed"
 #: An entry of an adapter's log (a LangGraph checkpoint, an agent-SDK session item): see ``_durable/log.py``.
@@ -48,6 +51,7 @@ KINDS: Final = frozenset(
         INPUT_RECEIVED,
         REPLAY_STARTED,
         REPLAY_DIVERGED,
+        REPLAY_COMPLETED,
         RUN_COMPLETED,
         RUN_FAILED,
         LOG_ENTRY,

@@ -33,9 +33,10 @@ class BufferedContext(RunContext):
     """
 
     def __init__(self, journal: Journal, run_id: str, write: bool = True):
-        super().__init__(journal, run_id, [])
+        super().__init__(journal, run_id, 0, {})
         self.pending: list[NewEvent] = []
         self.write = write
+        self.checked = True  # every buffered event's data was found strictly JSON by its writer
 
     def append(
         self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
@@ -45,6 +46,8 @@ class BufferedContext(RunContext):
         # buffer is written from 0 at flush, so ``seq`` is not kept.
         if self.write:
             self.pending.append(NewEvent(kind, name, data or {}))
+            if not json_checked:
+                self.checked = False
 
     def _begin(self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy = DEFAULT_POLICY) -> _Pending:
         # Never a StepRecord: nothing is read back, so every step runs. No
@@ -58,16 +61,47 @@ class BufferedContext(RunContext):
         return _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, 1, False, time.time())
 
     def flush(self) -> None:
-        """Append every buffered event in one transaction."""
+        """Append every buffered event in one transaction (a replay that ran to its end as one event: see ``_compact``)."""
         if self.pending:
-            self.journal.append(self.run_id, self.pending, 0)
+            self.journal.append(self.run_id, _compact(self.pending), 0, json_checked=self.checked)
             self.pending = []
+
+
+_PLAIN = frozenset({"call_id", "result", "type", "args", "started"})
+
+
+def _compact(events: list[NewEvent]) -> list[NewEvent]:
+    """A finished run whose middle is one ``replay.started`` and plain step completions, as three events.
+
+    That is a behavior-cache hit: its completions go into one ``replay.completed``
+    (the replay's data, ``replayed_from``: how many completions came before the
+    replay started, and ``completions``: ``[name, type, args, result, started]``
+    per step, the step's call id being its index), so the hit is three rows in
+    its one transaction, not one per step, and small enough to stay in its page.
+    Anything else (a divergence, a failure, a completion with more keys) is kept as it is.
+    """
+    if len(events) < 3 or events[0].kind != ev.RUN_STARTED or events[-1].kind != ev.RUN_COMPLETED:
+        return events
+    steps, replay, before = [], None, 0
+    for e in events[1:-1]:
+        d = e.data
+        if e.kind == ev.REPLAY_STARTED and replay is None:
+            replay, before = e, len(steps)
+        elif e.kind != ev.STEP_COMPLETED or d.get("call_id") != len(steps) or not d.keys() <= _PLAIN:
+            return events
+        else:
+            steps.append([e.name, d.get("type", "tool"), d.get("args", {}), d.get("result"), d.get("started")])
+    if replay is None:
+        return events
+    data = {**replay.data, "replayed_from": before, "completions": steps}
+    return [events[0], NewEvent(ev.REPLAY_COMPLETED, replay.name, data), events[-1]]
 
 
 def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool, agent: Callable[..., Any]) -> BufferedContext:
     ctx = BufferedContext(journal, run_id, write)
     if write:  # the run's record is built only when it is kept
-        ctx.append(ev.RUN_STARTED, "", {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent)})
+        data = {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent)}
+        ctx.append(ev.RUN_STARTED, "", data, json_checked=ev.is_json(data))
     return ctx
 
 

@@ -37,7 +37,7 @@ from .context import (
 from .lease import Lease
 from .outcome import agent_name as _name_of
 from .outcome import check_agent_name, failure, failure_report
-from .steps import steps_of_rows
+from .steps import replayed_steps, steps_of_rows
 
 _FINISHED_KINDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
 
@@ -78,7 +78,9 @@ def _start(
         return rows, None  # resumable: the common case, so nothing below is paid for it
     events = ev.events_of(run_id, rows)
     last = events[-1]
-    steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
+    ids = {e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED}
+    ids.update(cid for e in events if e.kind == ev.REPLAY_COMPLETED for cid, _ in replayed_steps(e.data))
+    steps = len(ids)
     if last.kind == ev.RUN_COMPLETED:
         return rows, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:
@@ -97,7 +99,7 @@ def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
     except NotJSONError as e:
         # Resuming cannot change the output (the steps replay), so this is final.
         return _finish_error(ctx, e)
-    ctx.append(ev.RUN_COMPLETED, "", {"output": output})
+    ctx.append(ev.RUN_COMPLETED, "", {"output": output}, json_checked=True)  # checked just above
     return RunResult(ctx.run_id, "ok", output, replayed=ctx.replayed, executed=ctx.executed)
 
 

@@ -100,7 +100,7 @@ class StepRecord(msgspec.Struct, rename={"attempts": "attempt", **{f: "~" + f fo
 
 
 _decode_completions = msgspec.json.Decoder(list[StepRecord]).decode
-_FOLDED = frozenset({ev.STEP_STARTED, ev.STEP_FAILED, ev.INPUT_REQUESTED, ev.INPUT_RECEIVED})
+_FOLDED = frozenset({ev.STEP_STARTED, ev.STEP_FAILED, ev.INPUT_REQUESTED, ev.INPUT_RECEIVED, ev.REPLAY_COMPLETED})
 
 
 def _record(steps: dict[int, StepRecord], e: ev.Event) -> StepRecord:
@@ -203,6 +203,9 @@ def _fold(steps: dict[int, StepRecord], e: ev.Event) -> None:
             rec.state = "waiting"  # the "did this step happen?" question
         else:
             steps[cid] = StepRecord(cid, e.name or "engrain.ask", "input", {"prompt": d.get("prompt"), "fields": d.get("fields")}, state="waiting")
+    elif kind == ev.REPLAY_COMPLETED:
+        for cid, (name, type_, args, result, _started) in replayed_steps(d):
+            steps[cid] = StepRecord(cid, name, type_, args, 1, "completed", result)
     elif kind == ev.INPUT_RECEIVED:
         rec = steps[d["call_id"]]
         answers = d.get("answers")
@@ -210,6 +213,17 @@ def _fold(steps: dict[int, StepRecord], e: ev.Event) -> None:
             _answered_at_most_once(rec, answers)
         else:
             rec.state, rec.result = "answered", answers
+
+
+def replayed_steps(data: dict[str, Any]) -> list[tuple[int, tuple[str, str, dict[str, Any], Any, Any]]]:
+    """``(call_id, (name, type, args, result, started))`` of each step a ``replay.completed`` carries; malformed items are skipped."""
+    items = data.get("completions")
+    out = []
+    for cid, item in enumerate(items if isinstance(items, list) else []):
+        if isinstance(item, list) and len(item) == 5 and isinstance(item[0], str) and isinstance(item[1], str) \
+                and isinstance(item[2], dict):
+            out.append((cid, tuple(item)))
+    return out
 
 
 def _answered_at_most_once(rec: StepRecord, answers: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ class Journal(abc.ABC):
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
         wait: bool = True,
+        json_checked: bool = False,
     ) -> list[Event]:
         """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
 
@@ -79,6 +80,8 @@ class Journal(abc.ABC):
         call sees the append's events. The agent loop sends a tool's result
         this way before its next model call: the server commits it while the
         model works, and the model step's append reads the answer.
+        ``json_checked=True``: the caller found every event's data strictly JSON (``is_json``), as
+        for :meth:`append_one`, so a backend may encode it with a faster, laxer encoder.
         """
 
     def append_one(
@@ -101,7 +104,8 @@ class Journal(abc.ABC):
         ``json_checked=True`` says the caller already found ``data`` strictly JSON
         (``is_json``), so a backend may encode it with a faster, laxer encoder. ``wait``: as for :meth:`append`.
         """
-        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence, wait=wait)
+        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence, wait=wait,
+                    json_checked=json_checked)
 
     @abc.abstractmethod
     def read(self, run_id: str, after: int = -1) -> list[Event]:

@@ -143,12 +143,13 @@ class PostgresJournal(Journal):
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
         wait: bool = True,
+        json_checked: bool = False,
     ) -> list[Event]:
         if not wait and durable:
             raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         ts = self._now()
         lease = check_lease(lease, expected_seq)
-        batch = prepare(run_id, events, expected_seq, ts)
+        batch = prepare(run_id, events, expected_seq, ts, json_checked)
         rows = batch.rows
         finish = batch.status in FINISHED
         if expected_seq == 0:

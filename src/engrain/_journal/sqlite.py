@@ -195,6 +195,7 @@ class SQLiteJournal(Journal):
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
         wait: bool = True,
+        json_checked: bool = False,
     ) -> list[Event]:
         # wait=False changes nothing here: a commit in this process costs less than a send would.
         if not wait and durable:
@@ -206,10 +207,10 @@ class SQLiteJournal(Journal):
         one = len(events) == 1
         if one:
             e = events[0]
-            rows = [prepare_row(run_id, e.kind, e.name, e.data, expected_seq, ts)]
+            rows = [prepare_row(run_id, e.kind, e.name, e.data, expected_seq, ts, json_checked)]
             finishes = rows[0][3] in FINISH_KINDS
         else:
-            batch = prepare(run_id, events, expected_seq, ts)
+            batch = prepare(run_id, events, expected_seq, ts, json_checked)
             rows, finishes = batch.rows, batch.status in FINISHED
         if finishes:
             lease = None  # the run is finished by this append: nothing to lease
