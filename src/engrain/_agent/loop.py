@@ -191,10 +191,12 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
 
             system = system_text(agent.instructions, extra)
             # A reply that calls tools is flushed before they run; a final one is the run's output,
-            # flushed with run.completed (or the memory step) in the same disk flush.
+            # flushed with run.completed (or the memory step) in the same disk flush, and not even
+            # waited for when the journal's next append follows with nothing outside the journal
+            # done in between (a refusal is then raised by that append).
             reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn},
                              lambda: agent.provider.complete(system, msgs, specs, delta if agent.stream else None),
-                             durable=_calls_tools)
+                             durable=_calls_tools, wait=bool(agent.cache or agent.memory))
             if reply["text"] and not streamed[0]:  # replayed from the journal, or not streamed
                 emit({"type": "text", "delta": reply["text"]})
         msg = {"role": "assistant", "content": reply["text"], "tool_calls": reply["tool_calls"], "ts": reply["ts"]}

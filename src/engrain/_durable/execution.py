@@ -66,7 +66,10 @@ def _start(
             data["agent"] = agent
         check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
-        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
+        # Not flushed on its own: the run's first durable append (a step, a question, its end) flushes
+        # it too, and until then nothing the run did needs it (a server crash before that loses a run
+        # that had done nothing durable). Waited for, so a taken run id is refused before the agent runs.
+        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False)
         if lease is not None:
             lease.take()
         return None, None
