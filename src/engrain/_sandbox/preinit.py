@@ -29,26 +29,20 @@ _I32 = 0x7F
 _MERGE_GAP = 64  # zero bytes between two runs below which they stay one segment
 
 
+def _leb(data: bytes, i: int, signed: bool = False) -> tuple[int, int]:
+    """The LEB128 number at ``data[i]`` and the index after it."""
+    result = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return (result - (1 << shift) if signed and byte & 0x40 else result), i
+
+
 def _uleb(data: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return result, i
-
-
-def _sleb(data: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return (result - (1 << shift) if byte & 0x40 else result), i
+    return _leb(data, i)
 
 
 def _u(n: int) -> bytes:
@@ -126,7 +120,7 @@ def stack_pointer(module: bytes) -> int:
     body = dict(_sections(module)).get(6)
     if body is None or body[:4] != bytes([1, _I32, 1, 0x41]):
         raise ValueError("not one mutable i32 global")
-    return _sleb(body, 4)[0]
+    return _leb(body, 4, signed=True)[0]
 
 
 def _segments(memory: bytes) -> list[bytes]:
