@@ -581,3 +581,25 @@ def test_a_run_mode_hit_is_one_append_that_reads_back_as_its_steps(store_url):
     assert sum(" step " in line for line in lines) == 4
     assert any("type_text" in line and "typed Ada" in line for line in lines)
     assert any("click" in line and "clicked submit" in line for line in lines)
+
+
+def test_a_run_mode_hit_keeps_a_completion_s_other_keys():
+    """A completion with keys beyond the plain five (a digest, a UDF's source) is still folded into the
+    one replay.completed, its other keys kept beside its step."""
+    from engrain._durable.batched import _compact
+    from engrain._durable.steps import replayed_steps
+
+    t = {"type": "tool", "args": {}, "started": 1.0}
+    events = [
+        eg.NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []}),
+        eg.NewEvent("step.completed", "engrain.cache.lookup", {"call_id": 0, "result": {"entry": "e"}, **t}),
+        eg.NewEvent("replay.started", "e", {"entry": "e", "task": "t", "steps": 1}),
+        eg.NewEvent("step.completed", "f", {"call_id": 1, "result": 2, **t, "digest": "abc", "udf": {"source": "s"}}),
+        eg.NewEvent("run.completed", "", {"output": 2}),
+    ]
+    out = _compact(events)
+    assert [e.kind for e in out] == ["run.started", "replay.completed", "run.completed"]
+    items = out[1].data["completions"]
+    assert items[1][5] == {"digest": "abc", "udf": {"source": "s"}} and len(items[0]) == 5
+    assert [(cid, s[0], s[3]) for cid, s in replayed_steps(out[1].data)] == [(0, "engrain.cache.lookup", {"entry": "e"}), (1, "f", 2)]
+    assert _compact(events[:2] + events[3:]) == events[:2] + events[3:]  # no replay.started: kept as it is

@@ -71,14 +71,15 @@ _PLAIN = frozenset({"call_id", "result", "type", "args", "started"})
 
 
 def _compact(events: list[NewEvent]) -> list[NewEvent]:
-    """A finished run whose middle is one ``replay.started`` and plain step completions, as three events.
+    """A finished run whose middle is one ``replay.started`` and step completions in call order, as three events.
 
     That is a behavior-cache hit: its completions go into one ``replay.completed``
     (the replay's data, ``replayed_from``: how many completions came before the
     replay started, and ``completions``: ``[name, type, args, result, started]``
-    per step, the step's call id being its index), so the hit is three rows in
-    its one transaction, not one per step, and small enough to stay in its page.
-    Anything else (a divergence, a failure, a completion with more keys) is kept as it is.
+    per step, the step's call id being its index, plus a dict of the completion's
+    other keys when it has any), so the hit is three rows in its one transaction,
+    not one per step, and small enough to stay in its page. Anything else (a
+    divergence, a failure) is kept as it is.
     """
     if len(events) < 3 or events[0].kind != ev.RUN_STARTED or events[-1].kind != ev.RUN_COMPLETED:
         return events
@@ -87,10 +88,13 @@ def _compact(events: list[NewEvent]) -> list[NewEvent]:
         d = e.data
         if e.kind == ev.REPLAY_STARTED and replay is None:
             replay, before = e, len(steps)
-        elif e.kind != ev.STEP_COMPLETED or d.get("call_id") != len(steps) or not d.keys() <= _PLAIN:
+        elif e.kind != ev.STEP_COMPLETED or d.get("call_id") != len(steps):
             return events
         else:
-            steps.append([e.name, d.get("type", "tool"), d.get("args", {}), d.get("result"), d.get("started")])
+            item = [e.name, d.get("type", "tool"), d.get("args", {}), d.get("result"), d.get("started")]
+            if not d.keys() <= _PLAIN:
+                item.append({k: v for k, v in d.items() if k not in _PLAIN})
+            steps.append(item)
     if replay is None:
         return events
     data = {**replay.data, "replayed_from": before, "completions": steps}

@@ -218,13 +218,16 @@ def _fold(steps: dict[int, StepRecord], e: ev.Event) -> None:
 
 
 def replayed_steps(data: dict[str, Any]) -> list[tuple[int, tuple[str, str, dict[str, Any], Any, Any]]]:
-    """``(call_id, (name, type, args, result, started))`` of each step a ``replay.completed`` carries; malformed items are skipped."""
+    """``(call_id, (name, type, args, result, started))`` of each step a ``replay.completed`` carries.
+
+    An item's sixth element (the completion's other keys) is not part of a step's record; malformed items are skipped.
+    """
     items = data.get("completions")
     out = []
     for cid, item in enumerate(items if isinstance(items, list) else []):
-        if isinstance(item, list) and len(item) == 5 and isinstance(item[0], str) and isinstance(item[1], str) \
+        if isinstance(item, list) and len(item) in (5, 6) and isinstance(item[0], str) and isinstance(item[1], str) \
                 and isinstance(item[2], dict):
-            out.append((cid, tuple(item)))
+            out.append((cid, (item[0], item[1], item[2], item[3], item[4])))
     return out
 
 
