@@ -215,7 +215,7 @@ def main() -> None:
         goal = targets.get(name)
         verdict = "" if goal is None else f"<= {goal:.0f} µs " + ("ok" if r["hit_us"] <= goal else "MISSED") + ";"
         if name.startswith("engrain"):
-            verdict += " flat at 10k " + ("ok" if flat else "MISSED")
+            verdict += f" flat at {FILL // 1000}k " + ("ok" if flat else "MISSED")
         print(f"{name:34}{r['hit_us']:>10.1f}{r['hit_10k_us']:>14.1f}  {verdict}")
     print(f"\nthe journal alone, for a hit's events (SQLite, no engine work):")
     print(f"  {len(batched)} appended in one transaction (what durability=run writes)   {floor['batch']:>8.1f} µs")
