@@ -109,7 +109,7 @@ def main() -> None:
         row("  routine layer (total - tool - floor)", routine - tool - floor)
         row("engrain run_routine, SQLite :memory:", routine_mem)
         row("scripted agent, durable (ask, answer, resume)", agent_ms)
-        row("untrusted (as compiled): 2 UDFs in the WASM sandbox", sandboxed, "(2 sandbox calls, <= 50 ms each)")
+        row("untrusted (as compiled): 2 UDFs in the WASM sandbox", sandboxed, "(2 sandbox calls: <= 5 ms, <= 10 ms each)")
 
         ans = tmp / "answers.json"
         ans.write_text(json.dumps(answers))

@@ -134,8 +134,8 @@ def test_streamed_replies_parse_usage_and_a_stream_error_fails_the_step(model, j
 
 def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_path):
     # On a "full" store each flush is a disk sync. A reply that calls tools is flushed before the
-    # tools run; a tool's result and the final reply are committed unflushed and flushed by the
-    # next durable append (the next model step, run.completed), which always follows.
+    # tools run; run.started, a tool's result and the final reply are committed unflushed and
+    # flushed by the next durable append (the next model step, run.completed), which always follows.
     from engrain._journal.sqlite import SQLiteJournal
 
     appends: list[tuple[str, str, bool]] = []
@@ -164,11 +164,12 @@ def test_a_turn_flushes_once_and_every_result_is_flushed_before_use(model, tmp_p
     res = _agent(model, "openai", j, [add]).run("add", run_id="flush-1")
     assert res and res.output == "Done."
     assert appends == [
-        ("run.started", "", True), ("step.completed", "engrain.now", False),
+        ("run.started", "", False), ("step.completed", "engrain.now", False),
         ("step.completed", "agent.llm", True), ("step.completed", "add", False),
         ("step.completed", "agent.llm", True), ("step.completed", "add", False), ("step.completed", "add", False),
         ("step.completed", "agent.llm", False), ("run.completed", "", True)]
-    assert unwaited == ["engrain.now", "add", "add", "add"]  # each followed by a model step's append
+    # each followed by a model step's append, or the final reply by run.completed
+    assert unwaited == ["engrain.now", "add", "add", "add", "agent.llm"]
     # resumed from the journal these unflushed commits replay like any others: nothing runs again
     again = eg.Agent("helper", "openai:scripted", "Help with orders.", [add], base_url=model.openai_url,
                      journal=j).run("add", run_id="flush-1")

@@ -462,9 +462,26 @@ def _events_of(engine: Engine, run_id: str) -> list[tuple]:
     return out
 
 
+def _steps_of(engine: Engine, run_id: str) -> list[tuple]:
+    """A run's steps as the journal's fold and the API's see them, without what differs between two runs."""
+    from engrain._durable.steps import steps_of
+    from engrain._server.runs import fold_steps
+
+    events = engine.journal.read(run_id)
+    out = []
+    for rec, view in zip(steps_of(events).values(), fold_steps(events), strict=True):
+        result = rec.result
+        if rec.name == "engrain.cache.lookup":
+            result = {k: v for k, v in result.items() if k != "reason"}
+        assert (view["call_id"], view["name"], view["args"], view["state"]) == (rec.call_id, rec.name, rec.args, rec.state)
+        out.append((rec.call_id, rec.name, rec.type, rec.args, rec.state, result, view["replayed"]))
+    return out
+
+
 @pytest.mark.parametrize("durability", ["run", "off"])
 def test_batched_modes_journal_a_hit_like_a_durable_run(store_url, durability):
-    """durability="run" journals a hit's events exactly as a durable run does; "off" journals none."""
+    """durability="run" journals a hit as three events (run.started, one replay.completed carrying
+    every step, run.completed) whose steps fold exactly as a durable run's; "off" journals none."""
     world = World()
     steps_engine, _ = make_engine(store_url, world)
     fast, calls = make_engine(store_url, world, durability=durability)
@@ -477,7 +494,15 @@ def test_batched_modes_journal_a_hit_like_a_durable_run(store_url, durability):
     assert calls["agent"] == 0 and [s["args"] for s in outs["step"].steps] == [s["args"] for s in outs[durability].steps]
     expected = _events_of(steps_engine, outs["step"].run_id)
     assert [k for _, k, _, _ in expected].count("step.completed") == 4 and expected[-1][1] == "run.completed"
-    assert _events_of(fast, outs[durability].run_id) == (expected if durability == "run" else [])
+    got = _events_of(fast, outs[durability].run_id)
+    if durability == "off":
+        assert got == []
+        return
+    assert [k for _, k, _, _ in got] == ["run.started", "replay.completed", "run.completed"]
+    assert got[0] == expected[0] and got[-1][1:] == expected[-1][1:]
+    steps = _steps_of(steps_engine, outs["step"].run_id)
+    assert [s[-1] for s in steps] == [False, True, True, True]  # the lookup, then three replayed tools
+    assert _steps_of(fast, outs[durability].run_id) == steps
 
 
 @pytest.mark.parametrize("durability", ["step", "run", "off"])
@@ -528,3 +553,55 @@ def test_cache_cli_lists_counts_and_evicts(store_url):
     bad = cli("evict", rows[0]["id"])
     assert bad.returncode == 2 and "no cache entry" in bad.stderr
     assert json.loads(cli("entries", "--json").stdout) == []
+
+
+def test_a_run_mode_hit_is_one_append_that_reads_back_as_its_steps(store_url):
+    """durability="run": a full replay is one append (one transaction) of three events; the run
+    reads back as finished with every step counted, and `engrain show` lists each step."""
+    from engrain._cli.runs import timeline
+
+    world = World()
+    engine, calls = make_engine(store_url, world, durability="run")
+    assert not engine("fill the form: Ada", params={"name": "Ada"})
+    appends: list[list[str]] = []
+    real = engine.journal.append
+
+    def counted(run_id, events, seq, **kw):
+        appends.append([e.kind for e in events])
+        return real(run_id, events, seq, **kw)
+
+    engine.journal.append = counted
+    world.screen, world.effects = "login", []
+    out = engine("fill the form: Ada", params={"name": "Ada"})
+    assert out and calls["agent"] == 1 and len(world.effects) == 3
+    assert appends == [["run.started", "replay.completed", "run.completed"]]
+    recorded = engine.journal.read(out.run_id)[0].data["agent"]  # only the engine's agent may read it back as a run
+    again = eg.run(lambda task: None, "fill the form: Ada", run_id=out.run_id, journal=engine.journal,
+                   agent_name=recorded)
+    assert again.status == "ok" and again.replayed == 4 and again.output == "clicked submit"
+    lines = timeline(engine.journal.read(out.run_id))
+    assert sum(" step " in line for line in lines) == 4
+    assert any("type_text" in line and "typed Ada" in line for line in lines)
+    assert any("click" in line and "clicked submit" in line for line in lines)
+
+
+def test_a_run_mode_hit_keeps_a_completion_s_other_keys():
+    """A completion with keys beyond the plain five (a digest, a UDF's source) is still folded into the
+    one replay.completed, its other keys kept beside its step."""
+    from engrain._durable.batched import _compact
+    from engrain._durable.steps import replayed_steps
+
+    t = {"type": "tool", "args": {}, "started": 1.0}
+    events = [
+        eg.NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []}),
+        eg.NewEvent("step.completed", "engrain.cache.lookup", {"call_id": 0, "result": {"entry": "e"}, **t}),
+        eg.NewEvent("replay.started", "e", {"entry": "e", "task": "t", "steps": 1}),
+        eg.NewEvent("step.completed", "f", {"call_id": 1, "result": 2, **t, "digest": "abc", "udf": {"source": "s"}}),
+        eg.NewEvent("run.completed", "", {"output": 2}),
+    ]
+    out = _compact(events)
+    assert [e.kind for e in out] == ["run.started", "replay.completed", "run.completed"]
+    items = out[1].data["completions"]
+    assert items[1][5] == {"digest": "abc", "udf": {"source": "s"}} and len(items[0]) == 5
+    assert [(cid, s[0], s[3]) for cid, s in replayed_steps(out[1].data)] == [(0, "engrain.cache.lookup", {"entry": "e"}), (1, "f", 2)]
+    assert _compact(events[:2] + events[3:]) == events[:2] + events[3:]  # no replay.started: kept as it is

@@ -352,3 +352,36 @@ def _send_then_die(store_url: str, locked: bool, run_id: str) -> None:
             proc.kill()
         proc.wait(10)
         journal.close()
+
+
+_START_THEN_DIE = """
+import os, signal, sys
+import engrain as eg
+
+def agent(task):
+    os.kill(os.getpid(), signal.SIGKILL)  # before any step: only the unflushed run.started is written
+
+eg.run(agent, "t", run_id=sys.argv[2], journal=eg.open(sys.argv[1]))
+"""
+
+
+def test_a_run_killed_before_its_first_durable_append_is_resumable(store_url: str, tmp_path: Path) -> None:
+    """run.started is committed without its own flush (the run's first durable append flushes it):
+    a process killed right after it leaves the run journaled, running, and resumable to the end."""
+    url = store_url
+    if store_url.startswith("sqlite"):
+        url = f"sqlite:///{tmp_path / 'full.db'}?durability=full"  # where an unflushed commit differs
+    env = {**os.environ, "ENGRAIN_LEASE_TTL": "0.5"}  # the dead process's lease expires soon
+    proc = subprocess.run([sys.executable, "-c", _START_THEN_DIE, url, "killed-early"], capture_output=True, timeout=60,
+                          env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    journal = eg.open(url)
+    try:
+        info = journal.get_run("killed-early")
+        assert info is not None and info.status == "running"
+        assert [e.kind for e in journal.read("killed-early")] == ["run.started"]
+        time.sleep(0.6)
+        res = eg.run(lambda task: "done", "t", run_id="killed-early", journal=journal)
+        assert res.status == "ok" and res.output == "done"
+    finally:
+        journal.close()

@@ -8,6 +8,7 @@ import pytest
 
 import engrain as eg
 from engrain import NewEvent
+from engrain._durable.steps import steps_of, steps_of_rows
 
 
 def _started(journal, run_id, call_id, name, args, attempt=1):
@@ -230,3 +231,46 @@ def test_bad_retry_settings_are_typed_errors():
         eg.tool(backoff="soon")
     with pytest.raises(eg.EngrainError, match="retry_on"):
         eg.tool(retry_on=("IOError",))
+
+
+def test_raw_rows_fold_into_the_same_records_as_events(journal):
+    """Resuming folds the journal's raw rows (completions decoded straight into records): the
+    records equal those folded from events, whatever the mix, and a completion's other keys (a
+    caller's meta named like a record field) set nothing."""
+    t = {"type": "tool"}
+    events = [
+        NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []}),
+        NewEvent("step.completed", "a", {"call_id": 0, "result": [1, {"x": None}], **t, "args": {"n": 1}, "started": 1.0}),
+        _started(journal, "r", 1, "pay", {"amount": 3}),
+        NewEvent("step.completed", "pay", {"call_id": 1, "result": "ok", "attempt": 1}),
+        NewEvent("step.failed", "b", {"call_id": 2, **t, "args": {}, "error_type": "E", "error_module": "m",
+                                      "message": "no", "retry_in": 2.5}),
+        NewEvent("step.completed", "b", {"call_id": 2, "result": 7, **t, "args": {}, "attempt": 2}),
+        NewEvent("step.completed", "c", {"call_id": 3, "result": None, **t, "args": {}, "name": "evil", "state": "failed",
+                                         "message": "m", "errors": ["x"], "at_most_once": True, "udf": {"source": "s"}}),
+        NewEvent("log.entry", "", {"text": "ignored by the fold"}),
+        NewEvent("input.requested", "engrain.ask", {"call_id": 4, "prompt": "why?", "fields": []}),
+        NewEvent("input.received", "", {"call_id": 4, "answers": {"why": "because"}}),
+        NewEvent("step.failed", "d", {"call_id": 5, **t, "args": {}, "error_type": "ValueError",
+                                      "error_module": "builtins", "message": "bad"}),
+    ]
+    journal.append("r", events, 0)
+    folded = steps_of_rows("r", journal.read_raw("r"))
+    assert folded == steps_of(journal.read("r"))
+    assert [(s.name, s.state, s.attempts) for s in folded.values()] == [
+        ("a", "completed", 1), ("pay", "completed", 1), ("b", "completed", 2), ("c", "completed", 1),
+        ("engrain.ask", "answered", 1), ("d", "failed", 1)]
+    assert (folded[3].message, folded[3].errors, folded[3].at_most_once) == ("", None, False)
+    assert folded[0].result == [1, {"x": None}] and folded[0].args == {"n": 1}
+
+
+def test_a_completion_the_typed_decoder_refuses_folds_through_events(journal):
+    """A huge integer, or args that are not an object, read exactly as the events read them."""
+    journal.append("r", [
+        NewEvent("run.started", "", {"task": "t", "inputs": {}, "tags": []}),
+        NewEvent("step.completed", "a", {"call_id": 0, "result": 2**70, "type": "tool", "args": None}),
+        NewEvent("step.completed", "b", {"call_id": 1, "result": 1, "type": "tool", "args": {}}),
+    ], 0)
+    folded = steps_of_rows("r", journal.read_raw("r"))
+    assert folded == steps_of(journal.read("r"))
+    assert folded[0].result == 2**70 and folded[0].args == {} and folded[1].name == "b"

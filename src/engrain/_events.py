@@ -31,6 +31,9 @@ INPUT_REQUESTED: Final = "input.requested"
 INPUT_RECEIVED: Final = "input.received"
 REPLAY_STARTED: Final = "replay.started"
 REPLAY_DIVERGED: Final = "replay.diverged"
+#: A cached trajectory replayed to its end in a run journaled at its end (``durability="run"``): one
+#: event carrying what ``replay.started`` says and every step completion of the run, in order.
+REPLAY_COMPLETED: Final = "replay.completed"
 RUN_COMPLETED: Final = "run.completed"
 RUN_FAILED: Final = "run.failed"
 #: An entry of an adapter's log (a LangGraph checkpoint, an agent-SDK session item): see ``_durable/log.py``.
@@ -48,6 +51,7 @@ KINDS: Final = frozenset(
         INPUT_RECEIVED,
         REPLAY_STARTED,
         REPLAY_DIVERGED,
+        REPLAY_COMPLETED,
         RUN_COMPLETED,
         RUN_FAILED,
         LOG_ENTRY,
@@ -369,3 +373,13 @@ def loads_many(texts: list[str]) -> list[Any]:
         except _msgspec.MsgspecError:
             pass  # what msgspec refuses and the stdlib reads (NaN, 1e400, a lone surrogate): rare, and slower
     return json.loads(text)
+
+
+#: One journal event as a backend reads it (``Journal.read_raw``): seq, ts, kind, name, and the data's JSON text.
+Row = tuple[int, float, str, str, str]
+
+
+def events_of(run_id: str, rows: list[Row]) -> list[Event]:
+    """The events of ``run_id``'s raw rows, every data decoded in one parser call."""
+    datas = loads_many([r[4] for r in rows])
+    return [Event(run_id, r[0], r[1], r[2], r[3], d) for r, d in zip(rows, datas)]

@@ -235,10 +235,12 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
 
             system = system_text(agent.instructions, extra)
             # A reply that calls tools is flushed before they run; a final one is the run's output,
-            # flushed with run.completed (or the memory step) in the same disk flush.
+            # flushed with run.completed (or the memory step) in the same disk flush, and not even
+            # waited for when the journal's next append follows with nothing outside the journal
+            # done in between (a refusal is then raised by that append).
             try:
                 reply = ctx.call("agent.llm", "llm", {"model": agent.model, "turn": turn}, call_model,
-                                 durable=_calls_tools)
+                                 durable=_calls_tools, wait=bool(agent.cache or agent.memory))
             except EmptyReplyError:
                 saved.made += 2 if ran[0] else 0  # the run fails, but those calls were paid
                 _record_savings(agent, ctx, saved)

@@ -216,7 +216,8 @@ class Session:
             return None
         self.entry_id = entry.id
         # Not fsynced on its own (a journal with durability="full"): the next durable append covers it.
-        ctx.append(ev.REPLAY_STARTED, entry.id, {"entry": entry.id, "task": entry.task, "steps": len(entry.steps)}, durable=False)
+        ctx.append(ev.REPLAY_STARTED, entry.id, {"entry": entry.id, "task": entry.task, "steps": len(entry.steps)}, durable=False,
+                   json_checked=isinstance(entry.task, str))
         return entry
 
     # -- replay -----------------------------------------------------------------

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from .._durable.steps import replayed_steps
 from .common import JsonOption, UrlOption, command, errors_as_exit, open_store, print_json
 
 
@@ -85,6 +86,11 @@ def timeline(events: list) -> list[str]:
             )
         elif e.kind == "step.failed":
             lines.append(f"{at}  step {d['call_id']:>3} {_one_line(e.name)} FAILED {d.get('error_type')}: {_full(d.get('message'))}")
+        elif e.kind == "replay.completed":  # a cache hit journaled at its end: its steps in one event
+            lines.append(f"{at}  replayed cached trajectory {_one_line(e.name)}")
+            for cid, (name, _type, args, result, begun) in replayed_steps(d):
+                dur = f"{(e.ts - begun) * 1000:.1f}ms" if isinstance(begun, (int, float)) else "?"
+                lines.append(f"{at}  step {cid:>3} {_one_line(name)}({_short(args, 40)}) -> {_short(result, 40)}  [{dur}]")
         elif e.kind == "input.requested":
             lines.append(f"{at}  waiting for input: {_short(d.get('prompt', ''))}")
         elif e.kind == "input.received":

@@ -34,9 +34,10 @@ class BufferedContext(RunContext):
     """
 
     def __init__(self, journal: Journal, run_id: str, write: bool = True):
-        super().__init__(journal, run_id, [])
+        super().__init__(journal, run_id, 0, {})
         self.pending: list[NewEvent] = []
         self.write = write
+        self.checked = True  # every buffered event's data was found strictly JSON by its writer
 
     def append(
         self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
@@ -46,6 +47,8 @@ class BufferedContext(RunContext):
         # buffer is written from 0 at flush, so ``seq`` is not kept.
         if self.write:
             self.pending.append(NewEvent(kind, name, data or {}))
+            if not json_checked:
+                self.checked = False
 
     def _begin(self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy = DEFAULT_POLICY) -> _Pending:
         # Never a StepRecord: nothing is read back, so every step runs. No
@@ -62,10 +65,44 @@ class BufferedContext(RunContext):
         return p
 
     def flush(self) -> None:
-        """Append every buffered event in one transaction."""
+        """Append every buffered event in one transaction (a replay that ran to its end as one event: see ``_compact``)."""
         if self.pending:
-            self.journal.append(self.run_id, self.pending, 0)
+            self.journal.append(self.run_id, _compact(self.pending), 0, json_checked=self.checked)
             self.pending = []
+
+
+_PLAIN = frozenset({"call_id", "result", "type", "args", "started"})
+
+
+def _compact(events: list[NewEvent]) -> list[NewEvent]:
+    """A finished run whose middle is one ``replay.started`` and step completions in call order, as three events.
+
+    That is a behavior-cache hit: its completions go into one ``replay.completed``
+    (the replay's data, ``replayed_from``: how many completions came before the
+    replay started, and ``completions``: ``[name, type, args, result, started]``
+    per step, the step's call id being its index, plus a dict of the completion's
+    other keys when it has any), so the hit is three rows in its one transaction,
+    not one per step, and small enough to stay in its page. Anything else (a
+    divergence, a failure) is kept as it is.
+    """
+    if len(events) < 3 or events[0].kind != ev.RUN_STARTED or events[-1].kind != ev.RUN_COMPLETED:
+        return events
+    steps, replay, before = [], None, 0
+    for e in events[1:-1]:
+        d = e.data
+        if e.kind == ev.REPLAY_STARTED and replay is None:
+            replay, before = e, len(steps)
+        elif e.kind != ev.STEP_COMPLETED or d.get("call_id") != len(steps):
+            return events
+        else:
+            item = [e.name, d.get("type", "tool"), d.get("args", {}), d.get("result"), d.get("started")]
+            if not d.keys() <= _PLAIN:
+                item.append({k: v for k, v in d.items() if k not in _PLAIN})
+            steps.append(item)
+    if replay is None:
+        return events
+    data = {**replay.data, "replayed_from": before, "completions": steps}
+    return [events[0], NewEvent(ev.REPLAY_COMPLETED, replay.name, data), events[-1]]
 
 
 def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool, agent: Callable[..., Any]) -> BufferedContext:
@@ -75,7 +112,7 @@ def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool
         code = fingerprint(agent)
         if code is not None:  # as a durable run records it
             data["agent_code"] = code
-        ctx.append(ev.RUN_STARTED, "", data)
+        ctx.append(ev.RUN_STARTED, "", data, json_checked=ev.is_json(data))
     return ctx
 
 

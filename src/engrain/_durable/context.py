@@ -154,11 +154,12 @@ class RunContext(StepWriter):
     :meth:`call` / :meth:`acall` journal one step around a thunk.
     """
 
-    def __init__(self, journal: Journal, run_id: str, events: list[ev.Event]):
+    def __init__(self, journal: Journal, run_id: str, seq: int, steps: dict[int, StepRecord]):
+        """``seq``: how many events the run has; ``steps``: their records (``steps_of``, ``steps_of_rows``)."""
         self.journal = journal
         self.run_id = run_id
-        self.seq = len(events)
-        self.steps = steps_of(events)
+        self.seq = seq
+        self.steps = steps
         self.cursor = 0
         self.replayed = 0
         self.executed = 0
@@ -166,7 +167,7 @@ class RunContext(StepWriter):
         self.park_after: float | None = _park_after.get()  # sleeps longer than this park the run (workers)
         # An existing run executed again (after a crash, an answer, a park): the first event this
         # execution appends says when it resumed, so timelines can mark the boundary at no extra commit.
-        self._resumed: float | None = time.time() if len(events) > 1 else None
+        self._resumed: float | None = time.time() if seq > 1 else None
         self.udf_sources: set[str] = set()  # UDF sources already journaled by this process (see _durable.udf)
         self._lock = threading.Lock()
         #: The lease epoch appends are fenced with (None: unfenced), see ``Journal.append``.

@@ -39,6 +39,7 @@ from .identity import fingerprint, refusal
 from .lease import Lease
 from .outcome import agent_name as _name_of
 from .outcome import check_agent_name, failure, failure_report
+from .steps import replayed_steps, steps_of_rows
 
 _FINISHED_KINDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
 
@@ -54,17 +55,18 @@ def _start(
     fresh: bool = False,
     code: str | None = None,
     upgrade: bool = False,
-) -> tuple[list[ev.Event], RunResult | None]:
-    """Read the run's events (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
+) -> tuple[list[ev.Row] | None, RunResult | None]:
+    """Read the run's journal rows (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
 
+    The rows are None for a run this call created (its one event is ``run.started``).
     ``agent`` and ``code`` are the agent name and code fingerprint a new run records
     (see :mod:`.identity`), which an existing run must match (:class:`AgentMismatchError`
     otherwise; ``upgrade``: another version of the code may resume it).
     ``fresh``: ``run_id`` was just made by :func:`new_run_id`, so there is nothing to read
     (were it taken after all, creating the run raises :class:`ConflictError`).
     """
-    events = [] if fresh else journal.read(run_id)
-    if not events:
+    rows = [] if fresh else journal.read_raw(run_id)
+    if not rows:
         data: dict[str, Any] = {"task": task, "inputs": inputs, "tags": tags}
         if agent is not None:
             data["agent"] = agent
@@ -72,32 +74,39 @@ def _start(
             data["agent_code"] = code
         check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
-        events = journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held)
+        # Not flushed on its own: the run's first durable append (a step, a question, its end) flushes
+        # it too, and until then nothing the run did needs it (a server crash before that loses a run
+        # that had done nothing durable). Waited for, so a taken run id is refused before the agent runs.
+        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False)
         if lease is not None:
             lease.take()
-        return events, None
-    last = events[-1]
-    finished = last.kind in _FINISHED_KINDS
-    why = refusal(events[0].data, agent, code, upgrade=upgrade, finished=finished)
+        return None, None
+    first = ev.loads_many([rows[0][4]])[0]
+    first = first if isinstance(first, dict) else {}
+    finished = rows[-1][2] in _FINISHED_KINDS
+    why = refusal(first, agent, code, upgrade=upgrade, finished=finished)
     if why is not None:  # first: another program's run is not this one's, whatever its task
         raise AgentMismatchError(run_id, why)
-    recorded = events[0].data.get("task")
+    recorded = first.get("task")
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
     if not finished:
-        return events, None  # resumable: the common case, so the count below is not paid for it
-    steps = len({e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED})
+        return rows, None  # resumable: the common case, so nothing below is paid for it
+    events = ev.events_of(run_id, rows)
+    last = events[-1]
+    ids = {e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED}
+    ids.update(cid for e in events if e.kind == ev.REPLAY_COMPLETED for cid, _ in replayed_steps(e.data))
+    steps = len(ids)
     if last.kind == ev.RUN_COMPLETED:
-        return events, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
+        return rows, RunResult(run_id, "ok", last.data.get("output"), replayed=steps)
     if last.kind == ev.RUN_FAILED:
         f = last.data.get("failure") if isinstance(last.data.get("failure"), dict) else {}
-        return events, RunResult(
+        return rows, RunResult(
             run_id, "failed", error=last.data.get("error"), replayed=steps,
             step_id=f.get("step_id"), error_type=f.get("error_type"), message=f.get("message"),
         )
-    if last.kind == ev.RUN_CANCELLED:  # never resumed
-        return events, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
-    return events, None
+    # run.cancelled: never resumed
+    return rows, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
 
 
 def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
@@ -107,7 +116,7 @@ def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
         # Resuming cannot change the output (the steps replay), so this is final.
         return _finish_error(ctx, e)
     try:
-        ctx.append(ev.RUN_COMPLETED, "", {"output": output})
+        ctx.append(ev.RUN_COMPLETED, "", {"output": output}, json_checked=True)  # checked just above
     except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
         return _finish_error(ctx, e)
     return RunResult(ctx.run_id, "ok", output, replayed=ctx.replayed, executed=ctx.executed)
@@ -151,20 +160,24 @@ class _Execution:
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})
         self._lease = lease = Lease(self.journal, self.run_id)
-        events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
-                                   fresh=not run_id, code=code, upgrade=upgrade)
-        if self.done is None and not lease.held:
+        rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
+                                 fresh=not run_id, code=code, upgrade=upgrade)
+        if rows is not None and self.done is None and not lease.held:
             # Resuming: take the lease, then read again. A dead executor's last
             # append may have landed after the first read (PostgreSQL finishes
             # a killed client's statement); after the takeover its appends are
             # fenced off, so this read is the journal the run continues from.
             lease.acquire()
-            if len(self.journal.read(self.run_id, after=len(events) - 1)):
-                events, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease,
-                                           agent, code=code, upgrade=upgrade)
+            more = self.journal.read_raw(self.run_id, after=len(rows) - 1)
+            if more:
+                rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
+                                         code=code, upgrade=upgrade)
                 if self.done is not None:
                     lease.__exit__(None, None, None)
-        self.ctx = RunContext(self.journal, self.run_id, events)
+        if rows is None:
+            self.ctx = RunContext(self.journal, self.run_id, 1, {})
+        else:
+            self.ctx = RunContext(self.journal, self.run_id, len(rows), steps_of_rows(self.run_id, rows))
         self.ctx.fence = lease.epoch
 
     def __enter__(self) -> _Execution:

@@ -93,12 +93,13 @@ def prepare_row(
     return _row(run_id, kind, name, data, expected_seq, ts, 0, dumps_checked if json_checked else dumps)
 
 
-def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: float) -> Batch:
-    """Validate ``events`` and lay them out as rows starting at ``expected_seq``."""
+def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: float, json_checked: bool = False) -> Batch:
+    """Validate ``events`` and lay them out as rows starting at ``expected_seq`` (``json_checked``: see :func:`prepare_row`)."""
     _check_target(run_id, expected_seq)
     if not events:
         raise ValueError("append needs at least one event")
-    rows = [_row(run_id, ev.kind, ev.name, ev.data, expected_seq + i, ts, i) for i, ev in enumerate(events)]
+    encode = dumps_checked if json_checked else dumps
+    rows = [_row(run_id, ev.kind, ev.name, ev.data, expected_seq + i, ts, i, encode) for i, ev in enumerate(events)]
     kinds = [r[3] for r in rows]
     task = tags = status = agent = None
     if not _STATUS_KINDS.isdisjoint(kinds):

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .._events import Event, NewEvent, RunInfo
+from .._events import Event, NewEvent, Row, RunInfo, dumps
 from ._common import Agents
 
 
@@ -41,6 +41,7 @@ class Journal(abc.ABC):
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
         wait: bool = True,
+        json_checked: bool = False,
     ) -> list[Event]:
         """Append ``events`` to ``run_id`` atomically, starting at ``expected_seq``.
 
@@ -80,6 +81,8 @@ class Journal(abc.ABC):
         call sees the append's events. The agent loop sends a tool's result
         this way before its next model call: the server commits it while the
         model works, and the model step's append reads the answer.
+        ``json_checked=True``: the caller found every event's data strictly JSON (``is_json``), as
+        for :meth:`append_one`, so a backend may encode it with a faster, laxer encoder.
         """
 
     def append_one(
@@ -102,11 +105,20 @@ class Journal(abc.ABC):
         ``json_checked=True`` says the caller already found ``data`` strictly JSON
         (``is_json``), so a backend may encode it with a faster, laxer encoder. ``wait``: as for :meth:`append`.
         """
-        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence, wait=wait)
+        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence, wait=wait,
+                    json_checked=json_checked)
 
     @abc.abstractmethod
     def read(self, run_id: str, after: int = -1) -> list[Event]:
         """Events of ``run_id`` with ``seq > after``, in order. Empty if the run is unknown."""
+
+    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
+        """What :meth:`read` returns, as rows whose data is still JSON text, for a caller that decodes only what it needs.
+
+        Resuming a long run decodes its completions straight into step records
+        (``_durable.steps``); a backend overrides this to skip building events.
+        """
+        return [(e.seq, e.ts, e.kind, e.name, dumps(e.data)) for e in self.read(run_id, after)]
 
     @abc.abstractmethod
     def get_run(self, run_id: str) -> RunInfo | None:

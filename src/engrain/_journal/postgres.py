@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
-from .._events import Event, NewEvent, RunInfo, loads_many
+from .._events import Event, NewEvent, Row, RunInfo, events_of
 from ._common import FINISHED, Agents, agents_filter, check_lease, prepare, run_filters, trust_sql
 from ._common import redact_url as _redact
 from .base import Journal
@@ -144,12 +144,13 @@ class PostgresJournal(Journal):
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
         wait: bool = True,
+        json_checked: bool = False,
     ) -> list[Event]:
         if not wait and durable:
             raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         ts = self._now()
         lease = check_lease(lease, expected_seq)
-        batch = prepare(run_id, events, expected_seq, ts)
+        batch = prepare(run_id, events, expected_seq, ts, json_checked)
         rows = batch.rows
         finish = batch.status in FINISHED
         if expected_seq == 0:
@@ -273,18 +274,20 @@ class PostgresJournal(Journal):
             self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
 
     def read(self, run_id: str, after: int = -1) -> list[Event]:
+        return events_of(run_id, self.read_raw(run_id, after))
+
+    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
         try:
             with self._lock:
                 self._settle()
-                rows = self._db.execute(
-                    "SELECT run_id, seq, ts, kind, name, data FROM engrain_events"
-                    " WHERE run_id = %s AND seq > %s ORDER BY seq",
+                # Binary results: seq and ts arrive as machine numbers, not text to parse (~20% of a
+                # 10k-event read); run_id is the caller's.
+                return self._db.cursor(binary=True).execute(
+                    "SELECT seq, ts, kind, name, data FROM engrain_events WHERE run_id = %s AND seq > %s ORDER BY seq",
                     (run_id, after),
                 ).fetchall()
         except self._psycopg.Error as e:
             raise self._storage(e) from e
-        datas = loads_many([r[5] for r in rows])
-        return [Event(r[0], r[1], r[2], r[3], r[4], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
         try:

@@ -25,7 +25,7 @@ from .._errors import (
     StoreCorruptError,
     StoreNotFoundError,
 )
-from .._events import Event, NewEvent, RunInfo, loads, loads_many
+from .._events import Event, NewEvent, Row, RunInfo, events_of, loads
 from ._common import (
     FINISH_KINDS,
     FINISHED,
@@ -200,6 +200,7 @@ class SQLiteJournal(Journal):
         lease: tuple[str, float] | None = None,
         fence: int | None = None,
         wait: bool = True,
+        json_checked: bool = False,
     ) -> list[Event]:
         # wait=False changes nothing here: a commit in this process costs less than a send would.
         if not wait and durable:
@@ -211,10 +212,10 @@ class SQLiteJournal(Journal):
         one = len(events) == 1
         if one:
             e = events[0]
-            rows = [prepare_row(run_id, e.kind, e.name, e.data, expected_seq, ts)]
+            rows = [prepare_row(run_id, e.kind, e.name, e.data, expected_seq, ts, json_checked)]
             finishes = rows[0][3] in FINISH_KINDS
         else:
-            batch = prepare(run_id, events, expected_seq, ts)
+            batch = prepare(run_id, events, expected_seq, ts, json_checked)
             rows, finishes = batch.rows, batch.status in FINISHED
         if finishes:
             lease = None  # the run is finished by this append: nothing to lease
@@ -389,19 +390,20 @@ class SQLiteJournal(Journal):
 
     def read(self, run_id: str, after: int = -1) -> list[Event]:
         try:
+            return events_of(run_id, self.read_raw(run_id, after))
+        except ValueError as e:  # text the journal wrote as JSON no longer is: damaged pages
+            raise StoreCorruptError(str(self.path), f"an event of run {run_id!r} is not JSON ({e})") from None
+
+    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
+        try:
             with self._lock:
                 # run_id is the caller's: not selecting it saves a string object per event.
-                rows = self._db.execute(
+                return self._db.execute(
                     "SELECT seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
                     (run_id, after),
                 ).fetchall()
         except sqlite3.Error as e:
             raise self._translate(e) from e
-        try:
-            datas = loads_many([r[4] for r in rows])
-        except ValueError as e:  # text the journal wrote as JSON no longer is: damaged pages
-            raise StoreCorruptError(str(self.path), f"an event of run {run_id!r} is not JSON ({e})") from None
-        return [Event(run_id, r[0], r[1], r[2], r[3], d) for r, d in zip(rows, datas)]
 
     def get_run(self, run_id: str) -> RunInfo | None:
         try:

@@ -22,6 +22,7 @@ import pathlib
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,7 @@ class WasmTool:
         argv: list[str] | None = None,
         metered: bool = True,
         env: dict[str, str] | None = None,
+        entry: str = "_start",
     ):
         self.path = pathlib.Path(path)
         self.name = name or self.path.stem
@@ -128,6 +130,7 @@ class WasmTool:
         self.module = module if module is not None else load_module(self.path)
         self.argv = argv or [self.name]
         self.env = dict(env or {})  # the guest's whole environment (empty unless given)
+        self.entry = entry  # the exported function a call runs
 
     def __call__(self, args: Any = None) -> Any:
         return self.call(args)
@@ -140,8 +143,11 @@ class WasmTool:
         except (UnicodeDecodeError, ValueError) as e:
             raise SandboxError(self.name, f"wrote no valid JSON on stdout ({e}): {out[:200]!r}") from None
 
-    def call_raw(self, payload: bytes) -> bytes:
-        """Run the module once with ``payload`` on stdin; return its stdout bytes (limits enforced)."""
+    def call_raw(self, payload: bytes, keep_memory: Callable[[bytes], object] | None = None) -> bytes:
+        """Run the module once with ``payload`` on stdin; return its stdout bytes (limits enforced).
+
+        ``keep_memory``, if given, is handed a copy of the guest's linear memory after a run that exited 0.
+        """
         lim = self.limits
         store = wasmtime.Store(engine(self.metered))
         if self.metered:
@@ -190,7 +196,7 @@ class WasmTool:
             failure: SandboxError | None = None
             try:
                 inst = linker.instantiate(store, self.module)
-                inst.exports(store)["_start"](store)
+                inst.exports(store)[self.entry](store)
             except wasmtime.ExitTrap as e:
                 code = e.code
             except Exception as e:  # any trap: the store is closed below, the host goes on
@@ -200,6 +206,10 @@ class WasmTool:
                     failure = SandboxLimitError(self.name, "output", f"{lim.output_bytes} bytes")
                 elif (failure is not None or code != 0) and self._memory_full(inst, store):
                     failure = SandboxLimitError(self.name, "memory", f"{lim.memory_bytes} bytes")
+                elif failure is None and code == 0 and keep_memory is not None and inst is not None:
+                    mem = inst.exports(store).get("memory")
+                    if isinstance(mem, wasmtime.Memory):
+                        keep_memory(bytes(mem.read(store, 0, mem.data_len(store))))
             finally:
                 # Close now: left to the GC, the WASI context is freed at interpreter exit,
                 # after Python is gone, and wasmtime's I/O thread aborts the process.

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from .. import _events as ev
 from .._errors import ConflictError, EngrainError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
+from .._durable.steps import replayed_steps
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
 from .run_kinds import listed, log_view, runs_page
 from .contract import one_of
@@ -101,6 +102,15 @@ def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
             replaying = True
         elif e.kind == ev.REPLAY_DIVERGED:
             replaying = False
+        elif e.kind == ev.REPLAY_COMPLETED:  # a cache hit journaled at its end: its steps in one event
+            first = d.get("replayed_from", 0)
+            for cid, (name, type_, args, result, begun) in replayed_steps(d):
+                t0 = begun if isinstance(begun, (int, float)) else e.ts
+                steps[cid] = {
+                    "call_id": cid, "name": name, "type": type_, "args": args, "state": "completed", "result": result,
+                    "error": None, "started": t0, "ended": e.ts, "duration_ms": round((e.ts - t0) * 1000, 3),
+                    "attempts": 1, "replayed": isinstance(first, int) and cid >= first,
+                }
         elif e.kind == ev.STEP_STARTED and isinstance(d.get("call_id"), int):
             rec = steps.get(d["call_id"])
             if rec is None:

@@ -16,7 +16,8 @@
   const TERMINAL = new Set(["run.completed", "run.failed", "run.cancelled"]);
   const EVENT_KINDS = [
     "run.started", "step.started", "step.completed", "step.failed", "check.failed", "input.requested",
-    "input.received", "replay.started", "replay.diverged", "run.completed", "run.failed", "run.cancelled", "log.entry",
+    "input.received", "replay.started", "replay.diverged", "replay.completed", "run.completed", "run.failed", "run.cancelled",
+    "log.entry",
   ];
 
   // Functions to call when leaving the current view (close SSE streams, timers).

