@@ -52,7 +52,7 @@ CASES = [
     (["nosuchcommand"], 2, "No such command"),
     (["runs", "--bogus"], 2, "No such option"),
     (["runs", "--status", "bogus", *URL], 2, "unknown run status 'bogus'"),
-    (["runs", "--url", "mysql://x"], 2, "unknown store scheme"),
+    (["runs", "--url", "mysql://x"], 2, "unknown scheme"),
     (["runs", "--url", "sqlite:///corrupt.db"], 1, "corrupt.db"),
     (["show", "nope", *URL], 2, "no run with id 'nope'"),
     (["export", "nope", *URL], 2, "no run with id 'nope'"),

@@ -82,5 +82,5 @@ def test_unknown_run_and_bad_url_are_one_line_errors(recorded, tmp_path):
     out = cli("show", "nope", url=recorded)
     assert out.returncode == 2 and out.stderr.strip() == "error: no run with id 'nope' in the journal"
     out = cli("runs", url="mysql://x")
-    assert out.returncode != 0 and "unknown store scheme 'mysql'" in out.stderr
+    assert out.returncode != 0 and "unknown scheme 'mysql'" in out.stderr
     assert "Traceback" not in out.stderr

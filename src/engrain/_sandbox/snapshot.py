@@ -125,10 +125,10 @@ def _cached(cache_root: pathlib.Path, name: str, fuel: bool, make: Callable[[], 
     if mod is None:
         from .._progress import task
 
-        what = "pre-initialized Python snapshot" if "-snap-" in name else "Python runtime"
-        with task(f"building the sandbox's {what} (once per machine)"):
-            source = make()
-            if source is not None:
+        source = make()
+        if source is not None:
+            what = "pre-initialized Python snapshot" if "-snap-" in name else "Python runtime"
+            with task(f"compiling the sandbox's {what} (once per machine)"):
                 mod = track(wasmtime.Module(engine(fuel), source))
                 if cached is not None:
                     data = mod.serialize()
@@ -155,6 +155,14 @@ def snapshot(cache_root: pathlib.Path, fuel: bool) -> wasmtime.Module | None:
 
 
 def _make(original: bytes, module: wasmtime.Module, fuel: bool) -> bytes | None:
+    from .._progress import task
+
+    # The runtime is compiled (its own status line) before this one starts: lines never nest.
+    with task("pre-initializing the sandbox's Python (once per machine)"):
+        return _make_snapshot(original, module, fuel)
+
+
+def _make_snapshot(original: bytes, module: wasmtime.Module, fuel: bool) -> bytes | None:
     """Run the init script and write the snapshot module; None if anything is not as expected."""
     limits = Limits(fuel=10**11 if fuel else None, memory_bytes=256 * 1024 * 1024, wall_clock_s=120.0)
     tool = WasmTool("python", name="udf-snapshot", module=module, metered=fuel, limits=limits,
