@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
+from .contract import one_of
 from .state import Body, state_of
 
 router = APIRouter(tags=["learned routines"])
@@ -15,8 +16,9 @@ _STORES: dict[int, Any] = {}
 
 
 class Edit(Body):
-    """A human's version of the routine: ``routine.yaml`` as text, or its data."""
+    """A human's version of the routine: ``routine.yaml`` as text, or its data (exactly one)."""
 
+    model_config = ConfigDict(json_schema_extra=one_of({"yaml": {"type": "string"}}, {"routine": {"type": "object"}}))
     yaml: str | None = Field(default=None, max_length=256 * 1024, description="The routine.yaml text.")
     routine: dict[str, Any] | None = Field(default=None, description="The routine.yaml data as JSON.")
 
@@ -41,7 +43,8 @@ def _store(request: Request) -> tuple[Any, Any]:
 
 @router.get("/learned")
 def list_learned(request: Request, skill: str | None = Query(default=None, max_length=200),
-                 status: str | None = Query(default=None, max_length=40)) -> list[dict[str, Any]]:
+                 status: Literal["candidate", "confirmed", "not_compilable"] | None = Query(default=None)
+                 ) -> list[dict[str, Any]]:
     """Learned routines (of a skill, with a status), newest first."""
     store, lock = _store(request)
     with lock:
