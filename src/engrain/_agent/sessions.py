@@ -5,7 +5,8 @@ is the user's message and whose output holds the turn's messages, each with
 the time it was written. So a session lives in the journal like every run:
 it survives restarts, a turn killed midway resumes like any run, and the
 history is the finished turns' messages in order. Finished turns never change,
-so they are cached per process.
+so they are cached per process. A turn's run that an HTTP API client created (a
+client may create a run of any id) is refused, never read as the agent's history.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _events as ev
-from .._errors import ConfigError
+from .._durable.identity import CLIENT_RUN
+from .._errors import AgentMismatchError, ConfigError
 from .._journal import Journal
 
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
@@ -62,6 +64,9 @@ def load(journal: Journal, agent: str, session: str) -> SessionState:
         info = journal.get_run(turn_id(agent, session, n))
         if info is None:
             break
+        if ev.CLIENT_TAG in info.tags:
+            # A client may create a run of any id: a forged turn's messages are never this agent's history.
+            raise AgentMismatchError(info.run_id, CLIENT_RUN)
         last = journal.read(info.run_id, after=info.next_seq - 2)
         kind = last[-1].kind if last else ""
         if kind == ev.RUN_COMPLETED:
