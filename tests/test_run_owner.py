@@ -216,6 +216,34 @@ def test_forcing_other_code_on_the_run_stops_at_the_first_changed_arguments(prog
     assert last.kind == "run.failed" and last.data["error_type"] == "NondeterminismError"
 
 
+def test_a_script_deployed_behind_a_symlink_resumes_its_runs_after_the_link_moves(tmp_path, store_url):
+    """A release layout (``current -> releases/v1``, then ``current -> releases/v2``): the script is run
+    as ``current/a.py`` both times, so it is the same program; its name does not follow the link."""
+    effects = tmp_path / "effects.log"
+    env = {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5", "RUN_ID": "pay-9",
+           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+    for release in ("v1", "v2"):
+        (tmp_path / "releases" / release).mkdir(parents=True)
+        _script(tmp_path / "releases" / release, "a.py", SCRIPT_A)
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "releases" / "v1", target_is_directory=True)
+    assert _py(current / "a.py", store_url, "crash", env).returncode == 9
+    time.sleep(0.6)
+    j = eg.open(store_url)
+    try:
+        assert j.get_run("pay-9").agent == f"{current / 'a.py'}:agent"
+        link = tmp_path / "current.new"
+        link.symlink_to(tmp_path / "releases" / "v2", target_is_directory=True)
+        os.replace(link, current)  # the deploy: the link moves at once
+        out = _py(current / "a.py", store_url, "recover", env)
+        assert out.returncode == 0, out.stderr
+        (r,) = json.loads(out.stdout)
+        assert r["run_id"] == "pay-9" and r["status"] == "ok", r
+        assert r["result"]["replayed"] == 2 and r["result"]["executed"] == 2
+    finally:
+        j.close()
+
+
 # -- the arguments of a replayed step -------------------------------------------------------------
 
 _state = {"amount": 0, "crash": False, "calls": []}
