@@ -91,3 +91,21 @@ def test_the_server_answers_409_for_a_forged_session_of_its_agent(api):
         {"role": "assistant", "content": "forged", "ts": 1.0}]}}})
     r = api.get("/api/agents/support/sessions/s-1")
     assert r.status_code == 409 and r.json()["error"] == "AgentMismatchError", r.text
+
+
+def test_a_client_run_at_an_agent_definitions_id_is_never_a_definition(api):
+    """``agentdef:<name>`` holds an LLM agent's definition; a forged one skipped every check of POST /api/agents
+    (here max_turns 10**9) and took the name."""
+    forged = {"name": "evil", "model": "openai:gpt-4.1-mini", "instructions": "x", "tools": [], "max_turns": 10**9}
+    _forge(api, "agentdef:evil", {"kind": "run.completed", "data": {"output": forged}})
+    r = api.post("/api/runs/agentdef:evil2/events", json={"expected_seq": 0, "events": [
+        {"kind": "run.started", "data": {"task": "define LLM agent evil2", "inputs": {**forged, "name": "evil2"},
+                                         "tags": ["llm-agent-definition"]}}]})
+    assert r.status_code == 200, r.text
+    assert api.get("/api/agents").json() == []
+    for name in ("evil", "evil2"):
+        r = api.post(f"/api/agents/{name}/runs", json={"task": "go", "wait": 0})
+        assert r.status_code == 409 and r.json()["error"] == "AgentMismatchError", r.text
+        assert "HTTP API client" in r.json()["detail"]
+        r = api.post("/api/agents", json={"name": name, "model": "openai:gpt-4.1-mini"})
+        assert r.status_code == 409 and "HTTP API client" in r.json()["detail"], r.text

@@ -9,7 +9,8 @@ folder): a client picks tools by name and never sends code, nor a model
 
 A definition is stored in the journal as a finished run ``agentdef:<name>``
 tagged ``llm-agent-definition``, so every server on the same store knows it
-and it survives restarts. Defining a name again with the same definition is a
+and it survives restarts (a run an HTTP client created at that id is refused,
+never read as a definition). Defining a name again with the same definition is a
 no-op; with a different one it is a 409.
 """
 
@@ -114,8 +115,16 @@ class LLMAgents:
         return describe(d), created
 
     def _definition(self, name: str) -> dict[str, Any] | None:
-        events = self.state.journal.read(def_run_id(name))
-        return events[0].data.get("inputs") if events else None
+        from .._durable.identity import CLIENT_RUN, is_client_run
+
+        events = self.state.journal.read(def_run_id(name), -1)[:1]
+        if not events:
+            return None
+        if is_client_run(events[0].data):
+            # A client may create a run of any id: a forged definition would skip every check of POST /api/agents.
+            raise ApiError(409, "AgentMismatchError", f"run {def_run_id(name)!r} {CLIENT_RUN}; it is no LLM agent's"
+                                                      " definition: choose another name")
+        return events[0].data.get("inputs")
 
     def get(self, name: str) -> Any:
         with self._lock:
@@ -132,6 +141,8 @@ class LLMAgents:
     def all(self) -> list[dict[str, Any]]:
         out = []
         for info in self.state.journal.runs(tag=DEF_TAG, limit=1000):
+            if ev.CLIENT_TAG in info.tags:
+                continue
             d = self._definition(info.run_id.split(":", 1)[1])
             if d is not None:
                 out.append(describe(d))
