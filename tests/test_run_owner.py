@@ -244,6 +244,45 @@ def test_a_script_deployed_behind_a_symlink_resumes_its_runs_after_the_link_move
         j.close()
 
 
+# A notebook kernel: each cell is compiled under a file of the kernel's own temporary folder
+# (ipykernel: <tmp>/ipykernel_<pid>/<hash of the cell>.py) and run in a __main__ with no __file__.
+NOTEBOOK = """
+import os, sys
+sys.argv = ["kernel", *sys.argv[1:]]
+cell = open(os.environ["CELL"]).read()
+exec(compile(cell, os.path.join(os.environ["KERNEL_DIR"], "3405691582.py"), "exec"), globals())
+"""
+
+
+def test_a_notebooks_agent_resumes_its_run_after_a_kernel_restart(tmp_path, store_url):
+    """The kernel's temporary file is no program's name: a restarted kernel (another folder) running the
+    same cell is the same agent (its code fingerprint still tells another cell's agent apart)."""
+    effects = tmp_path / "effects.log"
+    cell = tmp_path / "cell.py"
+    cell.write_text(textwrap.dedent(SCRIPT_A))
+    env = {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5", "RUN_ID": "nb-1", "CELL": str(cell),
+           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+
+    def kernel(pid: int, mode: str) -> subprocess.CompletedProcess:
+        folder = tmp_path / f"ipykernel_{pid}"
+        folder.mkdir(exist_ok=True)
+        return subprocess.run([sys.executable, "-", store_url, mode], input=NOTEBOOK, env={**env, "KERNEL_DIR": str(folder)},
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    assert kernel(101, "crash").returncode == 9
+    time.sleep(0.6)
+    j = eg.open(store_url)
+    try:
+        assert j.get_run("nb-1").agent == "__main__:agent"
+        out = kernel(202, "recover")
+        assert out.returncode == 0, out.stderr
+        (r,) = json.loads(out.stdout)
+        assert r["run_id"] == "nb-1" and r["status"] == "ok", r
+        assert r["result"]["replayed"] == 2 and r["result"]["executed"] == 2
+    finally:
+        j.close()
+
+
 # -- the arguments of a replayed step -------------------------------------------------------------
 
 _state = {"amount": 0, "crash": False, "calls": []}

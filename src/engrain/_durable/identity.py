@@ -64,7 +64,9 @@ def agent_name(agent: Callable[..., Any]) -> str:
     absolute path instead (as run: symlinks are not followed), e.g.
     ``/srv/jobs/pay.py:agent``, so two scripts'
     ``agent`` functions are two agents (a module run with ``python -m`` by its
-    import name, as when it is imported). A ``functools.partial`` is named after
+    import name, as when it is imported). Code with no script file (``python -c``,
+    a REPL, a notebook, whose kernel names each cell's code after a temporary
+    file) keeps ``__main__``: its code fingerprint tells such programs apart. A ``functools.partial`` is named after
     its function, a callable object after its class.
     """
     fn: Any = agent
@@ -76,16 +78,17 @@ def agent_name(agent: Callable[..., Any]) -> str:
     if module in _SCRIPT_MODULES:
         # `python -m pkg.mod` runs a module under its import name; `python path/to/script.py` has only its path.
         spec = getattr(sys.modules.get(module), "__spec__", None)
-        module = getattr(spec, "name", None) or _script_path(fn) or module
+        module = getattr(spec, "name", None) or _script_path(module) or module
     name = f"{module}:{fn.__qualname__}"
     # Keep the end of a long path: it tells programs apart, and the qualname must stay whole.
     return name if len(name) <= AGENT_NAME_LIMIT else "..." + name[-(AGENT_NAME_LIMIT - 3):]
 
 
-def _script_path(fn: Any) -> str | None:
-    code = getattr(_target(fn), "__code__", None)
-    path = code.co_filename if code is not None else getattr(sys.modules.get("__main__"), "__file__", None)
-    if not path or path.startswith("<"):  # <stdin>, <string>: no file tells this program apart
+def _script_path(module: str) -> str | None:
+    # The running script's file, not the function's code file: a notebook kernel compiles each
+    # cell under a temporary file of its own (a new one after a restart) in a __main__ with no file.
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if not isinstance(path, str) or not path or path.startswith("<"):  # python -c, <stdin>, a REPL or notebook
         return None
     # The path it was run as, not its symlinks' target: a release layout (current -> releases/v7)
     # runs the same program as current/pay.py after every deploy.
