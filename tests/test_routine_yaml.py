@@ -158,3 +158,15 @@ def test_a_large_file_wrong_on_its_last_line_costs_what_reading_it_costs(tmp_pat
     took = time.process_time() - t0
     assert "routine.yaml" in str(e.value) and "line 40007" in str(e.value)
     assert took < 2 * valid + 0.2, f"{took:.2f}s of CPU for the bad file, {valid:.2f}s for the good one"
+
+
+@pytest.mark.parametrize("case", ["laughs", "string_bomb", "recursive", "deep"])
+def test_an_edited_learned_routine_is_read_within_the_same_bounds(api, case):
+    """PUT /api/learned/{ref} takes routine.yaml text: a 478-byte alias bomb there ran for minutes
+    (the depth check walked the expanded tree), before the routine was even looked up."""
+    content, message = BAD[case]
+    t0 = time.process_time()
+    r = api.put("/api/learned/nope", json={"yaml": content.decode()})
+    assert time.process_time() - t0 < 1, "CPU seconds"
+    assert r.status_code == 422 and r.json()["error"] == "MemoryInputError", r.text
+    assert message in r.json()["detail"] and "routine.yaml" in r.json()["detail"]
