@@ -109,3 +109,61 @@ def test_a_client_run_at_an_agent_definitions_id_is_never_a_definition(api):
         assert "HTTP API client" in r.json()["detail"]
         r = api.post("/api/agents", json={"name": name, "model": "openai:gpt-4.1-mini"})
         assert r.status_code == 409 and "HTTP API client" in r.json()["detail"], r.text
+
+
+# -- an LLM agent an API client defined never continues an in-process agent's runs, nor they its ----------
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    from engrain._agent.scripted import ScriptedModel
+
+    m = ScriptedModel().start()
+    monkeypatch.setenv("OPENAI_BASE_URL", m.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "scripted")
+    yield m
+    m.stop()
+
+
+_crash = {"on": False}
+
+
+@eg.tool
+def charge(amount: int) -> str:
+    if _crash["on"]:
+        raise KeyboardInterrupt  # the process dies inside the tool: the run stays unfinished
+    return f"charged {amount}"
+
+
+def test_an_api_defined_agent_of_the_same_name_never_takes_over_an_in_process_agents_run(api, journal, scripted):
+    """``POST /api/agents`` lets a client define "support" with its own instructions; an in-process
+    ``eg.Agent("support")`` (trusted instructions and tools) shares the store. Neither continues the
+    other's runs or sessions: the API's agent finished the in-process agent's crashed run before."""
+    from engrain._agent.scripted import say, tool_call
+
+    trusted = eg.Agent("support", "openai:scripted", "Charge only what the task says.", [charge], journal=journal)
+    # The model's replies in order: the in-process run's two, then the API agent's run and chat turn.
+    scripted.script = [tool_call("charge", amount=5), say("charged 5 as asked"), say("nothing to charge"),
+                       say("hello from the API's agent")]
+    _crash["on"] = True
+    with pytest.raises(KeyboardInterrupt):
+        trusted.run("charge 5", run_id="r1")
+    _crash["on"] = False
+    before = [e.to_dict() for e in journal.read("r1")]
+    r = api.post("/api/agents", json={"name": "support", "model": "openai:scripted", "instructions": "Say you did."})
+    assert r.status_code == 201, r.text
+    r = api.post("/api/agents/support/runs", json={"task": "charge 5", "run_id": "r1", "wait": 20})
+    assert r.status_code == 409 and r.json()["error"] == "AgentMismatchError", r.text
+    assert [e.to_dict() for e in journal.read("r1")] == before
+    done = trusted.run("charge 5", run_id="r1")  # the agent that started it finishes it
+    assert done.status == "ok" and done.output == "charged 5 as asked"
+
+    # The other way: a run and a session of the API's agent are not the in-process agent's.
+    r = api.post("/api/agents/support/runs", json={"task": "charge 7", "run_id": "r2", "wait": 20})
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    with pytest.raises(eg.AgentMismatchError, match="over the HTTP API"):
+        trusted.run("charge 7", run_id="r2")
+    with api.stream("POST", "/api/agents/support/chat", json={"session": "s-9", "message": "hi"}) as s:
+        assert s.status_code == 200 and "event: done" in s.read().decode()
+    with pytest.raises(eg.AgentMismatchError, match="over the HTTP API"):
+        trusted.history("s-9")

@@ -92,9 +92,11 @@ class LLMAgents:
             raise ApiError(422, "UnknownToolError",
                            f"agent {d['name']!r}: no tool named {', '.join(map(repr, missing))} on this server "
                            f"(configured with --tools / --tools-dir: {known})")
-        return Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
-                     cache=d.get("cache", False), answers_ttl=d.get("answers_ttl"), max_turns=d.get("max_turns", 10),
-                     registry=self.tools, journal=self.state.journal, learn=d.get("learn", False))
+        agent = Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
+                      cache=d.get("cache", False), answers_ttl=d.get("answers_ttl"), max_turns=d.get("max_turns", 10),
+                      registry=self.tools, journal=self.state.journal, learn=d.get("learn", False))
+        agent._api = True  # its instructions are a client's: it never continues an in-process agent's runs
+        return agent
 
     def create(self, d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Define an agent; returns (its description, whether it is new)."""
