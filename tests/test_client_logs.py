@@ -114,17 +114,6 @@ def test_a_client_run_at_an_agent_definitions_id_is_never_a_definition(api):
 # -- an LLM agent an API client defined never continues an in-process agent's runs, nor they its ----------
 
 
-@pytest.fixture
-def scripted(monkeypatch):
-    from engrain._agent.scripted import ScriptedModel
-
-    m = ScriptedModel().start()
-    monkeypatch.setenv("OPENAI_BASE_URL", m.openai_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "scripted")
-    yield m
-    m.stop()
-
-
 _crash = {"on": False}
 
 
@@ -135,7 +124,7 @@ def charge(amount: int) -> str:
     return f"charged {amount}"
 
 
-def test_an_api_defined_agent_of_the_same_name_never_takes_over_an_in_process_agents_run(api, journal, scripted):
+def test_an_api_defined_agent_of_the_same_name_never_takes_over_an_in_process_agents_run(api, journal, scripted_openai):
     """``POST /api/agents`` lets a client define "support" with its own instructions; an in-process
     ``eg.Agent("support")`` (trusted instructions and tools) shares the store. Neither continues the
     other's runs or sessions: the API's agent finished the in-process agent's crashed run before."""
@@ -143,7 +132,7 @@ def test_an_api_defined_agent_of_the_same_name_never_takes_over_an_in_process_ag
 
     trusted = eg.Agent("support", "openai:scripted", "Charge only what the task says.", [charge], journal=journal)
     # The model's replies in order: the in-process run's two, then the API agent's run and chat turn.
-    scripted.script = [tool_call("charge", amount=5), say("charged 5 as asked"), say("nothing to charge"),
+    scripted_openai.script = [tool_call("charge", amount=5), say("charged 5 as asked"), say("nothing to charge"),
                        say("hello from the API's agent")]
     _crash["on"] = True
     with pytest.raises(KeyboardInterrupt):

@@ -107,6 +107,20 @@ def _script(tmp: Path, name: str, text: str) -> Path:
     return path
 
 
+def _child_env(effects: Path, **extra: str) -> dict[str, str]:
+    """The scripts' environment: where charges are written, a short lease, and this engrain importable."""
+    return {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5", **extra,
+            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+
+
+def _recovered_alone(out: subprocess.CompletedProcess, run_id: str) -> None:
+    """``out`` (a script's ``recover``) resumed ``run_id`` only: two charges replayed, two executed, ok."""
+    assert out.returncode == 0, out.stderr
+    (r,) = json.loads(out.stdout)
+    assert r["run_id"] == run_id and r["status"] == "ok", r
+    assert r["result"]["replayed"] == 2 and r["result"]["executed"] == 2
+
+
 def _py(script: Path, url: str, mode: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), url, mode], env=env, capture_output=True, text=True,
                           timeout=120, cwd=script.parent)
@@ -116,8 +130,7 @@ def _py(script: Path, url: str, mode: str, env: dict[str, str]) -> subprocess.Co
 def programs(tmp_path, store_url):
     """A's run ``pay-1`` crashed after two charges (its lease expired), and the two scripts."""
     effects = tmp_path / "effects.log"
-    env = {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5",
-           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+    env = _child_env(effects)
     for folder in ("prog_a", "prog_b"):
         (tmp_path / folder).mkdir()
     a = _script(tmp_path / "prog_a", "a.py", SCRIPT_A)
@@ -220,8 +233,7 @@ def test_a_script_deployed_behind_a_symlink_resumes_its_runs_after_the_link_move
     """A release layout (``current -> releases/v1``, then ``current -> releases/v2``): the script is run
     as ``current/a.py`` both times, so it is the same program; its name does not follow the link."""
     effects = tmp_path / "effects.log"
-    env = {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5", "RUN_ID": "pay-9",
-           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+    env = _child_env(effects, RUN_ID="pay-9")
     for release in ("v1", "v2"):
         (tmp_path / "releases" / release).mkdir(parents=True)
         _script(tmp_path / "releases" / release, "a.py", SCRIPT_A)
@@ -235,11 +247,7 @@ def test_a_script_deployed_behind_a_symlink_resumes_its_runs_after_the_link_move
         link = tmp_path / "current.new"
         link.symlink_to(tmp_path / "releases" / "v2", target_is_directory=True)
         os.replace(link, current)  # the deploy: the link moves at once
-        out = _py(current / "a.py", store_url, "recover", env)
-        assert out.returncode == 0, out.stderr
-        (r,) = json.loads(out.stdout)
-        assert r["run_id"] == "pay-9" and r["status"] == "ok", r
-        assert r["result"]["replayed"] == 2 and r["result"]["executed"] == 2
+        _recovered_alone(_py(current / "a.py", store_url, "recover", env), "pay-9")
     finally:
         j.close()
 
@@ -260,8 +268,7 @@ def test_a_notebooks_agent_resumes_its_run_after_a_kernel_restart(tmp_path, stor
     effects = tmp_path / "effects.log"
     cell = tmp_path / "cell.py"
     cell.write_text(textwrap.dedent(SCRIPT_A))
-    env = {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5", "RUN_ID": "nb-1", "CELL": str(cell),
-           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+    env = _child_env(effects, RUN_ID="nb-1", CELL=str(cell))
 
     def kernel(pid: int, mode: str) -> subprocess.CompletedProcess:
         folder = tmp_path / f"ipykernel_{pid}"
@@ -274,11 +281,7 @@ def test_a_notebooks_agent_resumes_its_run_after_a_kernel_restart(tmp_path, stor
     j = eg.open(store_url)
     try:
         assert j.get_run("nb-1").agent == "__main__:agent"
-        out = kernel(202, "recover")
-        assert out.returncode == 0, out.stderr
-        (r,) = json.loads(out.stdout)
-        assert r["run_id"] == "nb-1" and r["status"] == "ok", r
-        assert r["result"]["replayed"] == 2 and r["result"]["executed"] == 2
+        _recovered_alone(kernel(202, "recover"), "nb-1")
     finally:
         j.close()
 
