@@ -65,6 +65,19 @@ def journal(store_url: str):
     j.close()
 
 
+@pytest.fixture
+def scripted_openai(monkeypatch):
+    """A scripted model (a local stub speaking the OpenAI wire format), reached by ``openai:`` agents through
+    ``OPENAI_BASE_URL``, as a server's agents reach theirs."""
+    from engrain._agent.scripted import ScriptedModel
+
+    m = ScriptedModel().start()
+    monkeypatch.setenv("OPENAI_BASE_URL", m.openai_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "scripted")
+    yield m
+    m.stop()
+
+
 @pytest.fixture(scope="session")
 def embedder():
     """The real local embedder (MiniLM int8 ONNX), loaded once for the whole session."""

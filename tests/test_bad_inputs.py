@@ -196,3 +196,24 @@ def test_lone_surrogates_in_outputs_and_error_messages_still_end_the_run(store_u
         j.append("x", [NewEvent("run.started", "", {"task": "t\ud800"})], 0)
     assert j.get_run("x") is None
     j.close()
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"who": "caf\xe9"}', "not UTF-8"),
+])
+def test_a_json_file_too_deep_or_not_utf8_is_one_line_naming_it_and_exit_2(tmp_path, content, message):
+    """``engrain run --input/--answers`` and ``engrain compile`` read JSON files: no traceback for either."""
+    folder = tmp_path / "r"
+    folder.mkdir()
+    (folder / "routine.yaml").write_text("name: r\ninputs: {type: object}\nsteps:\n- id: a\n  type: return\n  value: 1\n")
+    (folder / "input.json").write_text("{}")
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    for args in (["run", str(folder), "--input", str(bad), "--url", url],
+                 ["run", str(folder), "--answers", str(bad), "--url", url],
+                 ["compile", str(bad), "-o", str(tmp_path / "out")]):
+        out = subprocess.run([ENGRAIN, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr[-500:])
+        assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr and str(bad) in out.stderr, out.stderr

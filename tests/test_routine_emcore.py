@@ -6,6 +6,7 @@ import importlib.util
 import json
 import pathlib
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -255,3 +256,17 @@ def test_emcore_schemas_folder_open_inputs_and_no_return(tmp_path, j):
     # A schema file that escapes the folder is refused, not read.
     (pkg / "schemas" / "output.schema.json").symlink_to("/etc/hostname")
     assert any("outside the routine folder" in i.message for i in eg.validate_routine(pkg))
+
+
+def test_a_schema_file_nested_too_deeply_is_one_issue_naming_it(tmp_path):
+    """A schemas/*.json within the size cap but nested 100k deep: an issue, not a RecursionError traceback."""
+    pkg = tmp_path / "deep"
+    shutil.copytree(EM_PACKAGE, pkg)
+    (pkg / "schemas" / "input.schema.json").write_text("[" * 100_000 + "]" * 100_000)
+    issues = eg.validate_routine(pkg)
+    (issue,) = [i for i in issues if "nested too deeply" in i.message]
+    assert issue.file == "schemas/input.schema.json", issues
+    out = subprocess.run([sys.executable, "-m", "engrain", "validate", str(pkg)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr + out.stdout, out.stderr[-400:]
+    assert "schemas/input.schema.json" in out.stdout + out.stderr

@@ -134,3 +134,39 @@ def test_api_get_validate_run_give_typed_errors_not_500(api, case):
     assert r.status_code == 422 and r.json()["error"] == "RoutineError" and message in r.json()["detail"], r.text
     listed = {x["name"]: x for x in api.get("/api/routines").json()}
     assert message in listed[case]["error"]
+
+
+@pytest.mark.parametrize("tail, message", [
+    ("oops: ]\n", "invalid YAML"),
+    ("description: !!python/object/apply:os.system ['echo pwned']\n", "could not determine a constructor"),
+])
+def test_a_large_file_wrong_on_its_last_line_costs_what_reading_it_costs(tmp_path, tail, message):
+    """libyaml's error is not read again by the pure-Python parser (~50x slower) in a large file:
+    a 1 MB routine.yaml wrong on its last line took a minute of CPU for a 4 MB one."""
+    import yaml
+
+    assert getattr(yaml, "__with_libyaml__", False), "this PyYAML has no libyaml"
+    body = "name: r\ninputs: {type: object}\nsteps:\n- id: a\n  type: return\n  value:\n" + "  - [1, 2, 3, 4, 5, 6]\n" * 40_000
+    assert len(body) > 900_000
+    bad = package(tmp_path, "bad", (body + tail).encode())
+    t0 = time.process_time()
+    yamlfile.load_yaml_text(body, "routine.yaml")  # the file without its last line, read once (never cached)
+    valid = time.process_time() - t0
+    t0 = time.process_time()
+    with pytest.raises(eg.RoutineError, match=message) as e:
+        eg.load_routine(bad)
+    took = time.process_time() - t0
+    assert "routine.yaml" in str(e.value) and "line 40007" in str(e.value)
+    assert took < 2 * valid + 0.2, f"{took:.2f}s of CPU for the bad file, {valid:.2f}s for the good one"
+
+
+@pytest.mark.parametrize("case", ["laughs", "string_bomb", "recursive", "deep"])
+def test_an_edited_learned_routine_is_read_within_the_same_bounds(api, case):
+    """PUT /api/learned/{ref} takes routine.yaml text: a 478-byte alias bomb there ran for minutes
+    (the depth check walked the expanded tree), before the routine was even looked up."""
+    content, message = BAD[case]
+    t0 = time.process_time()
+    r = api.put("/api/learned/nope", json={"yaml": content.decode()})
+    assert time.process_time() - t0 < 1, "CPU seconds"
+    assert r.status_code == 422 and r.json()["error"] == "MemoryInputError", r.text
+    assert message in r.json()["detail"] and "routine.yaml" in r.json()["detail"]

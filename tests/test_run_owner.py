@@ -107,6 +107,20 @@ def _script(tmp: Path, name: str, text: str) -> Path:
     return path
 
 
+def _child_env(effects: Path, **extra: str) -> dict[str, str]:
+    """The scripts' environment: where charges are written, a short lease, and this engrain importable."""
+    return {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5", **extra,
+            "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+
+
+def _recovered_alone(out: subprocess.CompletedProcess, run_id: str) -> None:
+    """``out`` (a script's ``recover``) resumed ``run_id`` only: two charges replayed, two executed, ok."""
+    assert out.returncode == 0, out.stderr
+    (r,) = json.loads(out.stdout)
+    assert r["run_id"] == run_id and r["status"] == "ok", r
+    assert r["result"]["replayed"] == 2 and r["result"]["executed"] == 2
+
+
 def _py(script: Path, url: str, mode: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), url, mode], env=env, capture_output=True, text=True,
                           timeout=120, cwd=script.parent)
@@ -116,8 +130,7 @@ def _py(script: Path, url: str, mode: str, env: dict[str, str]) -> subprocess.Co
 def programs(tmp_path, store_url):
     """A's run ``pay-1`` crashed after two charges (its lease expired), and the two scripts."""
     effects = tmp_path / "effects.log"
-    env = {**os.environ, "EFFECTS": str(effects), "ENGRAIN_LEASE_TTL": "0.5",
-           "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(Path(eg.__file__).parents[1])) if p)}
+    env = _child_env(effects)
     for folder in ("prog_a", "prog_b"):
         (tmp_path / folder).mkdir()
     a = _script(tmp_path / "prog_a", "a.py", SCRIPT_A)
@@ -214,6 +227,63 @@ def test_forcing_other_code_on_the_run_stops_at_the_first_changed_arguments(prog
     assert "B charge" not in p["effects"].read_text()  # nothing of B's ran, no recorded result handed to it
     last = p["journal"].read("pay-1")[-1]
     assert last.kind == "run.failed" and last.data["error_type"] == "NondeterminismError"
+
+
+def test_a_script_deployed_behind_a_symlink_resumes_its_runs_after_the_link_moves(tmp_path, store_url):
+    """A release layout (``current -> releases/v1``, then ``current -> releases/v2``): the script is run
+    as ``current/a.py`` both times, so it is the same program; its name does not follow the link."""
+    effects = tmp_path / "effects.log"
+    env = _child_env(effects, RUN_ID="pay-9")
+    for release in ("v1", "v2"):
+        (tmp_path / "releases" / release).mkdir(parents=True)
+        _script(tmp_path / "releases" / release, "a.py", SCRIPT_A)
+    current = tmp_path / "current"
+    current.symlink_to(tmp_path / "releases" / "v1", target_is_directory=True)
+    assert _py(current / "a.py", store_url, "crash", env).returncode == 9
+    time.sleep(0.6)
+    j = eg.open(store_url)
+    try:
+        assert j.get_run("pay-9").agent == f"{current / 'a.py'}:agent"
+        link = tmp_path / "current.new"
+        link.symlink_to(tmp_path / "releases" / "v2", target_is_directory=True)
+        os.replace(link, current)  # the deploy: the link moves at once
+        _recovered_alone(_py(current / "a.py", store_url, "recover", env), "pay-9")
+    finally:
+        j.close()
+
+
+# A notebook kernel: each cell is compiled under a file of the kernel's own temporary folder
+# (ipykernel: <tmp>/ipykernel_<pid>/<hash of the cell>.py) and run in a __main__ with no __file__.
+NOTEBOOK = """
+import os, sys
+sys.argv = ["kernel", *sys.argv[1:]]
+cell = open(os.environ["CELL"]).read()
+exec(compile(cell, os.path.join(os.environ["KERNEL_DIR"], "3405691582.py"), "exec"), globals())
+"""
+
+
+def test_a_notebooks_agent_resumes_its_run_after_a_kernel_restart(tmp_path, store_url):
+    """The kernel's temporary file is no program's name: a restarted kernel (another folder) running the
+    same cell is the same agent (its code fingerprint still tells another cell's agent apart)."""
+    effects = tmp_path / "effects.log"
+    cell = tmp_path / "cell.py"
+    cell.write_text(textwrap.dedent(SCRIPT_A))
+    env = _child_env(effects, RUN_ID="nb-1", CELL=str(cell))
+
+    def kernel(pid: int, mode: str) -> subprocess.CompletedProcess:
+        folder = tmp_path / f"ipykernel_{pid}"
+        folder.mkdir(exist_ok=True)
+        return subprocess.run([sys.executable, "-", store_url, mode], input=NOTEBOOK, env={**env, "KERNEL_DIR": str(folder)},
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    assert kernel(101, "crash").returncode == 9
+    time.sleep(0.6)
+    j = eg.open(store_url)
+    try:
+        assert j.get_run("nb-1").agent == "__main__:agent"
+        _recovered_alone(kernel(202, "recover"), "nb-1")
+    finally:
+        j.close()
 
 
 # -- the arguments of a replayed step -------------------------------------------------------------

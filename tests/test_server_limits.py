@@ -280,13 +280,82 @@ def test_an_endless_request_head_is_431_and_an_idle_keepalive_connection_is_clos
         s.close()
 
 
+def test_x_forwarded_for_never_picks_the_client_a_stream_counts_for(tmp_path):
+    """A client on the server's own host (uvicorn trusts loopback's proxy headers by default) cannot
+    name another address per request to get past the per-client cap."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    started_run(url, "r")
+    with serve(url, tmp_path, token=None, extra=("--max-client-streams", "2")) as base:
+        with httpx.Client(timeout=10) as c:
+            held = []
+            for i in range(2):
+                r = c.send(c.build_request("GET", f"{base}/api/runs/r/stream",
+                                           headers={"X-Forwarded-For": f"10.0.0.{i}", "Forwarded": f"for=10.0.1.{i}"}),
+                           stream=True)
+                assert r.status_code == 200
+                held.append(r)
+            over = c.send(c.build_request("GET", f"{base}/api/runs/r/stream", headers={"X-Forwarded-For": "10.0.0.9"}),
+                          stream=True)
+            assert over.status_code == 429
+            over.read()
+            assert "client 127.0.0.1 " in over.json()["detail"]
+            for r in held:
+                r.close()
+
+
+def test_a_request_body_that_never_arrives_is_408_and_closed(tmp_path):
+    """Slowloris on bodies: a complete head, then a body that stops or trickles, is answered 408 and closed
+    after --body-timeout (it would otherwise hold its connection, and one of --max-connections, forever)."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    procs: list = []
+    extra = ("--body-timeout", "1.5", "--header-timeout", "1", "--max-connections", "20")
+    with serve(url, tmp_path, token=None, extra=extra, procs=procs) as base:
+        port = int(base.rsplit(":", 1)[1])
+        head = (b"POST /api/runs/slow/events HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100000\r\n\r\n{")
+        stalled = []
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(head)
+            stalled.append(s)
+        t0 = time.monotonic()
+        trickle = stalled.pop()
+        trickle.settimeout(0.2)
+        while True:  # a byte every 0.2 s keeps it busy, never done: closed all the same
+            try:
+                trickle.sendall(b" ")
+                if not trickle.recv(4096):
+                    break
+            except socket.timeout:
+                assert time.monotonic() - t0 < 5, "a trickling body held its connection"
+            except (BrokenPipeError, ConnectionResetError):  # closed while we were still sending
+                break
+        assert 1.4 < time.monotonic() - t0 < 5
+        for s in stalled:
+            s.settimeout(5)
+            data = b""
+            while chunk := s.recv(4096):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 408"), data[:80]
+            assert b"body" in data
+        assert time.monotonic() - t0 < 5
+        stalled.append(trickle)
+        for s in stalled:
+            s.close()
+        # The connections are free again, and a body sent at once is served as ever.
+        r = httpx.post(f"{base}/api/runs/fine/events",
+                       json={"events": [{"kind": "run.started", "data": {"task": "t"}}], "expected_seq": 0}, timeout=10)
+        assert r.status_code == 200, r.text
+
+
 def test_serve_help_lists_the_limits():
     from typer.testing import CliRunner
 
     from engrain._cli import app
 
     out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
-    for opt in ("--max-connections", "--max-streams", "--max-client-streams", "--header-timeout", "--write-timeout"):
+    for opt in ("--max-connections", "--max-streams", "--max-client-streams", "--header-timeout", "--body-timeout",
+                "--write-timeout"):
         assert opt in out
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import engrain as eg
-from engrain._agent.scripted import ScriptedModel, say, tool_call, tool_calls
+from engrain._agent.scripted import say, tool_call, tool_calls
 from tests.servers import serve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,12 +20,8 @@ TOKEN = "llm-agents-token"
 
 
 @pytest.fixture
-def model(monkeypatch):
-    m = ScriptedModel().start()
-    monkeypatch.setenv("OPENAI_BASE_URL", m.openai_url)
-    monkeypatch.setenv("OPENAI_API_KEY", "scripted")
-    yield m
-    m.stop()
+def model(scripted_openai):
+    return scripted_openai
 
 
 @pytest.fixture(scope="module")

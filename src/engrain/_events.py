@@ -62,6 +62,10 @@ KINDS: Final = frozenset(
 #: Tag the server adds to a run a client created with ``POST /api/runs/{id}/events``: such a
 #: run is the client's record, never resumed or trusted by the runtime (routines, agents).
 CLIENT_TAG: Final = "client"
+#: Tag of the runs of an LLM agent an API client defined (``POST /api/agents``): its instructions
+#: are the client's, so it never continues an in-process ``engrain.Agent``'s run of the same name,
+#: nor does one continue its runs (see ``engrain._agent.sessions.check_origin``).
+API_AGENT_TAG: Final = "llm-agent-api"
 
 # Run statuses: one vocabulary for the store, the CLI, the API, the UI and
 # RunResult, the same names as em-core's. The journal derives a run's status

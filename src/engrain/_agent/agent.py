@@ -12,6 +12,7 @@ from .._durable.execution import run as _run
 from .._durable.tools import ToolRegistry, validate_tool_name
 from .._durable.tools import tools as _default_tools
 from .._errors import ConfigError
+from .._events import API_AGENT_TAG
 from .._journal import Journal
 from . import sessions
 from .loop import EVICT_AFTER, converse
@@ -180,8 +181,10 @@ class Agent:
 
         agent_fn.__name__ = self.name
         j = journal or self._journal()
+        if run_id is not None:
+            self._check_origin(j, run_id)
         # Named after this agent, so another agent's run is never continued by this one (see eg.agent_name).
-        res = _run(agent_fn, task, run_id=run_id, journal=j, tags=[f"llm-agent:{self.name}", *(tags or [])],
+        res = _run(agent_fn, task, run_id=run_id, journal=j, tags=[*self._tags(), *(tags or [])],
                    agent_name=f"llm-agent:{self.name}")
         self._learn_after(j, res, emit)
         return res
@@ -249,19 +252,21 @@ class Agent:
             return converse(self, ctx, history, t, emit)
 
         turn_fn.__name__ = self.name
-        res = _run(turn_fn, message, run_id=sessions.turn_id(self.name, session, n), journal=j,
-                   tags=[f"llm-agent:{self.name}", f"session:{session}"], agent_name=f"llm-agent:{self.name}")
+        rid = sessions.turn_id(self.name, session, n)
+        self._check_origin(j, rid)
+        res = _run(turn_fn, message, run_id=rid, journal=j, tags=[*self._tags(), f"session:{session}"],
+                   agent_name=f"llm-agent:{self.name}")
         self._learn_after(j, res, emit)
         return res
 
     def _chat_worker(self, j: Journal, session: str, message: str, put: Callable[[Any], None]) -> None:
         try:
-            state = sessions.load(j, self.name, session)
+            state = sessions.load(j, self.name, session, self._api)
             n = state.next_turn
             if state.unfinished is not None and state.unfinished[1] != message:
                 # an earlier message whose turn a crash cut short: finish it first, quietly
                 res = self._turn(j, session, n, state.unfinished[1], state.messages, lambda e: None)
-                state = sessions.load(j, self.name, session)
+                state = sessions.load(j, self.name, session, self._api)
                 n = state.next_turn
             res = self._turn(j, session, n, message, state.messages, put)
             if not res:
@@ -280,10 +285,21 @@ class Agent:
 
     def history(self, session: str, *, journal: Journal | None = None) -> list[dict[str, Any]]:
         """The session's messages in order, each with its original ``ts`` (finished turns only)."""
-        return list(sessions.load(journal or self._journal(), self.name, session).messages)
+        return list(sessions.load(journal or self._journal(), self.name, session, self._api).messages)
 
     def _journal(self) -> Journal:
         return self.journal or default_journal()
+
+    #: True for an agent an API client defined (set by the server): see ``sessions.check_origin``.
+    _api = False
+
+    def _tags(self) -> list[str]:
+        return [f"llm-agent:{self.name}", API_AGENT_TAG] if self._api else [f"llm-agent:{self.name}"]
+
+    def _check_origin(self, j: Journal, run_id: str) -> None:
+        info = j.get_run(run_id)
+        if info is not None:
+            sessions.check_origin(run_id, info.tags, self.name, self._api)
 
     # -- memory and cache (called inside journaled steps) ----------------------
 

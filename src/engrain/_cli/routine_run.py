@@ -93,10 +93,14 @@ def load_json(path: str, what: str) -> Any:
         text = sys.stdin.read() if path == "-" else pathlib.Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise fail(f"{what} {path}: {e.strerror or e}", 2) from None
+    except UnicodeDecodeError as e:
+        raise fail(f"{what} {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})", 2) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise fail(f"{what} {path}: not JSON (line {e.lineno}: {e.msg})", 2) from None
+    except RecursionError:
+        raise fail(f"{what} {path}: nested too deeply to parse", 2) from None
 
 
 def report(result: Any, json_out: bool, tools: str | None = None) -> None:

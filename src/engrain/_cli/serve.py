@@ -48,6 +48,7 @@ def serve(
     max_streams: Annotated[int, typer.Option(min=1, help="Most open SSE streams; past it 429.")] = 200,
     max_client_streams: Annotated[int, typer.Option(min=1, help="Most open SSE streams per client address; past it 429.")] = 20,
     header_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a client has to send a request's headers (408 after).")] = 10.0,
+    body_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a client has to send a request's body once its headers are in (408 after).")] = 30.0,
     write_timeout: Annotated[float, typer.Option(min=0.1, help="Seconds a response may wait on a client that stopped reading before the connection is dropped.")] = 30.0,
     allow_fork: Annotated[
         bool, typer.Option("--allow-fork", help="Let API clients fork runs the runtime executes (re-executes their later steps).")
@@ -72,7 +73,7 @@ def serve(
     typer.echo(f"engrain serving on http://{shown}:{bound}  (store {redact_url(app.state.engrain.journal.url)})", err=True)
     # Open SSE streams would otherwise hold a Ctrl-C shutdown until their clients leave.
     config = server_config(app, header_timeout=header_timeout, max_connections=max_connections, write_timeout=write_timeout,
-                           log_level="warning", timeout_graceful_shutdown=3)
+                           body_timeout=body_timeout, log_level="warning", timeout_graceful_shutdown=3)
     uvicorn.Server(config).run(sockets=socks)
 
 

@@ -3,8 +3,8 @@
 ``run.started`` records the agent's **name** (``agent``) and a **fingerprint**
 of its code (``agent_code``). The name says which program: ``agent_name=`` if
 given, else ``module:qualname``, where a script (module ``__main__``) is named
-by its resolved file path, since every script's function ``agent`` would
-otherwise be ``__main__:agent``. The fingerprint says which version of it: a
+by its absolute file path (as run, symlinks not followed), since every
+script's function ``agent`` would otherwise be ``__main__:agent``. The fingerprint says which version of it: a
 digest of the agent function's bytecode and constants, of the functions of its
 own module it calls by global name, and of the engrain tools they reach by name
 or closure (each tool's name, type, at-most-once policy and code). It ignores comments, blank lines,
@@ -61,9 +61,12 @@ def agent_name(agent: Callable[..., Any]) -> str:
     """The name a run of ``agent`` records when no ``agent_name`` is given: ``module:qualname``.
 
     A function of a script (module ``__main__``) is named by the script's
-    resolved path instead, e.g. ``/srv/jobs/pay.py:agent``, so two scripts'
+    absolute path instead (as run: symlinks are not followed), e.g.
+    ``/srv/jobs/pay.py:agent``, so two scripts'
     ``agent`` functions are two agents (a module run with ``python -m`` by its
-    import name, as when it is imported). A ``functools.partial`` is named after
+    import name, as when it is imported). Code with no script file (``python -c``,
+    a REPL, a notebook, whose kernel names each cell's code after a temporary
+    file) keeps ``__main__``: its code fingerprint tells such programs apart. A ``functools.partial`` is named after
     its function, a callable object after its class.
     """
     fn: Any = agent
@@ -75,18 +78,21 @@ def agent_name(agent: Callable[..., Any]) -> str:
     if module in _SCRIPT_MODULES:
         # `python -m pkg.mod` runs a module under its import name; `python path/to/script.py` has only its path.
         spec = getattr(sys.modules.get(module), "__spec__", None)
-        module = getattr(spec, "name", None) or _script_path(fn) or module
+        module = getattr(spec, "name", None) or _script_path(module) or module
     name = f"{module}:{fn.__qualname__}"
     # Keep the end of a long path: it tells programs apart, and the qualname must stay whole.
     return name if len(name) <= AGENT_NAME_LIMIT else "..." + name[-(AGENT_NAME_LIMIT - 3):]
 
 
-def _script_path(fn: Any) -> str | None:
-    code = getattr(_target(fn), "__code__", None)
-    path = code.co_filename if code is not None else getattr(sys.modules.get("__main__"), "__file__", None)
-    if not path or path.startswith("<"):  # <stdin>, <string>: no file tells this program apart
+def _script_path(module: str) -> str | None:
+    # The running script's file, not the function's code file: a notebook kernel compiles each
+    # cell under a temporary file of its own (a new one after a restart) in a __main__ with no file.
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if not isinstance(path, str) or not path or path.startswith("<"):  # python -c, <stdin>, a REPL or notebook
         return None
-    return os.path.realpath(path)
+    # The path it was run as, not its symlinks' target: a release layout (current -> releases/v7)
+    # runs the same program as current/pay.py after every deploy.
+    return os.path.abspath(path)
 
 
 def fingerprint(agent: Callable[..., Any]) -> str | None:

@@ -8,7 +8,10 @@ either backend, and what lets ``engrain gc`` treat them like any other run.
 
 A log is a run whose first event is ``run.started`` (with the adapter's name as
 the run's ``agent``, so recovery never hands it to an agent) followed by
-``log.entry`` events. Entries are facts appended by independent writers, so an
+``log.entry`` events. A run at the log's id that another writer started (an
+HTTP API client may create a run of any id, tagged ``client``) is never read
+as the log: :class:`~engrain.AgentMismatchError`, and nothing is written to it.
+Entries are facts appended by independent writers, so an
 append that loses a race (:class:`~engrain.ConflictError`) re-reads the log's
 end and tries again: no entry is lost and none is written twice. Reads are
 incremental: an :class:`EntryLog` remembers how far it has read and only
@@ -22,9 +25,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import ConflictError
+from .._errors import AgentMismatchError, ConflictError
 from .._events import LOG_ENTRY, RUN_STARTED, Event, NewEvent
 from .._journal import Journal
+from .identity import CLIENT_RUN, is_client_run
 
 #: Appends retried after a lost race before giving up (each retry re-reads the log's end).
 MAX_RETRIES = 50
@@ -106,4 +110,18 @@ class EntryLog:
             self._events = []  # deleted and written again since the last read: start over
         self._created = info.created
         if info.next_seq > len(self._events):
-            self._events.extend(self.journal.read(self.run_id, after=len(self._events) - 1))
+            fresh = not self._events
+            events = self.journal.read(self.run_id, after=len(self._events) - 1)
+            if fresh and events:
+                self._check_owner(events[0])
+            self._events.extend(events)
+
+    def _check_owner(self, first: Event) -> None:
+        # The id is predictable and a client may create a run of any id: its forged entries
+        # (a thread's checkpoints, a session's history) must never become this log's.
+        data = first.data if first.kind == RUN_STARTED else {}
+        if is_client_run(data):
+            raise AgentMismatchError(self.run_id, CLIENT_RUN)
+        if data.get("agent") != self._start["agent"]:
+            raise AgentMismatchError(self.run_id, f"is not a {self._start['agent']} log (its run was started by "
+                                                  f"{data.get('agent')!r}): it is never read or written as one")

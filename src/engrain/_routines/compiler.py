@@ -70,6 +70,8 @@ def _read_trace(trace: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[st
         raise TraceError(str(path), "(root)", f"not JSON (line {e.lineno}: {e.msg})") from None
     except RecursionError:
         raise TraceError(str(path), "(root)", "nested too deeply to parse") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(str(path), "(root)", f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
     return data, validate_trace(data, str(path))
 
 

@@ -54,6 +54,8 @@ def _schema_file(root: pathlib.Path, name: str) -> tuple[Any, str | None]:
         return json.loads(real.read_text(encoding="utf-8")), None
     except (ValueError, UnicodeDecodeError) as e:
         return None, f"{SCHEMAS_DIR}/{name} is not JSON: {e}"
+    except RecursionError:
+        return None, f"{SCHEMAS_DIR}/{name} is nested too deeply to parse"
 
 
 def convert(data: dict[str, Any], root: pathlib.Path) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:

@@ -44,19 +44,13 @@ def check_learned(routine: Any, tools: set[str] | None = None) -> list[str]:
 
 def parse_edit(text: str) -> Any:
     """The data of an edited ``routine.yaml`` text (safe loader, bounded size and depth); ``ValueError`` if bad."""
-    import yaml
-
-    from .._events import MAX_DEPTH, check_depth
+    from .._errors import RoutineError
+    from .yamlfile import load_yaml_text
 
     if not isinstance(text, str) or len(text) > MAX_EDIT_CHARS:
         raise ValueError(f"routine.yaml: must be text of at most {MAX_EDIT_CHARS} characters")
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ValueError(f"routine.yaml: invalid YAML{f' at line {mark.line + 1}' if mark else ''}: "
-                         f"{getattr(e, 'problem', e)}") from None
-    except RecursionError:
-        raise ValueError(f"routine.yaml: nested deeper than {MAX_DEPTH} levels") from None
-    check_depth(data, "routine.yaml", "routine", MAX_DEPTH)
-    return data
+        # The bounds of every routine file: a few hundred bytes of nested aliases expand to billions of nodes.
+        return load_yaml_text(text, "routine.yaml")
+    except RoutineError as e:
+        raise ValueError("; ".join(map(str, e.issues))) from None

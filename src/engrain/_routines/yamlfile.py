@@ -10,7 +10,9 @@ to, aliases included, and the nesting depth. Every failure is a
 :class:`~engrain.RoutineError` with one issue naming the file and the line, the
 same whichever parser PyYAML picks: the depth limit here is lower than
 libyaml's own nesting limit and than what the pure-Python composer's recursion
-allows, and an error from libyaml is worded by the pure-Python parser.
+allows, and a syntax error from libyaml in a file of up to ``REWORD_BYTES`` is
+worded by the pure-Python parser (a larger one keeps libyaml's words: reading
+it again in pure Python would cost more CPU than the file is worth).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ MAX_NODES = 2_500_000
 #: repeated through aliases is a bomb of its own), again past what a file of
 #: ``MAX_BYTES`` holds without aliases.
 MAX_CHARS = 4 * MAX_BYTES
+#: Largest text whose libyaml syntax error is worded again by the pure-Python parser (see ``load_yaml_text``).
+REWORD_BYTES = 64 * 1024
 
 
 def _loader() -> Any:
@@ -110,17 +114,21 @@ def load_yaml_text(text: str, file: str) -> Any:
             check_bounds(text, file, loader)
             return yaml.load(text, Loader=loader)
         except yaml.YAMLError as e:
-            if loader is yaml.SafeLoader:
-                raise
+            if loader is yaml.SafeLoader or isinstance(e, yaml.constructor.ConstructorError):
+                raise  # a constructor's error (a tag, a key) is Python's whichever parser read the text
             if "nesting depth" in str(getattr(e, "problem", "")):
                 # libyaml's own limit (1000 levels) is far past MAX_DEPTH: say so without re-parsing.
                 mark = getattr(e, "problem_mark", None)
                 where = f"line {mark.line + 1}" if mark is not None else "yaml"
                 raise _issue(file, where, f"nested deeper than {MAX_DEPTH} levels") from None
+            if len(text) > REWORD_BYTES:
+                raise
         # libyaml words its errors its own way and stops at a nesting limit of
         # its own (deeper than MAX_DEPTH, so always a depth error here): the
         # pure-Python parser, bounded the same way, says what is wrong, so the
-        # message is the same whichever parser PyYAML was built with.
+        # message is the same whichever parser PyYAML was built with. Only for a
+        # text it reads fast: it is ~50x slower than libyaml, and a large file
+        # whose last line is wrong would cost a minute of CPU.
         check_bounds(text, file, yaml.SafeLoader)
         return yaml.load(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:

@@ -9,7 +9,8 @@ folder): a client picks tools by name and never sends code, nor a model
 
 A definition is stored in the journal as a finished run ``agentdef:<name>``
 tagged ``llm-agent-definition``, so every server on the same store knows it
-and it survives restarts. Defining a name again with the same definition is a
+and it survives restarts (a run an HTTP client created at that id is refused,
+never read as a definition). Defining a name again with the same definition is a
 no-op; with a different one it is a 409.
 """
 
@@ -91,9 +92,11 @@ class LLMAgents:
             raise ApiError(422, "UnknownToolError",
                            f"agent {d['name']!r}: no tool named {', '.join(map(repr, missing))} on this server "
                            f"(configured with --tools / --tools-dir: {known})")
-        return Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
-                     cache=d.get("cache", False), answers_ttl=d.get("answers_ttl"), max_turns=d.get("max_turns", 10),
-                     registry=self.tools, journal=self.state.journal, learn=d.get("learn", False))
+        agent = Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
+                      cache=d.get("cache", False), answers_ttl=d.get("answers_ttl"), max_turns=d.get("max_turns", 10),
+                      registry=self.tools, journal=self.state.journal, learn=d.get("learn", False))
+        agent._api = True  # its instructions are a client's: it never continues an in-process agent's runs
+        return agent
 
     def create(self, d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Define an agent; returns (its description, whether it is new)."""
@@ -114,8 +117,16 @@ class LLMAgents:
         return describe(d), created
 
     def _definition(self, name: str) -> dict[str, Any] | None:
-        events = self.state.journal.read(def_run_id(name))
-        return events[0].data.get("inputs") if events else None
+        from .._durable.identity import CLIENT_RUN, is_client_run
+
+        events = self.state.journal.read(def_run_id(name), -1)[:1]
+        if not events:
+            return None
+        if is_client_run(events[0].data):
+            # A client may create a run of any id: a forged definition would skip every check of POST /api/agents.
+            raise ApiError(409, "AgentMismatchError", f"run {def_run_id(name)!r} {CLIENT_RUN}; it is no LLM agent's"
+                                                      " definition: choose another name")
+        return events[0].data.get("inputs")
 
     def get(self, name: str) -> Any:
         with self._lock:
@@ -132,6 +143,8 @@ class LLMAgents:
     def all(self) -> list[dict[str, Any]]:
         out = []
         for info in self.state.journal.runs(tag=DEF_TAG, limit=1000):
+            if ev.CLIENT_TAG in info.tags:
+                continue
             d = self._definition(info.run_id.split(":", 1)[1])
             if d is not None:
                 out.append(describe(d))
