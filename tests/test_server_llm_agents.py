@@ -154,3 +154,21 @@ def test_sigkill_the_server_mid_stream_after_a_tool_call_then_resume_on_another(
         hist = c.history("support", "k1")
         assert [m["role"] for m in hist] == ["user", "assistant", "tool", "assistant"]
         assert hist[-1]["content"] == long
+
+
+def test_an_app_started_again_runs_its_llm_agents_on_the_reopened_store(tmp_path, scripted_openai):
+    """The lifespan closes the journal and the agents' pool at shutdown and reopens the journal at the
+    next start: an agent defined before must then run on the new journal and pool, not the closed ones."""
+    from fastapi.testclient import TestClient
+
+    from engrain._server import create_app
+
+    app = create_app(f"sqlite:///{tmp_path / 'a.db'}")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        assert c.post("/api/agents", json={"name": "again", "model": "openai:scripted"}).status_code == 201
+        assert c.get("/api/agents/again/sessions/s1").json() == []
+    scripted_openai.script = [say("Hello again.")]
+    with TestClient(app, base_url="http://127.0.0.1") as c:  # the same app, started again
+        assert c.get("/api/agents/again/sessions/s1").status_code == 200
+        r = c.post("/api/agents/again/runs", json={"task": "hi"})
+        assert r.status_code == 200 and (r.json()["status"], r.json()["output"]) == ("ok", "Hello again."), r.text

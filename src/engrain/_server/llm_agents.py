@@ -170,7 +170,12 @@ class LLMAgents:
                     "replayed": 0, "executed": 0}
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop taking runs; an app started again (its lifespan reopens the journal) gets a new pool
+        and builds its agents again on the new journal, never on the closed one."""
+        old, self._pool = self._pool, ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="engrain-llm-agent")
+        old.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._agents.clear()
 
 
 def describe(d: dict[str, Any]) -> dict[str, Any]:
