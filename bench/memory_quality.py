@@ -31,6 +31,14 @@ every question a query whose evidence is its answer. In Swedish, MiniLM barely
 tells the answers apart and the words (bygglov, PBL, BBR, Boverket, ...) must
 carry the match; in English it is the embedder's home ground.
 
+The first set (``--sets locomo``) is the development split of **LoCoMo** (ACL 2024: long multi-session
+conversations whose questions name the dialog turns holding the answer), 3 of its 10 conversations, read
+from ``../shared/data/locomo-dev/`` when that folder exists and skipped when not (never committed: the
+upstream states no licence; the other 7 are the held-out test). Its protocol: one record per turn,
+``"<speaker> (<session date_time>): <text>"`` with ``dia_id`` in metadata, one skill per conversation.
+Besides recall@k it reports *session-hit@1* (``sess@1``): the top record comes from a session holding
+evidence (on the chats, a conversation of the owner; the FAQ has no sessions).
+
 Methods, on the same store and the same embedder, in one run:
 * ``engrain``: ``Memory.recall`` (the public API: hybrid vector + full text, the
   text weight set per query from the spread of the top cosines, ``_memory/fusion.py``);
@@ -57,7 +65,7 @@ round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 
 runs, load 5.2 / 3.8).
 
 Usage:
-    python bench/memory_quality.py [--sets chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
+    python bench/memory_quality.py [--sets locomo,chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
         [--ideas rrf,expand,ctx,prev] [--speed-size 100000]
     python bench/memory_quality.py --owners 6 --sessions 8 --ideas e5 --speed-size 0   # e5 on a slice
 """
@@ -67,6 +75,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import statistics
@@ -82,7 +91,13 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "bench" / ".peers" / "memory-cache"
+#: Embeddings of the data sets, cached across runs (outside the worktree: the machine's other checkouts share it).
+CACHE = Path(os.environ.get("ENGRAIN_BENCH_CACHE") or "/var/tmp/engrain-bench") / "quality"
+#: LoCoMo's development conversations: read from ``../shared`` (of a checkout or of a worktree folder) or
+#: ``$ENGRAIN_LOCOMO_DEV`` when there, skipped when not; never committed (the upstream states no licence).
+LOCOMO_DIRS = [Path(p) for p in [os.environ.get("ENGRAIN_LOCOMO_DEV", "")] if p] + [
+    up / "shared" / "data" / "locomo-dev" for up in (ROOT.parent, ROOT.parent.parent)]
+LOCOMO_KINDS = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
 MIN_SESSIONS = 8
 RRF_K = 60
@@ -115,6 +130,7 @@ class Turn:
     time: str
     text: str
     prev: str = ""  # the stored message before it in the session ("" for the first)
+    dia_id: str = ""  # LoCoMo's turn id (its protocol's only metadata); "" elsewhere
 
 
 @dataclass(slots=True)
@@ -126,6 +142,7 @@ class Question:
     time: str
     text: str
     evidence: list[int] = field(default_factory=list)  # indexes into Dataset.turns
+    kind: str = ""  # LoCoMo's category (multi-hop, temporal, open-domain, single-hop); "" elsewhere
 
 
 @dataclass(slots=True)
@@ -245,6 +262,49 @@ def load_faq(lang: str) -> list[dict[str, Any]]:
     return zcf.load(lang=lang)
 
 
+def locomo_dir() -> Path | None:
+    """The folder holding LoCoMo's development conversations, or None when this machine has none."""
+    return next((d for d in LOCOMO_DIRS if d.is_dir() and any(d.glob("*.json"))), None)
+
+
+def build_locomo(folder: Path) -> Dataset:
+    """LoCoMo's protocol: one record per dialog turn, ``"<speaker> (<session date_time>): <text>"``, one skill
+    per conversation; each question of categories 1-4 is a query whose evidence is the turns it names.
+
+    Evidence ids are read as every ``D<session>:<turn>`` in the list (a few entries
+    hold two, separated by ``;``); ids naming no turn are dropped, and a question
+    left with none is skipped (category 5, adversarial, has none by design).
+    """
+    turns: list[Turn] = []
+    questions: list[Question] = []
+    owners: list[str] = []
+    n_sessions = 0
+    for f in sorted(folder.glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
+        doc = json.loads(f.read_text())
+        conv = doc.get("conversation", doc)  # the upstream file nests it; the dev split is flat
+        owner = f"locomo-{f.stem}"
+        owners.append(owner)
+        where: dict[str, int] = {}
+        s_nums = sorted(int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k) and conv[k])
+        n_sessions += len(s_nums)
+        for s in s_nums:
+            when = conv.get(f"session_{s}_date_time", "")
+            prev = ""
+            for t_idx, d in enumerate(conv[f"session_{s}"]):
+                text = f"{d['speaker']} ({when}): {d['text']}"
+                where[d["dia_id"]] = len(turns)
+                turns.append(Turn(owner, s, t_idx, d["speaker"], when, text, prev, d["dia_id"]))
+                prev = text
+        for q in doc.get("qa", []):
+            if q.get("category") not in LOCOMO_KINDS:
+                continue
+            ids = re.findall(r"D\d+:\d+", " ".join(map(str, q.get("evidence", []))))
+            ev = sorted({where[i] for i in ids if i in where})
+            if ev:
+                questions.append(Question(owner, -1, "", str(q["question"]), ev, LOCOMO_KINDS[q["category"]]))
+    return Dataset(turns, questions, owners, n_sessions)
+
+
 def build_faq(faq: list[dict[str, Any]], limit: int | None = None) -> Dataset:
     """The keyword-heavy set: every answer is one record of one skill, each question is a query, its answer the evidence.
 
@@ -295,6 +355,15 @@ def score(rankings: Sequence[Sequence[str]], evidence: Sequence[set[str]], ks: S
         out[f"any@{k}"] = sum(a for a, _ in pairs) / len(pairs)
         out[f"all@{k}"] = sum(b for _, b in pairs) / len(pairs)
     return out
+
+
+def session_hit(rankings: Sequence[Sequence[str]], evidence: Sequence[set[str]], session_of: dict[str, Any]
+                ) -> float:
+    """Share of questions whose top-ranked record comes from a session holding one of its evidence records."""
+    if len(rankings) != len(evidence):
+        raise ValueError(f"{len(rankings)} rankings for {len(evidence)} questions")
+    hits = [bool(r) and session_of.get(r[0]) in {session_of[e] for e in ev} for r, ev in zip(rankings, evidence)]
+    return sum(hits) / len(hits)
 
 
 def rrf(*lists: Sequence[str], k: int = RRF_K) -> list[str]:
@@ -398,9 +467,9 @@ def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: boo
     ids: list[str] = []
     step = 2000
     for i in range(0, len(texts), step):
-        ids += mem.remember_many([{"data": x, "skill": t.owner, "metadata": {"session": t.session, "turn": t.turn,
-                                                                           "speaker": t.speaker, "time": t.time}}
-                                  for x, t in zip(texts[i:i + step], ds.turns[i:i + step])])
+        ids += mem.remember_many([{"data": x, "skill": t.owner, "metadata": {"dia_id": t.dia_id} if t.dia_id else {
+            "session": t.session, "turn": t.turn, "speaker": t.speaker, "time": t.time}}
+            for x, t in zip(texts[i:i + step], ds.turns[i:i + step])])
     return Store(mem, ids, cached)
 
 
@@ -465,8 +534,11 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
             t = time.perf_counter()
             rankings[m].append(table[m](q))
             lat[m].append((time.perf_counter() - t) * 1000)
+    session_of = {rid: (t.owner, t.session) for rid, t in zip(st.ids, ds.turns)}
     for m in methods:
-        out[m] = (score(rankings[m], evidence), statistics.median(lat[m]))
+        sc = score(rankings[m], evidence)
+        sc["session@1"] = session_hit(rankings[m], evidence, session_of)
+        out[m] = (sc, statistics.median(lat[m]))
     return out
 
 
@@ -526,8 +598,9 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
     return {m: (statistics.median(x), sorted(x)[max(0, int(len(x) * 0.95) - 1)]) for m, x in lat.items()}
 
 
-def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "") -> str:
-    return (f"{name:<34} {s['any@5']:>6.3f} {s['all@5']:>6.3f} {s['any@10']:>7.3f} {s['all@10']:>7.3f} "
+def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "", sessions: bool = True) -> str:
+    hit = f"{s['session@1']:>6.3f}" if sessions else f"{'-':>6}"
+    return (f"{name:<34} {s['any@5']:>6.3f} {s['all@5']:>6.3f} {s['any@10']:>7.3f} {s['all@10']:>7.3f} {hit} "
             f"{p50:>8.2f}ms {n:>5}  {note}")
 
 
@@ -538,7 +611,8 @@ NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread) bm25/best + priors", "b
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sets", default="chat,faq-sv,faq-en", help="data sets: chat, faq-sv, faq-en")
+    ap.add_argument("--sets", default="locomo,chat,faq-sv,faq-en",
+                    help="data sets: locomo (skipped when ../shared holds no LoCoMo dev split), chat, faq-sv, faq-en")
     ap.add_argument("--owners", type=int, default=40)
     ap.add_argument("--sessions", type=int, default=30)
     ap.add_argument("--per-owner", type=int, default=30)
@@ -557,19 +631,25 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(d)
         for name in [x for x in a.sets.split(",") if x]:
             t = time.perf_counter()
-            if name == "chat":
+            if name == "locomo":
+                folder = locomo_dir()
+                if folder is None:
+                    print("locomo: skipped (no LoCoMo dev split under ../shared/data/locomo-dev)")
+                    continue
+                ds = build_locomo(folder)
+            elif name == "chat":
                 ds = chat = build(load_corpus(), a.owners, a.sessions, a.per_owner)
             elif name in ("faq-sv", "faq-en"):
                 ds = build_faq(load_faq(name[-2:]))
             else:
-                raise SystemExit(f"unknown data set {name!r} (chat, faq-sv, faq-en)")
+                raise SystemExit(f"unknown data set {name!r} (locomo, chat, faq-sv, faq-en)")
             n_ev = sum(len(q.evidence) for q in ds.questions)
             print(f"{name}: {len(ds.owners)} owners, {len({(t.owner, t.session) for t in ds.turns})} sessions, "
                   f"{len(ds.turns)} stored messages, {len(ds.questions)} questions with {n_ev} evidence messages "
                   f"(built in {time.perf_counter() - t:.1f}s)", flush=True)
             rows: list[tuple[str, dict[str, float], float, str]] = []
             st = fill(ds, minilm, "plain", tmp, name)
-            extra = [m for m in ("rrf", "expand") if m in ideas] if name == "chat" else ["rrf"]
+            extra = [m for m in ("rrf", "expand") if m in ideas] if name in ("chat", "locomo") else ["rrf"]
             methods = ["engrain", "bm25", "dense", "fixed"] + extra
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES[m]) for m in methods]
@@ -599,9 +679,10 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(f"{name}: recall@k over {len(ds.questions)} questions: any = one evidence message in the top k, "
               "all = every one; p50 = one query, embedding included")
-        print(f"{'method':<34} {'any@5':>6} {'all@5':>6} {'any@10':>7} {'all@10':>7} {'p50':>10} {'N':>5}  notes")
+        print(f"{'method':<34} {'any@5':>6} {'all@5':>6} {'any@10':>7} {'all@10':>7} {'sess@1':>6} {'p50':>10} "
+              f"{'N':>5}  notes")
         for m, sc, p50, note in rows:
-            print(fmt_row(m, sc, p50, len(ds.questions), note))
+            print(fmt_row(m, sc, p50, len(ds.questions), note, ds.sessions > 1))
     if fast:
         load = os.getloadavg()[0]
         print()
