@@ -73,6 +73,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -267,19 +268,22 @@ def locomo_dir() -> Path | None:
     return next((d for d in LOCOMO_DIRS if d.is_dir() and any(d.glob("*.json"))), None)
 
 
-def build_locomo(folder: Path) -> Dataset:
+def build_locomo(folder: Path, only: Sequence[str] | None = None) -> Dataset:
     """LoCoMo's protocol: one record per dialog turn, ``"<speaker> (<session date_time>): <text>"``, one skill
     per conversation; each question of categories 1-4 is a query whose evidence is the turns it names.
 
     Evidence ids are read as every ``D<session>:<turn>`` in the list (a few entries
     hold two, separated by ``;``); ids naming no turn are dropped, and a question
     left with none is skipped (category 5, adversarial, has none by design).
+    ``only`` keeps the conversations of these file stems (a test's slice).
     """
     turns: list[Turn] = []
     questions: list[Question] = []
     owners: list[str] = []
     n_sessions = 0
     for f in sorted(folder.glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
+        if only is not None and f.stem not in only:
+            continue
         doc = json.loads(f.read_text())
         conv = doc.get("conversation", doc)  # the upstream file nests it; the dev split is flat
         owner = f"locomo-{f.stem}"
@@ -473,6 +477,27 @@ def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: boo
     return Store(mem, ids, cached)
 
 
+#: Recall with a part of its ranking changed: (text weight: None per query / a number, spread power, context).
+VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0), "before": (None, 2, 0.0), "no-context": (None, 3, 0.0),
+            "square": (None, 2, None)}
+
+
+@contextlib.contextmanager
+def ranked_as(mem: Any, name: str) -> Any:
+    """``mem`` ranking as variant ``name`` of :data:`VARIANTS` for the duration (the spread power is a module constant)."""
+    from engrain._memory import fusion
+    from engrain._memory.ranking import Ranking
+
+    weight, power, context = VARIANTS[name]
+    saved, saved_power = mem.ranking, fusion.SPREAD_POWER
+    mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}))
+    fusion.SPREAD_POWER = power
+    try:
+        yield
+    finally:
+        mem.ranking, fusion.SPREAD_POWER = saved, saved_power
+
+
 def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict[str, tuple[dict[str, float], float]]:
     """For each method: (scores, recall p50 in ms, query embedding included)."""
     mem = st.mem
@@ -504,19 +529,15 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
     def expanded(q: Question) -> list[str]:
         return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k, neighbours=True)]
 
-    def fixed(q: Question) -> list[str]:
-        """The fusion before the per-query text weight: BM25 (over its best) at a fixed 0.20."""
-        import engrain._memory as em
-
-        adaptive = em.text_weight
-        em.text_weight = lambda cosines: FIXED_TEXT_WEIGHT  # type: ignore[assignment]
-        try:
-            return hybrid(q)
-        finally:
-            em.text_weight = adaptive
+    def variant(name: str) -> Callable[[Question], list[str]]:
+        def run(q: Question) -> list[str]:
+            with ranked_as(mem, name):
+                return hybrid(q)
+        return run
 
     table: dict[str, Callable[[Question], list[str]]] = {
-        "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded, "fixed": fixed}
+        "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded,
+        **{v: variant(v) for v in VARIANTS}}
     if q_mode:  # Memory.recall embeds the query through the (passage-side) embedder: switch it for the call
         def hybrid_q(q: Question) -> list[str]:
             st.embedder.inner.query_mode = True
@@ -553,7 +574,6 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
     import memory as bm
     import memory_corpus as mc
 
-    import engrain._memory as em
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
     from engrain._memory.synth import ExtractiveSynthesizer
@@ -576,12 +596,8 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
         return rrf(d, b)[:k]
 
     def fixed(q: str) -> Any:
-        adaptive = em.text_weight
-        em.text_weight = lambda cosines: FIXED_TEXT_WEIGHT  # type: ignore[assignment]
-        try:
+        with ranked_as(mem, "fixed"):
             return mem.recall(q, top_k=k)
-        finally:
-            em.text_weight = adaptive
 
     table: dict[str, Callable[[str], Any]] = {"engrain": lambda q: mem.recall(q, top_k=k), "fixed": fixed,
                                               "rrf": fused, "expand": lambda q: mem.recall(q, top_k=k, neighbours=True)}
@@ -604,8 +620,10 @@ def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "", 
             f"{p50:>8.2f}ms {n:>5}  {note}")
 
 
-NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread) bm25/best + priors", "bm25": "FTS5 BM25 alone",
-         "dense": "MiniLM cosine alone", "fixed": "before: 0.70 cos + 0.20 bm25/best + priors",
+NOTES = {"engrain": "Memory.recall: match 0.70 cos + w(spread^-3) bm25/best, + passage context, + priors",
+         "bm25": "FTS5 BM25 alone", "dense": "MiniLM cosine alone",
+         "fixed": "older: 0.70 cos + 0.20 bm25/best + priors", "before": "previous: w(spread^-2), no context",
+         "no-context": "recall without the passage context", "square": "recall with w(spread^-2)",
          "rrf": "idea: RRF(dense, bm25), k=60", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
 
@@ -650,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
             rows: list[tuple[str, dict[str, float], float, str]] = []
             st = fill(ds, minilm, "plain", tmp, name)
             extra = [m for m in ("rrf", "expand") if m in ideas] if name in ("chat", "locomo") else ["rrf"]
-            methods = ["engrain", "bm25", "dense", "fixed"] + extra
+            methods = ["engrain", "bm25", "dense", "fixed", "before", "no-context", "square"] + extra
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES[m]) for m in methods]
             st.mem.close()

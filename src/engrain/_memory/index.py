@@ -25,6 +25,7 @@ it was saved are marked deleted on load, rows added since are topped up.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -98,6 +99,7 @@ class VectorIndex:
         self._pos: dict[str, int] = {}
         self._skill_codes = np.zeros(0, dtype=np.int32)
         self._skills: dict[str, int] = {}
+        self._by_skill: dict[int, list[int]] = {}  # mirror positions of each skill's rows, in seq order
         self._expires = np.zeros(0, dtype=np.float64)
         self._seqs = np.zeros(0, dtype=np.int64)
         self._ann: Any = None
@@ -160,7 +162,10 @@ class VectorIndex:
         self._mat[self._n:need] = mat
         self._expires[self._n:need] = expires
         self._seqs[self._n:need] = seqs
-        self._skill_codes[self._n:need] = [self._skills.setdefault(s, len(self._skills)) for s in skills]
+        codes = [self._skills.setdefault(s, len(self._skills)) for s in skills]
+        self._skill_codes[self._n:need] = codes
+        for p, c in enumerate(codes, self._n):
+            self._by_skill.setdefault(c, []).append(p)
         self._ids.extend(ids)
         self._n = need
 
@@ -287,6 +292,34 @@ class VectorIndex:
                 if hits is not None:
                     return hits
             return self._exact(vec, k, code, now)
+
+    def around(self, ids: list[str], radius: int, now: float, allow: set[str] | None = None
+               ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """The rows ``ids`` and the live rows of their skills within ``radius`` of them, in each skill's order.
+
+        Returns ``(ids, skill codes, ordinals, vectors)``: a row's ordinal is its
+        place among its skill's rows (what recall's passage context counts in).
+        ``allow`` keeps only those ids (a metadata filter's matches).
+        """
+        with self._lock:
+            if len(self._pos) != self._n:
+                self._pos = {rid: p for p, rid in enumerate(self._ids)}
+            found: dict[int, int] = {}
+            for rid in ids:
+                p = self._pos.get(rid)
+                if p is None:
+                    continue
+                rows = self._by_skill[int(self._skill_codes[p])]
+                o = bisect.bisect_left(rows, p)
+                for q in range(max(0, o - radius), min(len(rows), o + radius + 1)):
+                    found[rows[q]] = q
+            pos = np.fromiter(found, dtype=np.int64, count=len(found))
+            ords = np.fromiter(found.values(), dtype=np.int64, count=len(found))
+            keep = self._expires[pos] > now
+            if allow is not None:
+                keep &= np.fromiter((self._ids[p] in allow for p in pos), dtype=bool, count=len(pos))
+            pos, ords = pos[keep], ords[keep]
+            return [self._ids[p] for p in pos], self._skill_codes[pos].copy(), ords, self._mat[pos].copy()
 
     def _exact_among(self, vec: np.ndarray, k: int, allow: set[str], now: float) -> list[tuple[str, float]]:
         if len(self._pos) != self._n:

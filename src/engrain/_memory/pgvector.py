@@ -139,6 +139,37 @@ class PgVectorSearch:
                     rows = self._x(exact, (*qparams, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
+    def pg_around(self, ids: list[str], radius: int, now: float, where: dict[str, Any] | None = None
+                  ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`VectorIndex.around <engrain._memory.index.VectorIndex.around>` in SQL (stores with no mirror).
+
+        One round trip: for each record, the ``radius`` live records of its skill
+        stored before it and after it (the ``(skill, seq)`` btree). Ordinals come
+        from those runs (:func:`.ranking.ordinals_from_runs`).
+        """
+        from .ranking import ordinals_from_runs
+
+        if not ids:
+            return [], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        side = ("(SELECT r.id, r.skill, r.seq, r.embedding, r.metadata FROM engrain_mem_records r WHERE "
+                "r.skill = c.skill AND r.seq {} c.seq AND (r.expires IS NULL OR r.expires > ?) ORDER BY r.seq {} LIMIT ?)")
+        sql = (f"SELECT c.seq, n.id, n.skill, n.seq, n.embedding, n.metadata FROM engrain_mem_records c "
+               f"CROSS JOIN LATERAL ({side.format('<', 'DESC')} UNION ALL {side.format('>=', 'ASC')}) n "
+               "WHERE c.id = ANY(?)")
+        with self._lock:
+            rows = self._x(sql, (now, radius, now, radius + 1, list(ids))).fetchall()
+        runs: dict[int, list[tuple[str, int]]] = {}
+        rec: dict[tuple[str, int], tuple[str, Any, str]] = {}
+        for anchor, rid, skill, seq, emb, meta in rows:
+            runs.setdefault(anchor, []).append((skill, seq))
+            rec[(skill, seq)] = (rid, emb, meta)
+        ords = ordinals_from_runs([sorted(r) for r in runs.values()], radius)
+        keys = [k for k in sorted(rec) if not where or _filters.matches(json.loads(rec[k][2]), where)]
+        codes: dict[str, int] = {}
+        groups = np.array([codes.setdefault(k[0], len(codes)) for k in keys], dtype=np.int64)
+        vecs = np.stack([from_blob(rec[k][1]) for k in keys]) if keys else np.zeros((0, 0), np.float32)
+        return [rec[k][0] for k in keys], groups, np.array([ords[k] for k in keys], dtype=np.int64), vecs
+
     def _literal(self, vec: np.ndarray) -> str:
         """``_vec_literal(vec)``, remembered for the next call: a recall searches both tiers with one vector."""
         last = self._last_literal
