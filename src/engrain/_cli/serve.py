@@ -44,6 +44,10 @@ def serve(
     agents: AgentsOption = None,
     allow_host: AllowHostOption = None,
     tools_dir: ToolsDirOption = None,
+    embedder: Annotated[str | None, typer.Option(
+        "--embedder", envvar="ENGRAIN_EMBEDDER",
+        help="Memory's embedder: 'openai:<model>', 'ollama:<model>', 'sentence-transformers:<name>' (default: "
+             "the store's, else the shipped model).")] = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -52,7 +56,7 @@ def serve(
         from .._server import create_app
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
-                         tools_dir=tools_dir)
+                         tools_dir=tools_dir, embedder=embedder)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]

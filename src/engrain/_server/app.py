@@ -232,6 +232,7 @@ def create_app(
     allow_hosts: list[str] | tuple[str, ...] = (),
     ui_dir: str | os.PathLike[str] | None = None,
     tools_dir: str | os.PathLike[str] | None = None,
+    embedder: str | None = None,
 ) -> FastAPI:
     """The engrain HTTP API (and web UI) over the store at ``url``.
 
@@ -248,7 +249,9 @@ def create_app(
     name/address get 421 and cross-site ``Origin`` headers get 403 (DNS rebinding);
     ``allow_hosts`` adds names (``"*"``: any).
     The web UI's static files are served at ``/`` from ``ui_dir`` (default: the
-    package's ``_server/ui`` folder) when it exists.
+    package's ``_server/ui`` folder) when it exists. ``embedder`` is memory's
+    model string (``"openai:text-embedding-3-small"``, ...; default: the one the
+    store was filled with, else ``$ENGRAIN_EMBEDDER``, else the shipped model).
     """
     token = token if token is not None else (os.environ.get("ENGRAIN_TOKEN") or None)
     if not is_loopback(host) and not token:
@@ -268,6 +271,7 @@ def create_app(
 
     registry = load_agents(agents)
     state = ServerState(open_journal(url), token, Path(routines_dir or "routines").resolve(), tools)
+    state.embedder = embedder
     state.agents = AgentRunner(state, registry)
     from .llm_agents import LLMAgents, build_tools
 
