@@ -8,7 +8,7 @@ joins two pool sentences with the normalised sum of their embeddings as vector;
 the run prints how close that is to the true embedding).
 
 Stores are built once and cached outside the repo, so re-measuring is fast:
-SQLite files (with their saved hnswlib graph) and ChromaDB folders under
+SQLite files (with their saved usearch graph) and ChromaDB folders under
 ``$ENGRAIN_BENCH_CACHE`` (default ``/var/tmp/engrain-bench``), named
 ``sqlite-<n>-<corpus digest>.db`` and ``chroma-<n>-<corpus digest>``
 (``memory_corpus.version``: a changed corpus gets new stores), each with a
@@ -88,10 +88,12 @@ PEER = ROOT / "bench" / ".peers" / "chromadb"
 class Lookup:
     """Embedder for the bulk fill only: returns the vectors embedded beforehand (same model), by text."""
 
-    name = "all-MiniLM-L6-v2-onnx-int8"
     dim = 384
 
     def __init__(self, texts: list[str], vecs: np.ndarray):
+        from engrain._memory.embed import default_embedder
+
+        self.name = default_embedder().name  # the store is the default model's, as the recalls open it
         self._by = dict(zip(texts, vecs))
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -139,7 +141,7 @@ def save_built(store: Path, info: dict) -> None:
 
 
 def sqlite_ready(path: Path, n: int) -> bool:
-    """The store holds all ``n`` records and its saved hnswlib graph (``bench:ready`` is written last)."""
+    """The store holds all ``n`` records and its saved usearch graph (``bench:ready`` is written last)."""
     import sqlite3
 
     if not path.exists():
@@ -153,7 +155,7 @@ def sqlite_ready(path: Path, n: int) -> bool:
 
 
 def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict:
-    """Fill a SQLite store with ``remember_many`` (batches of 2000), then build and save its hnswlib graph."""
+    """Fill a SQLite store with ``remember_many`` (batches of 2000), then build and save its usearch graph."""
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
     from engrain._memory.synth import ExtractiveSynthesizer
@@ -174,7 +176,7 @@ def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict
     mem.close()
     mem = Memory(url, embedder=default_embedder(), synthesizer=ExtractiveSynthesizer())
     t = time.perf_counter()
-    mem.recall("build the graph")  # past ANN_THRESHOLD rows: builds the hnswlib graph and saves it beside the file
+    mem.recall("build the graph")  # past ANN_THRESHOLD rows: builds the usearch graph and saves it beside the file
     info["graph_s"] = time.perf_counter() - t
     with mem.store.tx():
         mem.store._x("INSERT INTO engrain_mem_state (name, value) VALUES ('bench:ready', ?)", (n,))
@@ -209,7 +211,7 @@ class EngrainSide:
         self.mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
         emb.embed(["warm up"])
         t = time.perf_counter()
-        self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the hnswlib graph
+        self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the usearch graph
         self.info["open_s"] = time.perf_counter() - t
         st = self.mem.stats()
         self.name = f"engrain {st['backend']} ({st['vector_search']})"
@@ -242,7 +244,7 @@ spec = importlib.util.spec_from_file_location("engrain_embed", sys.argv[1])
 embed = importlib.util.module_from_spec(spec); spec.loader.exec_module(embed)
 sys.path.insert(0, sys.argv[2])
 import memory_corpus as mc
-emb = embed.MiniLMEmbedder(); emb.embed(["warm up"])
+emb = embed.MiniLMEmbedder(quantized=False); emb.embed(["warm up"])  # the shipped file as it is (no onnx here)
 col = None
 def reply(x):
     sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
@@ -381,6 +383,8 @@ def measure(sides: list, qs: list[str], rounds: int, where_qs: list[tuple[str, d
     res = {id(s): {"lat": [], "round_p50": [], "wlat": [], "wfull": 0} for s in sides}
     for s in sides:  # warm up: caches, the first query plans
         s.recall(qs[:10])
+        if hasattr(s, "mem"):
+            s.mem._qcache.clear()  # the measured queries pay their embedding (recall caches recent ones)
     blk, wblk = max(1, len(qs) // rounds), max(1, len(where_qs) // rounds)
     for r in range(rounds):
         order = sides[r % len(sides):] + sides[:r % len(sides)]
@@ -451,6 +455,8 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="engrain only")
     ap.add_argument("--pg-build-mem", default="4GB", help="maintenance_work_mem for the HNSW build")
     ap.add_argument("--pg-workers", type=int, default=1, help="parallel workers for the HNSW build")
+    ap.add_argument("--index-sizes", default="",
+                    help="also compare the in-process graph, usearch beside hnswlib, at these sizes (memory_index.py)")
     ap.add_argument("--build-only", action="store_true",
                     help="build the missing SQLite stores and ChromaDB collections of these sizes, then exit")
     a = ap.parse_args()
@@ -537,6 +543,10 @@ def main() -> None:
     for n, name, info, *_ in rows:
         if "hnsw_s" in info:
             print(f"PostgreSQL {n}: HNSW build {info['hnsw_s']:.0f}s; index sizes {info.get('index_sizes')}")
+    if a.index_sizes:
+        import memory_index
+
+        memory_index.report([int(x) for x in a.index_sizes.split(",") if x.strip()])
     for n, name, _, _, (p50, _), *_ in rows:
         if n >= 1_000_000 and "postgres" in name:
             print(f"target recall p50 <= 15 ms at 1M on PostgreSQL: {'MET' if p50 <= 15 else 'NOT MET'} ({p50:.2f} ms)")

@@ -10,11 +10,12 @@ keeps its vectors and marks the missing rows deleted, because graph labels are
 row ``seq``s, which are never reused.
 
 Search is exact (one matrix-vector product in numpy) up to ``ann_threshold``
-rows, then approximate with an hnswlib graph (cosine via inner product on unit
-vectors), over-fetching and filtering by skill and TTL; when the filter leaves
-too few hits it falls back to the exact scan of the matching rows.
+rows, then approximate with a usearch HNSW graph (cosine via inner product on
+unit vectors; usearch ships wheels for Linux, macOS and Windows, where hnswlib
+needed a C++ compiler), over-fetching and filtering by skill and TTL; when the
+filter leaves too few hits it falls back to the exact scan of the matching rows.
 
-On SQLite the graph is persisted next to the database (``<db>.<tier>.hnsw``
+On SQLite the graph is persisted next to the database (``<db>.<tier>.usearch``
 plus a ``.json`` sidecar) so a new process loads it instead of rebuilding. The
 sidecar records what the graph covers (the store's identity, embedder,
 dimension, the tier's generation, the last ``seq`` it holds) and a digest of
@@ -40,14 +41,18 @@ import numpy as np
 
 from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
-#: Rows past which an hnswlib graph replaces the exact scan.
+#: Rows past which a usearch graph replaces the exact scan.
 ANN_THRESHOLD = 50_000
+#: How the graph stores its copy of the vectors: bfloat16 halves its memory and walks faster (the
+#: mirror keeps float32, and the hits' cosines are recomputed from it), at the same recall@10 vs exact
+#: (bench/memory_index.py).
+GRAPH_DTYPE = "bf16"
 
 #: Rows added to a graph since it was last saved, as a share of its size, past
 #: which it is saved again (saving rewrites the whole file, so not per append).
 SAVE_SLACK = 0.05
 
-_FORMAT = 2
+_FORMAT = 3  # 3: usearch (2 was hnswlib's file, ignored and rebuilt)
 _M, _EF_CONSTRUCTION, _EF = HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF
 
 log = logging.getLogger("engrain.memory")
@@ -82,7 +87,7 @@ class VectorIndex:
         path = store.path
         if persist and store.backend == "sqlite" and path is not None and path.is_file():
             # PostgreSQL has no local directory of its own to cache in: its stores rebuild per process.
-            self.graph_path = path.with_name(f"{path.name}.{tier}.hnsw")
+            self.graph_path = path.with_name(f"{path.name}.{tier}.usearch")
         self._reset(-1)
 
     @property
@@ -142,9 +147,9 @@ class VectorIndex:
             self._last = int(seqs[-1])
         self._ann, self._ann_n, self._ann_last, self._saved_n = ann, ann_n, ann_last, saved
         if ann is not None:
-            for s in np.setdiff1d(old[old <= ann_last], seqs, assume_unique=True):
-                with contextlib.suppress(RuntimeError):  # already marked
-                    ann.mark_deleted(int(s))
+            gone = np.setdiff1d(old[old <= ann_last], seqs, assume_unique=True)
+            if len(gone):
+                ann.remove(gone.astype(np.uint64))
 
     def _append(self, seqs: np.ndarray, ids: list[str], skills: list[str], expires: np.ndarray,
                 mat: np.ndarray) -> None:
@@ -169,22 +174,22 @@ class VectorIndex:
         self._ids.extend(ids)
         self._n = need
 
-    def _sync_ann(self) -> None:
-        import hnswlib
+    @staticmethod
+    def _new_graph(dim: int) -> Any:
+        from usearch.index import Index
 
+        return Index(ndim=dim, metric="ip", dtype=GRAPH_DTYPE, connectivity=_M, expansion_add=_EF_CONSTRUCTION,
+                     expansion_search=_EF)
+
+    def _sync_ann(self) -> None:
         if self._ann is None:
-            self._ann = hnswlib.Index(space="ip", dim=self._mat.shape[1])
-            self._ann.init_index(max_elements=max(2 * self._n, 1024), ef_construction=_EF_CONSTRUCTION, M=_M)
-            self._ann.set_ef(_EF)
+            self._ann = self._new_graph(self._mat.shape[1])
             self._ann_n = self._ann_last = 0
             self.builds += 1
         start = int(np.searchsorted(self._seqs[: self._n], self._ann_last, side="right"))
         if start < self._n:
-            need = self._ann_n + self._n - start
-            if need > self._ann.get_max_elements():
-                self._ann.resize_index(2 * need)
-            self._ann.add_items(self._mat[start:self._n], self._seqs[start:self._n])
-            self._ann_n = need
+            self._ann.add(self._seqs[start:self._n].astype(np.uint64), self._mat[start:self._n])
+            self._ann_n += self._n - start
             self._ann_last = int(self._seqs[self._n - 1])
 
     def _covered(self) -> bool:
@@ -193,12 +198,11 @@ class VectorIndex:
     def _meta(self, embedder: str) -> dict[str, Any]:
         """What a graph built for this store, tier, model and generation records (not what rows it holds)."""
         return {"format": _FORMAT, "store": self.store.identity(), "tier": self.tier, "embedder": embedder,
-                "dim": int(self._mat.shape[1]), "gen": self._gen, "M": _M, "ef_construction": _EF_CONSTRUCTION}
+                "dim": int(self._mat.shape[1]), "gen": self._gen, "M": _M, "ef_construction": _EF_CONSTRUCTION,
+                "dtype": GRAPH_DTYPE}
 
     def _load_ann(self, embedder: str) -> None:
         """Adopt the saved graph when it covers a prefix of the mirror; otherwise leave it to a rebuild."""
-        import hnswlib
-
         assert self.graph_path is not None and self.meta_path is not None
         if not self.meta_path.exists() or not self.graph_path.exists():
             return
@@ -217,32 +221,32 @@ class VectorIndex:
                             "rebuilding", self.graph_path)
                 return
             last, count = meta.get("last_seq"), meta.get("elements")
-            ann = hnswlib.Index(space="ip", dim=want["dim"])
-            ann.load_index(str(self.graph_path), max_elements=max(2 * self._n, int(count or 0) + 1024))
-            if ann.get_current_count() != count or not isinstance(last, int):
+            ann = self._new_graph(want["dim"])
+            ann.load(str(self.graph_path))
+            if len(ann) != count or ann.ndim != want["dim"] or not isinstance(last, int):
                 log.warning("ignoring %s: it holds %d vectors, its sidecar says %s; rebuilding",
-                            self.graph_path, ann.get_current_count(), count)
+                            self.graph_path, len(ann), count)
                 return
-            labels = np.asarray(ann.get_ids_list(), dtype=np.int64)
+            labels = np.asarray(ann.keys, dtype=np.int64)
             mine = self._seqs[: self._n]
             mine = mine[mine <= last]
             if len(np.setdiff1d(mine, labels)):
                 log.info("ignoring %s: it lacks rows this store has; rebuilding", self.graph_path)
                 return
-            for s in np.setdiff1d(labels, mine):  # deleted since it was saved
-                with contextlib.suppress(RuntimeError):
-                    ann.mark_deleted(int(s))
+            gone = np.setdiff1d(labels, mine)  # deleted since it was saved
+            if len(gone):
+                ann.remove(gone.astype(np.uint64))
         except (OSError, ValueError, RuntimeError, TypeError) as e:  # ValueError covers malformed JSON
             log.warning("ignoring unreadable %s (%s); rebuilding", self.graph_path, e)
             return
-        ann.set_ef(_EF)
+        ann.expansion_search = _EF  # a loaded file keeps usearch's default, not ours
         self._ann, self._ann_n, self._ann_last, self._saved_n = ann, int(count), last, int(count)
         self.loads += 1
 
     def _save_ann(self, embedder: str) -> None:
         """Write graph and sidecar atomically (temp files + ``os.replace``); failures only cost a rebuild later."""
         assert self.graph_path is not None and self.meta_path is not None
-        meta = {**self._meta(embedder), "last_seq": self._ann_last, "elements": self._ann_n}
+        meta = {**self._meta(embedder), "last_seq": self._ann_last, "elements": len(self._ann)}
         tmps: list[str] = []
         try:
             for _ in range(2):
@@ -252,7 +256,7 @@ class VectorIndex:
                 tmps.append(tmp)
                 # mkstemp makes the file private; give it the database's permissions instead.
                 os.chmod(tmp, self.store.path.stat().st_mode & 0o777)  # type: ignore[union-attr]
-            self._ann.save_index(tmps[0])
+            self._ann.save(tmps[0])
             meta["graph_sha256"], meta["graph_bytes"] = _file_digest(Path(tmps[0]))
             Path(tmps[1]).write_text(json.dumps(meta))
             # Graph first, sidecar second: a crash in between leaves a sidecar whose
@@ -357,17 +361,20 @@ class VectorIndex:
 
     def _ann_search(self, vec: np.ndarray, k: int, code: int | None, now: float) -> list[tuple[str, float]] | None:
         # Past the rows the caller wants, room for those the mirror drops (expired, deleted since, another
-        # skill). Unfiltered, those are rare: 4x, with the walk's breadth (hnswlib's ef is max(ef, k)) at
-        # least twice ef_search; a skill filter drops most of what the graph returns: 8x.
+        # skill). Unfiltered, those are rare: 4x, with the walk's breadth (usearch walks max(expansion, count)
+        # wide) at least twice ef_search; a skill filter drops most of what the graph returns: 8x.
         fetch = min(self._n, max(4 * k, 2 * _EF) if code is None else max(8 * k, 64))
-        labels, dists = self._ann.knn_query(vec.reshape(1, -1), k=fetch)
-        seqs, sims = labels[0].astype(np.int64), 1.0 - dists[0]
+        found = self._ann.search(vec, fetch, threads=1)  # one query: a thread pool only adds hand-offs
+        seqs = np.asarray(found.keys, dtype=np.int64)
         pos = np.searchsorted(self._seqs[: self._n], seqs)
         ok = pos < self._n
         ok[ok] = self._seqs[pos[ok]] == seqs[ok]  # a row deleted by another process since this mirror loaded
-        labels, sims = pos[ok], sims[ok]
-        keep = self._live(labels, code, now)
-        labels, sims = labels[keep], sims[keep]
+        labels = pos[ok]
+        labels = labels[self._live(labels, code, now)]
+        # Exact cosines from the float32 mirror (the graph's are bfloat16), in exact order.
+        sims = self._mat[labels] @ vec
+        order = np.argsort(-sims, kind="stable")
+        labels, sims = labels[order], sims[order]
         if len(labels) < k and fetch < self._n:
             return None  # the filter is selective: the exact scan of the matching rows is both right and cheap
         return [(self._ids[int(p)], float(s)) for p, s in zip(labels[:k], sims[:k])]

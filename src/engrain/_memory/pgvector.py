@@ -18,9 +18,9 @@ import numpy as np
 from . import filters as _filters
 from .items import from_blob
 
-#: HNSW parameters, shared by pgvector's index and the in-process hnswlib graph. ef 80: at 1M records
+#: HNSW parameters, shared by pgvector's index and the in-process usearch graph. ef 80: at 1M records
 #: (bench/memory.py) recall@10 against exact search is 0.972 (96: 0.976, 64: 0.964), and each step
-#: down from 96 saves ~1 ms of the graph walk. hnswlib walks with max(ef, neighbours asked), and
+#: down from 96 saves ~1 ms of the graph walk. usearch walks with max(ef, neighbours asked), and
 #: recall asks it for >= 160, so the in-process path keeps its recall.
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 80
 #: A filtered pgvector search expected to keep at most this many rows ranks them all exactly instead of
