@@ -26,6 +26,9 @@ from .embed import Embedder
 from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
 from .ranking import Ranking, SearchResult
+
+#: Query embeddings a memory keeps (the most recent; a repeated query skips the model, ~3 ms).
+QUERY_CACHE = 256
 from .store import open_store
 from .synth import Synthesizer, default_synthesizer
 
@@ -79,6 +82,8 @@ class Memory:
         self.half_life = half_life
         #: How recall ranks (the measured defaults; a benchmark may switch a part off).
         self.ranking = Ranking()
+        self._qcache: dict[tuple[str, str], Any] = {}
+        self._qlock = threading.Lock()
         self._records = VectorIndex(self.store, "record", ann_threshold=ann_threshold)
         self._articles = VectorIndex(self.store, "article", ann_threshold=ann_threshold)
 
@@ -241,7 +246,7 @@ class Memory:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise MemoryInputError(f"top_k must be a positive integer, not {top_k!r}")
         now = time.time()
-        qv = self.embedder.embed([query])[0]
+        qv = self._query_vector(query)
         # Candidates: the best `fetch` of each half. At least SPREAD_DEPTH, so top_k=5 ranks like the first
         # five of top_k=10 (the vector search reads that many for the text weight anyway).
         fetch = max(4 * min(k, 1_000_000), SPREAD_DEPTH)  # a huge top_k must not overflow SQL's 64-bit LIMIT
@@ -279,6 +284,22 @@ class Memory:
             "hits": [{"tier": r.tier, "id": r.id, "skill": r.skill, "score": round(r.score, 4)} for r in results],
         }, now)
         return results
+
+    def _query_vector(self, query: str) -> Any:
+        """The query's embedding, from a small cache of recent ones (agents repeat their questions)."""
+        key = (self.embedder.name, query)
+        with self._qlock:
+            vec = self._qcache.pop(key, None)
+            if vec is not None:
+                self._qcache[key] = vec  # most recent last
+                return vec
+        vec = self.embedder.embed([query])[0]
+        vec.setflags(write=False)  # shared by later recalls of the same query
+        with self._qlock:
+            self._qcache[key] = vec
+            while len(self._qcache) > QUERY_CACHE:
+                self._qcache.pop(next(iter(self._qcache)))
+        return vec
 
     def reembed(self, embedder: Embedder | str, *, base_url: str | None = None, api_key: str | None = None,
                 batch_size: int = 256, progress: Any = None) -> dict[str, Any]:
@@ -387,7 +408,7 @@ class Memory:
         out = {"relational": out["records"], "buffer": out["buffer"], "injected": out["articles"], **out}
         out.update(consolidations=st.get("consolidations", 0), cursor=st.get("cursor", 0), backend=self.backend,
                    embedder=self.embedder.name, vector_search="pgvector" if self.store.pgvector else (
-                       "hnswlib" if out["records"] >= self._records.ann_threshold else "numpy exact"))
+                       "usearch" if out["records"] >= self._records.ann_threshold else "numpy exact"))
         return out
 
 
