@@ -198,7 +198,7 @@ class EngrainSide:
         if pg is not None:
             if not mp.ready(pg, n):
                 print(f"  building the PostgreSQL store of {n} (COPY, then HNSW under nice) ...", flush=True)
-                self.info = mp.build(pg, n, texts, vecs, Lookup.name, Lookup.dim, a.pg_build_mem, a.pg_workers)
+                self.info = mp.build(pg, n, texts, vecs, emb.name, emb.dim, a.pg_build_mem, a.pg_workers)
                 self.info["bulk"] = n / self.info["load_s"]
             url = mp.store_url(pg, n)
             self.info["warm_s"] = mp.warm(pg, n)

@@ -76,7 +76,7 @@ def queries(n: int, size: int) -> list[str]:
 
 
 def pool() -> tuple[list[str], np.ndarray]:
-    """The pool sentences and their exact embeddings (embedded once in batches of 64, then cached)."""
+    """The pool sentences and their exact embeddings (embedded once, then cached)."""
     from engrain._memory.embed import default_embedder
 
     texts = sentences(POOL, 1)
@@ -88,7 +88,6 @@ def pool() -> tuple[list[str], np.ndarray]:
             return texts, v
     t = time.perf_counter()
     e = default_embedder()
-    e.batch_size = 64  # type: ignore[attr-defined]
     v = e.embed(texts)
     print(f"  (embedded the {POOL}-sentence pool in {time.perf_counter() - t:.0f}s; cached in {f})", flush=True)
     np.save(f, v)

@@ -403,7 +403,8 @@ class Cached:
         self._mem: dict[str, np.ndarray] = {}
 
     def preload(self, texts: list[str], tag: str, cache: bool = True) -> None:
-        key = hashlib.sha256(("\n".join(texts) + self.name).encode()).hexdigest()[:16]
+        batch = getattr(self.inner, "batch_size", "")  # batches change a dynamically quantized model's vectors
+        key = hashlib.sha256(("\n".join(texts) + self.name + f"/{batch}").encode()).hexdigest()[:16]
         f = CACHE / f"quality-{tag}-{key}.npy"
         if not cache:
             self._mem.update(zip(texts, self.inner.embed(texts)))

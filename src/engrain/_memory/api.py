@@ -271,12 +271,14 @@ class Memory:
         best = max((r for _, _, r in text_hits), default=0.0)
         for tier, i, r in text_hits:
             cands.setdefault((tier, i), {"cos": None, "text": 0.0})["text"] = r / best if best > 0 else 0.0  # type: ignore[dict-item]
-        if rk.context > 0:
-            def around(ids: list[str], radius: int) -> tuple:
-                if self.store.pgvector:
-                    return self.store.pg_around(ids, radius, now, where)
-                return self._records.around(ids, radius, now, allow)
-            _ranking.add_context(cands, qv, w_text, rk, around, fetch)
+        def around(ids: list[str], radius: int) -> tuple:
+            if self.store.pgvector:
+                return self.store.pg_around(ids, radius, now, where)
+            return self._records.around(ids, radius, now, allow)
+
+        _ranking.fill_cosines(cands, qv, around)
+        _ranking.add_context(cands, qv, w_text, rk, around, fetch)
+        cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k)
         results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context)
         results = _ranking.add_neighbours(self, results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {

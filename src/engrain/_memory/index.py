@@ -58,6 +58,13 @@ _M, _EF_CONSTRUCTION, _EF = HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF
 log = logging.getLogger("engrain.memory")
 
 
+def _dot(mat: np.ndarray, vec: np.ndarray) -> np.ndarray:
+    """``mat @ vec`` on this thread: numpy hands a large matrix-vector product to OpenBLAS's threads, which
+    on a busy machine wait on each other (10k rows: 0.3 ms idle, 38 ms beside two busy processes; this
+    loop: 0.5 ms either way)."""
+    return np.einsum("ij,j->i", mat, vec)
+
+
 def _file_digest(path: Path) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
@@ -332,7 +339,7 @@ class VectorIndex:
         pos = pos[self._expires[pos] > now]
         if not len(pos):
             return []
-        sims = self._mat[pos] @ vec
+        sims = _dot(self._mat[pos], vec)
         kk = min(k, len(pos))
         top = np.argpartition(-sims, kk - 1)[:kk]
         top = top[np.argsort(-sims[top])]
@@ -350,7 +357,7 @@ class VectorIndex:
         if code is not None:
             mask &= self._skill_codes[:n] == code
         pos = np.flatnonzero(mask) if not mask.all() else None
-        sims = self._mat[:n] @ vec if pos is None else self._mat[pos] @ vec
+        sims = _dot(self._mat[:n], vec) if pos is None else _dot(self._mat[pos], vec)
         kk = min(k, sims.shape[0])
         if kk == 0:
             return []
@@ -372,7 +379,7 @@ class VectorIndex:
         labels = pos[ok]
         labels = labels[self._live(labels, code, now)]
         # Exact cosines from the float32 mirror (the graph's are bfloat16), in exact order.
-        sims = self._mat[labels] @ vec
+        sims = _dot(self._mat[labels], vec)
         order = np.argsort(-sims, kind="stable")
         labels, sims = labels[order], sims[order]
         if len(labels) < k and fetch < self._n:
