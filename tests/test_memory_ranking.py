@@ -124,3 +124,30 @@ def test_context_lifts_the_turn_beside_the_match(tmp_path, embedder):
         assert with_ctx.index(answer) < 3
     finally:
         mem.close()
+
+
+def test_prune_keeps_every_candidate_that_can_reach_the_top():
+    from engrain._memory.ranking import prune
+
+    cands = {("record", f"r{i}"): {"cos": c, "text": 0.0} for i, c in enumerate([0.9, 0.8, 0.7, 0.6, 0.2, 0.1])}
+    cands[("article", "a")] = {"cos": None, "text": 1.0}  # no cosine yet: kept
+    kept = prune(cands, w_text=0.1, context=0.0, keep=2)
+    # 2nd best match 0.56; priors add at most 0.15: 0.42 (cos 0.6) stays, 0.14 and 0.07 go
+    assert set(kept) == {("record", "r0"), ("record", "r1"), ("record", "r2"), ("record", "r3"), ("article", "a")}
+    assert prune(cands, 0.1, 0.0, keep=10) is cands
+
+
+def test_pruned_recall_ranks_as_the_full_one(tmp_path, embedder, monkeypatch):
+    from engrain._memory import ranking
+
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many([{"data": t, "skill": "chat", "hint": (i % 5) / 4} for i, t in enumerate(_turns() * 1)])
+        mem.remember_many([f"Ticket {i}: the printer on floor {i % 7} jams on A3 paper." for i in range(80)])
+        qs = ["what dog did Ben adopt?", "printer jams", "when is the report due?", "cello lessons"]
+        pruned = [[(h.id, h.score) for h in mem.recall(q, top_k=5)] for q in qs]
+        monkeypatch.setattr(ranking, "prune", lambda cands, *a: cands)
+        full = [[(h.id, h.score) for h in mem.recall(q, top_k=5)] for q in qs]
+        assert pruned == full
+    finally:
+        mem.close()
