@@ -41,10 +41,13 @@ evidence (on the chats, a conversation of the owner; the FAQ has no sessions).
 
 Methods, on the same store and the same embedder, in one run:
 * ``engrain``: ``Memory.recall`` (the public API: hybrid vector + full text, the
-  text weight set per query from the spread of the top cosines, ``_memory/fusion.py``);
+  text weight set per query from the spread of the top cosines, ``_memory/fusion.py``,
+  and each record's passage context, ``_memory/ranking.py``);
 * ``bm25``: the store's full-text search alone (SQLite FTS5 BM25);
 * ``dense``: the vector index alone (cosine);
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
+* ``before``, ``no-context``, ``square``: the previous ranking (spread^-2, no context), and today's
+  with one of its two changes undone (``VARIANTS``);
 then the ideas of issue 18, each measured, not assumed (``--ideas``, on the chat set):
 * ``rrf``: reciprocal-rank fusion of the dense and BM25 lists (k=60) in place of fixed weights;
 * ``expand``: neighbouring-turn expansion, ``recall(neighbours=True)`` (a hit lends 0.9 of its score to the
@@ -63,6 +66,15 @@ slice, 43 questions): dense any@10 .372 vs MiniLM .558, and ~110 ms per query em
 MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four in each
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
+
+Measured 2026-11-26 19:53 (load 9.7, 2 shared cores; default embedder, quantized; any@5 all@5 any@10
+sess@1): LoCoMo dev recall .655 .540 .754 .633, previous (w spread^-2, no context) .616 .497 .698
+.593, no context .624 .503 .706 .613, spread^-2 with context .630 .517 .740 .605, fixed 0.20 .644
+.506 .706 .650, BM25 .607 .494 .681 .675, dense .475 .384 .596 .429; chat recall .396 .238 .558
+.596, previous .356 .194 .469 .577; FAQ sv recall .524 .604 (any@10), previous .512 .594; FAQ en
+.813 .897, previous .811 .875, dense .815 .877. The shipped file computed in fp32 (18:50, same
+ranking): LoCoMo .675 .545 .768 .653, chat .406, FAQ sv .528, FAQ en .821. Embedding speed: the
+default 283 texts/s and 2.67 ms per query, the shipped file 122 texts/s and 12.34 ms.
 
 Usage:
     python bench/memory_quality.py [--sets locomo,chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
