@@ -252,3 +252,21 @@ def test_recent_query_vectors_are_reused(tmp_path, server):
     mem.recall("where is the coffee machine?")
     assert server.requests == calls + 1
     mem.close()
+
+
+def test_server_memory_uses_the_embedder_it_was_given(tmp_path, server, monkeypatch):
+    """``create_app(embedder=...)`` (``engrain serve --embedder``): the HTTP API's memory embeds through it."""
+    from fastapi.testclient import TestClient
+
+    from engrain._server import create_app
+
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)  # the SDK's own variable points openai: at the server
+    app = create_app(f"sqlite:///{tmp_path / 'e.db'}", routines_dir=tmp_path / "routines",
+                     embedder="openai:minilm-remote")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        for text in TEXTS:
+            assert c.post("/api/memory/remember", json={"data": text}).status_code == 200
+        hits = c.post("/api/memory/recall", json={"query": "when do we deploy?", "top_k": 1}).json()
+        assert "Tuesday" in hits[0]["content"]
+        assert c.get("/api/memory/stats").json()["embedder"] == "openai:minilm-remote"
+    assert server.texts >= len(TEXTS) + 1
