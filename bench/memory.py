@@ -63,7 +63,9 @@ row's JSON (1.5 s at 1M; ChromaDB 113 ms at 100k), PostgreSQL uses its GIN index
 
 Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain
-5.84 (4.99-9.10), ChromaDB 6.91 (6.64-7.42). The in-process graph (``--index-sizes``, memory_index.py,
+5.84 (4.99-9.10), ChromaDB 6.91 (6.64-7.42). Again at 20:04 (load 2.2-4.5): 10k engrain 6.01 (5.38-6.51),
+ChromaDB 6.45 (5.45-6.75); 100k engrain 5.10 (4.99-5.24), ChromaDB 8.24 (7.86-8.67); filtered 23.5 / 12.3 ms
+at 10k, 117 / 127 ms at 100k. The in-process graph (``--index-sizes``, memory_index.py,
 load 12-16): at 100k usearch bf16 builds in 120 s, adds 92 MB, searches 160 neighbours in 0.97 ms p50
 with recall@10 vs exact 0.983; hnswlib 50 s, 165 MB, 0.77 ms, 0.982. 1M was not rerun (its stores take
 an hour to build on the shared cores).
