@@ -100,7 +100,14 @@ def quantized_model(source: Path, cache: Path | None = None) -> Path:
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError as e:
         raise EmbeddingError("quantizing the embedding model needs onnx: pip install onnx") from e
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=cache, prefix=".probe-").close()
+    except OSError as e:  # a read-only home: the temp folder instead (same model, same vectors)
+        fallback = Path(tempfile.gettempdir()) / f"engrain-models-{os.getuid() if hasattr(os, 'getuid') else 0}"
+        if cache == fallback:
+            raise EmbeddingError(f"cannot write the quantized embedding model to {cache}: {e}") from e
+        return quantized_model(source, fallback)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".quantize-") as tmp:
         folded = Path(tmp) / "folded.onnx"
         opts = ort.SessionOptions()
