@@ -196,23 +196,29 @@ class Memory:
                where: dict[str, Any] | None = None, neighbours: bool = False) -> list[SearchResult]:
         """Records and articles most relevant to ``query``, best first.
 
-        ``score = 0.70·cos + w·text + 0.05·recency + 0.05·importance + 0.05·label``
-        where ``cos`` is the cosine between the query and item embeddings (floored
+        ``score = (match + context) / 2 + 0.05·recency + 0.05·importance + 0.05·label``
+        with ``match = 0.70·cos + w·text``, where ``cos`` is the cosine between the query and item embeddings (floored
         at 0), ``text`` the item's full-text rank (BM25 on SQLite, summed IDF of
         the matched words on PostgreSQL) divided by the best rank of this query
         (0 when the words do not match), ``w`` the query's text weight: 0.05 when
         its top 40 vector hits' cosines spread as an embedder's do on text it
-        knows (std 0.05), growing as the inverse square of that spread up to 0.5
+        knows (std 0.05), growing as the inverse cube of that spread up to 0.5
         when they bunch (words the embedder does not know: codes, jargon, another
-        language; see :mod:`engrain._memory.fusion`), ``recency`` is ``0.5 ** (age / half_life)`` (age since the
+        language; see :mod:`engrain._memory.fusion`). ``context`` is a record's
+        passage score: the mean of the two best matches among the records of its
+        skill stored within 4 of it, itself included (an article's: half its
+        match; see :mod:`engrain._memory.ranking`). ``recency`` is ``0.5 ** (age / half_life)`` (age since the
         record was stored or the article last rewritten), ``importance`` the
         item's ``hint`` from :meth:`remember` (an article's is its most
         important source's; 0.5 when none was given) and ``label`` is 1 when the
         item's label equals ``label``, else the share of ``label``'s words in the
         item's label (an article's label is its title). Candidates are the union
-        of the vector and full-text top hits. Full text matches any query word
+        of the vector and full-text top hits (at least 40 of each) and the
+        records beside the best of them. Full text matches any query word
         except words found in more than 1000 items: those carry almost no BM25
         weight and would make every search linear in the store's size.
+        ``Memory.ranking`` (:class:`~engrain._memory.ranking.Ranking`) holds the
+        weights, so a benchmark can switch a part off.
 
         Articles are the primary tier: a record already folded into an article
         is not returned beside it; its article is, scored by the better of the
@@ -228,9 +234,9 @@ class Memory:
         skill stored just before and after it (the turns around it, where an
         answer or its question usually sits), scored at ``NEIGHBOUR_SHARE`` of
         the hit's score, with ``provenance["neighbour_of"]``. On
-        bench/memory_quality.py it raises recall@10 from 0.47 to 0.50 and
-        all-evidence recall@10 from 0.27 to 0.39; it is off by default because
-        records that are independent facts have no meaningful neighbours.
+        bench/memory_quality.py's chats it raises all-evidence recall@10 from
+        0.38 to 0.44 (any@10 holds); it is off by default because records that
+        are independent facts have no meaningful neighbours.
 
         Every call leaves a recall event in
         the buffer, which the next :meth:`consolidate` uses to reconsolidate the
