@@ -67,8 +67,10 @@ N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-
 ChromaDB 6.45 (5.45-6.75); 100k engrain 5.10 (4.99-5.24), ChromaDB 8.24 (7.86-8.67); filtered 23.5 / 12.3 ms
 at 10k, 117 / 127 ms at 100k. The in-process graph (``--index-sizes``, memory_index.py,
 load 12-16): at 100k usearch bf16 builds in 120 s, adds 92 MB, searches 160 neighbours in 0.97 ms p50
-with recall@10 vs exact 0.983; hnswlib 50 s, 165 MB, 0.77 ms, 0.982. 1M was not rerun (its stores take
-an hour to build on the shared cores).
+with recall@10 vs exact 0.983; hnswlib 50 s, 165 MB, 0.77 ms, 0.982. At 1M (nice 19, load 1.4-5):
+usearch bf16 559 s, 981 MB, 874 MB file, 1.44 ms p50 (p95 2.25), recall@10 0.979; hnswlib 477 s, 1701 MB,
+1607 MB, 0.93 ms (1.12), 0.984. Recall at 1M beside ChromaDB was not rerun (its stores take over an hour
+to build on the shared cores).
 
 Targets: recall p50 <= 10 ms at 100k (SQLite), <= 15 ms at 1M on PostgreSQL. Usage:
     python bench/memory.py [--sizes 10000,100000,1000000] [--queries 200] [--single 100]
