@@ -1,14 +1,15 @@
 """Skill memory at 10k, 100k and 1M records: engrain on SQLite and on PostgreSQL + pgvector, beside ChromaDB.
 
-All three use the same embedder (engrain's all-MiniLM-L6-v2 int8 ONNX; the
-ChromaDB side loads ``src/engrain/_memory/embed.py`` by file path inside its own
-venv ``bench/.peers/chromadb``, which this script creates with pip) and the same
+All use engrain's all-MiniLM-L6-v2 embedding code (the ChromaDB side loads
+``src/engrain/_memory/embed.py`` by file path inside its own venv ``bench/.peers/chromadb``,
+which this script creates with pip; it embeds with the shipped int8-weight file computed
+in fp32, as both did before engrain's default was quantized for integer compute) and the same
 records (``memory_corpus.py``: a 20k-sentence pool embedded exactly, the rest
 joins two pool sentences with the normalised sum of their embeddings as vector;
 the run prints how close that is to the true embedding).
 
 Stores are built once and cached outside the repo, so re-measuring is fast:
-SQLite files (with their saved hnswlib graph) and ChromaDB folders under
+SQLite files (with their saved usearch graph) and ChromaDB folders under
 ``$ENGRAIN_BENCH_CACHE`` (default ``/var/tmp/engrain-bench``), named
 ``sqlite-<n>-<corpus digest>.db`` and ``chroma-<n>-<corpus digest>``
 (``memory_corpus.version``: a changed corpus gets new stores), each with a
@@ -60,9 +61,21 @@ recall@10 vs exact 0.970), ~0.5 ms for the article tier, ~0.3 ms of full text, t
 fetching candidates, scoring and the recall event. Filtered by metadata, SQLite scans every
 row's JSON (1.5 s at 1M; ChromaDB 113 ms at 100k), PostgreSQL uses its GIN index (22 ms).
 
+Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
+N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain
+5.84 (4.99-9.10), ChromaDB 6.91 (6.64-7.42). Again at 20:04 (load 2.2-4.5): 10k engrain 6.01 (5.38-6.51),
+ChromaDB 6.45 (5.45-6.75); 100k engrain 5.10 (4.99-5.24), ChromaDB 8.24 (7.86-8.67); filtered 23.5 / 12.3 ms
+at 10k, 117 / 127 ms at 100k. The in-process graph (``--index-sizes``, memory_index.py,
+load 12-16): at 100k usearch bf16 builds in 120 s, adds 92 MB, searches 160 neighbours in 0.97 ms p50
+with recall@10 vs exact 0.983; hnswlib 50 s, 165 MB, 0.77 ms, 0.982. At 1M (nice 19, load 1.4-5):
+usearch bf16 559 s, 981 MB, 874 MB file, 1.44 ms p50 (p95 2.25), recall@10 0.979; hnswlib 477 s, 1701 MB,
+1607 MB, 0.93 ms (1.12), 0.984. Recall at 1M beside ChromaDB was not rerun (its stores take over an hour
+to build on the shared cores).
+
 Targets: recall p50 <= 10 ms at 100k (SQLite), <= 15 ms at 1M on PostgreSQL. Usage:
     python bench/memory.py [--sizes 10000,100000,1000000] [--queries 200] [--single 100]
         [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--no-peer] [--build-only]
+        [--index-sizes 10000,100000]
 """
 
 from __future__ import annotations
@@ -88,10 +101,12 @@ PEER = ROOT / "bench" / ".peers" / "chromadb"
 class Lookup:
     """Embedder for the bulk fill only: returns the vectors embedded beforehand (same model), by text."""
 
-    name = "all-MiniLM-L6-v2-onnx-int8"
     dim = 384
 
     def __init__(self, texts: list[str], vecs: np.ndarray):
+        from engrain._memory.embed import default_embedder
+
+        self.name = default_embedder().name  # the store is the default model's, as the recalls open it
         self._by = dict(zip(texts, vecs))
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -139,7 +154,7 @@ def save_built(store: Path, info: dict) -> None:
 
 
 def sqlite_ready(path: Path, n: int) -> bool:
-    """The store holds all ``n`` records and its saved hnswlib graph (``bench:ready`` is written last)."""
+    """The store holds all ``n`` records and its saved usearch graph (``bench:ready`` is written last)."""
     import sqlite3
 
     if not path.exists():
@@ -153,7 +168,7 @@ def sqlite_ready(path: Path, n: int) -> bool:
 
 
 def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict:
-    """Fill a SQLite store with ``remember_many`` (batches of 2000), then build and save its hnswlib graph."""
+    """Fill a SQLite store with ``remember_many`` (batches of 2000), then build and save its usearch graph."""
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
     from engrain._memory.synth import ExtractiveSynthesizer
@@ -174,7 +189,7 @@ def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict
     mem.close()
     mem = Memory(url, embedder=default_embedder(), synthesizer=ExtractiveSynthesizer())
     t = time.perf_counter()
-    mem.recall("build the graph")  # past ANN_THRESHOLD rows: builds the hnswlib graph and saves it beside the file
+    mem.recall("build the graph")  # past ANN_THRESHOLD rows: builds the usearch graph and saves it beside the file
     info["graph_s"] = time.perf_counter() - t
     with mem.store.tx():
         mem.store._x("INSERT INTO engrain_mem_state (name, value) VALUES ('bench:ready', ?)", (n,))
@@ -196,7 +211,7 @@ class EngrainSide:
         if pg is not None:
             if not mp.ready(pg, n):
                 print(f"  building the PostgreSQL store of {n} (COPY, then HNSW under nice) ...", flush=True)
-                self.info = mp.build(pg, n, texts, vecs, Lookup.name, Lookup.dim, a.pg_build_mem, a.pg_workers)
+                self.info = mp.build(pg, n, texts, vecs, emb.name, emb.dim, a.pg_build_mem, a.pg_workers)
                 self.info["bulk"] = n / self.info["load_s"]
             url = mp.store_url(pg, n)
             self.info["warm_s"] = mp.warm(pg, n)
@@ -209,7 +224,7 @@ class EngrainSide:
         self.mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
         emb.embed(["warm up"])
         t = time.perf_counter()
-        self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the hnswlib graph
+        self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the usearch graph
         self.info["open_s"] = time.perf_counter() - t
         st = self.mem.stats()
         self.name = f"engrain {st['backend']} ({st['vector_search']})"
@@ -242,7 +257,7 @@ spec = importlib.util.spec_from_file_location("engrain_embed", sys.argv[1])
 embed = importlib.util.module_from_spec(spec); spec.loader.exec_module(embed)
 sys.path.insert(0, sys.argv[2])
 import memory_corpus as mc
-emb = embed.MiniLMEmbedder(); emb.embed(["warm up"])
+emb = embed.MiniLMEmbedder(quantized=False); emb.embed(["warm up"])  # the shipped file as it is (no onnx here)
 col = None
 def reply(x):
     sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
@@ -381,6 +396,8 @@ def measure(sides: list, qs: list[str], rounds: int, where_qs: list[tuple[str, d
     res = {id(s): {"lat": [], "round_p50": [], "wlat": [], "wfull": 0} for s in sides}
     for s in sides:  # warm up: caches, the first query plans
         s.recall(qs[:10])
+        if hasattr(s, "mem"):
+            s.mem._qcache.clear()  # the measured queries pay their embedding (recall caches recent ones)
     blk, wblk = max(1, len(qs) // rounds), max(1, len(where_qs) // rounds)
     for r in range(rounds):
         order = sides[r % len(sides):] + sides[:r % len(sides)]
@@ -451,6 +468,8 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="engrain only")
     ap.add_argument("--pg-build-mem", default="4GB", help="maintenance_work_mem for the HNSW build")
     ap.add_argument("--pg-workers", type=int, default=1, help="parallel workers for the HNSW build")
+    ap.add_argument("--index-sizes", default="",
+                    help="also compare the in-process graph, usearch beside hnswlib, at these sizes (memory_index.py)")
     ap.add_argument("--build-only", action="store_true",
                     help="build the missing SQLite stores and ChromaDB collections of these sizes, then exit")
     a = ap.parse_args()
@@ -537,6 +556,10 @@ def main() -> None:
     for n, name, info, *_ in rows:
         if "hnsw_s" in info:
             print(f"PostgreSQL {n}: HNSW build {info['hnsw_s']:.0f}s; index sizes {info.get('index_sizes')}")
+    if a.index_sizes:
+        import memory_index
+
+        memory_index.report([int(x) for x in a.index_sizes.split(",") if x.strip()])
     for n, name, _, _, (p50, _), *_ in rows:
         if n >= 1_000_000 and "postgres" in name:
             print(f"target recall p50 <= 15 ms at 1M on PostgreSQL: {'MET' if p50 <= 15 else 'NOT MET'} ({p50:.2f} ms)")

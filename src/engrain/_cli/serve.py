@@ -54,6 +54,10 @@ def serve(
         bool, typer.Option("--allow-fork", help="Let API clients fork runs the runtime executes (re-executes their later steps).")
     ] = False,
     upgrade: UpgradeOption = False,
+    embedder: Annotated[str | None, typer.Option(
+        "--embedder", envvar="ENGRAIN_EMBEDDER",
+        help="Memory's embedder: 'openai:<model>', 'ollama:<model>', 'sentence-transformers:<name>' (default: "
+             "the store's, else the shipped model).")] = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -64,7 +68,7 @@ def serve(
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
                          tools_dir=tools_dir, max_streams=max_streams, max_client_streams=max_client_streams,
-                         allow_fork=allow_fork, upgrade_agents=upgrade)
+                         allow_fork=allow_fork, upgrade_agents=upgrade, embedder=embedder)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]

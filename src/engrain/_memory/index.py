@@ -10,11 +10,12 @@ keeps its vectors and marks the missing rows deleted, because graph labels are
 row ``seq``s, which are never reused.
 
 Search is exact (one matrix-vector product in numpy) up to ``ann_threshold``
-rows, then approximate with an hnswlib graph (cosine via inner product on unit
-vectors), over-fetching and filtering by skill and TTL; when the filter leaves
-too few hits it falls back to the exact scan of the matching rows.
+rows, then approximate with a usearch HNSW graph (cosine via inner product on
+unit vectors; usearch ships wheels for Linux, macOS and Windows, where hnswlib
+needed a C++ compiler), over-fetching and filtering by skill and TTL; when the
+filter leaves too few hits it falls back to the exact scan of the matching rows.
 
-On SQLite the graph is persisted next to the database (``<db>.<tier>.hnsw``
+On SQLite the graph is persisted next to the database (``<db>.<tier>.usearch``
 plus a ``.json`` sidecar) so a new process loads it instead of rebuilding. The
 sidecar records what the graph covers (the store's identity, embedder,
 dimension, the tier's generation, the last ``seq`` it holds) and a digest of
@@ -25,6 +26,7 @@ it was saved are marked deleted on load, rows added since are topped up.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -39,17 +41,28 @@ import numpy as np
 
 from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
-#: Rows past which an hnswlib graph replaces the exact scan.
+#: Rows past which a usearch graph replaces the exact scan.
 ANN_THRESHOLD = 50_000
+#: How the graph stores its copy of the vectors: bfloat16 halves its memory and walks faster (the
+#: mirror keeps float32, and the hits' cosines are recomputed from it), at the same recall@10 vs exact
+#: (bench/memory_index.py).
+GRAPH_DTYPE = "bf16"
 
 #: Rows added to a graph since it was last saved, as a share of its size, past
 #: which it is saved again (saving rewrites the whole file, so not per append).
 SAVE_SLACK = 0.05
 
-_FORMAT = 2
+_FORMAT = 3  # 3: usearch (2 was hnswlib's file, ignored and rebuilt)
 _M, _EF_CONSTRUCTION, _EF = HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF
 
 log = logging.getLogger("engrain.memory")
+
+
+def _dot(mat: np.ndarray, vec: np.ndarray) -> np.ndarray:
+    """``mat @ vec`` on this thread: numpy hands a large matrix-vector product to OpenBLAS's threads, which
+    on a busy machine wait on each other (10k rows: 0.3 ms idle, 38 ms beside two busy processes; this
+    loop: 0.5 ms either way)."""
+    return np.einsum("ij,j->i", mat, vec)
 
 
 def _file_digest(path: Path) -> tuple[str, int]:
@@ -81,7 +94,7 @@ class VectorIndex:
         path = store.path
         if persist and store.backend == "sqlite" and path is not None and path.is_file():
             # PostgreSQL has no local directory of its own to cache in: its stores rebuild per process.
-            self.graph_path = path.with_name(f"{path.name}.{tier}.hnsw")
+            self.graph_path = path.with_name(f"{path.name}.{tier}.usearch")
         self._reset(-1)
 
     @property
@@ -98,6 +111,7 @@ class VectorIndex:
         self._pos: dict[str, int] = {}
         self._skill_codes = np.zeros(0, dtype=np.int32)
         self._skills: dict[str, int] = {}
+        self._by_skill: dict[int, list[int]] = {}  # mirror positions of each skill's rows, in seq order
         self._expires = np.zeros(0, dtype=np.float64)
         self._seqs = np.zeros(0, dtype=np.int64)
         self._ann: Any = None
@@ -140,9 +154,9 @@ class VectorIndex:
             self._last = int(seqs[-1])
         self._ann, self._ann_n, self._ann_last, self._saved_n = ann, ann_n, ann_last, saved
         if ann is not None:
-            for s in np.setdiff1d(old[old <= ann_last], seqs, assume_unique=True):
-                with contextlib.suppress(RuntimeError):  # already marked
-                    ann.mark_deleted(int(s))
+            gone = np.setdiff1d(old[old <= ann_last], seqs, assume_unique=True)
+            if len(gone):
+                ann.remove(gone.astype(np.uint64))
 
     def _append(self, seqs: np.ndarray, ids: list[str], skills: list[str], expires: np.ndarray,
                 mat: np.ndarray) -> None:
@@ -160,26 +174,29 @@ class VectorIndex:
         self._mat[self._n:need] = mat
         self._expires[self._n:need] = expires
         self._seqs[self._n:need] = seqs
-        self._skill_codes[self._n:need] = [self._skills.setdefault(s, len(self._skills)) for s in skills]
+        codes = [self._skills.setdefault(s, len(self._skills)) for s in skills]
+        self._skill_codes[self._n:need] = codes
+        for p, c in enumerate(codes, self._n):
+            self._by_skill.setdefault(c, []).append(p)
         self._ids.extend(ids)
         self._n = need
 
-    def _sync_ann(self) -> None:
-        import hnswlib
+    @staticmethod
+    def _new_graph(dim: int) -> Any:
+        from usearch.index import Index
 
+        return Index(ndim=dim, metric="ip", dtype=GRAPH_DTYPE, connectivity=_M, expansion_add=_EF_CONSTRUCTION,
+                     expansion_search=_EF)
+
+    def _sync_ann(self) -> None:
         if self._ann is None:
-            self._ann = hnswlib.Index(space="ip", dim=self._mat.shape[1])
-            self._ann.init_index(max_elements=max(2 * self._n, 1024), ef_construction=_EF_CONSTRUCTION, M=_M)
-            self._ann.set_ef(_EF)
+            self._ann = self._new_graph(self._mat.shape[1])
             self._ann_n = self._ann_last = 0
             self.builds += 1
         start = int(np.searchsorted(self._seqs[: self._n], self._ann_last, side="right"))
         if start < self._n:
-            need = self._ann_n + self._n - start
-            if need > self._ann.get_max_elements():
-                self._ann.resize_index(2 * need)
-            self._ann.add_items(self._mat[start:self._n], self._seqs[start:self._n])
-            self._ann_n = need
+            self._ann.add(self._seqs[start:self._n].astype(np.uint64), self._mat[start:self._n])
+            self._ann_n += self._n - start
             self._ann_last = int(self._seqs[self._n - 1])
 
     def _covered(self) -> bool:
@@ -188,12 +205,11 @@ class VectorIndex:
     def _meta(self, embedder: str) -> dict[str, Any]:
         """What a graph built for this store, tier, model and generation records (not what rows it holds)."""
         return {"format": _FORMAT, "store": self.store.identity(), "tier": self.tier, "embedder": embedder,
-                "dim": int(self._mat.shape[1]), "gen": self._gen, "M": _M, "ef_construction": _EF_CONSTRUCTION}
+                "dim": int(self._mat.shape[1]), "gen": self._gen, "M": _M, "ef_construction": _EF_CONSTRUCTION,
+                "dtype": GRAPH_DTYPE}
 
     def _load_ann(self, embedder: str) -> None:
         """Adopt the saved graph when it covers a prefix of the mirror; otherwise leave it to a rebuild."""
-        import hnswlib
-
         assert self.graph_path is not None and self.meta_path is not None
         if not self.meta_path.exists() or not self.graph_path.exists():
             return
@@ -212,32 +228,32 @@ class VectorIndex:
                             "rebuilding", self.graph_path)
                 return
             last, count = meta.get("last_seq"), meta.get("elements")
-            ann = hnswlib.Index(space="ip", dim=want["dim"])
-            ann.load_index(str(self.graph_path), max_elements=max(2 * self._n, int(count or 0) + 1024))
-            if ann.get_current_count() != count or not isinstance(last, int):
+            ann = self._new_graph(want["dim"])
+            ann.load(str(self.graph_path))
+            if len(ann) != count or ann.ndim != want["dim"] or not isinstance(last, int):
                 log.warning("ignoring %s: it holds %d vectors, its sidecar says %s; rebuilding",
-                            self.graph_path, ann.get_current_count(), count)
+                            self.graph_path, len(ann), count)
                 return
-            labels = np.asarray(ann.get_ids_list(), dtype=np.int64)
+            labels = np.asarray(ann.keys, dtype=np.int64)
             mine = self._seqs[: self._n]
             mine = mine[mine <= last]
             if len(np.setdiff1d(mine, labels)):
                 log.info("ignoring %s: it lacks rows this store has; rebuilding", self.graph_path)
                 return
-            for s in np.setdiff1d(labels, mine):  # deleted since it was saved
-                with contextlib.suppress(RuntimeError):
-                    ann.mark_deleted(int(s))
+            gone = np.setdiff1d(labels, mine)  # deleted since it was saved
+            if len(gone):
+                ann.remove(gone.astype(np.uint64))
         except (OSError, ValueError, RuntimeError, TypeError) as e:  # ValueError covers malformed JSON
             log.warning("ignoring unreadable %s (%s); rebuilding", self.graph_path, e)
             return
-        ann.set_ef(_EF)
+        ann.expansion_search = _EF  # a loaded file keeps usearch's default, not ours
         self._ann, self._ann_n, self._ann_last, self._saved_n = ann, int(count), last, int(count)
         self.loads += 1
 
     def _save_ann(self, embedder: str) -> None:
         """Write graph and sidecar atomically (temp files + ``os.replace``); failures only cost a rebuild later."""
         assert self.graph_path is not None and self.meta_path is not None
-        meta = {**self._meta(embedder), "last_seq": self._ann_last, "elements": self._ann_n}
+        meta = {**self._meta(embedder), "last_seq": self._ann_last, "elements": len(self._ann)}
         tmps: list[str] = []
         try:
             for _ in range(2):
@@ -247,7 +263,7 @@ class VectorIndex:
                 tmps.append(tmp)
                 # mkstemp makes the file private; give it the database's permissions instead.
                 os.chmod(tmp, self.store.path.stat().st_mode & 0o777)  # type: ignore[union-attr]
-            self._ann.save_index(tmps[0])
+            self._ann.save(tmps[0])
             meta["graph_sha256"], meta["graph_bytes"] = _file_digest(Path(tmps[0]))
             Path(tmps[1]).write_text(json.dumps(meta))
             # Graph first, sidecar second: a crash in between leaves a sidecar whose
@@ -288,6 +304,34 @@ class VectorIndex:
                     return hits
             return self._exact(vec, k, code, now)
 
+    def around(self, ids: list[str], radius: int, now: float, allow: set[str] | None = None
+               ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """The rows ``ids`` and the live rows of their skills within ``radius`` of them, in each skill's order.
+
+        Returns ``(ids, skill codes, ordinals, vectors)``: a row's ordinal is its
+        place among its skill's rows (what recall's passage context counts in).
+        ``allow`` keeps only those ids (a metadata filter's matches).
+        """
+        with self._lock:
+            if len(self._pos) != self._n:
+                self._pos = {rid: p for p, rid in enumerate(self._ids)}
+            found: dict[int, int] = {}
+            for rid in ids:
+                p = self._pos.get(rid)
+                if p is None:
+                    continue
+                rows = self._by_skill[int(self._skill_codes[p])]
+                o = bisect.bisect_left(rows, p)
+                for q in range(max(0, o - radius), min(len(rows), o + radius + 1)):
+                    found[rows[q]] = q
+            pos = np.fromiter(found, dtype=np.int64, count=len(found))
+            ords = np.fromiter(found.values(), dtype=np.int64, count=len(found))
+            keep = self._expires[pos] > now
+            if allow is not None:
+                keep &= np.fromiter((self._ids[p] in allow for p in pos), dtype=bool, count=len(pos))
+            pos, ords = pos[keep], ords[keep]
+            return [self._ids[p] for p in pos], self._skill_codes[pos].copy(), ords, self._mat[pos].copy()
+
     def _exact_among(self, vec: np.ndarray, k: int, allow: set[str], now: float) -> list[tuple[str, float]]:
         if len(self._pos) != self._n:
             self._pos = {rid: p for p, rid in enumerate(self._ids)}
@@ -295,7 +339,7 @@ class VectorIndex:
         pos = pos[self._expires[pos] > now]
         if not len(pos):
             return []
-        sims = self._mat[pos] @ vec
+        sims = _dot(self._mat[pos], vec)
         kk = min(k, len(pos))
         top = np.argpartition(-sims, kk - 1)[:kk]
         top = top[np.argsort(-sims[top])]
@@ -313,7 +357,7 @@ class VectorIndex:
         if code is not None:
             mask &= self._skill_codes[:n] == code
         pos = np.flatnonzero(mask) if not mask.all() else None
-        sims = self._mat[:n] @ vec if pos is None else self._mat[pos] @ vec
+        sims = _dot(self._mat[:n], vec) if pos is None else _dot(self._mat[pos], vec)
         kk = min(k, sims.shape[0])
         if kk == 0:
             return []
@@ -324,17 +368,20 @@ class VectorIndex:
 
     def _ann_search(self, vec: np.ndarray, k: int, code: int | None, now: float) -> list[tuple[str, float]] | None:
         # Past the rows the caller wants, room for those the mirror drops (expired, deleted since, another
-        # skill). Unfiltered, those are rare: 4x, with the walk's breadth (hnswlib's ef is max(ef, k)) at
-        # least twice ef_search; a skill filter drops most of what the graph returns: 8x.
+        # skill). Unfiltered, those are rare: 4x, with the walk's breadth (usearch walks max(expansion, count)
+        # wide) at least twice ef_search; a skill filter drops most of what the graph returns: 8x.
         fetch = min(self._n, max(4 * k, 2 * _EF) if code is None else max(8 * k, 64))
-        labels, dists = self._ann.knn_query(vec.reshape(1, -1), k=fetch)
-        seqs, sims = labels[0].astype(np.int64), 1.0 - dists[0]
+        found = self._ann.search(vec, fetch, threads=1)  # one query: a thread pool only adds hand-offs
+        seqs = np.asarray(found.keys, dtype=np.int64)
         pos = np.searchsorted(self._seqs[: self._n], seqs)
         ok = pos < self._n
         ok[ok] = self._seqs[pos[ok]] == seqs[ok]  # a row deleted by another process since this mirror loaded
-        labels, sims = pos[ok], sims[ok]
-        keep = self._live(labels, code, now)
-        labels, sims = labels[keep], sims[keep]
+        labels = pos[ok]
+        labels = labels[self._live(labels, code, now)]
+        # Exact cosines from the float32 mirror (the graph's are bfloat16), in exact order.
+        sims = _dot(self._mat[labels], vec)
+        order = np.argsort(-sims, kind="stable")
+        labels, sims = labels[order], sims[order]
         if len(labels) < k and fetch < self._n:
             return None  # the filter is selective: the exact scan of the matching rows is both right and cheap
         return [(self._ids[int(p)], float(s)) for p, s in zip(labels[:k], sims[:k])]

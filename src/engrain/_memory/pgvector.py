@@ -18,9 +18,9 @@ import numpy as np
 from . import filters as _filters
 from .items import from_blob
 
-#: HNSW parameters, shared by pgvector's index and the in-process hnswlib graph. ef 80: at 1M records
+#: HNSW parameters, shared by pgvector's index and the in-process usearch graph. ef 80: at 1M records
 #: (bench/memory.py) recall@10 against exact search is 0.972 (96: 0.976, 64: 0.964), and each step
-#: down from 96 saves ~1 ms of the graph walk. hnswlib walks with max(ef, neighbours asked), and
+#: down from 96 saves ~1 ms of the graph walk. usearch walks with max(ef, neighbours asked), and
 #: recall asks it for >= 160, so the in-process path keeps its recall.
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 80
 #: A filtered pgvector search expected to keep at most this many rows ranks them all exactly instead of
@@ -138,6 +138,37 @@ class PgVectorSearch:
                 if len(rows) < limit and (tier == "record" or skill is not None or limit > HNSW_EF):
                     rows = self._x(exact, (*qparams, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
+
+    def pg_around(self, ids: list[str], radius: int, now: float, where: dict[str, Any] | None = None
+                  ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`VectorIndex.around <engrain._memory.index.VectorIndex.around>` in SQL (stores with no mirror).
+
+        One round trip: for each record, the ``radius`` live records of its skill
+        stored before it and after it (the ``(skill, seq)`` btree). Ordinals come
+        from those runs (:func:`.ranking.ordinals_from_runs`).
+        """
+        from .ranking import ordinals_from_runs
+
+        if not ids:
+            return [], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        side = ("(SELECT r.id, r.skill, r.seq, r.embedding, r.metadata FROM engrain_mem_records r WHERE "
+                "r.skill = c.skill AND r.seq {} c.seq AND (r.expires IS NULL OR r.expires > ?) ORDER BY r.seq {} LIMIT ?)")
+        sql = (f"SELECT c.seq, n.id, n.skill, n.seq, n.embedding, n.metadata FROM engrain_mem_records c "
+               f"CROSS JOIN LATERAL ({side.format('<', 'DESC')} UNION ALL {side.format('>=', 'ASC')}) n "
+               "WHERE c.id = ANY(?)")
+        with self._lock:
+            rows = self._x(sql, (now, radius, now, radius + 1, list(ids))).fetchall()
+        runs: dict[int, list[tuple[str, int]]] = {}
+        rec: dict[tuple[str, int], tuple[str, Any, str]] = {}
+        for anchor, rid, skill, seq, emb, meta in rows:
+            runs.setdefault(anchor, []).append((skill, seq))
+            rec[(skill, seq)] = (rid, emb, meta)
+        ords = ordinals_from_runs([sorted(r) for r in runs.values()], radius)
+        keys = [k for k in sorted(rec) if not where or _filters.matches(json.loads(rec[k][2]), where)]
+        codes: dict[str, int] = {}
+        groups = np.array([codes.setdefault(k[0], len(codes)) for k in keys], dtype=np.int64)
+        vecs = np.stack([from_blob(rec[k][1]) for k in keys]) if keys else np.zeros((0, 0), np.float32)
+        return [rec[k][0] for k in keys], groups, np.array([ords[k] for k in keys], dtype=np.int64), vecs
 
     def _literal(self, vec: np.ndarray) -> str:
         """``_vec_literal(vec)``, remembered for the next call: a recall searches both tiers with one vector."""

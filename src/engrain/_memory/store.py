@@ -73,6 +73,7 @@ CREATE TABLE IF NOT EXISTS engrain_mem_records (
     tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', hint || ' ' || content)) STORED,
     UNIQUE (skill, digest));
 DROP INDEX IF EXISTS engrain_mem_records_tsv;
+CREATE INDEX IF NOT EXISTS engrain_mem_records_skill_seq ON engrain_mem_records (skill, seq);
 CREATE INDEX IF NOT EXISTS engrain_mem_records_meta ON engrain_mem_records USING GIN ((metadata::jsonb) jsonb_path_ops);
 CREATE TABLE IF NOT EXISTS engrain_mem_articles (
     seq BIGSERIAL PRIMARY KEY,
@@ -96,6 +97,14 @@ CREATE INDEX IF NOT EXISTS engrain_mem_text_tsv ON engrain_mem_text USING GIN (t
 _REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding, importance"
 _ART_COLS = ("seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding,"
              " importance")
+def open_store(url: str) -> MemoryStore:
+    """Memory's tables in the database of the journal URL ``url``."""
+    from .._journal import parse_url
+
+    backend, target, _ = parse_url(url)
+    return MemoryStore("sqlite", path=target) if backend == "sqlite" else MemoryStore("postgres", url=target)
+
+
 class MemoryStore(TextSearch, PgVectorSearch):
     """Memory's tables on one database; ``url`` is a journal URL, ``path`` the SQLite file."""
 
@@ -191,6 +200,13 @@ class MemoryStore(TextSearch, PgVectorSearch):
             if self.pgvector:
                 self._pg_vector_index(dim)
 
+    def bound_embedder(self) -> str | None:
+        """The name of the embedder that filled this store (None for a new store)."""
+        with self._lock:
+            row = self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ? ORDER BY name LIMIT 1",
+                          ("embedder:%",)).fetchone()
+        return row[0][9:] if row else None
+
     def identity(self) -> str:
         """A random name this store got when it was created (tells a cached file from another store's)."""
         with self._lock:
@@ -226,16 +242,24 @@ class MemoryStore(TextSearch, PgVectorSearch):
 
     # -- records and deposits -------------------------------------------------
 
-    def add_records(self, rows: Sequence[dict[str, Any]], now: float) -> list[tuple[str, bool]]:
+    def add_records(self, rows: Sequence[dict[str, Any]], now: float, embedder: str | None = None
+                    ) -> list[tuple[str, bool]]:
         """Insert records and their buffer deposits in one transaction.
 
         Each row has ``id, skill, content, hint, metadata, digest, expires, embedding``.
         Returns ``(id, inserted)`` per row; a row whose ``(skill, digest)`` exists
         returns the stored id with ``inserted=False`` (and extends its TTL when the
-        new one lasts longer).
+        new one lasts longer). ``embedder`` (the vectors' embedder) must still be
+        the store's: a store moved to another since this process opened it refuses them.
         """
         out: list[tuple[str, bool]] = []
         with self.tx():
+            if embedder is not None and not self._x("SELECT 1 FROM engrain_mem_state WHERE name = ?",
+                                                    (f"embedder:{embedder}",)).fetchone():
+                from .._errors import ConfigError
+
+                raise ConfigError(f"this memory store was moved to the embedder {self.bound_embedder()!r} since it "
+                                  f"was opened with {embedder!r}; open it again")
             for r in rows:
                 got = self._x("SELECT id, expires FROM engrain_mem_records WHERE skill = ? AND digest = ?",
                               (r["skill"], r["digest"])).fetchone()
@@ -302,15 +326,17 @@ class MemoryStore(TextSearch, PgVectorSearch):
                     "INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) SELECT 'recall', ?, NULL, ?, ? FROM s",
                     (skill, json.dumps(data), now))
 
-    def records(self, ids: Sequence[str]) -> dict[str, Record]:
-        """The records with these ids (missing ones are absent)."""
+    def records(self, ids: Sequence[str], vectors: bool = True) -> dict[str, Record]:
+        """The records with these ids (missing ones are absent); ``vectors=False`` leaves ``embedding`` empty
+        (a recall that has every cosine already reads 40 fewer kB)."""
         out: dict[str, Record] = {}
         ids = list(ids)
+        cols = _REC_COLS if vectors else _REC_COLS.replace("embedding", "x''" if self.backend == "sqlite" else "''::bytea")
         with self._lock:
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 marks = ",".join("?" * len(chunk))
-                for row in self._x(f"SELECT {_REC_COLS} FROM engrain_mem_records WHERE id IN ({marks})", chunk):
+                for row in self._x(f"SELECT {cols} FROM engrain_mem_records WHERE id IN ({marks})", chunk):
                     out[row[1]] = _record(row)
         return out
 

@@ -238,6 +238,7 @@ def create_app(
     max_client_streams: int | None = None,
     allow_fork: bool = False,
     upgrade_agents: bool = False,
+    embedder: str | None = None,
 ) -> FastAPI:
     """The engrain HTTP API (and web UI) over the store at ``url``.
 
@@ -261,7 +262,9 @@ def create_app(
     The web UI's static files are served at ``/`` from ``ui_dir`` (default: the
     package's ``_server/ui`` folder) when it exists. At most ``max_streams`` SSE
     streams are open at once, ``max_client_streams`` per client address (429
-    past either; defaults in :mod:`engrain._server.streams`).
+    past either; defaults in :mod:`engrain._server.streams`). ``embedder`` is memory's
+    model string (``"openai:text-embedding-3-small"``, ...; default: the one the
+    store was filled with, else ``$ENGRAIN_EMBEDDER``, else the shipped model).
     """
     token = token if token is not None else (os.environ.get("ENGRAIN_TOKEN") or None)
     if not is_loopback(host) and not token:
@@ -287,6 +290,7 @@ def create_app(
     state.slots = StreamSlots(max_streams or MAX_STREAMS, max_client_streams or MAX_CLIENT_STREAMS)
     state.hub = StreamHub(lambda: state.journal)
     state.allow_fork = bool(allow_fork)
+    state.embedder = embedder
     from .llm_agents import LLMAgents, build_tools
 
     state.llm_agents = LLMAgents(state, build_tools(tools, str(tools_dir) if tools_dir else None))

