@@ -17,6 +17,8 @@ import pytest
 
 import engrain as eg
 from engrain._agent.loop import EmptyReplyError
+from minted import token
+
 from engrain._agent.scripted import Reply, ScriptedModel, say, tool_call, tool_calls
 from engrain._agent.volatile import Replayer, result_check
 
@@ -49,7 +51,7 @@ class Mailbox:
 
     def send_email(self, to: str, subject: str) -> dict:
         """Send an email."""
-        item = {"id": f"msg_{uuid.uuid4().hex[:12]}", "to": to, "subject": subject, "sent_at": _now()}
+        item = {"id": f"msg_{token(12)}", "to": to, "subject": subject, "sent_at": _now()}
         self.sent.append(item)
         return item
 
@@ -350,7 +352,7 @@ class Office:
     def send_email(self, to: str, subject: str) -> dict:
         """Send an email."""
         self.log.append(("send", to, subject))
-        return {"id": f"msg_{uuid.uuid4().hex[:12]}", "to": to, "sent_at": _now()}
+        return {"id": f"msg_{token(12)}", "to": to, "sent_at": _now()}
 
     def create_file(self, name: str) -> dict:
         """Create a file."""

@@ -14,6 +14,8 @@ import uuid
 import pytest
 
 import engrain as eg
+from minted import token
+
 from engrain._agent.scripted import Reply, ScriptedModel, say, tool_call, tool_calls
 from engrain._agent.volatile import Replayer
 
@@ -75,7 +77,7 @@ def test_a_status_inside_an_id_is_not_a_generated_difference(model, journal):
 
     def charge(order: str) -> dict:
         """Charge an order."""
-        return {"charge": f"ch_{state['status']}_{uuid.uuid4().hex[:8]}", "order": order}
+        return {"charge": f"ch_{state['status']}_{token(8)}", "order": order}
 
     model.script = lambda api, body: (
         tool_call("charge", order="o-1") if not _results(body)
@@ -90,7 +92,7 @@ def test_a_code_that_differs_in_a_few_characters_is_not_a_fresh_id(model, journa
 
     def add_to_cart(product: str) -> dict:
         """Add a product to the cart."""
-        return {"added": sku["v"], "cart_id": f"cart_{uuid.uuid4().hex[:10]}"}
+        return {"added": sku["v"], "cart_id": f"cart_{token(10)}"}
 
     model.script = lambda api, body: (
         tool_call("add_to_cart", product="phone 15 pro 256") if not _results(body)
@@ -214,7 +216,7 @@ def test_write_stamps_of_the_call_still_do_not_end_a_replay(model, journal):
         """Send an email."""
         sent.append(to)
         now = time.time()
-        return {"id": f"msg_{uuid.uuid4().hex[:12]}", "to": to, "sent_at": _iso(now), "created": int(now),
+        return {"id": f"msg_{token(12)}", "to": to, "sent_at": _iso(now), "created": int(now),
                 "uuid": str(uuid.uuid4()), "timestamp": _iso(now, zone=False)}
 
     model.script = [tool_call("send_email", to="ann@example.com"), say("Sent.")]
@@ -308,7 +310,7 @@ def test_an_edited_plan_never_runs_a_call_on_a_value_taken_from_a_result_in_anot
     def send_email(to: str, subject: str) -> dict:
         """Send an email."""
         log.append(("send", to))
-        return {"id": f"msg_{uuid.uuid4().hex[:12]}", "to": to}
+        return {"id": f"msg_{token(12)}", "to": to}
 
     def policy(name):
         def respond(api, body):
@@ -499,7 +501,7 @@ def test_a_replay_resumed_later_decides_as_the_first_attempt_did(model, journal,
 
     def send_email(to: str) -> dict:
         """Send an email."""
-        return {"id": f"msg_{uuid.uuid4().hex[:12]}", "to": to, "sent_at": _iso(time.time())}
+        return {"id": f"msg_{token(12)}", "to": to, "sent_at": _iso(time.time())}
 
     def note(text: str) -> str:
         """Write a note."""
