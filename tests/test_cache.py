@@ -75,6 +75,21 @@ def test_miss_then_hit_with_identical_side_effects(store_url):
     assert stats["hits"] == 1 and stats["misses"] == 1 and stats["entries"] == 1
 
 
+def test_a_step_mode_call_creates_its_run_without_reading_it_back(store_url, monkeypatch):
+    # A run id the engine makes is new, so nothing is read for it; a given one is still read and resumed.
+    world = World()
+    engine, calls = make_engine(store_url, world)
+    engine("fill the form: Ada")
+    read: list[str] = []
+    real = engine.journal.read_raw
+    monkeypatch.setattr(engine.journal, "read_raw", lambda run_id, *a, **k: read.append(run_id) or real(run_id, *a, **k))
+    world.screen = "login"
+    hit = engine("fill the form: Ada")
+    assert hit and hit.run_id not in read
+    again = engine("fill the form: Ada", run_id=hit.run_id)
+    assert hit.run_id in read and again.output == hit.output and calls["agent"] == 1
+
+
 def test_different_task_and_tags_never_share_a_trajectory(store_url):
     world = World()
     engine, calls = make_engine(store_url, world)

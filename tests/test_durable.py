@@ -374,6 +374,48 @@ def test_runs_share_one_renewal_thread(journal):
     assert lease_mod._renewer._leases == {}  # every run unregistered
 
 
+def test_short_runs_do_not_wake_the_renewal_thread(journal, monkeypatch):
+    # An idle renewal thread sleeps a default lease's renewal interval, not until woken: a run's
+    # lease is due no sooner, so registering it wakes nothing (a thread switch per run otherwise).
+    import engrain._durable.lease as lease_mod
+
+    eg.run(lambda task: None, "t", run_id="w0", journal=journal)  # the thread exists
+    time.sleep(0.05)  # and sleeps with no lease
+    woken = []
+    cond = lease_mod._renewer._cond
+    real = cond.notify_all
+    monkeypatch.setattr(cond, "notify_all", lambda: woken.append(1) or real())
+    for k in range(30):
+        assert eg.run(lambda task: task, "t", run_id=f"w{k + 1}", journal=journal).status == "ok"
+    assert woken == [] and lease_mod._renewer._leases == {}
+
+
+def test_a_completion_records_the_step_as_before(journal, calls):
+    # A first attempt's completion carries its type, arguments, start and argument digest; a retried one
+    # also its attempt number; an at-most-once step's (whose durable start has the rest) only its result.
+    add, _ = make_tools(calls, eg.ToolRegistry())
+    flaky_calls = []
+
+    @eg.tool(retries=1, backoff=0, registry=eg.ToolRegistry())
+    def flaky(x: int) -> int:
+        flaky_calls.append(x)
+        if len(flaky_calls) == 1:
+            raise ValueError("once")
+        return x
+
+    @eg.tool(at_most_once=True, registry=eg.ToolRegistry())
+    def pay(x: int) -> int:
+        return x
+
+    r = eg.run(lambda task: add(1) + flaky(2) + pay(3), "t", run_id="c1", journal=journal)
+    assert r.output == 11 + 2 + 3
+    done = [e.data for e in journal.read("c1") if e.kind == "step.completed"]
+    assert list(done[0]) == ["call_id", "result", "type", "args", "started", "ad"]
+    assert done[0]["args"] == {"a": 1, "b": 10} and done[0]["type"] == "tool" and done[0]["result"] == 11
+    assert list(done[1]) == ["call_id", "result", "type", "args", "started", "ad", "attempt"] and done[1]["attempt"] == 2
+    assert list(done[2]) == ["call_id", "result"] and done[2]["result"] == 3
+
+
 def test_a_long_run_keeps_its_lease_alive(journal):
     from engrain._durable.lease import Lease
 

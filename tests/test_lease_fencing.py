@@ -75,6 +75,20 @@ def test_a_stale_holders_append_is_refused_and_writes_nothing(journal):
     journal.append("r", [_step(3)], 5)
 
 
+def test_sqlite_fence_refuses_a_run_with_no_row_and_passes_the_holders_steps(journal):
+    # SQLite's fence trigger: a run with no runs row has no epoch, which is not the fence's, so
+    # the append is refused (PostgreSQL creates that run: not asserted here).
+    if journal.backend != "sqlite":
+        pytest.skip("the fence trigger is SQLite's")
+    with pytest.raises(eg.LeaseLostError):
+        journal.append("ghost", [_started()], 0, fence=1)
+    assert journal.get_run("ghost") is None
+    journal.append("held", [_started()], 0, lease=("w1", 30))
+    for seq in range(1, 4):  # the holder's fenced appends land, one by one
+        journal.append_one("held", "step.started", "work", {"call_id": seq - 1, "type": "tool", "args": {}}, seq, fence=1)
+    assert journal.get_run("held").next_seq == 4
+
+
 def test_a_fence_is_per_run_and_forgotten_with_the_run(journal):
     """The fence a writer last used for a run never blocks another run, nor the same id made again."""
     import time

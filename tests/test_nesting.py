@@ -36,6 +36,24 @@ def test_journal_refuses_deep_data_and_accepts_the_limit(journal):
     assert len(journal.read("r")) == 2
 
 
+def test_journal_refuses_the_shortest_too_deep_value(journal):
+    # Only texts longer than 2 * MAX_DEPTH are searched for depth: the shortest too-deep value
+    # (bare lists, MAX_DEPTH + 1 containers with the event's dict) is still one of them.
+    def lists(n: int) -> object:
+        v: object = 0
+        for _ in range(n):
+            v = [v]
+        return v
+
+    journal.append("r", [eg.NewEvent("run.started", "", {"task": "t"})], 0)
+    with pytest.raises(eg.JSONTooDeepError):
+        journal.append_one("r", "step.completed", "t", {"r": lists(MAX_DEPTH)}, 1)
+    with pytest.raises(eg.JSONTooDeepError):
+        journal.append("r", [eg.NewEvent("step.completed", "t", {"r": lists(MAX_DEPTH)})], 1)
+    journal.append_one("r", "step.completed", "t", {"r": lists(MAX_DEPTH - 1)}, 1)  # at the limit
+    assert [e.data for e in journal.read("r")][1] == {"r": lists(MAX_DEPTH - 1)}
+
+
 def test_deep_tool_result_fails_the_step_not_the_store(tmp_path):
     j = eg.open(f"sqlite:///{tmp_path / 'd.db'}")
     reg = eg.ToolRegistry()

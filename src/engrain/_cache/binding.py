@@ -108,8 +108,9 @@ def _occurrences(s: str, needle: str) -> list[tuple[int, int]]:
 def canonical_task(task: str, params: dict[str, Any]) -> str:
     """The task with strong param values replaced by placeholders and whitespace collapsed (the lookup shape)."""
     text = " ".join(task.split())
-    if "{{" in text or "}}" in text:
-        return text  # a placeholder could not be told from the text; the key says "no placeholders"
+    if not params or "{{" in text or "}}" in text:
+        # No params: nothing to replace. Placeholders: one could not be told from the text; the key says "no placeholders".
+        return text
     return _fill(text, _in_text(text, params))
 
 

@@ -390,10 +390,9 @@ class Engine:
         key_tags = [*tags_l, f"engrain.namespace={self.namespace}"] if self.namespace else tags_l
         s = Session(self, "" if self.match == "tags" else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs)
         task = text
-        rid = run_id or new_run_id()
         run_tags = ["engrain.cache", *tags_l]
         if self._agent_async:
-            return self._acall(s, task, rid, run_tags)
+            return self._acall(s, task, run_id, run_tags)
 
         def agent(task: str) -> Any:
             token = current_session.set(s)
@@ -403,12 +402,13 @@ class Engine:
                 current_session.reset(token)
 
         if self.durability == "step":
-            res = run(agent, task, run_id=rid, tags=run_tags, journal=self.journal)
+            # A run id made here is new: run() then creates the run without first reading it back.
+            res = run(agent, task, run_id=run_id, tags=run_tags, journal=self.journal)
         else:
-            res = run_batched(agent, task, run_id=rid, tags=run_tags, journal=self.journal, write=self.durability == "run")
+            res = run_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal, write=self.durability == "run")
         return self._outcome(s, res)
 
-    async def _acall(self, s: Session, task: str, rid: str, run_tags: list[str]) -> Outcome:
+    async def _acall(self, s: Session, task: str, run_id: str | None, run_tags: list[str]) -> Outcome:
         async def agent(task: str) -> Any:
             token = current_session.set(s)
             try:
@@ -417,9 +417,9 @@ class Engine:
                 current_session.reset(token)
 
         if self.durability == "step":
-            res = await run_async(agent, task, run_id=rid, tags=run_tags, journal=self.journal)
+            res = await run_async(agent, task, run_id=run_id, tags=run_tags, journal=self.journal)
         else:
-            res = await arun_batched(agent, task, run_id=rid, tags=run_tags, journal=self.journal, write=self.durability == "run")
+            res = await arun_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal, write=self.durability == "run")
         return self._outcome(s, res)
 
     def _outcome(self, s: Session, res: Any) -> Outcome:

@@ -152,7 +152,7 @@ class Session:
         eng, store = self.engine, self.engine.store
         store.bump("lookups")
         canon = self.canon or canonical_task(self.task, self.params)
-        cands = eng.metrics.timed(("query",), self._candidates, canon)
+        cands = self._candidates(canon) if not eng.metrics.enabled else eng.metrics.timed(("query",), self._candidates, canon)
         how = "exact"
         if not cands and eng.embedder is not None:
             similar = eng._semantic(canon, self.tags)

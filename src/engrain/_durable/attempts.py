@@ -96,13 +96,19 @@ class StepWriter:
             except NotJSONError as e:
                 self._fail(p, e)
                 raise
-        data = {"call_id": p.call_id, "result": result}
-        if meta:
-            data.update(meta)  # e.g. a UDF's source, journaled with its first completion
+        if not meta and not p.logged and p.attempt == 1:
+            # The usual step (completion only, first attempt): its data built at once, keys in _outcome's order.
+            data = {"call_id": p.call_id, "result": result, "type": p.type, "args": p.args, "started": p.started}
+            if p.digest is not None:
+                data["ad"] = p.digest
+        else:
+            data = {"call_id": p.call_id, "result": result}
+            if meta:
+                data.update(meta)  # e.g. a UDF's source, journaled with its first completion
+            data = self._outcome(p, data)
         # The result was checked above and the arguments when the step began: a meta's are the caller's.
         try:
-            self.append(ev.STEP_COMPLETED, p.name, self._outcome(p, data), durable=durable, json_checked=not meta,
-                        wait=wait)
+            self.append(ev.STEP_COMPLETED, p.name, data, durable=durable, json_checked=not meta, wait=wait)
         except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
             self._fail(p, e)
             raise

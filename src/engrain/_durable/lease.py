@@ -156,6 +156,10 @@ class Lease:
                 pass
 
 
+#: How long the renewal thread sleeps with no lease to renew (see ``_Renewer._loop``).
+_IDLE_WAKE = DEFAULT_TTL / 3
+
+
 class _Renewer:
     """The process's lease renewal thread and the leases it keeps alive.
 
@@ -194,8 +198,12 @@ class _Renewer:
                 now = time.monotonic()
                 due = [lease for lease in self._leases.values() if lease.due <= now]
                 if not due:
-                    self._wake = min((lease.due for lease in self._leases.values()), default=math.inf)
-                    cond.wait(None if self._wake == math.inf else self._wake - now)
+                    # With no lease, wake anyway a default lease's first renewal interval from now: a
+                    # default lease added later is due no sooner, so adding it wakes nothing. (Sleeping
+                    # until notified made every short run wake the thread, which then found the run
+                    # gone and slept until the next one woke it: a thread switch per run.)
+                    self._wake = min((lease.due for lease in self._leases.values()), default=now + _IDLE_WAKE)
+                    cond.wait(self._wake - now)
                     continue
                 self._wake = -math.inf
                 for lease in due:

@@ -53,12 +53,13 @@ _INSERTS = {n: _INTO + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _
 # so a fenced step is still one plain INSERT: an INSERT ... SELECT reading
 # ``runs`` (which the events triggers write) is materialized first, ~10 µs a step.
 _FENCE_TABLE = "CREATE TEMP TABLE IF NOT EXISTS engrain_fence (run_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL)"
+# The whole test is in WHEN (NULL, so false, for a run without a fence): the body, a
+# trigger program of its own, runs only to refuse an append, not on every fenced step.
 _FENCE_TRIGGER = """CREATE TEMP TRIGGER IF NOT EXISTS engrain_fenced BEFORE INSERT ON main.events
-WHEN EXISTS (SELECT 1 FROM temp.engrain_fence WHERE run_id = NEW.run_id)
+WHEN (SELECT f.epoch IS NOT r.lease_epoch FROM temp.engrain_fence AS f LEFT JOIN main.runs AS r ON r.run_id = f.run_id
+      WHERE f.run_id = NEW.run_id)
 BEGIN
-    SELECT RAISE(ABORT, 'engrain:fenced')
-    WHERE (SELECT epoch FROM temp.engrain_fence WHERE run_id = NEW.run_id)
-        IS NOT (SELECT lease_epoch FROM main.runs WHERE run_id = NEW.run_id);
+    SELECT RAISE(ABORT, 'engrain:fenced');
 END"""
 _FENCE_SET = "INSERT OR REPLACE INTO temp.engrain_fence (run_id, epoch) VALUES (?, ?)"
 _FENCE_DROP = "DELETE FROM temp.engrain_fence WHERE run_id = ?"
