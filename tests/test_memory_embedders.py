@@ -197,6 +197,9 @@ def test_reembed_cli_resumes_after_sigkill(tmp_path, embedder):
     bad = subprocess.run(_cli("nope:x", "--url", f"sqlite:///{db}"), env=env, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "embedder 'nope:x'" in bad.stderr
+    missing = subprocess.run(_cli("default", "--url", f"sqlite:///{tmp_path / 'typo.db'}"), env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no store at" in missing.stderr and not (tmp_path / "typo.db").exists()
 
 
 def test_the_default_is_the_shipped_model_and_minilm_int8_its_quantized_opt_in():

@@ -231,6 +231,8 @@ def reembed(
     if not is_spec(embedder):
         raise fail(f"embedder {embedder!r}: write 'default', 'minilm-int8' or '<provider>:<model>' with provider "
                    "one of openai, ollama, sentence-transformers", 2)
+    with errors_as_exit():
+        open_store(url, create=False).close()  # a mistyped URL is an error, not a new empty store "moved"
     with errors_as_exit(), Progress(TextColumn("re-embedding"), BarColumn(), MofNCompleteColumn(),
                                     TimeRemainingColumn(), transient=True, disable=json_out) as bar:
         task = bar.add_task("reembed", total=None)
