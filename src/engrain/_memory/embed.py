@@ -89,6 +89,14 @@ def quantized_model(source: Path, cache: Path | None = None) -> Path:
     per-channel keeps 0.99). The file and a sidecar naming the source's and the
     output's SHA-256 are written atomically; a file that does not match its
     sidecar is made again.
+
+    No variant tried kept recall within 0.005 of the shipped file on every set
+    (bench/memory_quality.py, 2026-11-26; LoCoMo dev any@5 / chat any@5, shipped
+    .675 / .406): this one .655 / .396; only the feed-forward matmuls quantized
+    (attention fp32) .658 / .394; 7-bit weights (``reduce_range``) .672 / .398
+    but a cosine with the shipped vectors of 0.990 against this one's 0.992, so
+    its LoCoMo figure is luck, and chat -0.008, LoCoMo session-hit@1 -0.009;
+    uint8 weights .661. Hence an opt-in, not the default.
     """
     cache = cache or model_cache()
     st = source.stat()
