@@ -63,7 +63,15 @@ recall@10 vs exact 0.970), ~0.5 ms for the article tier, ~0.3 ms of full text, t
 fetching candidates, scoring and the recall event. Filtered by metadata, SQLite scans every
 row's JSON (1.5 s at 1M; ChromaDB 113 ms at 100k), PostgreSQL uses its GIN index (22 ms).
 
-Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
+Measured 2026-11-26 20:50 with the default embedder the shipped file as it ships, as ChromaDB's side
+(load 3.5-5, 2 cores shared with other helpers' work; recall p50 / p95, top 5, N=200 in 5 rounds):
+10k engrain 11.31 / 23.98 ms (rounds 10.27-15.27), engrain with minilm-int8 7.19 / 15.47 (6.83-8.99),
+ChromaDB 7.01 / 14.47 (5.42-8.70); 100k engrain 8.45 / 13.71 (7.63-10.49), minilm-int8 5.14 / 7.98
+(4.93-5.38), ChromaDB 6.80 / 13.60 (6.37-8.12); filtered 25.6 / 24.2 / 16.5 ms at 10k, 105 / 110 / 113
+ms at 100k; remember() one at a time 117-118 / 253-266 / 7-56 per s.
+
+The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
+file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain
 5.84 (4.99-9.10), ChromaDB 6.91 (6.64-7.42). Again at 20:04 (load 2.2-4.5): 10k engrain 6.01 (5.38-6.51),
 ChromaDB 6.45 (5.45-6.75); 100k engrain 5.10 (4.99-5.24), ChromaDB 8.24 (7.86-8.67); filtered 23.5 / 12.3 ms

@@ -67,8 +67,22 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
-Measured 2026-11-26 19:53 (load 9.7, 2 shared cores; default embedder, quantized; any@5 all@5 any@10
-sess@1): LoCoMo dev recall .655 .540 .754 .633, previous (w spread^-2, no context) .616 .497 .698
+Measured 2026-11-26 20:52 (load 2.8-5, 2 cores shared with other work; the default embedder, the
+shipped file as it ships; any@5 all@5 any@10 sess@1; --ideas rrf,expand): LoCoMo dev recall .675 .545
+.768 .653, BM25 .607 .494 .681 .675, dense .477 .379 .607 .452, fixed 0.20 .641 .517 .709 .658,
+previous (w spread^-2, no context) .636 .520 .706 .590, no context .636 .523 .718 .624, spread^-2 with
+context .655 .531 .760 .616, rrf .565 .458 .686 .588, expand .669 .548 .760 .653, recall with
+minilm-int8 .655 .540 .754 .633; chat recall .406 .246 .556 .592, BM25 .225 .109 .286 .491, dense .354
+.190 .467 .573, fixed .347 .179 .427 .571, previous .358 .192 .470 .581, no context .356 .189 .470 .573,
+spread^-2 .406 .244 .560 .598, rrf .310 .156 .427 .573, expand .366 .257 .545 .592, minilm-int8 .396
+.238 .558 .596; FAQ sv (any@5 any@10) recall .528 .610, BM25 .496 .574, dense .356 .436, fixed .530
+.594, previous .524 .590, minilm-int8 .524 .604; FAQ en recall .821 .901, BM25 .652 .722, dense .813
+.871, fixed .777 .859, previous .819 .879, minilm-int8 .813 .897. Embedding: default 390 texts/s in
+batches, query p50 3.77 ms; minilm-int8 405 texts/s, 1.78 ms. Recall at 100k, top 10: engrain 8.44 ms
+p50 (p95 17.24), fixed 6.91, rrf 5.87, expand 9.82 (each paying its query embedding).
+
+Measured 2026-11-26 19:53 (load 9.7, 2 shared cores; the quantized embedder, then the default; any@5 all@5
+any@10 sess@1): LoCoMo dev recall .655 .540 .754 .633, previous (w spread^-2, no context) .616 .497 .698
 .593, no context .624 .503 .706 .613, spread^-2 with context .630 .517 .740 .605, fixed 0.20 .644
 .506 .706 .650, BM25 .607 .494 .681 .675, dense .475 .384 .596 .429; chat recall .396 .238 .558
 .596, previous .356 .194 .469 .577; FAQ sv recall .524 .604 (any@10), previous .512 .594; FAQ en

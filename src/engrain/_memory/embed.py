@@ -152,9 +152,10 @@ class MiniLMEmbedder:
     By default the shipped file is computed as it ships (named
     ``all-MiniLM-L6-v2-onnx-int8``). ``quantized=True`` (model string
     ``"minilm-int8"``) quantizes it for integer compute on first use
-    (:func:`quantized_model`; named ``all-MiniLM-L6-v2-onnx-dyn-int8``): about
-    1.7x faster per query and 2x the texts per second, but 0.01-0.02 lower any@5
-    on each of bench/memory_quality.py's four sets, so it is not the default.
+    (:func:`quantized_model`; named ``all-MiniLM-L6-v2-onnx-dyn-int8``): a query
+    in 1.8 ms against 3.8 (batches at about the same rate), but 0.004-0.020
+    lower any@5 on each of bench/memory_quality.py's four sets, so it is not the
+    default.
 
     The model and tokenizer load on the first ``embed`` call (about 0.3 s), not
     at construction. Texts are embedded in batches of ``batch_size`` (quantized:

@@ -6,8 +6,8 @@
 * ``"default"`` (or ``"minilm"``, or its full name ``"all-MiniLM-L6-v2-onnx-int8"``):
   the shipped all-MiniLM-L6-v2, computed as it ships (:mod:`.embed`);
 * ``"minilm-int8"`` (full name ``"all-MiniLM-L6-v2-onnx-dyn-int8"``): the same
-  model quantized for integer compute on first use, about 1.7x faster per query
-  and 0.01-0.02 lower any@5 on each set of ``bench/memory_quality.py`` (opt-in;
+  model quantized for integer compute on first use, about 2x faster per query
+  and 0.004-0.020 lower any@5 on each set of ``bench/memory_quality.py`` (opt-in;
   its vectors are another embedder's, so a store moves with ``reembed``);
 * ``"openai:<model>"``: OpenAI's embeddings API, or any compatible server with
   ``base_url`` (vLLM, LM Studio, LiteLLM, ...), through the official SDK;
