@@ -68,7 +68,11 @@ Measured 2026-11-26 20:50 with the default embedder the shipped file as it ships
 10k engrain 11.31 / 23.98 ms (rounds 10.27-15.27), engrain with minilm-int8 7.19 / 15.47 (6.83-8.99),
 ChromaDB 7.01 / 14.47 (5.42-8.70); 100k engrain 8.45 / 13.71 (7.63-10.49), minilm-int8 5.14 / 7.98
 (4.93-5.38), ChromaDB 6.80 / 13.60 (6.37-8.12); filtered 25.6 / 24.2 / 16.5 ms at 10k, 105 / 110 / 113
-ms at 100k; remember() one at a time 117-118 / 253-266 / 7-56 per s.
+ms at 100k; remember() one at a time 117-118 / 253-266 / 7-56 per s. Again at 20:57 (load 2-2.8): 10k
+8.37 / 14.05 (8.03-10.01), minilm-int8 6.05 / 9.02 (5.44-6.95), ChromaDB 5.42 / 9.45 (4.85-5.93); 100k 7.01
+/ 11.53 (6.51-10.30), minilm-int8 4.79 / 7.15 (4.62-6.61), ChromaDB 5.94 / 10.84 (5.52-7.77). Profiled at
+10k (default embedder, ~10 ms a recall under cProfile): onnxruntime 4.5 ms, 13 SQLite statements 1.8 ms,
+the exact scan 1.1 ms, Python (ranking, rows) the rest.
 
 The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
 file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,

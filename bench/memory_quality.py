@@ -48,6 +48,8 @@ Methods, on the same store and the same embedder, in one run:
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
 * ``before``, ``no-context``, ``square``: the previous ranking (spread^-2, no context), and today's
   with one of its two changes undone (``VARIANTS``);
+* ``engrain minilm-int8``: ``Memory.recall`` with the opt-in quantized embedder, on a store of its own
+  holding the same records (``--no-int8`` skips it);
 then the ideas of issue 18, each measured, not assumed (``--ideas``, on the chat set):
 * ``rrf``: reciprocal-rank fusion of the dense and BM25 lists (k=60) in place of fixed weights;
 * ``expand``: neighbouring-turn expansion, ``recall(neighbours=True)`` (a hit lends 0.9 of its score to the
@@ -769,7 +771,8 @@ def main(argv: list[str] | None = None) -> None:
             print(fmt_row(m, sc, p50, len(ds.questions), note, ds.sessions > 1))
     if emb_speed:
         print()
-        print(f"embedding speed ({a.embed_speed} chat messages per round in batches of 32, 200 questions one by one; "
+        print(f"embedding speed ({a.embed_speed} chat messages per round in each model's batches (default 32 "
+              "texts, minilm-int8 1), 200 questions one by one; "
               f"load average {os.getloadavg()[0]:.1f}):")
         for m, (tps, q50) in emb_speed.items():
             print(f"  {m:<42} {tps:7.1f} texts/s   query p50 {q50:5.2f} ms")
