@@ -88,7 +88,8 @@ to build on the shared cores).
 
 Targets: recall p50 <= 10 ms at 100k (SQLite), <= 15 ms at 1M on PostgreSQL. Usage:
     python bench/memory.py [--sizes 10000,100000,1000000] [--queries 200] [--single 100]
-        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--no-peer] [--build-only]
+        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--quantized-sizes ...] [--no-peer]
+        [--build-only]
         [--index-sizes 10000,100000]
 """
 
