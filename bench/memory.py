@@ -2,9 +2,8 @@
 
 All use engrain's all-MiniLM-L6-v2 embedding code (the ChromaDB side loads
 ``src/engrain/_memory/embed.py`` by file path inside its own venv ``bench/.peers/chromadb``,
-which this script creates with pip; it embeds with the shipped int8-weight file computed
-in fp32, as both did before engrain's default was quantized for integer compute) and the same
-records (``memory_corpus.py``: a 20k-sentence pool embedded exactly, the rest
+which this script creates with pip; both embed with the default, the shipped int8-weight file
+computed as it ships) and the same records (``memory_corpus.py``: a 20k-sentence pool embedded exactly, the rest
 joins two pool sentences with the normalised sum of their embeddings as vector;
 the run prints how close that is to the true embedding).
 
@@ -25,6 +24,9 @@ stores (SQLite: 20 min of fill and 20+ min of graph on two shared cores;
 ChromaDB: an hour) can be built ahead. ChromaDB's collections are created with
 its bulk-load settings (``hnsw:sync_threshold`` 100000, ``hnsw:batch_size``
 10000; search settings stay its defaults) and a cut-short fill resumes.
+
+``--quantized-sizes`` adds engrain on SQLite with the opt-in quantized embedder (``"minilm-int8"``)
+at those sizes, on stores of its own (``sqlite-<n>-<digest>.db`` of the corpus it embeds).
 
 Measured per size, with every system open at once:
 * recall p50/p95 over ``--queries`` queries, query embedding included (engrain:
@@ -61,7 +63,19 @@ recall@10 vs exact 0.970), ~0.5 ms for the article tier, ~0.3 ms of full text, t
 fetching candidates, scoring and the recall event. Filtered by metadata, SQLite scans every
 row's JSON (1.5 s at 1M; ChromaDB 113 ms at 100k), PostgreSQL uses its GIN index (22 ms).
 
-Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
+Measured 2026-11-26 20:50 with the default embedder the shipped file as it ships, as ChromaDB's side
+(load 3.5-5, 2 cores shared with other helpers' work; recall p50 / p95, top 5, N=200 in 5 rounds):
+10k engrain 11.31 / 23.98 ms (rounds 10.27-15.27), engrain with minilm-int8 7.19 / 15.47 (6.83-8.99),
+ChromaDB 7.01 / 14.47 (5.42-8.70); 100k engrain 8.45 / 13.71 (7.63-10.49), minilm-int8 5.14 / 7.98
+(4.93-5.38), ChromaDB 6.80 / 13.60 (6.37-8.12); filtered 25.6 / 24.2 / 16.5 ms at 10k, 105 / 110 / 113
+ms at 100k; remember() one at a time 117-118 / 253-266 / 7-56 per s. Again at 20:57 (load 2-2.8): 10k
+8.37 / 14.05 (8.03-10.01), minilm-int8 6.05 / 9.02 (5.44-6.95), ChromaDB 5.42 / 9.45 (4.85-5.93); 100k 7.01
+/ 11.53 (6.51-10.30), minilm-int8 4.79 / 7.15 (4.62-6.61), ChromaDB 5.94 / 10.84 (5.52-7.77). Profiled at
+10k (default embedder, ~10 ms a recall under cProfile): onnxruntime 4.5 ms, 13 SQLite statements 1.8 ms,
+the exact scan 1.1 ms, Python (ranking, rows) the rest.
+
+The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
+file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain
 5.84 (4.99-9.10), ChromaDB 6.91 (6.64-7.42). Again at 20:04 (load 2.2-4.5): 10k engrain 6.01 (5.38-6.51),
 ChromaDB 6.45 (5.45-6.75); 100k engrain 5.10 (4.99-5.24), ChromaDB 8.24 (7.86-8.67); filtered 23.5 / 12.3 ms
@@ -74,7 +88,8 @@ to build on the shared cores).
 
 Targets: recall p50 <= 10 ms at 100k (SQLite), <= 15 ms at 1M on PostgreSQL. Usage:
     python bench/memory.py [--sizes 10000,100000,1000000] [--queries 200] [--single 100]
-        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--no-peer] [--build-only]
+        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--quantized-sizes ...] [--no-peer]
+        [--build-only]
         [--index-sizes 10000,100000]
 """
 
@@ -103,10 +118,10 @@ class Lookup:
 
     dim = 384
 
-    def __init__(self, texts: list[str], vecs: np.ndarray):
+    def __init__(self, texts: list[str], vecs: np.ndarray, quantized: bool = False):
         from engrain._memory.embed import default_embedder
 
-        self.name = default_embedder().name  # the store is the default model's, as the recalls open it
+        self.name = default_embedder(quantized).name  # the store is that model's, as the recalls open it
         self._by = dict(zip(texts, vecs))
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -167,7 +182,7 @@ def sqlite_ready(path: Path, n: int) -> bool:
     return bool(row and row[0] == n)
 
 
-def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict:
+def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray, quantized: bool = False) -> dict:
     """Fill a SQLite store with ``remember_many`` (batches of 2000), then build and save its usearch graph."""
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
@@ -177,7 +192,8 @@ def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict
         f.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{path}"
-    mem = Memory(url, embedder=Lookup(texts, vecs), synthesizer=ExtractiveSynthesizer())  # type: ignore[arg-type]
+    fill = Lookup(texts, vecs, quantized)
+    mem = Memory(url, embedder=fill, synthesizer=ExtractiveSynthesizer())  # type: ignore[arg-type]
     t = time.perf_counter()
     for i in range(0, n, 2000):
         mem.remember_many([{"data": texts[j], "skill": mc.skill(j), "metadata": {"user": mc.user(j)}}
@@ -187,7 +203,7 @@ def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict
     info = {"load_s": time.perf_counter() - t}
     info["bulk"] = n / info["load_s"]
     mem.close()
-    mem = Memory(url, embedder=default_embedder(), synthesizer=ExtractiveSynthesizer())
+    mem = Memory(url, embedder=default_embedder(quantized), synthesizer=ExtractiveSynthesizer())
     t = time.perf_counter()
     mem.recall("build the graph")  # past ANN_THRESHOLD rows: builds the usearch graph and saves it beside the file
     info["graph_s"] = time.perf_counter() - t
@@ -201,13 +217,14 @@ def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray) -> dict
 class EngrainSide:
     """engrain's Memory on a cached store of ``n`` records (SQLite file or PostgreSQL schema)."""
 
-    def __init__(self, n: int, texts: list[str], vecs: np.ndarray, pg: str | None, a: argparse.Namespace):
+    def __init__(self, n: int, texts: list[str], vecs: np.ndarray, pg: str | None, a: argparse.Namespace,
+                 quantized: bool = False):
         from engrain._memory import Memory
         from engrain._memory.embed import default_embedder
         from engrain._memory.synth import ExtractiveSynthesizer
 
         self.info: dict = {}
-        emb = default_embedder()
+        emb = default_embedder(quantized)
         if pg is not None:
             if not mp.ready(pg, n):
                 print(f"  building the PostgreSQL store of {n} (COPY, then HNSW under nice) ...", flush=True)
@@ -227,7 +244,7 @@ class EngrainSide:
         self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the usearch graph
         self.info["open_s"] = time.perf_counter() - t
         st = self.mem.stats()
-        self.name = f"engrain {st['backend']} ({st['vector_search']})"
+        self.name = f"engrain {st['backend']} ({st['vector_search']})" + (" minilm-int8" if quantized else "")
 
     def single(self, texts: list[str]) -> float:
         t = time.perf_counter()
@@ -257,7 +274,7 @@ spec = importlib.util.spec_from_file_location("engrain_embed", sys.argv[1])
 embed = importlib.util.module_from_spec(spec); spec.loader.exec_module(embed)
 sys.path.insert(0, sys.argv[2])
 import memory_corpus as mc
-emb = embed.MiniLMEmbedder(quantized=False); emb.embed(["warm up"])  # the shipped file as it is (no onnx here)
+emb = embed.MiniLMEmbedder(); emb.embed(["warm up"])  # engrain's default: the shipped file as it ships
 col = None
 def reply(x):
     sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
@@ -412,12 +429,19 @@ def measure(sides: list, qs: list[str], rounds: int, where_qs: list[tuple[str, d
     return res
 
 
-def build_stores(sq: set[int], ch: set[int], py: Path | None) -> None:
-    """Build what is missing among the SQLite stores (sizes ``sq``) and ChromaDB collections (``ch``).
+def build_stores(sq: set[int], ch: set[int], py: Path | None, qs: set[int] | None = None) -> None:
+    """Build what is missing among the SQLite stores (sizes ``sq``; ``qs``: of the quantized opt-in)
+    and ChromaDB collections (``ch``).
 
     Each size's ChromaDB fill runs in its peer process while this one fills the
     SQLite store, so the two overlap on the machine's cores.
     """
+    for n in sorted(qs or ()):
+        texts, vecs = mc.corpus(n, quantized=True)
+        path = sqlite_path(n, mc.version(texts, vecs))
+        if not sqlite_ready(path, n):
+            print(f"{time.strftime('%H:%M:%S')} building the minilm-int8 SQLite store of {n} in {path} ...", flush=True)
+            print(f"  done: {build_sqlite(path, n, texts, vecs, quantized=True)}", flush=True)
     for n in sorted(sq | ch):
         texts, vecs = mc.corpus(n)
         ver = mc.version(texts, vecs)
@@ -435,9 +459,10 @@ def build_stores(sq: set[int], ch: set[int], py: Path | None) -> None:
         print(f"{time.strftime('%H:%M:%S')} size {n} ready", flush=True)
 
 
-def prebuild(sq: set[int], ch: set[int]) -> None:
+def prebuild(sq: set[int], ch: set[int], qs: set[int]) -> None:
     """Build missing stores in a child at ``nice -n 19``: others measure latencies on the same cores."""
     miss_sq, miss_ch = set(), set()
+    miss_q = {n for n in qs if not sqlite_ready(sqlite_path(n, mc.version(*mc.corpus(n, quantized=True))), n)}
     for n in sorted(sq | ch):
         texts, vecs = mc.corpus(n)
         ver = mc.version(texts, vecs)
@@ -445,13 +470,14 @@ def prebuild(sq: set[int], ch: set[int]) -> None:
             miss_sq.add(n)
         if n in ch and not (chroma_dir(n, ver).with_name(chroma_dir(n, ver).name + ".build.json")).exists():
             miss_ch.add(n)
-    if not miss_sq and not miss_ch:
+    if not miss_sq and not miss_ch and not miss_q:
         return
-    print(f"building at nice 19: SQLite {sorted(miss_sq)}, ChromaDB {sorted(miss_ch)} ...", flush=True)
+    print(f"building at nice 19: SQLite {sorted(miss_sq)}, ChromaDB {sorted(miss_ch)}, minilm-int8 {sorted(miss_q)}"
+          " ...", flush=True)
     j = lambda xs: ",".join(map(str, sorted(xs)))  # noqa: E731
     cmd = ["nice", "-n", "19", sys.executable, str(Path(__file__).resolve()), "--build-only",
            "--sizes", j(miss_sq | miss_ch), "--sqlite-sizes", j(miss_sq), "--chroma-sizes", j(miss_ch),
-           "--pgvector-sizes", ""]
+           "--quantized-sizes", j(miss_q), "--pgvector-sizes", ""]
     subprocess.run(cmd, check=True)
 
 
@@ -461,6 +487,8 @@ def main() -> None:
     ap.add_argument("--sqlite-sizes", default=None, help="sizes run on SQLite (default: --sizes)")
     ap.add_argument("--chroma-sizes", default=None, help="sizes run on ChromaDB (default: --sizes)")
     ap.add_argument("--pgvector-sizes", default=None, help="sizes run on PostgreSQL + pgvector (default: --sizes)")
+    ap.add_argument("--quantized-sizes", default="",
+                    help="sizes also run on SQLite with the opt-in quantized embedder, minilm-int8 (default: none)")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--single", type=int, default=100)
@@ -479,12 +507,13 @@ def main() -> None:
 
     all_sizes = sorted(sizes(None))
     sq, ch, pg_s = sizes(a.sqlite_sizes), (set() if a.no_peer else sizes(a.chroma_sizes)), sizes(a.pgvector_sizes)
+    q_s = sizes(a.quantized_sizes)
     sys.path.insert(0, str(ROOT / "src"))
     py = ensure_peer() if ch else None
     if a.build_only:
-        build_stores(sq, ch, py)
+        build_stores(sq, ch, py, q_s)
         return
-    prebuild(sq, ch)
+    prebuild(sq, ch, q_s)
     pg = pgvector_url() if pg_s else None
     print(f"start: {time.strftime('%H:%M:%S')}, {load()}, {os.cpu_count()} cores")
     if pg is not None:
@@ -516,6 +545,9 @@ def main() -> None:
         if pg is not None and n in pg_s:
             print(f"size {n}: engrain on PostgreSQL + pgvector ...", flush=True)
             sides.append(EngrainSide(n, tn, vn, pg, a))
+        if n in q_s:
+            print(f"size {n}: engrain on SQLite with minilm-int8 ...", flush=True)
+            sides.append(EngrainSide(n, *mc.corpus(n, quantized=True), None, a, quantized=True))
         if py is not None and n in ch:
             print(f"size {n}: chromadb ...", flush=True)
             sides.append(ChromaSide(py, n, mc.version(tn, vn)))

@@ -75,19 +75,22 @@ def queries(n: int, size: int) -> list[str]:
             for _ in range(n)]
 
 
-def pool() -> tuple[list[str], np.ndarray]:
-    """The pool sentences and their exact embeddings (embedded once, then cached)."""
+def pool(quantized: bool = False) -> tuple[list[str], np.ndarray]:
+    """The pool sentences and their exact embeddings (embedded once, then cached).
+
+    ``quantized``: by the opt-in integer-compute model (``"minilm-int8"``), not the default.
+    """
     from engrain._memory.embed import default_embedder
 
     texts = sentences(POOL, 1)
     CACHE.mkdir(parents=True, exist_ok=True)
-    f = CACHE / f"pool-{POOL}-{default_embedder().name}.npy"  # the embedder's name: a new model, a new pool
+    e = default_embedder(quantized)
+    f = CACHE / f"pool-{POOL}-{e.name}.npy"  # the embedder's name: a new model, a new pool
     if f.exists():
         v = np.load(f)
         if len(v) == POOL:
             return texts, v
     t = time.perf_counter()
-    e = default_embedder()
     v = e.embed(texts)
     print(f"  (embedded the {POOL}-sentence pool in {time.perf_counter() - t:.0f}s; cached in {f})", flush=True)
     np.save(f, v)
@@ -105,9 +108,9 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     return a[:max(0, n - POOL)], b[:max(0, n - POOL)]
 
 
-def corpus(n: int) -> tuple[list[str], np.ndarray]:
-    """The first ``n`` records: texts and float32 unit vectors (deterministic)."""
-    ptexts, pvecs = pool()
+def corpus(n: int, quantized: bool = False) -> tuple[list[str], np.ndarray]:
+    """The first ``n`` records: texts and float32 unit vectors (deterministic; ``quantized``: see :func:`pool`)."""
+    ptexts, pvecs = pool(quantized)
     base = [s.rsplit(" (ticket", 1)[0] for s in ptexts]
     texts = ptexts[:n]
     vecs = np.empty((n, pvecs.shape[1]), dtype=np.float32)

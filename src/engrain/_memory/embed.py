@@ -23,9 +23,15 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 try:
+    from .. import _progress
     from .._errors import EmbeddingError
-except ImportError:  # loaded by file path (bench peer): no parent package
+except ImportError:  # loaded by file path (bench peer): no parent package; _progress is stdlib-only, load it so
+    import importlib.util
+
     EmbeddingError = RuntimeError  # type: ignore[misc,assignment]
+    _spec = importlib.util.spec_from_file_location("engrain_progress", Path(__file__).parents[1] / "_progress.py")
+    _progress = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _spec.loader.exec_module(_progress)  # type: ignore[union-attr]
 
 TOKENIZER_FILE = Path(__file__).parent / "data" / "minilm-tokenizer.json"
 
@@ -50,9 +56,9 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return (x / np.clip(norms, 1e-12, None)).astype(np.float32)
 
 
-#: The shipped file's name as an embedder (int8 weights computed in fp32): stores filled before the
-#: quantized default keep it (see :class:`MiniLMEmbedder`).
-LEGACY_NAME = "all-MiniLM-L6-v2-onnx-int8"
+#: The default: the shipped file computed as it ships (int8 weights, fp32 matmuls).
+SHIPPED_NAME = "all-MiniLM-L6-v2-onnx-int8"
+#: The opt-in (``"minilm-int8"``): the shipped file quantized for integer compute (:func:`quantized_model`).
 QUANTIZED_NAME = "all-MiniLM-L6-v2-onnx-dyn-int8"
 
 
@@ -83,6 +89,14 @@ def quantized_model(source: Path, cache: Path | None = None) -> Path:
     per-channel keeps 0.99). The file and a sidecar naming the source's and the
     output's SHA-256 are written atomically; a file that does not match its
     sidecar is made again.
+
+    No variant tried kept recall within 0.005 of the shipped file on every set
+    (bench/memory_quality.py, 2026-11-26; LoCoMo dev any@5 / chat any@5, shipped
+    .675 / .406): this one .655 / .396; only the feed-forward matmuls quantized
+    (attention fp32) .658 / .394; 7-bit weights (``reduce_range``) .672 / .398
+    but a cosine with the shipped vectors of 0.990 against this one's 0.992, so
+    its LoCoMo figure is luck, and chat -0.008, LoCoMo session-hit@1 -0.009;
+    uint8 weights .661. Hence an opt-in, not the default.
     """
     cache = cache or model_cache()
     st = source.stat()
@@ -135,12 +149,13 @@ def quantized_model(source: Path, cache: Path | None = None) -> Path:
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) with mean pooling and L2 normalisation.
 
-    By default the shipped model is quantized for integer compute on first use
-    (:func:`quantized_model`; named ``all-MiniLM-L6-v2-onnx-dyn-int8``): 2-3x
-    the texts per second, a cosine of 0.99 with the fp32-computed vectors,
-    recall within noise on bench/memory_quality.py. ``quantized=False`` computes
-    the shipped file as it is (``all-MiniLM-L6-v2-onnx-int8``, the name of
-    stores filled before; ``engrain memory reembed default`` moves them).
+    By default the shipped file is computed as it ships (named
+    ``all-MiniLM-L6-v2-onnx-int8``). ``quantized=True`` (model string
+    ``"minilm-int8"``) quantizes it for integer compute on first use
+    (:func:`quantized_model`; named ``all-MiniLM-L6-v2-onnx-dyn-int8``): a query
+    in 1.8 ms against 3.8 (batches at about the same rate), but 0.004-0.020
+    lower any@5 on each of bench/memory_quality.py's four sets, so it is not the
+    default.
 
     The model and tokenizer load on the first ``embed`` call (about 0.3 s), not
     at construction. Texts are embedded in batches of ``batch_size`` (quantized:
@@ -151,9 +166,9 @@ class MiniLMEmbedder:
     dim = 384
 
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, batch_size: int | None = None,
-                 max_length: int = 256, threads: int | None = None, quantized: bool = True):
+                 max_length: int = 256, threads: int | None = None, quantized: bool = False):
         self.quantized = quantized
-        self.name = QUANTIZED_NAME if quantized else LEGACY_NAME
+        self.name = QUANTIZED_NAME if quantized else SHIPPED_NAME
         self.model_path = Path(model_path) if model_path else None
         # Quantized, one text per run: dynamic quantization scales activations per tensor, so in a batch a
         # text's vector would depend on its batch-mates (cosine ~0.999, not 1, with itself embedded alone);
@@ -197,9 +212,7 @@ class MiniLMEmbedder:
             path = self._resolve_model()
             if not path.is_file():
                 raise EmbeddingError(f"embedding model file {path} does not exist")
-            from .._progress import task
-
-            with task("loading the embedding model"):
+            with _progress.task("loading the embedding model"):
                 tok = Tokenizer.from_file(str(TOKENIZER_FILE))
                 tok.enable_truncation(max_length=self.max_length)
                 tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest in the batch
@@ -260,8 +273,7 @@ class MiniLMEmbedder:
             return self._run(list(texts), self._single())
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        from .._progress import quiet, task
-
+        task, quiet = _progress.task, _progress.quiet
         # Thousands of texts take seconds: worth a progress bar (shown only where one was asked for).
         with task("embedding texts", total=len(texts)) if len(texts) > 8 * self.batch_size else quiet() as advance:
             for start in range(0, len(order), self.batch_size):
@@ -275,11 +287,11 @@ _shared: dict[bool, MiniLMEmbedder] = {}
 _default_lock = threading.Lock()
 
 
-def default_embedder(quantized: bool = True) -> Embedder:
+def default_embedder(quantized: bool = False) -> Embedder:
     """The shared local embedder (others are chosen by model string, :mod:`.embedders`).
 
     One instance per process, so the model loads once however many ``Memory``
-    objects exist. ``quantized=False``: the shipped file computed as it is (older stores).
+    objects exist. ``quantized=True``: the opt-in integer-compute model (``"minilm-int8"``).
     """
     with _default_lock:
         if quantized not in _shared:
