@@ -18,7 +18,9 @@ with one prepared autocommit INSERT per step (``synchronous_commit`` on for
 ``full``, off for ``normal``). Each per-step target is set from the floor
 measured in the same run: SQLite ``normal`` at most the floor + 10 µs; an
 fsync'd step (SQLite ``full``, PostgreSQL ``full``) within 10% of the floor;
-engrain's figure minus the floor is engrain's own cost. SQLite checkpoints its
+engrain's figure minus the floor is engrain's own cost, and each engrain row
+gives this thread's CPU per step beside the floor's: a wall gap wider than the
+CPU gap is waiting (disk, server, scheduler), not engrain's code. SQLite checkpoints its
 WAL inside the commit that passes 1000 pages, which the first SQLite floor pays
 like any plain SQLite program (and engrain's ``full`` journal); engrain's
 ``normal`` journal checkpoints on a thread of its own instead, so a second
