@@ -43,7 +43,6 @@ import json
 import os
 import pathlib
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -411,7 +410,7 @@ def main() -> None:
                 with PgSchema(pg) as url, PgSchema(pg) as floor_url:
                     n, us, (raw,) = per_step(f"{url}&durability={dur}", (PgFloor(floor_url, dur),))
                 sync = "on" if dur == "full" else "off"
-                # PostgreSQL "normal" has no target: its commit waits for no flush (client CPU, not the server's)
+                # PostgreSQL "normal" (its commit waits for no WAL flush) has no target in issue 29: its floor is beside it
                 add_step(f"engrain postgres {dur}", dur, n, us, raw, "postgres", f"{url}&durability={dur}",
                          target=dur == "full")
                 add(f"postgres floor {dur}", f"N={n}, {REPS} runs alternating with engrain's: libpq, 1 prepared"
