@@ -1,0 +1,143 @@
+"""The floors under ``journal.py``'s per-step figures: one durable commit of a step's row, with no engrain code.
+
+Each floor writes what a default step journals (its ``step.completed`` row,
+built before the clock starts) in one autocommit INSERT per step, the cheapest
+honest way to commit one row on that store: SQLite through the standard
+``sqlite3`` module with engrain's schema and pragmas, PostgreSQL through libpq
+itself (psycopg's ``pgconn``: a statement prepared once, then one
+``exec_prepared`` round trip per step, no Python adaptation of parameters).
+``journal.py`` alternates their repetitions with engrain's, so both see the
+same machine load, and states each per-step target against them.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sqlite3
+import time
+import uuid
+
+import engrain as eg
+
+
+#: Steps that take a WAL past SQLite's 1000-page checkpoint once (a step's commit writes one page or two),
+#: so that later commits overwrite it in place: engrain's journal is warmed the same way.
+WARM_STEPS = 1000
+
+
+def _rows(rid: str, n: int, ts: float) -> list[tuple]:
+    """A run's ``run.started`` row and its ``n`` ``step.completed`` rows, as the journal stores them."""
+    started = (rid, 0, ts, "run.started", "", json.dumps({"task": "bench", "inputs": {"n": n}}))
+    return [started] + [
+        (
+            rid, i + 1, ts, "step.completed", "inc",
+            f'{{"call_id":{i},"result":{i + 1},"type":"tool","args":{{"x":{i}}},"started":{ts}}}',
+        )
+        for i in range(n)
+    ]
+
+
+class Floor:
+    """Raw sqlite3 writing a step's completion: what SQLite itself costs for the design.
+
+    engrain's schema (with its triggers) and pragmas, one autocommit INSERT per
+    step. ``checkpoints=True``: SQLite's own, inside the commit that passes 1000
+    WAL pages, as any plain SQLite program (and engrain's ``full`` journal) pays.
+    ``False``: none on the clock; the WAL is checkpointed between repetitions with
+    RESTART, which keeps its length, so every timed commit overwrites WAL blocks
+    in place as it does in a program whose WAL SQLite reuses. (TRUNCATE there made
+    every fsync'd commit also grow the file, and an fsync of a file whose size
+    changed commits the filesystem's metadata too: ~2x the cost of a commit.)
+    """
+
+    INSERT = "INSERT INTO events (run_id, seq, ts, kind, name, data) VALUES (?, ?, ?, ?, ?, ?)"
+
+    cpu_us = 0.0  # this thread's CPU per step in the last repetition
+
+    def __init__(self, path: pathlib.Path, durability: str, checkpoints: bool = True):
+        self.checkpoints = checkpoints
+        eg.open(f"sqlite:///{path}").close()  # engrain's current schema (its migrations), then raw sqlite3 only
+        self.db = sqlite3.connect(str(path), isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+        if not checkpoints:
+            self.db.execute("PRAGMA wal_autocheckpoint=0")
+
+    def warm(self, n: int) -> None:
+        """Untimed steps until the WAL is as long as the timed repetitions make it.
+
+        Until a WAL first reaches its checkpoint, each commit appends to the file, and
+        an fsync of a file whose size changed also commits the filesystem's metadata.
+        """
+        self.rep(n if not self.checkpoints else max(n, WARM_STEPS))
+
+    def rep(self, n: int) -> float:
+        """µs/step of one run of ``n`` steps (wall; ``cpu_us``: this thread's CPU per step in it)."""
+        db, insert = self.db, self.INSERT
+        started, *steps = _rows(uuid.uuid4().hex, n, time.time())
+        db.execute(insert, started)
+        c0, t0 = time.thread_time(), time.perf_counter()
+        for completed in steps:
+            db.execute(insert, completed)
+        took = (time.perf_counter() - t0) / n * 1e6
+        self.cpu_us = (time.thread_time() - c0) / n * 1e6
+        if not self.checkpoints:
+            db.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+        return took
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class PgFloor:
+    """libpq committing a step's row on the PostgreSQL server engrain's figure uses, with no engrain code.
+
+    engrain's ``engrain_events`` table in the bench's own schema, one prepared
+    ``INSERT`` executed in autocommit per step: one round trip, one commit.
+    ``full``: ``synchronous_commit = on`` (each commit waits for its WAL flush);
+    ``normal``: ``off``, as engrain's ``normal`` sets it.
+    """
+
+    INSERT = b"INSERT INTO engrain_events (run_id, seq, ts, kind, name, data) VALUES ($1, $2, $3, $4, $5, $6)"
+
+    cpu_us = 0.0  # this thread's CPU per step in the last repetition
+
+    def __init__(self, url: str, durability: str):
+        import psycopg
+        from psycopg import pq
+
+        eg.open(url).close()  # engrain's tables in this schema, then libpq only
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
+        self.pg = self.conn.pgconn
+        self.ok = pq.ExecStatus.COMMAND_OK
+        res = self.pg.prepare(b"floor_insert", self.INSERT)
+        if res.status != self.ok:
+            raise RuntimeError(f"PostgreSQL floor: cannot prepare its INSERT: {res.error_message!r}")
+
+    def warm(self, n: int) -> None:
+        self.rep(n)
+
+    def _exec(self, row: list[bytes]) -> None:
+        res = self.pg.exec_prepared(b"floor_insert", row)
+        if res.status != self.ok:
+            raise RuntimeError(f"PostgreSQL floor: INSERT failed: {res.error_message!r}")
+
+    def rep(self, n: int) -> float:
+        """µs/step of one run of ``n`` steps (wall; ``cpu_us``: this thread's CPU per step in it)."""
+        started, *steps = ([str(v).encode() if type(v) is not float else repr(v).encode() for v in r]
+                           for r in _rows(uuid.uuid4().hex, n, time.time()))
+        self._exec(started)
+        exec_prepared, name, ok = self.pg.exec_prepared, b"floor_insert", self.ok
+        c0, t0 = time.thread_time(), time.perf_counter()
+        for row in steps:
+            res = exec_prepared(name, row)
+            if res.status != ok:
+                raise RuntimeError(f"PostgreSQL floor: INSERT failed: {res.error_message!r}")
+        took = (time.perf_counter() - t0) / n * 1e6
+        self.cpu_us = (time.thread_time() - c0) / n * 1e6
+        return took
+
+    def close(self) -> None:
+        self.conn.close()
