@@ -391,8 +391,9 @@ def test_short_runs_do_not_wake_the_renewal_thread(journal, monkeypatch):
 
 
 def test_a_completion_records_the_step_as_before(journal, calls):
-    # A first attempt's completion carries its type, arguments, start and argument digest; a retried one
-    # also its attempt number; an at-most-once step's (whose durable start has the rest) only its result.
+    # A first attempt's completion carries its type, arguments and start; a retried one also its attempt
+    # number; an at-most-once step's (whose durable start has the rest) only its result. The argument
+    # digest ("ad") only where a list or dict could be changed by the call: scalars cannot.
     add, _ = make_tools(calls, eg.ToolRegistry())
     flaky_calls = []
 
@@ -407,13 +408,22 @@ def test_a_completion_records_the_step_as_before(journal, calls):
     def pay(x: int) -> int:
         return x
 
-    r = eg.run(lambda task: add(1) + flaky(2) + pay(3), "t", run_id="c1", journal=journal)
-    assert r.output == 11 + 2 + 3
+    @eg.tool(registry=eg.ToolRegistry())
+    def total(xs: list) -> int:
+        xs.append(100)  # changes what it was given: the digest was taken before
+        return sum(xs)
+
+    r = eg.run(lambda task: add(1) + flaky(2) + pay(3) + total([1, 2]), "t", run_id="c1", journal=journal)
+    assert r.output == 11 + 2 + 3 + 103
     done = [e.data for e in journal.read("c1") if e.kind == "step.completed"]
-    assert list(done[0]) == ["call_id", "result", "type", "args", "started", "ad"]
+    assert list(done[0]) == ["call_id", "result", "type", "args", "started"]
     assert done[0]["args"] == {"a": 1, "b": 10} and done[0]["type"] == "tool" and done[0]["result"] == 11
-    assert list(done[1]) == ["call_id", "result", "type", "args", "started", "ad", "attempt"] and done[1]["attempt"] == 2
+    assert list(done[1]) == ["call_id", "result", "type", "args", "started", "attempt"] and done[1]["attempt"] == 2
     assert list(done[2]) == ["call_id", "result"] and done[2]["result"] == 3
+    assert list(done[3]) == ["call_id", "result", "type", "args", "started", "ad"]
+    from engrain._durable.steps import args_digest
+
+    assert done[3]["args"] == {"xs": [1, 2, 100]} and done[3]["ad"] == args_digest({"xs": [1, 2]})
 
 
 def test_a_long_run_keeps_its_lease_alive(journal):

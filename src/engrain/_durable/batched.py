@@ -21,7 +21,7 @@ from .context import RunContext, RunResult, _current, _Pending, check_args
 from .execution import _finish_error, _finish_ok
 from .identity import fingerprint
 from .outcome import agent_name
-from .steps import ARGS_CHECKED, DEFAULT_POLICY, StepPolicy, args_digest
+from .steps import ARGS_CHECKED, DEFAULT_POLICY, StepPolicy, mutable_args_digest
 
 
 class BufferedContext(RunContext):
@@ -61,7 +61,7 @@ class BufferedContext(RunContext):
         self.executed += 1
         p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, 1, False, time.time())
         if self.write and type_ in ARGS_CHECKED:
-            p.digest = args_digest(args)  # journaled as a durable run's step is
+            p.digest = mutable_args_digest(args)  # journaled as a durable run's step is
         return p
 
     def flush(self) -> None:

@@ -38,7 +38,7 @@ from .steps import (
     DEFAULT_POLICY,
     StepPolicy,
     StepRecord,
-    args_digest,
+    mutable_args_digest,
     replay,
     same_args,
     steps_of,
@@ -285,7 +285,7 @@ class RunContext(StepWriter):
             check_args(type_, name, args)
         p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, attempt)
         if type_ in ARGS_CHECKED:
-            p.digest = args_digest(args)  # now: the call may change what it was given
+            p.digest = mutable_args_digest(args)  # now: the call may change what it was given
         if rec is not None and rec.errors:
             p.errors = list(rec.errors)
         if policy.at_most_once:

@@ -273,6 +273,23 @@ def args_digest(args: dict[str, Any]) -> str:
     return _blake2b(ev.dumps_checked(args).encode(), digest_size=8).hexdigest()
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def mutable_args_digest(args: dict[str, Any]) -> str | None:
+    """:func:`args_digest` when the call could change ``args`` (a list or dict among them), else None.
+
+    The digest exists because the recorded arguments are written after the call; arguments that
+    are all scalars cannot have been changed by it, so the recorded ones are the call's and
+    :func:`same_args` compares them directly. Most tool calls pass scalars: this spares each the
+    encoding and hashing.
+    """
+    for v in args.values():
+        if type(v) not in _SCALARS:
+            return args_digest(args)
+    return None
+
+
 def same_args(rec: StepRecord, args: dict[str, Any]) -> bool:
     """True when a call with ``args`` is the call ``rec`` recorded (equal as JSON values)."""
     if args == rec.args:
