@@ -435,3 +435,40 @@ def test_postgres_full_text_table_is_backfilled(store_url, embedder):
         hits = m.store.text_search("zephyrine pump", "plant", time.time(), 10)
         assert [h[1] for h in hits][0] == rid and len(hits) == 2 and hits[0][2] > hits[1][2]
         assert m.store._frequencies(["pump", "zephyrine"], 1000) == [("pump", 2), ("zephyrine", 1)]
+
+
+def test_first_opens_at_once_bind_one_embedder_and_one_store_identity(tmp_path):
+    """Several processes opening a new store at the same moment: none fails, and the store gets one
+    embedder record and one identity (PostgreSQL: an advisory lock; SQLite: BEGIN IMMEDIATE)."""
+    from engrain._memory.store import open_store
+
+    urls = [f"sqlite:///{tmp_path / 'm.db'}"]
+    pg = os.environ.get("ENGRAIN_TEST_PG_URL")
+    if pg:
+        import psycopg
+
+        schema = "t_" + uuid.uuid4().hex[:12]
+        with psycopg.connect(pg, autocommit=True) as c:
+            c.execute(f"CREATE SCHEMA {schema}")
+        urls.append(f"{pg}?options=-csearch_path%3D{schema}")
+    for url in urls:
+        stores = [open_store(url) for _ in range(6)]  # the tables exist; nothing is bound yet
+        barrier, errors = threading.Barrier(len(stores), timeout=60), []
+
+        def bind(store) -> None:
+            try:
+                barrier.wait()
+                store.bind_embedder("all-MiniLM-L6-v2-onnx-int8", 384)
+            except Exception as e:  # noqa: BLE001 - collected for the assertion
+                errors.append(e)
+
+        threads = [threading.Thread(target=bind, args=(st,)) for st in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+        assert errors == [], errors
+        assert len({st.identity() for st in stores}) == 1
+        assert stores[0]._x("SELECT count(*) FROM engrain_mem_state WHERE name LIKE ?", ("store:%",)).fetchone()[0] == 1
+        for st in stores:
+            st.close()

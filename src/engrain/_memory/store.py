@@ -188,6 +188,8 @@ class MemoryStore(TextSearch, PgVectorSearch):
         from .._errors import ConfigError
 
         with self.tx():
+            if self.backend != "sqlite":  # two first opens at once would both find no embedder and insert one
+                self._x("SELECT pg_advisory_xact_lock(hashtext('engrain_mem_state'))")
             names = [n for (n,) in self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ?",
                                                     ("embedder:%",)).fetchall()]
             if not self._x("SELECT 1 FROM engrain_mem_state WHERE name LIKE ?", ("store:%",)).fetchone():
