@@ -61,8 +61,19 @@ class EmptyReplyError(RuntimeError):
     """The model sent a reply with neither text nor a tool call, twice (the run fails, never ``ok``)."""
 
 
+_JSON_LITERALS = {True: "true", False: "false", None: "null"}
+
+
 def _content(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value)
+    t = type(value)
+    if t is str:
+        text = value
+    elif t is int:  # json.dumps' own text for an int, without its encoder's set-up (a tool's usual result)
+        text = int.__repr__(value)
+    elif t is bool or value is None:
+        text = _JSON_LITERALS[value]
+    else:
+        text = value if isinstance(value, str) else json.dumps(value)
     return text if len(text) <= MAX_RESULT else text[:MAX_RESULT] + f"... [truncated, {len(text)} characters]"
 
 
@@ -157,7 +168,7 @@ def _complete(agent: Agent, system: str, msgs: list[dict[str, Any]], specs: list
         t0 = time.perf_counter()
         reply = agent.provider.complete(system, msgs, specs, delta)
         reply["seconds"] = round(time.perf_counter() - t0, 4)
-        if (reply["text"] or "").strip() or reply["tool_calls"]:
+        if reply["tool_calls"] or (reply["text"] or "").strip():  # a tool call first: the usual turn's
             if attempt > 1:
                 reply["empty_retries"] = attempt - 1  # paid for too (see cache.Savings)
             return reply
@@ -195,7 +206,7 @@ def converse(agent: Agent, ctx: RunContext, history: list[dict[str, Any]], text:
         else:
             plan = found
             emit({"type": "cache", "hit": plan is not None})
-    log: list[dict[str, Any]] | None = []
+    log: list[dict[str, Any]] | None = [] if key is not None else None  # the trajectory to cache, if any
     replaying = plan is not None
     # the journaled clock, not now: a resumed replay compares the journaled results as the first attempt did
     replay = Replayer(plan["turns"], text, [m["content"] for m in history], user["ts"]) if plan is not None else None

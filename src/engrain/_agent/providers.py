@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,9 +32,26 @@ MAX_EVENT = 8 * 1024 * 1024  # characters of one streamed event read from a mode
 WHOLE = "_engrain_whole"  # the key under which _chunks hands over a reply sent as one JSON body
 
 
+# The last whole second formatted (its epoch second and its text up to the seconds): every model
+# reply and every turn's system message reads the clock, and strftime costs more than the rest.
+_second: tuple[int, str] = (-1, "")
+
+
+def _now_second(sec: int) -> str:
+    global _second
+    last = _second
+    if last[0] != sec:
+        last = _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return last[1]
+
+
 def utc_iso(t: _dt.datetime | None = None) -> str:
     """``2026-11-23T10:00:00.123Z``: how messages carry their time."""
-    t = (t or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
+    if t is None:
+        now = time.time()
+        sec = int(now)
+        return f"{_now_second(sec)}.{int((now - sec) * 1000):03d}Z"
+    t = t.astimezone(_dt.timezone.utc)
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
 
@@ -69,7 +87,12 @@ def missing_key(provider: str) -> str | None:
 
 def system_text(instructions: str, extra: str = "") -> str:
     """The system message: instructions, the current time, and how message times are shown."""
-    now = utc_iso()[:19] + "Z"
+    global _system
+    sec = int(time.time())
+    last = _system
+    if last[0] == sec and last[1] == instructions and last[2] == extra:
+        return last[3]  # a turn in the same second as the last (most are): the same text
+    now = _now_second(sec) + "Z"
     parts = [instructions.strip()] if instructions.strip() else []
     if extra:
         parts.append(extra)
@@ -77,7 +100,12 @@ def system_text(instructions: str, extra: str = "") -> str:
         f"Current time: {now}. Earlier messages begin with the time they were written, as [YYYY-MM-DDTHH:MM:SSZ]; "
         "do not write such markers yourself."
     )
-    return "\n\n".join(parts)
+    text = "\n\n".join(parts)
+    _system = (sec, instructions, extra, text)
+    return text
+
+
+_system: tuple[int, str, str, str] = (-1, "", "", "")  # the last system message: its second and arguments
 
 
 class Provider:
