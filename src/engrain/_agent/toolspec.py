@@ -24,6 +24,23 @@ from .volatile import ResultCheck, result_check
 
 MAX_ARGS = 256 * 1024  # bytes of argument JSON a model may send to one tool call
 
+# json.loads' own parser (the same values, errors and limits), called without json.loads' layers
+# around it: an object with no space around it is what models send for nearly every call.
+_scan = json.JSONDecoder().scan_once
+
+
+def _parse(raw: str) -> Any:
+    """``json.loads(raw or "{}")``, faster for text that is one object from its first to its last character."""
+    if raw[:1] == "{" and raw[-1:] == "}":
+        try:
+            value, end = _scan(raw, 0)
+        except StopIteration:  # pragma: no cover - a "{" always starts a value or raises ValueError
+            pass
+        else:
+            if end == len(raw):
+                return value
+    return json.loads(raw or "{}")
+
 _SIMPLE: dict[Any, dict[str, Any]] = {
     str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"},
     dict: {"type": "object"}, list: {"type": "array"}, type(None): {"type": "null"},
@@ -81,7 +98,7 @@ class AgentTool:
         if len(raw) > MAX_ARGS:
             raise ValueError(f"arguments are {len(raw)} bytes; at most {MAX_ARGS} are accepted")
         try:
-            args = json.loads(raw or "{}")
+            args = _parse(raw)
         except ValueError as e:
             raise ValueError(f"arguments are not valid JSON ({e})") from None
         if not isinstance(args, dict):
