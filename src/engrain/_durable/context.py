@@ -41,6 +41,7 @@ from .steps import (
     mutable_args_digest,
     replay,
     same_args,
+    same_kinds,
     steps_of,
 )
 
@@ -238,8 +239,13 @@ class RunContext(StepWriter):
             rec = self.steps.get(self.cursor)
             if rec is None or rec.state != "completed" or rec.name != name:
                 return None
-            if args is not None and (tuple(rec.args.values()) if type(args) is tuple else rec.args) != args:
-                return None
+            if args is not None:
+                recorded = tuple(rec.args.values()) if type(args) is tuple else rec.args
+                # ``==`` alone takes True for 1 and 1.0 for 1: the kinds are checked too. Any doubt
+                # (another key order, another kind) goes the slow way, which names both calls.
+                if recorded != args or not (same_kinds(recorded, args) if type(args) is tuple
+                                            else same_kinds(recorded.values(), args.values())):
+                    return None
             self.cursor += 1
             self.replayed += 1
         if observe.observers:
