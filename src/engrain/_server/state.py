@@ -92,10 +92,8 @@ class ServerState:
         self.llm_agents: Any = None
         #: ``POST /api/runs/{id}/fork`` may fork runs the runtime executes (``--allow-fork``); see ``operate.py``.
         self.allow_fork = False
-        #: The size limits of runs API clients write (a ``RunBudget``, see ``run_limits.py``).
-        from .run_limits import RunBudget
-
-        self.run_budget = RunBudget()
+        #: The size limits of runs API clients write (a ``RunBudget``, see ``run_limits.py``; set by ``create_app``).
+        self.run_budget: Any = None
         self.closed = False
         #: SSE stream slots and the journal poller that feeds run streams (set by ``create_app``).
         self.slots: Any = None
