@@ -61,7 +61,7 @@ class RunBudget:
         else return the bytes the run will hold (pass it to :meth:`appended`)."""
         after = expected_seq + len(events)
         if after > self.max_events:
-            raise self._refuse(run_id, f"{after} events (it holds {expected_seq}, this append adds {len(events)})",
+            raise self._refuse(run_id, f"{len(events)} events appended at seq {expected_seq} would make {after} events",
                                f"{self.max_events} events")
         new = sum(_size(e.name, ev.dumps(e.data)) for e in events)
         if new > self.max_bytes:
