@@ -139,3 +139,52 @@ def test_an_offer_made_before_the_routine_was_withdrawn_does_not_run_it(journal,
         offered = next(t["function"] for t in seen[0]["tools"] if t["function"]["name"] == "pay_bill")
         assert "Pay a bill file (reviewed)." in offered["description"]
         assert json.loads(seen[1]["messages"][-1]["content"])["status"] == "ok"
+
+
+def test_a_run_resumed_after_a_crash_inside_the_routine_does_not_finish_a_routine_taken_back(tmp_path):
+    """The offer and the model's call to it are journaled: the resumed call still reads the store first."""
+    url = f"sqlite:///{tmp_path / 'e.db'}"
+    journal = eg.open(url)
+    bank = Bank()
+    _confirmed(journal, bank)
+    tools = bank.tools()
+    crash = {"on": True}
+
+    def pay(iban: str, amount: float, memo: str = "") -> str:
+        """Pay an amount to an IBAN."""
+        if crash["on"]:
+            raise KeyboardInterrupt  # the process dies inside the routine's pay step
+        return tools[1](iban, amount, memo)
+
+    def agent(m: ScriptedModel) -> eg.Agent:
+        return eg.Agent("biller", "openai:scripted", "Pay bills.", [tools[0], pay, tools[2]], base_url=m.openai_url,
+                        journal=journal, learn=True)
+
+    handed: list[dict] = []
+
+    def respond(api: str, body: dict):
+        msgs = body["messages"]
+        if msgs[-1]["role"] == "user":
+            return tool_call("pay_bill", path="bills/jul.txt")
+        if not handed:
+            handed.append(json.loads(msgs[-1]["content"]))
+            return tool_call("pay", iban="DE003", amount=75.25, memo="by hand")
+        return say("Paid by hand.")
+
+    bank.calls.clear()
+    with ScriptedModel(respond) as m, pytest.raises(KeyboardInterrupt):
+        agent(m).run("Pay the bill in bills/jul.txt", run_id="crashed")
+    assert bank.calls == [("read_file", {"path": "bills/jul.txt"})]
+    r = _cli("routines", "promote", "pay_bill", "--undo", "--url", url, "--json")
+    assert r.returncode == 0, r.stderr
+    crash["on"] = False
+    with ScriptedModel(respond) as m:
+        res = agent(m).run("Pay the bill in bills/jul.txt", run_id="crashed")
+    assert res and res.output == "Paid by hand."
+    (out,) = handed
+    assert out["status"] == "stopped" and "a human took it back" in out["reason"]
+    # What the routine did before the crash is the model's to know; its pay never ran.
+    assert out["done"] == [{"tool": "read_file", "args": {"path": "bills/jul.txt"},
+                            "result": {"path": "bills/jul.txt", **bank.files["bills/jul.txt"]}}]
+    assert bank.calls == [("read_file", {"path": "bills/jul.txt"}),
+                          ("pay", {"iban": "DE003", "amount": 75.25, "memo": "by hand"})]
