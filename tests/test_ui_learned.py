@@ -69,11 +69,23 @@ def test_routines_page_lists_learned_routines_and_reviews_them(page: Page, serve
     expect(stuck).to_contain_text("the model composed or computed it after seeing results")
     shot(page, "learned")
 
+    name = pay.locator("td").first.inner_text()
+    # Confirmed by runs and never reviewed, it is offered: a human can withhold it without promoting it.
+    pay.get_by_role("button", name="Withhold").click()
+    expect(page.locator("#status")).to_contain_text("Withhold")
+    expect(page.locator('tr[data-learned]').filter(has_text="confirmed")).to_contain_text("withheld")
+    assert LearnedRoutines(server["url"]).get(name, "biller").demoted is True
+
     pay.get_by_role("button", name="Promote").click()
     expect(page.locator("#status")).to_contain_text("Promote")
     expect(page.locator('tr[data-learned]').filter(has_text="confirmed")).to_contain_text("trusted")
-    name = pay.locator("td").first.inner_text()
-    assert LearnedRoutines(server["url"]).get(name, "biller").trusted is True
+    got = LearnedRoutines(server["url"]).get(name, "biller")
+    assert got.trusted is True and got.demoted is False
+
+    pay.get_by_role("button", name="Take back").click()
+    expect(page.locator('tr[data-learned]').filter(has_text="confirmed")).to_contain_text("withheld")
+    got = LearnedRoutines(server["url"]).get(name, "biller")
+    assert got.trusted is False and got.demoted is True
 
     page.once("dialog", lambda d: d.accept())
     page.locator('tr[data-learned]').filter(has_text="not_compilable").get_by_role("button", name="Delete").click()

@@ -27,6 +27,10 @@ from ._errors import ConfigError, ConflictError, RemoteError, RunNotFoundError, 
 from ._events import STATUS_ALIASES, Event, RunInfo, check_status
 
 
+#: Events asked for per ``GET /api/runs/{id}/events`` page (the server's default; it allows up to 10,000).
+_PAGE = 1000
+
+
 class RemoteRunNotFoundError(RemoteError, RunNotFoundError):
     """The server has no such run."""
 
@@ -148,9 +152,15 @@ class Client:
         return self._call("GET", f"/runs/{_seg(run_id)}", run_id=run_id)
 
     def events(self, run_id: str, after: int = -1) -> list[Event]:
-        """Events of ``run_id`` with ``seq > after``."""
-        return [Event.from_dict(d) for d in self._call("GET", f"/runs/{_seg(run_id)}/events",
-                                                        params={"after": after}, run_id=run_id)]
+        """Events of ``run_id`` with ``seq > after`` (every page of them)."""
+        out: list[Event] = []
+        while True:
+            page = self._call("GET", f"/runs/{_seg(run_id)}/events", params={"after": after, "limit": _PAGE},
+                              run_id=run_id)
+            out.extend(Event.from_dict(d) for d in page)
+            if len(page) < _PAGE:
+                return out
+            after = out[-1].seq
 
     def read(self, run_id: str, after: int = -1) -> list[Event]:
         """Alias of :meth:`events`, the journal's name for it."""

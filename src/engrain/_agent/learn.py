@@ -11,8 +11,9 @@ explanation. A run in which a learned routine finished teaches nothing new and
 is skipped; in a run where one stopped, its child run's tool calls stand in for
 it, so a stop the model finished by hand the same way is one more run of the
 routine's shape (an assert the runs did not need then drops out). A routine a
-human edited or promoted is not re-induced (its runs are still recorded), so
-trust never carries over to a version nobody reviewed.
+human edited, promoted or took back is not re-induced (its runs are still
+recorded), so trust never carries over to a version nobody reviewed, and a
+routine taken back stays withheld.
 
 **Offer.** At the start of a run, :func:`offer` recalls the skill's confirmed
 (or promoted) routines whose source tasks read like the task, as a journaled
@@ -23,7 +24,10 @@ and description. Calling it runs the routine as a durable child run
 (``<run_id>:<step>:routine``, tagged ``learned``), through the agent's own
 tools, with its ``assert`` steps and no UDF outside the sandbox. A failed step
 or assert returns ``status: "stopped"`` with the steps done, their results and
-the reason, and the model goes on by hand.
+the reason, and the model goes on by hand. An offer holds the routine as it was
+offered: when the model calls it, the store is read again (:func:`withdrawn`)
+and a routine deleted, taken back, no longer confirmed or edited since does not
+run; the model is told why and goes on by hand.
 """
 
 from __future__ import annotations
@@ -121,12 +125,12 @@ def _learn_once(agent: Any, journal: Journal, run_id: str) -> LearnReport:
         return LearnReport(run_id, "recorded", "this run was learned before", have.name, have.id, have.status,
                            len(have.runs), have.problems)
     evidence = [*(AgentTrace.from_dict(d) for d in (have.evidence if have else [])), trace]
-    if have is not None and (have.edited or have.trusted):  # the version a human wrote or reviewed stands
+    if have is not None and (have.edited or have.trusted or have.demoted):  # what a human wrote or judged stands
         have.runs = [*have.runs, run_id][-MAX_EVIDENCE:]
         have.tasks = list(dict.fromkeys([*have.tasks, trace.task]))[-MAX_EVIDENCE:]
         have.evidence = [t.to_dict() for t in evidence]
         store.save(have)
-        why = "edited" if have.edited else "promoted"
+        why = "edited" if have.edited else "promoted" if have.trusted else "taken back"
         return LearnReport(run_id, "recorded", f"the routine was {why} by a human: it is not re-induced",
                            have.name, have.id, have.status, len(have.runs))
     kept = evidence[-MAX_EVIDENCE:]
@@ -212,6 +216,33 @@ def _package(routine: dict[str, Any]) -> pathlib.Path:
     return folder
 
 
+def withdrawn(agent: Any, journal: Journal, offered: dict[str, Any]) -> str | None:
+    """Why the routine offered as ``offered`` may no longer run, or None when it still may.
+
+    Read at call time: a human may have deleted, taken back or edited it since the offer was
+    made (earlier in the run, or before a crash the run resumed from). A store that cannot
+    be read withholds it too: running a routine nobody can vouch for is what this prevents.
+    """
+    from .._memory.learned import LearnedRoutineNotFoundError
+
+    try:
+        now = store_for(agent, journal).get(str(offered.get("id") or ""))
+    except LearnedRoutineNotFoundError:
+        return "it was deleted"
+    except Exception as e:  # noqa: BLE001 - the reason goes to the model, which works by hand
+        return f"its review state could not be read ({type(e).__name__}: {e})"
+    if now.skill != agent.learn:
+        return f"it belongs to skill {now.skill!r}, not {agent.learn!r}"
+    if now.demoted:
+        return "a human took it back"
+    if not now.offerable():
+        return f"it is no longer confirmed (status {now.status})"
+    then = {k: v for k, v in offered["routine"].items() if k != "trusted"}
+    if {k: v for k, v in now.routine.items() if k != "trusted"} != then:
+        return "it was changed (edited or learned again); the next task is offered the new version"
+    return None
+
+
 def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: dict[str, Any]) -> dict[str, Any]:
     """Run an offered routine as a durable child run; a stop returns what was done and why."""
     from .._routines.runner import run_routine
@@ -227,6 +258,14 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
         return {"status": "stopped", "routine": offered["name"], "run_id": None, "stopped_at": odd[0],
                 "reason": f"step type not allowed in a learned routine: {odd[0]}", "done": [],
                 "next": "The routine did not run. Do the task by hand."}
+    why = withdrawn(agent, journal, offered)
+    if why is not None:
+        # A resumed run may have started the child before the crash: what it did is the model's to know.
+        done = _done_steps(journal, child) if key else []
+        return {"status": "stopped", "routine": offered["name"], "run_id": child if done else None, "stopped_at": None,
+                "reason": f"the routine was withdrawn since it was offered: {why}", "done": done,
+                "next": ("The routine stopped before finishing; the steps in 'done' happened. Continue the task by hand."
+                         if done else "The routine did not run. Do the task by hand.")}
     # the agent's tools the routine declares, no others: what an offer was checked against is all it can call
     declared = offered["routine"].get("tools")
     registry = {name: (lambda t: lambda **kw: t.invoke(kw))(t) for name, t in agent.tools.items()

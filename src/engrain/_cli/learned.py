@@ -28,7 +28,7 @@ def _store(url: str | None) -> Any:
 
 
 def _line(r: Any) -> str:
-    flag = "trusted" if r.trusted else "untrusted"
+    flag = "trusted" if r.trusted else "withheld" if r.demoted else "untrusted"
     inputs = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in (r.inputs.get("properties") or {}).items())
     return f"{r.id:<20} {r.skill[:16]:<16} {r.status:<15} {flag:<9} {r.uses:>4} {r.stops:>5}  {r.name}({inputs})"
 
@@ -70,7 +70,7 @@ def show(ref: RefArg, skill: SkillOption = None, url: UrlOption = None, json_out
         print_json(r.to_dict(full=True))
         return
     typer.echo(f"# {r.name} ({r.id}) skill={r.skill} status={r.status} trusted={str(r.trusted).lower()}"
-               f"{' edited' if r.edited else ''} uses={r.uses} stops={r.stops}")
+               f"{' withheld' if r.demoted else ''}{' edited' if r.edited else ''} uses={r.uses} stops={r.stops}")
     for t in r.tasks:
         typer.echo(f"# learned from: {t}")
     for e in r.explained:
@@ -107,12 +107,13 @@ def edit(
 @learned_app.command("promote")
 def promote(
     ref: RefArg,
-    undo: Annotated[bool, typer.Option("--undo", help="Take the promotion back (trusted: false).")] = False,
+    undo: Annotated[bool, typer.Option("--undo", help="Take it back (trusted: false): no agent offers it, nor runs an "
+                                               "offer made before, until it is promoted again.")] = False,
     skill: SkillOption = None,
     url: UrlOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Mark a learned routine reviewed (trusted: true); --undo takes it back."""
+    """Mark a learned routine reviewed (trusted: true); --undo takes it back and withholds it from agents."""
     with errors_as_exit():
         r = _store(url).promote(ref, not undo, skill)
     if json_out:

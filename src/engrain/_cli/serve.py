@@ -54,6 +54,8 @@ def serve(
         bool, typer.Option("--allow-fork", help="Let API clients fork runs the runtime executes (re-executes their later steps).")
     ] = False,
     upgrade: UpgradeOption = False,
+    max_run_events: Annotated[int, typer.Option(min=1, help="Most events a run written by an API client may hold; past it 413.")] = 100_000,
+    max_run_bytes: Annotated[int, typer.Option(min=1, help="Most bytes of event data a run written by an API client may hold; past it 413.")] = 64 * 1024 * 1024,
     embedder: Annotated[str | None, typer.Option(
         "--embedder", envvar="ENGRAIN_EMBEDDER",
         help="Memory's embedder: 'openai:<model>', 'ollama:<model>', 'sentence-transformers:<name>', "
@@ -68,7 +70,8 @@ def serve(
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
                          tools_dir=tools_dir, max_streams=max_streams, max_client_streams=max_client_streams,
-                         allow_fork=allow_fork, upgrade_agents=upgrade, embedder=embedder)
+                         allow_fork=allow_fork, upgrade_agents=upgrade, embedder=embedder,
+                         max_run_events=max_run_events, max_run_bytes=max_run_bytes)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host
     bound = socks[0].getsockname()[1]

@@ -36,11 +36,14 @@ from .attempts import StepWriter, _Pending, _question
 from .steps import (
     ARGS_CHECKED,
     DEFAULT_POLICY,
+    SCALARS,
     StepPolicy,
     StepRecord,
     mutable_args_digest,
     replay,
     same_args,
+    same_json,
+    same_kinds,
     steps_of,
 )
 
@@ -238,8 +241,21 @@ class RunContext(StepWriter):
             rec = self.steps.get(self.cursor)
             if rec is None or rec.state != "completed" or rec.name != name:
                 return None
-            if args is not None and (tuple(rec.args.values()) if type(args) is tuple else rec.args) != args:
-                return None
+            if args is not None:
+                recorded = tuple(rec.args.values()) if type(args) is tuple else rec.args
+                # ``==`` alone takes True for 1 and 1.0 for 1: the kinds are checked too. Any doubt
+                # (another key order, another kind) goes the slow way, which names both calls.
+                if recorded != args:
+                    return None
+                if type(args) is not tuple:
+                    if not same_kinds(recorded.values(), args.values()):
+                        return None
+                elif len(args) == 1:  # the most common call, inline: a third of same_kinds' cost
+                    t = type(recorded[0])
+                    if t is not type(args[0]) or (t not in SCALARS and not same_json(recorded[0], args[0])):
+                        return None
+                elif not same_kinds(recorded, args):
+                    return None
             self.cursor += 1
             self.replayed += 1
         if observe.observers:

@@ -109,16 +109,16 @@ class Journal(abc.ABC):
                     json_checked=json_checked)
 
     @abc.abstractmethod
-    def read(self, run_id: str, after: int = -1) -> list[Event]:
-        """Events of ``run_id`` with ``seq > after``, in order. Empty if the run is unknown."""
+    def read(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Event]:
+        """Events of ``run_id`` with ``seq > after``, in order (the first ``limit`` of them). Empty if the run is unknown."""
 
-    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
+    def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
         """What :meth:`read` returns, as rows whose data is still JSON text, for a caller that decodes only what it needs.
 
         Resuming a long run decodes its completions straight into step records
         (``_durable.steps``); a backend overrides this to skip building events.
         """
-        return [(e.seq, e.ts, e.kind, e.name, dumps(e.data)) for e in self.read(run_id, after)]
+        return [(e.seq, e.ts, e.kind, e.name, dumps(e.data)) for e in self.read(run_id, after, limit)]
 
     @abc.abstractmethod
     def get_run(self, run_id: str) -> RunInfo | None:

@@ -273,19 +273,19 @@ class PostgresJournal(Journal):
             self._db.execute("DELETE FROM engrain_queue WHERE run_id = %s", (run_id,))  # a queued run's row (schema v6)
             self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
 
-    def read(self, run_id: str, after: int = -1) -> list[Event]:
-        return events_of(run_id, self.read_raw(run_id, after))
+    def read(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Event]:
+        return events_of(run_id, self.read_raw(run_id, after, limit))
 
-    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
+    def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
         try:
             with self._lock:
                 self._settle()
                 # Binary results: seq and ts arrive as machine numbers, not text to parse (~20% of a
                 # 10k-event read); run_id is the caller's.
-                return self._db.cursor(binary=True).execute(
-                    "SELECT seq, ts, kind, name, data FROM engrain_events WHERE run_id = %s AND seq > %s ORDER BY seq",
-                    (run_id, after),
-                ).fetchall()
+                sql = "SELECT seq, ts, kind, name, data FROM engrain_events WHERE run_id = %s AND seq > %s ORDER BY seq"
+                if limit is not None:
+                    return self._db.cursor(binary=True).execute(sql + " LIMIT %s", (run_id, after, max(0, limit))).fetchall()
+                return self._db.cursor(binary=True).execute(sql, (run_id, after)).fetchall()
         except self._psycopg.Error as e:
             raise self._storage(e) from e
 

@@ -389,19 +389,24 @@ class SQLiteJournal(Journal):
 
     # -- reads -------------------------------------------------------------------
 
-    def read(self, run_id: str, after: int = -1) -> list[Event]:
+    def read(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Event]:
         try:
-            return events_of(run_id, self.read_raw(run_id, after))
+            return events_of(run_id, self.read_raw(run_id, after, limit))
         except ValueError as e:  # text the journal wrote as JSON no longer is: damaged pages
             raise StoreCorruptError(str(self.path), f"an event of run {run_id!r} is not JSON ({e})") from None
 
-    def read_raw(self, run_id: str, after: int = -1) -> list[Row]:
+    def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
         try:
             with self._lock:
                 # run_id is the caller's: not selecting it saves a string object per event.
+                if limit is None:
+                    return self._db.execute(
+                        "SELECT seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+                        (run_id, after),
+                    ).fetchall()
                 return self._db.execute(
-                    "SELECT seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
-                    (run_id, after),
+                    "SELECT seq, ts, kind, name, data FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    (run_id, after, max(0, limit)),
                 ).fetchall()
         except sqlite3.Error as e:
             raise self._translate(e) from e

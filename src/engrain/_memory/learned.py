@@ -5,6 +5,7 @@ row of ``engrain_mem_routines`` in the memory's database (SQLite or
 PostgreSQL), next to the skill's records and articles. The row holds the
 routine (``routine.yaml`` data), its status (``candidate``, ``confirmed``,
 ``not_compilable``), ``trusted`` (set only by a human: :meth:`LearnedRoutines.promote`),
+``demoted`` (a human took the promotion back: never offered until promoted again),
 whether a human edited it, the tasks and run ids it was learned from with their
 tool calls (the evidence a later run is induced with), why steps are not
 compilable, use counters, and one embedding per source task so that
@@ -76,6 +77,11 @@ class LearnedRoutine:
     version: int = 0  # 0: not saved yet; each save adds one (optimistic concurrency)
     partial: bool = field(default=False, repr=False)  # read by list(), without its evidence: never saved back
     embedding: np.ndarray | None = field(default=None, repr=False)
+    demoted: bool = False  # a human took it back (promote(trusted=False)): not offered until promoted again
+
+    def offerable(self, usable: tuple[str, ...] = ("confirmed",)) -> bool:
+        """Whether an agent may offer (and run) this routine: confirmed or promoted, never taken back."""
+        return not self.demoted and self.status != "not_compilable" and (self.status in usable or self.trusted)
 
     @property
     def description(self) -> str:
@@ -88,7 +94,7 @@ class LearnedRoutine:
     def to_dict(self, full: bool = False) -> dict[str, Any]:
         """JSON view: the review fields; ``full`` adds the routine, the evidence runs and the explanations."""
         out = {"id": self.id, "skill": self.skill, "name": self.name, "status": self.status, "trusted": self.trusted,
-               "edited": self.edited, "description": self.description, "inputs": self.inputs, "tasks": self.tasks,
+               "demoted": self.demoted, "edited": self.edited, "description": self.description, "inputs": self.inputs, "tasks": self.tasks,
                "runs": self.runs, "problems": self.problems, "pattern": self.pattern, "uses": self.uses,
                "stops": self.stops, "created": self.created, "updated": self.updated}
         if full:
@@ -124,7 +130,8 @@ class LearnedRoutines:
         r = LearnedRoutine(row[0], row[1], row[2], row[3], row[4], d["routine"], bool(row[5]), bool(row[6]),
                            d.get("tasks", []), d.get("runs", []), d.get("evidence", []), d.get("problems", []),
                            d.get("explained", []), d.get("pattern"), int(row[12]), int(row[13]),
-                           float(row[9]), float(row[10]), int(row[11]), partial=partial)
+                           float(row[9]), float(row[10]), int(row[11]), partial=partial,
+                           demoted=bool(d.get("demoted", False)))
         if emb is not None and emb.size:
             r.embedding = emb.reshape(len(r.tasks), -1) if r.tasks and emb.size % len(r.tasks) == 0 else None
         return r
@@ -176,11 +183,11 @@ class LearnedRoutines:
               usable: tuple[str, ...] = ("confirmed",)) -> list[tuple[float, LearnedRoutine]]:
         """The routines of ``skill`` whose source tasks read most like ``task`` (best first).
 
-        Only routines with a status in ``usable``, or promoted by a human, are
-        considered; the score is the best cosine similarity between ``task`` and
+        Only routines with a status in ``usable``, or promoted by a human, and
+        not taken back by one (:meth:`LearnedRoutine.offerable`) are considered; the score is the best cosine similarity between ``task`` and
         one of the routine's source tasks (its task pattern matching counts 1.0).
         """
-        found = [r for r in self.list(skill) if (r.status in usable or r.trusted) and r.status != "not_compilable"]
+        found = [r for r in self.list(skill) if r.offerable(usable)]
         if not found:
             return []
         q = self.memory.embedder.embed([task])[0]
@@ -214,7 +221,7 @@ class LearnedRoutines:
             r.embedding = self.memory.embedder.embed(list(r.tasks)) if r.tasks else None
         now = time.time()
         data = json.dumps({"routine": r.routine, "tasks": r.tasks, "runs": r.runs, "problems": r.problems,
-                           "explained": r.explained, "pattern": r.pattern}, default=str)
+                           "explained": r.explained, "pattern": r.pattern, "demoted": r.demoted}, default=str)
         evidence = json.dumps(r.evidence, default=str)
         emb = np.asarray(r.embedding, dtype=np.float32).tobytes() if r.embedding is not None else None
         with self.store.tx():
@@ -250,7 +257,10 @@ class LearnedRoutines:
     def promote(self, ref: str, trusted: bool = True, skill: str | None = None) -> LearnedRoutine:
         """Mark a routine reviewed (``trusted: true``), or take that back with ``trusted=False``.
 
-        A routine with steps that are not compilable is promoted only after a
+        Taking it back (also from a routine confirmed by runs and never
+        promoted) withholds it: no agent offers it, an offer made before is
+        refused when the model calls it, and runs of its shape no longer
+        re-induce it, until a human promotes it again. A routine with steps that are not compilable is promoted only after a
         human edited it (:meth:`edit`): its unexplained arguments hold one run's values.
         """
         r = self.get(ref, skill)
@@ -259,6 +269,7 @@ class LearnedRoutines:
             raise MemoryInputError(f"learned routine {r.name!r} has steps that are not compilable ({steps}): "
                                    "edit it before promoting it")
         r.trusted = bool(trusted)
+        r.demoted = not r.trusted
         r.routine = {**r.routine, "trusted": r.trusted}
         return self.save(r)
 

@@ -239,6 +239,8 @@ def create_app(
     allow_fork: bool = False,
     upgrade_agents: bool = False,
     embedder: str | None = None,
+    max_run_events: int | None = None,
+    max_run_bytes: int | None = None,
 ) -> FastAPI:
     """The engrain HTTP API (and web UI) over the store at ``url``.
 
@@ -265,6 +267,9 @@ def create_app(
     past either; defaults in :mod:`engrain._server.streams`). ``embedder`` is memory's
     model string (``"openai:text-embedding-3-small"``, ...; default: the one the
     store was filled with, else ``$ENGRAIN_EMBEDDER``, else the shipped model).
+    A run an API client writes holds at most ``max_run_events`` events and
+    ``max_run_bytes`` bytes of event data (413 past either; defaults in
+    :mod:`engrain._server.run_limits`).
     """
     token = token if token is not None else (os.environ.get("ENGRAIN_TOKEN") or None)
     if not is_loopback(host) and not token:
@@ -290,6 +295,12 @@ def create_app(
     state.slots = StreamSlots(max_streams or MAX_STREAMS, max_client_streams or MAX_CLIENT_STREAMS)
     state.hub = StreamHub(lambda: state.journal)
     state.allow_fork = bool(allow_fork)
+    from .run_limits import MAX_RUN_BYTES, MAX_RUN_EVENTS, RunBudget
+
+    for what, given in (("max_run_events", max_run_events), ("max_run_bytes", max_run_bytes)):
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+            raise ConfigError(f"{what} must be a positive integer, not {given!r}")
+    state.run_budget = RunBudget(max_run_events or MAX_RUN_EVENTS, max_run_bytes or MAX_RUN_BYTES)
     state.embedder = embedder
     from .llm_agents import LLMAgents, build_tools
 

@@ -26,7 +26,8 @@ class Edit(Body):
 class Promote(Body):
     """Review state to set."""
 
-    trusted: bool = Field(default=True, description="true: reviewed; false: take the promotion back.")
+    trusted: bool = Field(default=True, description="true: reviewed; false: take it back (no agent offers it, nor runs "
+                                                    "an offer made before, until it is promoted again).")
 
 
 def _store(request: Request) -> tuple[Any, Any]:

@@ -17,6 +17,7 @@ from .._events import Event, NewEvent, check_json
 from .._durable.steps import replayed_steps
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
 from .run_kinds import listed, log_view, runs_page
+from .run_limits import DEFAULT_PAGE, MAX_PAGE
 from .contract import one_of
 from .state import ApiError, Body, state_of
 from .streams import EventStream
@@ -215,10 +216,13 @@ def get_run(request: Request, run_id: str) -> dict[str, Any]:
 
 
 @router.get("/runs/{run_id}/events")
-def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ)) -> list[dict[str, Any]]:
-    """Events of the run with ``seq > after``."""
+def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ),
+               limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE,
+                                  description="Most events returned; a full page means more may follow: "
+                                              "ask again with after = the last seq.")) -> list[dict[str, Any]]:
+    """The first ``limit`` events of the run with ``seq > after`` (a page; read the next with ``after``)."""
     _require(request, run_id)
-    return [e.to_dict() for e in state_of(request).journal.read(run_id, after)]
+    return [e.to_dict() for e in state_of(request).journal.read(run_id, after, limit)]
 
 
 def _sse(e: Event) -> str:
@@ -241,8 +245,9 @@ async def stream(request: Request, run_id: str, after: int = Query(default=-1, g
 
     async def events(sub: Any) -> Any:
         last, status, idle_since = after, info.status, time.monotonic()
-        # What the journal holds now; the hub hands over what comes after its snapshot (seq ordered, maybe again).
-        batch: list[Event] | None = await run_in_threadpool(state.journal.read, run_id, last)
+        # What the journal holds now, a page at a time (a long run is never read whole); the hub hands
+        # over what comes after its snapshot (seq ordered, maybe again).
+        batch: list[Event] | None = await run_in_threadpool(state.journal.read, run_id, last, MAX_PAGE)
         while True:
             for e in batch or ():
                 if e.seq <= last:
@@ -251,6 +256,11 @@ async def stream(request: Request, run_id: str, after: int = Query(default=-1, g
                 last = e.seq
                 if e.kind in TERMINAL:
                     return
+            if batch is not None and len(batch) == MAX_PAGE:  # more of the journal to catch up on
+                if await request.is_disconnected():
+                    return
+                batch = await run_in_threadpool(state.journal.read, run_id, last, MAX_PAGE)
+                continue
             if batch:
                 idle_since = time.monotonic()
             elif sub.gone or status in FINISHED:
@@ -264,7 +274,7 @@ async def stream(request: Request, run_id: str, after: int = Query(default=-1, g
             status = sub.status or status
             batch = sub.take()
             if batch is None:  # this reader fell too far behind for the hub to keep its events
-                batch = await run_in_threadpool(state.journal.read, run_id, last)
+                batch = await run_in_threadpool(state.journal.read, run_id, last, MAX_PAGE)
 
     return EventStream(request, events, lambda: state.hub.watch(run_id, info.next_seq - 1))
 
@@ -322,7 +332,9 @@ def append_events(request: Request, run_id: str, body: Append) -> list[dict[str,
 
     A client may create a run (``run.started`` at seq 0, tagged ``client`` by the
     server) and append any kind to it; runs the runtime writes (routines, agents,
-    ``engrain.run``) answer 403 ``RuntimeOnlyError``.
+    ``engrain.run``) answer 403 ``RuntimeOnlyError``. A client run holds at most the
+    server's ``--max-run-events`` events and ``--max-run-bytes`` of event data: an
+    append past either is refused whole (413 ``RunTooLargeError``).
     """
     if not run_id.strip() or len(run_id) > 200:
         raise ApiError(400, "BadRunId", "run_id must be 1..200 characters and not blank")
@@ -330,10 +342,13 @@ def append_events(request: Request, run_id: str, body: Append) -> list[dict[str,
         if e.kind not in ev.KINDS:
             raise ApiError(422, "ValidationError", f"events[{i}].kind {e.kind!r} is not one of {sorted(ev.KINDS)}")
         check_json(e.data, f"events[{i}]", "data")
-    journal = state_of(request).journal
+    state = state_of(request)
+    journal = state.journal
     events = _client_events(journal, run_id, body)
+    size = state.run_budget.check(journal, run_id, body.expected_seq, events)  # 413 past the run's budget
     try:
         stored = journal.append(run_id, events, body.expected_seq)
+        state.run_budget.appended(run_id, body.expected_seq + len(events), size)
     except ConflictError:
         # Only now pay for the lookup that tells "no such run" from "another writer won".
         if body.expected_seq > 0 and journal.get_run(run_id) is None:

@@ -38,7 +38,7 @@ _ERRORS = {
     403: "Refused: a cross-site Origin on a loopback server, a write only the runtime may make, or a fork not allowed",
     404: "No such run, routine, agent or path",
     409: "Conflict: another writer appended first, the run is busy, or it is not waiting for input",
-    413: "Request body larger than the server's limit",
+    413: "Request body larger than the server's limit, or a client run past its event budget (RunTooLargeError)",
     421: "Host header is not this machine (DNS-rebinding guard of a loopback server)",
     422: "The request does not match the schema, or the data is invalid (fields names each problem)",
     501: "A feature (the routine engine) is not installed in this engrain",
@@ -92,6 +92,8 @@ class ServerState:
         self.llm_agents: Any = None
         #: ``POST /api/runs/{id}/fork`` may fork runs the runtime executes (``--allow-fork``); see ``operate.py``.
         self.allow_fork = False
+        #: The size limits of runs API clients write (a ``RunBudget``, see ``run_limits.py``; set by ``create_app``).
+        self.run_budget: Any = None
         self.closed = False
         #: SSE stream slots and the journal poller that feeds run streams (set by ``create_app``).
         self.slots: Any = None

@@ -29,7 +29,7 @@ window.engrainLearned = (() => {
       h("td", { class: "mono", text: r.name }),
       h("td", { text: r.skill }),
       h("td", {}, badge(r.status, r.status === "confirmed" ? "ok" : r.status === "not_compilable" ? "error" : ""),
-        " ", badge(r.trusted ? "trusted" : "untrusted")),
+        " ", badge(r.trusted ? "trusted" : r.demoted ? "withheld" : "untrusted", r.demoted ? "error" : "")),
       h("td", { text: Object.keys((r.inputs && r.inputs.properties) || {}).join(", ") || "—" }),
       h("td", {}, h("details", {}, h("summary", { text: `${r.tasks.length} task(s)` }),
         h("ul", {}, r.tasks.map((t) => h("li", { text: short(t, 120) })))),
@@ -37,6 +37,9 @@ window.engrainLearned = (() => {
       h("td", { class: "num", text: `${r.uses} / ${r.stops}` }),
       h("td", {},
         action(r.trusted ? "Take back" : "Promote", r, "POST", `/api/learned/${enc(r.id)}/promote`, { trusted: !r.trusted }),
+        // an unreviewed routine confirmed by runs is offered too: a human can withhold it without promoting it first
+        !r.trusted && !r.demoted && r.status === "confirmed"
+          ? [" ", action("Withhold", r, "POST", `/api/learned/${enc(r.id)}/promote`, { trusted: false })] : null,
         " ",
         action("Delete", r, "DELETE", `/api/learned/${enc(r.id)}`, undefined, `Delete learned routine ${r.name}?`, "danger"))));
     return [
