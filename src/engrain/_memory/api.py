@@ -19,6 +19,7 @@ from . import edit as _edit
 from . import transfer as _transfer
 from .consolidate import ConsolidationSummary
 from . import ranking as _ranking
+from . import temporal as _temporal
 from .filters import check_where
 from .fusion import SPREAD_DEPTH, text_weight
 from . import embedders as _embedders
@@ -26,7 +27,6 @@ from .embed import Embedder
 from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
 from .ranking import Ranking, SearchResult
-from .temporal import asks_when
 
 #: Query embeddings a memory keeps (the most recent; a repeated query skips the model, ~3 ms).
 QUERY_CACHE = 256
@@ -285,9 +285,9 @@ class Memory:
 
         _ranking.fill_cosines(cands, qv, around)
         _ranking.add_context(cands, qv, w_text, rk, around, fetch)
-        when = rk.when if rk.when and asks_when(query) else 0.0  # the temporal prior (see .temporal)
-        cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, when)
-        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, when)
+        prior = _temporal.prior(query, rk.when)
+        cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
+        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior)
         results = _ranking.add_neighbours(self, results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {
             "query": query, "label": label, "hint": importance, "where": where,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .filters import matches
-from .temporal import states_time
+from .temporal import Prior
 
 #: Weight of the cosine in an item's match (the text weight is per query, :mod:`.fusion`).
 W_VECTOR = 0.70
@@ -48,7 +48,7 @@ CONTEXT_TOP = 2
 #: Weights of the priors in the recall score (see :meth:`Memory.recall`).
 W_RECENCY, W_LABEL, W_IMPORTANCE = 0.05, 0.05, 0.05
 #: Weight of the temporal prior: a question asking when a past event happened lifts the candidates whose text
-#: states a time (:mod:`.temporal`); the scale of the other priors.
+#: states a time, one naming a date those that carry it (:mod:`.temporal`); the scale of the other priors.
 W_WHEN = 0.05
 #: Importance of items deposited without a ``hint`` (the middle of etchmem's 0..1 scale).
 DEFAULT_IMPORTANCE = 0.5
@@ -195,12 +195,12 @@ def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_
 
 
 def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: float, keep: int,
-          when: float = 0.0) -> dict[tuple[str, str], dict[str, Any]]:
+          slack: float = 0.0) -> dict[tuple[str, str], dict[str, Any]]:
     """The candidates that can still rank among the best ``keep`` once the priors are added.
 
     Match and context are known here; recency, importance and label add at most
-    ``W_RECENCY + W_IMPORTANCE + W_LABEL`` (and ``when``, the temporal prior's
-    weight for this query). A candidate below the ``keep``-th best
+    ``W_RECENCY + W_IMPORTANCE + W_LABEL`` (and ``slack``: the most this query's
+    temporal prior adds). A candidate below the ``keep``-th best
     by more than that never reaches the top, so its row is not read (a recall
     reads ~15 rows instead of ~80). Items without a cosine yet are kept.
     """
@@ -211,7 +211,7 @@ def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: 
             base[key] = (m + context * c.get("ctx", m / CONTEXT_TOP)) / (1.0 + context)
     if len(base) <= keep:
         return cands
-    bar = sorted(base.values(), reverse=True)[keep - 1] - (W_RECENCY + W_IMPORTANCE + W_LABEL + when)
+    bar = sorted(base.values(), reverse=True)[keep - 1] - (W_RECENCY + W_IMPORTANCE + W_LABEL + slack)
     return {key: c for key, c in cands.items() if key not in base or base[key] >= bar}
 
 
@@ -220,11 +220,11 @@ def _match_of(c: dict[str, Any], w_text: float) -> float:
 
 
 def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
-          where: dict[str, Any] | None, w_text: float, context: float, when: float = 0.0) -> list[SearchResult]:
+          where: dict[str, Any] | None, w_text: float, context: float, prior: Prior | None = None
+          ) -> list[SearchResult]:
     """The candidates as results, best first (the score of :meth:`Memory.recall`).
 
-    ``when`` is the temporal prior's weight for this query (0 unless it asks
-    when something happened): added to items whose text states a time.
+    ``prior`` is the query's temporal prior (:mod:`.temporal`), added to each item by its text.
     """
     recs = mem.store.records([i for t, i in cands if t == "record"],
                              vectors=any(c["cos"] is None for (t, _), c in cands.items() if t == "record"))
@@ -259,8 +259,8 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
         ctx = c.get("ctx", match / CONTEXT_TOP)
         # Divided back to a match's scale, so the priors weigh what they did against it.
         total = (match + context * ctx) / (1.0 + context) + W_RECENCY * recency + W_LABEL * lab + W_IMPORTANCE * imp
-        if when and states_time(item.content):
-            total += when
+        if prior is not None:
+            total += prior(item.content)
         if tier == "record":
             if item.article_id in arts:  # folded into an article that is shown: count for it instead
                 via.setdefault(item.article_id, []).append((i, total))
