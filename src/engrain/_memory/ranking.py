@@ -11,8 +11,8 @@ stand alone (their context is half their match). This is the late
 interaction of session-level retrieval, without sessions: any store keeps
 its records in order per skill, and a window of turns stands for the part of
 a session around them. The sum is divided by ``1 + gain``, so scores stay on
-a match's scale and the priors (recency, importance, label) weigh what they
-did.
+a match's scale and the priors (recency, importance, label, and the temporal
+one of :mod:`.temporal`) weigh what they did.
 
 Measured on bench/memory_quality.py (default embedder, all sets in one run),
 recall without the context against with it: LoCoMo's development
