@@ -61,14 +61,73 @@ def test_context_on_the_locomo_dev_split(mq, embedder, tmp_path):
     ds = mq.build_locomo(folder)
     st = mq.fill(ds, embedder, "plain", tmp_path, "locomo", cache=False)
     try:
-        res = {m: r[0] for m, r in mq.run_methods(ds, st, ["engrain", "before", "no-context", "bm25", "dense"]).items()}
+        res = {m: r[0] for m, r in mq.run_methods(
+            ds, st, ["engrain", "before", "no-context", "no-when", "bm25", "dense"]).items()}
     finally:
         st.mem.close()
     for k in ("any@5", "session@1"):
         assert res["engrain"][k] > res["before"][k], (k, res)
+    # The temporal prior: more questions find their session first, none of the recall is lost.
+    assert res["engrain"]["session@1"] > res["no-when"]["session@1"], res
+    for k in ("any@5", "all@5", "any@10"):
+        assert res["engrain"][k] >= res["no-when"][k], (k, res)
     assert res["engrain"]["any@10"] > res["no-context"]["any@10"], res
     for single in ("bm25", "dense"):
         assert res["engrain"]["any@5"] > res[single]["any@5"], (single, res)
+
+
+def test_temporal_prior_reads_questions_and_records():
+    from engrain._memory.temporal import asks_when, dates, prior, states_time
+
+    assert asks_when("When did Caroline go to the LGBTQ support group?")
+    assert asks_when("how long ago was Caroline's 18th birthday?") and asks_when("What year did Audrey adopt Pixie?")
+    assert not asks_when("When is a building permit required?")  # a condition, not an event's time
+    assert not asks_when("What does Caroline research?")
+    head = "Caroline (1:56 pm on 8 May, 2023): "
+    assert states_time(head + "I went to a LGBTQ support group yesterday and it was so powerful.")
+    assert states_time("Last Friday I finally took the kids to a pottery workshop.")
+    # The header says when the message was said, on every record alike: not a time the message states.
+    assert not states_time(head + "The support group has made me feel accepted.")
+    assert dates(head + "hi") == {(8, "may", 2023)}
+    assert dates("on October 13th, 2023 and in June 2022") == {(13, "october", 2023), (None, "june", 2022)}
+    assert prior("What does Caroline research?", 0.05) is None
+    assert prior("When did Caroline move?", 0.0) is None  # switched off
+    p = prior("What painting did Melanie show on 13 October, 2023?", 0.05)
+    assert p is not None and not p.when and p.most == pytest.approx(0.05)
+    assert p("Melanie (10:31 am on 13 October, 2023): Here's one I did.") == pytest.approx(0.05)
+    assert p("Melanie (10:31 am on 14 October, 2023): Here's one I did.") == 0.0  # another day
+    both = prior("When did Melanie paint in October 2023?", 0.05)
+    assert both.most == pytest.approx(0.10)
+    assert both("Melanie (1 October, 2023): I painted a lake last week.") == pytest.approx(0.10)
+    assert both("x" * 10_000 + " yesterday") == 0.0  # only a bounded head of a text is read
+
+
+def test_temporal_prior_ranks_the_turn_that_says_when(tmp_path, embedder):
+    """Real MiniLM: the turn reporting the event ("last Friday") outranks turns that only talk about the topic."""
+    turns = [
+        "Melanie (2 July, 2023): Pottery is such a calming hobby, I love working with clay.",
+        "Caroline (2 July, 2023): Your pottery bowls are beautiful! Do you sell them?",
+        "Melanie (2 July, 2023): Not yet, pottery is just for fun and for the kids.",
+        "Melanie (15 July, 2023): It has been super busy here, so much since we talked! Last Friday I finally "
+        "took my kids to a pottery workshop and we each made our own pots; they loved getting their hands dirty.",
+        "Caroline (15 July, 2023): That sounds lovely, the kids must have had a blast.",
+    ]
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many([{"data": t, "skill": "chat"} for t in turns])
+        q = "When did Melanie go to the pottery workshop?"
+        with_prior = [h.content for h in mem.recall(q, skill="chat", top_k=5)]
+        mem.ranking = Ranking(when=0.0)
+        without = [h.content for h in mem.recall(q, skill="chat", top_k=5)]
+        assert with_prior[0] == turns[3], with_prior
+        assert without.index(turns[3]) > 0, without  # what the prior changed
+        # A question that does not ask when ranks as before.
+        mem.ranking = Ranking()
+        plain = [h.score for h in mem.recall("Melanie's pottery", skill="chat", top_k=5)]
+        mem.ranking = Ranking(when=0.0)
+        assert plain == [h.score for h in mem.recall("Melanie's pottery", skill="chat", top_k=5)]
+    finally:
+        mem.close()
 
 
 def _turns() -> list[str]:
@@ -144,7 +203,8 @@ def test_pruned_recall_ranks_as_the_full_one(tmp_path, embedder, monkeypatch):
     try:
         mem.remember_many([{"data": t, "skill": "chat", "hint": (i % 5) / 4} for i, t in enumerate(_turns() * 1)])
         mem.remember_many([f"Ticket {i}: the printer on floor {i % 7} jams on A3 paper." for i in range(80)])
-        qs = ["what dog did Ben adopt?", "printer jams", "when is the report due?", "cello lessons"]
+        qs = ["what dog did Ben adopt?", "printer jams", "when is the report due?", "cello lessons",
+              "when did Ben start the cello?"]
         pruned = [[(h.id, h.score) for h in mem.recall(q, top_k=5)] for q in qs]
         monkeypatch.setattr(ranking, "prune", lambda cands, *a: cands)
         full = [[(h.id, h.score) for h in mem.recall(q, top_k=5)] for q in qs]

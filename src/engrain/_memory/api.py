@@ -19,6 +19,7 @@ from . import edit as _edit
 from . import transfer as _transfer
 from .consolidate import ConsolidationSummary
 from . import ranking as _ranking
+from . import temporal as _temporal
 from .filters import check_where
 from .fusion import SPREAD_DEPTH, text_weight
 from . import embedders as _embedders
@@ -196,7 +197,7 @@ class Memory:
                where: dict[str, Any] | None = None, neighbours: bool = False) -> list[SearchResult]:
         """Records and articles most relevant to ``query``, best first.
 
-        ``score = (match + context) / 2 + 0.05·recency + 0.05·importance + 0.05·label``
+        ``score = (match + context) / 2 + 0.05·recency + 0.05·importance + 0.05·label + 0.05·temporal``
         with ``match = 0.70·cos + w·text``, where ``cos`` is the cosine between the query and item embeddings (floored
         at 0), ``text`` the item's full-text rank (BM25 on SQLite, summed IDF of
         the matched words on PostgreSQL) divided by the best rank of this query
@@ -212,7 +213,10 @@ class Memory:
         item's ``hint`` from :meth:`remember` (an article's is its most
         important source's; 0.5 when none was given) and ``label`` is 1 when the
         item's label equals ``label``, else the share of ``label``'s words in the
-        item's label (an article's label is its title). Candidates are the union
+        item's label (an article's label is its title). ``temporal`` counts 1 when
+        the query asks when a past event happened and the item's text states a
+        time ("last Friday"), 1 more when it carries a date the query names
+        (:mod:`engrain._memory.temporal`). Candidates are the union
         of the vector and full-text top hits (at least 40 of each) and the
         records beside the best of them. Full text matches any query word
         except words found in more than 1000 items: those carry almost no BM25
@@ -284,8 +288,9 @@ class Memory:
 
         _ranking.fill_cosines(cands, qv, around)
         _ranking.add_context(cands, qv, w_text, rk, around, fetch)
-        cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k)
-        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context)
+        prior = _temporal.prior(query, rk.when)
+        cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
+        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior)
         results = _ranking.add_neighbours(self, results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {
             "query": query, "label": label, "hint": importance, "where": where,

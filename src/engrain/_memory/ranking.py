@@ -11,8 +11,8 @@ stand alone (their context is half their match). This is the late
 interaction of session-level retrieval, without sessions: any store keeps
 its records in order per skill, and a window of turns stands for the part of
 a session around them. The sum is divided by ``1 + gain``, so scores stay on
-a match's scale and the priors (recency, importance, label) weigh what they
-did.
+a match's scale and the priors (recency, importance, label, and the temporal
+one of :mod:`.temporal`) weigh what they did.
 
 Measured on bench/memory_quality.py (default embedder, all sets in one run),
 recall without the context against with it: LoCoMo's development
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .filters import matches
+from .temporal import Prior
 
 #: Weight of the cosine in an item's match (the text weight is per query, :mod:`.fusion`).
 W_VECTOR = 0.70
@@ -46,6 +47,9 @@ CONTEXT_RADIUS = 4
 CONTEXT_TOP = 2
 #: Weights of the priors in the recall score (see :meth:`Memory.recall`).
 W_RECENCY, W_LABEL, W_IMPORTANCE = 0.05, 0.05, 0.05
+#: Weight of the temporal prior: a question asking when a past event happened lifts the candidates whose text
+#: states a time, one naming a date those that carry it (:mod:`.temporal`); the scale of the other priors.
+W_WHEN = 0.05
 #: Importance of items deposited without a ``hint`` (the middle of etchmem's 0..1 scale).
 DEFAULT_IMPORTANCE = 0.5
 #: Share of a hit's score a neighbouring record gets with ``recall(neighbours=True)``; tuned on
@@ -87,12 +91,14 @@ class Ranking:
     ``text_weight`` None sets the full-text weight per query from the spread of
     the cosines (:func:`.fusion.text_weight`); a number fixes it. ``context`` is
     the weight of a record's passage context (0 turns it off) and ``radius``
-    how many records either side make it.
+    how many records either side make it. ``when`` is the weight of the
+    temporal prior (:mod:`.temporal`; 0 turns it off).
     """
 
     text_weight: float | None = None
     context: float = CONTEXT_GAIN
     radius: int = CONTEXT_RADIUS
+    when: float = W_WHEN
 
 
 def window_context(groups: np.ndarray, ordinals: np.ndarray, match: np.ndarray, radius: int,
@@ -188,12 +194,13 @@ def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_
         c["ctx"] = float(ctx[j])
 
 
-def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: float, keep: int
-          ) -> dict[tuple[str, str], dict[str, Any]]:
+def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: float, keep: int,
+          slack: float = 0.0) -> dict[tuple[str, str], dict[str, Any]]:
     """The candidates that can still rank among the best ``keep`` once the priors are added.
 
     Match and context are known here; recency, importance and label add at most
-    ``W_RECENCY + W_IMPORTANCE + W_LABEL``. A candidate below the ``keep``-th best
+    ``W_RECENCY + W_IMPORTANCE + W_LABEL`` (and ``slack``: the most this query's
+    temporal prior adds). A candidate below the ``keep``-th best
     by more than that never reaches the top, so its row is not read (a recall
     reads ~15 rows instead of ~80). Items without a cosine yet are kept.
     """
@@ -204,7 +211,7 @@ def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: 
             base[key] = (m + context * c.get("ctx", m / CONTEXT_TOP)) / (1.0 + context)
     if len(base) <= keep:
         return cands
-    bar = sorted(base.values(), reverse=True)[keep - 1] - (W_RECENCY + W_IMPORTANCE + W_LABEL)
+    bar = sorted(base.values(), reverse=True)[keep - 1] - (W_RECENCY + W_IMPORTANCE + W_LABEL + slack)
     return {key: c for key, c in cands.items() if key not in base or base[key] >= bar}
 
 
@@ -213,8 +220,12 @@ def _match_of(c: dict[str, Any], w_text: float) -> float:
 
 
 def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
-          where: dict[str, Any] | None, w_text: float, context: float) -> list[SearchResult]:
-    """The candidates as results, best first (the score of :meth:`Memory.recall`)."""
+          where: dict[str, Any] | None, w_text: float, context: float, prior: Prior | None = None
+          ) -> list[SearchResult]:
+    """The candidates as results, best first (the score of :meth:`Memory.recall`).
+
+    ``prior`` is the query's temporal prior (:mod:`.temporal`), added to each item by its text.
+    """
     recs = mem.store.records([i for t, i in cands if t == "record"],
                              vectors=any(c["cos"] is None for (t, _), c in cands.items() if t == "record"))
     # Articles of candidate records come in too: the article stands for its records.
@@ -248,6 +259,8 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
         ctx = c.get("ctx", match / CONTEXT_TOP)
         # Divided back to a match's scale, so the priors weigh what they did against it.
         total = (match + context * ctx) / (1.0 + context) + W_RECENCY * recency + W_LABEL * lab + W_IMPORTANCE * imp
+        if prior is not None:
+            total += prior(item.content)
         if tier == "record":
             if item.article_id in arts:  # folded into an article that is shown: count for it instead
                 via.setdefault(item.article_id, []).append((i, total))
