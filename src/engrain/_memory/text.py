@@ -14,6 +14,8 @@ import re
 import time as _time
 from typing import Any
 
+import numpy as np
+
 from . import filters as _filters
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -46,7 +48,7 @@ class TextSearch:
     #: Full-text rows this connection wrote or deleted (and rollbacks): with SQLite's ``data_version`` (commits
     #: by other connections), what the cached word counts of :meth:`_frequencies` are valid for.
     _fts_writes = 0
-    _df: tuple[Any, dict[str, int]] = (None, {})
+    _df: tuple[Any, dict[str, int], dict[str, tuple[Any, Any, Any]], dict[str, int]] = (None, {}, {}, {})
 
     def _frequencies(self, terms: list[str], cap: int) -> list[tuple[str, int]]:
         """``(term, rows matching it)`` with each count stopping at ``cap + 1`` (one round trip on PostgreSQL).
@@ -61,7 +63,7 @@ class TextSearch:
             # another connection commits (two round trips of ~0.05 ms each a word otherwise, every recall).
             key = (self._db.execute("PRAGMA data_version").fetchone()[0], self._fts_writes, cap)
             if self._df[0] != key or len(self._df[1]) > 50_000:
-                self._df = (key, {})
+                self._df = (key, {}, {}, {})
             known = self._df[1]
             for t in terms:
                 if t not in known:
@@ -123,6 +125,59 @@ class TextSearch:
                 self._lex[t] = q.strip().strip("'") if q and "&" not in q and "|" not in q else ""
         return {t: self._lex.get(t, "") for t in terms}
 
+    def _learn_words(self, terms: list[str]) -> None:
+        """Keep each word's own bm25() per row once it comes back while the rows are unchanged (see
+        :meth:`_sqlite_ranked`): a word seen once costs nothing more, so a recall after every write never pays."""
+        _, _, hits, seen = self._df
+        for t in terms:
+            seen[t] = seen.get(t, 0) + 1
+            if seen[t] < 2 or t in hits:
+                continue
+            if len(hits) >= 256:  # at most 256 words of at most max_df rows each
+                hits.clear()
+            rows = self._db.execute("SELECT rowid, bm25(engrain_mem_fts), skill FROM engrain_mem_fts WHERE "
+                                    "engrain_mem_fts MATCH ?", (f'"{t}"',)).fetchall()
+            one: dict[str, str] = {}  # one string per skill, not one per row
+            hits[t] = (np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
+                       np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows)),
+                       np.array([one.setdefault(r[2], r[2]) for r in rows], dtype=object))
+
+    def _sqlite_ranked(self, terms: list[str], skill: str | None, now: float, limit: int
+                       ) -> list[tuple[str, str, float]]:
+        """FTS5's BM25 ranking of ``terms`` (OR), from each word's kept scores (:meth:`_learn_words`).
+
+        FTS5's bm25() of an OR query is, for each row, 0.0 plus each word's
+        ``idf * tf-part`` in query order, negated; each word's part depends only
+        on that word's matches and the table's size. So each word's own bm25()
+        per row, summed in query order from 0.0, is the same float for every
+        row, and queries that share words (most do) skip scoring those words'
+        rows again (~1 µs a row; ~1,100 rows a query at 10k records). The words'
+        scores are dropped with the word counts, when a full-text row changes.
+        """
+        parts = [self._df[2][t] for t in terms]
+        rowids = np.concatenate([p[0] for p in parts])
+        scores = np.concatenate([p[1] for p in parts])
+        if skill is not None:
+            keep = np.concatenate([p[2] for p in parts]) == skill
+            rowids, scores = rowids[keep], scores[keep]
+        if not len(rowids):
+            return []
+        rows, at = np.unique(rowids, return_inverse=True)
+        total = np.zeros(len(rows), dtype=np.float64)
+        np.add.at(total, at, scores)  # in query order per row, as FTS5 adds them
+        best = np.lexsort((rows, total))[:limit]  # ties by rowid, as FTS5 reads matches
+        rec = [int(r) for r in rows[best] if r > 0]
+        art = [-int(r) for r in rows[best] if r < 0]
+        ids: dict[int, str] = {}
+        if rec:
+            ids.update(self._db.execute(f"SELECT seq, id FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(rec))})"
+                                        " AND (expires IS NULL OR expires > ?)", (*rec, now)).fetchall())
+        if art:
+            ids.update((-s, i) for s, i in self._db.execute(
+                f"SELECT seq, id FROM engrain_mem_articles WHERE seq IN ({','.join('?' * len(art))})", art).fetchall())
+        return [("record" if r > 0 else "article", ids[r], -float(total[j]))
+                for r, j in zip(rows[best].tolist(), best.tolist()) if r in ids]
+
     def text_search(self, text: str, skill: str | None, now: float, limit: int,
                     max_df: int | None = 1000, where: dict[str, Any] | None = None) -> list[tuple[str, str, float]]:
         """Full-text hits ``[(tier, id, rank)]``, best first (rank: higher is better).
@@ -141,6 +196,9 @@ class TextSearch:
                 terms = [t for t in terms if freq[t] <= max_df]
             if not terms:
                 return []
+            learn = self.backend == "sqlite" and freq is not None and not cond
+            if learn and all(t in self._df[2] for t in terms):
+                return self._sqlite_ranked(terms, skill, now, limit)
             if self.backend == "sqlite":
                 match = " OR ".join(f'"{t}"' for t in terms)
                 # ORDER BY bm25() keeps the best `limit` in SQLite's bounded sorter; ORDER BY rank sorted every
@@ -160,6 +218,8 @@ class TextSearch:
                 for rowid, rid, score in self._db.execute(sql, (now, *params, limit)):
                     if rid is not None:  # an expired record (or a row deleted meanwhile)
                         out.append(("record" if rowid > 0 else "article", rid, -float(score)))
+                if learn:
+                    self._learn_words(terms)
                 return out
             # No ts_rank_cd over every match: each matched word adds its BM25 IDF (from the counts just
             # taken), so scoring a row is a few @@ tests on its stored tsvector. Records are short: a word's
