@@ -79,7 +79,9 @@ recall p50, top 5, N=200 in 5 rounds, three runs each, the code before and after
 full-text changes of that evening (``text.py``: ``ORDER BY bm25()``, ids in the same statement, word
 counts and repeated words' scores kept while the full-text rows are unchanged; same hits): 10k engrain
 25.91 / 14.10 / 13.52 ms before, 15.11 / 10.50 / 12.49 after, ChromaDB 6.17-7.68 in the same runs; 100k
-before 14.11 / 14.36 / 11.61, after 16.20 / 12.71 / 7.52, ChromaDB 7.16-9.90. Profiled at 10k after (load
+before 14.11 / 14.36 / 11.61, after 16.20 / 12.71 / 7.52, ChromaDB 7.16-9.90. A fourth pair at 22:28 (load
+1.6-3.0): 10k after 8.79 / 14.37 ms (rounds 7.92-10.70), before 9.67 / 12.23 (9.23-10.43), ChromaDB 6.52 and
+6.53; 100k after 8.41 / 10.53 (8.00-8.74), before 8.83 / 10.82 (8.22-9.29), ChromaDB 7.77 and 7.89. Profiled at 10k after (load
 ~4.6): 8.8 ms a recall, of which the query embedding 5.4 (the same code ChromaDB's side runs), the exact
 scan 1.3, scoring's row reads 0.6, passage context 0.4, full text 0.46 (2.4 before), the rest 0.6. The
 queries are 192 distinct of 200 (the recent-vector cache serves the other 8). ChromaDB's own embedding
