@@ -74,6 +74,20 @@ ms at 100k; remember() one at a time 117-118 / 253-266 / 7-56 per s. Again at 20
 10k (default embedder, ~10 ms a recall under cProfile): onnxruntime 4.5 ms, 13 SQLite statements 1.8 ms,
 the exact scan 1.1 ms, Python (ranking, rows) the rest.
 
+Measured 2026-11-26 22:15-22:28 (load 4.6-9.9, 2 cores shared with six helpers' work; SQLite and ChromaDB,
+recall p50, top 5, N=200 in 5 rounds, three runs each, the code before and after alternating) after the
+full-text changes of that evening (``text.py``: ``ORDER BY bm25()``, ids in the same statement, word
+counts and repeated words' scores kept while the full-text rows are unchanged; same hits): 10k engrain
+25.91 / 14.10 / 13.52 ms before, 15.11 / 10.50 / 12.49 after, ChromaDB 6.17-7.68 in the same runs; 100k
+before 14.11 / 14.36 / 11.61, after 16.20 / 12.71 / 7.52, ChromaDB 7.16-9.90. A fourth pair at 22:28 (load
+1.6-3.0): 10k after 8.79 / 14.37 ms (rounds 7.92-10.70), before 9.67 / 12.23 (9.23-10.43), ChromaDB 6.52 and
+6.53; 100k after 8.41 / 10.53 (8.00-8.74), before 8.83 / 10.82 (8.22-9.29), ChromaDB 7.77 and 7.89. Profiled at 10k after (load
+~4.6): 8.8 ms a recall, of which the query embedding 5.4 (the same code ChromaDB's side runs), the exact
+scan 1.3, scoring's row reads 0.6, passage context 0.4, full text 0.46 (2.4 before), the rest 0.6. The
+queries are 192 distinct of 200 (the recent-vector cache serves the other 8). ChromaDB's own embedding
+function (``ONNXMiniLM_L6_V2``, same vectors: cosine 1.000000) pads every text to 256 tokens and spins
+its thread pool: 400-470 ms a query against engrain's 31-40 ms in the same loop at load ~7.
+
 The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
 file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain

@@ -168,6 +168,7 @@ class MemoryStore(TextSearch, PgVectorSearch):
                     yield
                 except BaseException:
                     self._db.execute("ROLLBACK")
+                    self._fts_writes += 1  # full-text rows it wrote are gone again: cached word counts are stale
                     raise
                 self._db.execute("COMMIT")
             else:
@@ -221,6 +222,7 @@ class MemoryStore(TextSearch, PgVectorSearch):
             return {n: int(v) for n, v in self._x("SELECT name, value FROM engrain_mem_state").fetchall()}
 
     def _fts_put(self, rowid: int, text: str, skill: str, id: str = "", expires: float | None = None) -> None:
+        self._fts_writes += 1
         if self.backend == "sqlite":
             self._db.execute("INSERT OR REPLACE INTO engrain_mem_fts (rowid, text, skill) VALUES (?, ?, ?)",
                              (rowid, text, skill))
@@ -231,6 +233,7 @@ class MemoryStore(TextSearch, PgVectorSearch):
                 " expires = excluded.expires, tsv = excluded.tsv", (rowid, id, skill, expires, text))
 
     def _fts_del(self, rowids: Sequence[int]) -> None:
+        self._fts_writes += 1
         if rowids:
             table = "engrain_mem_fts" if self.backend == "sqlite" else "engrain_mem_text"
             with self._db.cursor() if self.backend != "sqlite" else contextlib.nullcontext(self._db) as cur:
@@ -316,7 +319,7 @@ class MemoryStore(TextSearch, PgVectorSearch):
     def add_recall_event(self, skill: str | None, data: dict[str, Any], now: float) -> None:
         """Leave a recall event (query and hits) in the buffer."""
         if self.backend == "sqlite":
-            with self.tx():
+            with self._lock:  # one statement: its own transaction (autocommit), no BEGIN/COMMIT round trips
                 self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
                         (skill, json.dumps(data), now))
             return
