@@ -238,8 +238,10 @@ class PostgresJournal(Journal):
         """Run a one-event append's statement: one round trip, one commit (``wait=False``: see :meth:`append`)."""
         try:
             with self._lock:
-                self._settle()
-                self._raise_late(run_id, expected_seq)
+                if self._inflight is not None:
+                    self._settle()
+                if self._late:
+                    self._raise_late(run_id, expected_seq)
                 self._wire.send(sql, params)
                 if not wait:
                     self._inflight = (run_id, expected_seq, fence)
