@@ -201,25 +201,16 @@ class PostgresJournal(Journal):
         return stored
 
     def append_one(
-        self,
-        run_id: str,
-        kind: str,
-        name: str,
-        data: dict,
-        expected_seq: int,
-        *,
-        durable: bool = True,
-        fence: int | None = None,
-        json_checked: bool = False,
-        wait: bool = True,
+        self, run_id: str, kind: str, name: str, data: dict, expected_seq: int, *, durable: bool = True,
+        fence: int | None = None, json_checked: bool = False, wait: bool = True,
     ) -> None:
-        # Every step of a durable run comes here: no NewEvent in, no Event or Batch on the way.
-        if not wait and durable:
-            raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
-        if expected_seq == 0 or kind in _STATUS_KINDS:  # creates the run or changes its status: the general statement
+        if expected_seq == 0 or kind in _STATUS_KINDS:  # creates the run or changes its status: append's statement
             super().append_one(run_id, kind, name, data, expected_seq, durable=durable, fence=fence,
                                json_checked=json_checked, wait=wait)
             return
+        # Every step of a durable run comes here: no NewEvent in, no Event or Batch on the way.
+        if not wait and durable:
+            raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         row = prepare_row(run_id, kind, name, data, expected_seq, self._now(), json_checked)
         self._append_step(row, durable or self.durability != "full", fence, wait)
 
