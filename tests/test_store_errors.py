@@ -189,6 +189,86 @@ def test_lost_postgres_connection_is_a_storage_error(pg_url):
     j2.close()
 
 
+class _CuttingProxy:
+    """A TCP proxy to the PostgreSQL server that, once ``cut`` is set, swallows what the client sends
+    next and closes its connection without a reply: a server that went away mid-statement."""
+
+    def __init__(self, host: str, port: int):
+        import socket
+        import threading
+
+        self.cut = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._target = (host, port)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self._target)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src, dst, from_client: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if from_client and self.cut.is_set():
+                    break  # the request is swallowed: no reply will ever come
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_postgres_gone_mid_step_append_is_a_storage_error(pg_url):
+    """The server goes away after a step's append was sent, before any reply: a StorageError, the
+    run is not marked failed, and it resumes to the end."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(pg_url)
+    proxy = _CuttingProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+    via = urlunsplit(parts._replace(netloc=f"{parts.username}:{parts.password}@127.0.0.1:{proxy.port}"))
+    j = eg.open(via)
+
+    @eg.tool(registry=eg.ToolRegistry())
+    def work() -> int:
+        proxy.cut.set()  # this step's append is the next thing sent
+        return 1
+
+    def agent(task: str) -> int:
+        return work() + 1
+
+    try:
+        with pytest.raises(eg.StorageError) as err:
+            eg.run(agent, "cut", run_id="gone", journal=j)
+        assert isinstance(err.value.cause, psycopg.OperationalError)
+    finally:
+        proxy.close()
+        try:
+            j.close()
+        except Exception:  # noqa: BLE001 - the connection is gone
+            pass
+    j2 = eg.open(pg_url)
+    assert j2.get_run("gone").status == "running"
+    assert [e.kind for e in j2.read("gone")] == ["run.started"]
+    assert eg.run(agent, "cut", run_id="gone", journal=j2).status == "ok"
+    j2.close()
+
+
 # -- item 11: corrupt store ------------------------------------------------------
 
 
