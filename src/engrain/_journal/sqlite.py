@@ -234,7 +234,7 @@ class SQLiteJournal(Journal):
         # Every step of a durable run comes here: no NewEvent in, no Event out.
         if not wait and durable:
             raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
-        row = prepare_row(run_id, kind, name, data, expected_seq, self._now(), json_checked)
+        row = prepare_row(run_id, kind, name, data, expected_seq, time.time(), json_checked)
         if not durable and self._full:
             self._commit((row,), run_id, expected_seq, True, durable, None, fence)
             return
