@@ -308,9 +308,12 @@ class SQLiteJournal(Journal):
         db, chunk, execute = self._db, self._chunk, self._insert  # the kept cursor: no cursor made per statement
         execute("BEGIN IMMEDIATE")
         try:
-            for k in range(0, len(rows), chunk):
-                part = rows[k : k + chunk]
-                execute(_INSERTS[len(part)], [v for r in part for v in r])
+            if len(rows) == 1:  # a leased run's start: its one row as it is
+                execute(_INSERT, rows[0])
+            else:
+                for k in range(0, len(rows), chunk):
+                    part = rows[k : k + chunk]
+                    execute(_INSERTS[len(part)], [v for r in part for v in r])
             if lease is not None:
                 execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
             execute("COMMIT")
