@@ -48,6 +48,8 @@ class Check:
     def passes(self, current: Any, candidate: Any) -> bool:
         """Whether ``current`` matches ``candidate`` according to ``compare``."""
         r = self.compare(current, candidate)
+        if r is True or r is False:  # the usual answer, before the type tests
+            return r
         if isinstance(r, bool) or type(r).__name__ == "bool_":
             return bool(r)
         if isinstance(r, (int, float)):

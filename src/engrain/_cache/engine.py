@@ -50,6 +50,11 @@ from .store import CacheStore, Entry, canonical_task, key, task_key
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 
+#: The agent name a step-mode call's run records: the name ``agent_name`` gives the closure
+#: ``Engine.__call__`` runs, spelled once so that no call derives it again (and no refactoring
+#: of that closure renames the agent of runs in flight, which their resumption must match).
+_STEP_AGENT = f"{__name__}:Engine.__call__.<locals>.agent"
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -403,7 +408,7 @@ class Engine:
 
         if self.durability == "step":
             # A run id made here is new: run() then creates the run without first reading it back.
-            res = run(agent, task, run_id=run_id, tags=run_tags, journal=self.journal)
+            res = run(agent, task, run_id=run_id, tags=run_tags, journal=self.journal, agent_name=_STEP_AGENT)
         else:
             res = run_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal, write=self.durability == "run")
         return self._outcome(s, res)

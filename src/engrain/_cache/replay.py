@@ -21,7 +21,7 @@ from .. import _events as ev
 from .._durable.context import RunContext
 from .._routines.template import render
 from .binding import entry_key, shape_key
-from .plan import Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
+from .plan import _UNSET, Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
 from .store import Entry, canonical_task, task_key
 
 
@@ -227,7 +227,7 @@ class Session:
         spec = st.spec
         if spec is None:
             raise Diverged(st.i, f"step {st.i} calls {st.name!r}, which this engine has no tool for")
-        args = st.render(self.params)
+        args = st.render(self.params) if st.templated else st.args
         call = self.call_args(spec) if spec.is_method else _NO_ARGS
         kw = args
         if spec.split is not None:
@@ -242,7 +242,8 @@ class Session:
                 m = self.engine.metrics
                 if not m.enabled:  # the hot path of a hit: no timing wrapper
                     snap = check.capture(*call, **kw)
-                    ok = check.passes(snap, _expected(st.pre, st.pre_value, snap))
+                    expected = st.pre_value
+                    ok = check.passes(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
                 else:
                     snap = m.timed(_PRE_CAPTURE, check.capture, *call, **kw)
                     ok = m.timed(_PRE_COMPARE, check.passes, snap, _expected(st.pre, st.pre_value, snap))

@@ -9,7 +9,7 @@ whether it runs or replays). It needs only ``append`` from the context.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .. import _events as ev
@@ -35,7 +35,7 @@ class _Pending:
     attempt: int = 1
     logged: bool = False
     started: float = 0.0
-    errors: list[str] = field(default_factory=list)  # "Type: message" of the failed attempts so far
+    errors: list[str] | None = None  # "Type: message" of the failed attempts so far (None: none yet)
     digest: str | None = None  # of the arguments before the call (see ``steps.args_digest``), where checked
 
 
@@ -146,7 +146,7 @@ class StepWriter:
             delay = policy.delay(p.attempt)
             self._fail(p, exc, retry_in=round(delay, 6))
             return delay
-        errors = [*p.errors, f"{type(exc).__name__}: {exc}"]
+        errors = [*(p.errors or ()), f"{type(exc).__name__}: {exc}"]
         final = RetriesExhaustedError(p.name, errors)
         # The last attempt's failure is the step's outcome and names every attempt.
         self.append(
@@ -162,7 +162,7 @@ class StepWriter:
         raise final from exc
 
     def _next_attempt(self, p: _Pending, policy: StepPolicy, exc: Exception) -> None:
-        p.errors.append(f"{type(exc).__name__}: {exc}")
+        p.errors = [*(p.errors or ()), f"{type(exc).__name__}: {exc}"]
         p.attempt += 1
         if policy.at_most_once:
             self._log_start(p)

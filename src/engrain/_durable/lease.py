@@ -170,13 +170,15 @@ class _Renewer:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # add/remove take the condition's lock itself (what ``with cond`` does, without its Python-level wrappers).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._leases: dict[int, Lease] = {}
         self._wake = math.inf  # when the sleeping thread wakes; -inf while it renews
         self._thread: threading.Thread | None = None
 
     def add(self, lease: Lease) -> None:
-        with self._cond:
+        with self._lock:
             self._leases[id(lease)] = lease
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="engrain-lease-renewer", daemon=True)
@@ -186,7 +188,7 @@ class _Renewer:
                 self._cond.notify_all()
 
     def remove(self, lease: Lease) -> None:
-        with self._cond:
+        with self._lock:
             self._leases.pop(id(lease), None)
             while lease.renewing:  # its renewal's write must land before the caller releases or finishes
                 self._cond.wait()

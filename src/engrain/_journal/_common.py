@@ -91,7 +91,8 @@ def prepare_row(
 
     ``json_checked``: the caller found ``data`` strictly JSON (:func:`is_json`), so the fast encoder may write it.
     """
-    _check_target(run_id, expected_seq)
+    if type(run_id) is not str or not 0 < len(run_id) <= 200 or type(expected_seq) is not int or expected_seq < 0:
+        _check_target(run_id, expected_seq)  # raises, naming what is wrong (or accepts a str or int subclass)
     return _row(run_id, kind, name, data, expected_seq, ts, 0, dumps_checked if json_checked else dumps)
 
 

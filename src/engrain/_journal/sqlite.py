@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 from pathlib import Path
 
 from .._errors import (
@@ -233,8 +234,19 @@ class SQLiteJournal(Journal):
         # Every step of a durable run comes here: no NewEvent in, no Event out.
         if not wait and durable:
             raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
-        row = prepare_row(run_id, kind, name, data, expected_seq, self._now(), json_checked)
-        self._commit((row,), run_id, expected_seq, True, durable, None, fence)
+        row = prepare_row(run_id, kind, name, data, expected_seq, time.time(), json_checked)
+        if not durable and self._full:
+            self._commit((row,), run_id, expected_seq, True, durable, None, fence)
+            return
+        # The step's own path, _commit's first case without its branches: one autocommit INSERT.
+        with self._lock:
+            try:
+                if self._fences.get(run_id) != fence:
+                    self._set_fence(run_id, fence)
+                self._insert(_INSERT, row)
+                self._committed()
+            except sqlite3.Error as e:
+                self._refused(e, run_id, expected_seq, fence)
 
     def _commit(
         self, rows: Sequence[tuple], run_id: str, expected_seq: int, one: bool, durable: bool,
@@ -257,20 +269,24 @@ class SQLiteJournal(Journal):
                 else:
                     self._write(rows, run_id, lease, rows[0][2])  # rows[0][2]: the append's timestamp
                 self._committed()
-            except sqlite3.IntegrityError as e:
-                if "engrain:fenced" in str(e):
-                    raise self._lost(run_id, fence) from None
-                if "engrain:conflict" in str(e) or "UNIQUE" in str(e):
-                    raise self._conflict(run_id, expected_seq) from None
-                raise
             except sqlite3.Error as e:
-                raise self._translate(e) from e
+                self._refused(e, run_id, expected_seq, fence)
             finally:
                 if fsync_skipped:
                     try:
                         self._sync("PRAGMA synchronous=FULL")
                     except sqlite3.Error:  # the write's own error (if any) is the one to report
                         pass
+
+    def _refused(self, e: sqlite3.Error, run_id: str, expected_seq: int, fence: int | None) -> NoReturn:
+        """Raise the typed error for an append the store refused: fenced off, a conflict, or the store's failure."""
+        if isinstance(e, sqlite3.IntegrityError):
+            if "engrain:fenced" in str(e):
+                raise self._lost(run_id, fence) from None
+            if "engrain:conflict" in str(e) or "UNIQUE" in str(e):
+                raise self._conflict(run_id, expected_seq) from None
+            raise e
+        raise self._translate(e) from e
 
     def _set_fence(self, run_id: str, fence: int | None) -> None:
         """Make this connection's inserts for ``run_id`` require lease epoch ``fence`` (None: no fence)."""
@@ -289,15 +305,18 @@ class SQLiteJournal(Journal):
 
         A fence set for ``run_id`` (:meth:`_set_fence`) is checked by the TEMP trigger on every row.
         """
-        db, chunk = self._db, self._chunk
-        db.execute("BEGIN IMMEDIATE")
+        db, chunk, execute = self._db, self._chunk, self._insert  # the kept cursor: no cursor made per statement
+        execute("BEGIN IMMEDIATE")
         try:
-            for k in range(0, len(rows), chunk):
-                part = rows[k : k + chunk]
-                db.execute(_INSERTS[len(part)], [v for r in part for v in r])
+            if len(rows) == 1:  # a leased run's start: its one row as it is
+                execute(_INSERT, rows[0])
+            else:
+                for k in range(0, len(rows), chunk):
+                    part = rows[k : k + chunk]
+                    execute(_INSERTS[len(part)], [v for r in part for v in r])
             if lease is not None:
-                db.execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
-            db.execute("COMMIT")
+                execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
+            execute("COMMIT")
         except BaseException:
             # A failed COMMIT (disk full, I/O error) may already have rolled the
             # transaction back; a second ROLLBACK would hide the real cause.
