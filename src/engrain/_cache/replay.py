@@ -350,8 +350,7 @@ class Session:
             try:
                 for st in plan(self.engine, entry)[start:]:
                     spec, call, kw, args, pre = self.prepare(st)
-                    fn = spec.fn
-                    result = ctx.call(st.name, "tool", args, lambda: fn(*call, **kw))  # noqa: B023 - called at once
+                    result = ctx.call_tool(st.name, args, spec.fn, call, kw)
                     self.finish(st, spec, call, kw, args, pre, result)
                 return True, self.output(entry)
             except Diverged as d:

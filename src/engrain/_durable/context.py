@@ -393,6 +393,46 @@ class RunContext(StepWriter):
         finally:
             _step_key.reset(token)
 
+    def call_tool(self, name: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
+                  kw: dict[str, Any]) -> Any:
+        """:meth:`call` of the tool step ``fn(*pos, **kw)`` whose ``args`` are known to be JSON (a cache hit
+        replays arguments read back from its store, which holds only JSON, or rendered from checked params).
+
+        A new step takes :meth:`_call_new`'s path without the walk over ``args`` and without a thunk;
+        anything else (a step the journal answers, a concurrent taker) goes through :meth:`call`.
+        """
+        with self._lock:
+            call_id = self.cursor
+            if call_id in self.steps:
+                call_id = -1
+            else:
+                self.cursor = call_id + 1
+        if call_id < 0:
+            return self.call(name, "tool", args, lambda: fn(*pos, **kw))
+        digest = mutable_args_digest(args)
+        started = time.time()
+        self.executed += 1
+        token = _step_key.set(f"{self.run_id}:{call_id}")
+        try:
+            try:
+                result = fn(*pos, **kw)
+            except Exception as e:
+                self._failed(self._pending(call_id, name, "tool", args, started, digest), e, DEFAULT_POLICY)
+                raise
+            if observe.observers or not is_json(result):
+                return self._complete(self._pending(call_id, name, "tool", args, started, digest), result)
+            data = {"call_id": call_id, "result": result, "type": "tool", "args": args, "started": started}
+            if digest is not None:
+                data["ad"] = digest
+            try:
+                self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
+            except NotJSONError as e:
+                self._fail(self._pending(call_id, name, "tool", args, started, digest), e)
+                raise
+            return result
+        finally:
+            _step_key.reset(token)
+
     def _pending(self, call_id: int, name: str, type_: str, args: dict[str, Any], started: float,
                  digest: str | None) -> _Pending:
         """The pending step :meth:`_call_new` ran, for the writers that take one (a failure, an observed step)."""
