@@ -156,6 +156,7 @@ class PlannedStep:
     pre_value: Any
     post_value: Any
     seen_key: str | None  # the capture-sharing key of untemplated arguments
+    plain: bool = False  # a function tool called with its recorded arguments as keywords (replay's fast path)
 
     @staticmethod
     def of(i: int, step: dict[str, Any], spec: ToolSpec | None) -> PlannedStep:
@@ -166,6 +167,7 @@ class PlannedStep:
             spec is not None and spec.pre is not None and pre is not None,
             spec is not None and spec.post is not None and post is not None,
             _decoded(pre), _decoded(post), None if templated else _seen_key(step["name"], step["args"]),
+            spec is not None and not templated and not spec.is_method and spec.split is None,
         )
 
     def render(self, params: dict[str, Any]) -> dict[str, Any]:
