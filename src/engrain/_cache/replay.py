@@ -347,6 +347,7 @@ class Session:
         ctx = self.ctx
         assert ctx is not None
         call_tool, finish = ctx.call_tool, self.finish
+        done, used, steps, trajectory = self.done, self.used, self.steps, self.trajectory
         # A new run with no timing: a plain function step with recorded arguments is checked inline
         # (prepare's common case without its call); any other step goes through prepare.
         fast = not ctx.steps and not self.engine.metrics.enabled
@@ -364,7 +365,14 @@ class Session:
                             if not check.passes(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap)):
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
                             pre = (snap, spec.pre_where)
-                        finish(st, spec, _NO_ARGS, args, args, pre, call_tool(st.name, args, spec.fn, _NO_ARGS, args))
+                        result = call_tool(st.name, args, spec.fn, _NO_ARGS, args)
+                        if st.check_post:
+                            finish(st, spec, _NO_ARGS, args, args, pre, result)
+                        else:  # finish without a post-check, inline
+                            used.add(len(done))
+                            done.append((st.name, args, result))
+                            steps.append({"name": st.name, "args": args, "result": result, "source": "replayed"})
+                            trajectory.append({"name": st.name, "args": args, "result": result, "pre": pre, "post": st.post})
                         continue
                     spec, call, kw, args, pre = self.prepare(st)
                     finish(st, spec, call, kw, args, pre, call_tool(st.name, args, spec.fn, call, kw))

@@ -158,6 +158,10 @@ class RunContext(StepWriter):
     :meth:`call` / :meth:`acall` journal one step around a thunk.
     """
 
+    #: Whether :meth:`append` writes straight to the journal (so a hot path may inline it): a
+    #: subclass that keeps events elsewhere sets it False.
+    direct = True
+
     def __init__(self, journal: Journal, run_id: str, seq: int, steps: dict[int, StepRecord]):
         """``seq``: how many events the run has; ``steps``: their records (``steps_of``, ``steps_of_rows``)."""
         self.journal = journal
@@ -213,18 +217,22 @@ class RunContext(StepWriter):
                     self.run_id, kind, name, data or {}, self.seq, durable=durable, fence=self.fence,
                     json_checked=json_checked, wait=wait,
                 )
-            except StorageError as e:
-                if self.storage_error is None:
-                    self.storage_error = e
-                raise
-            except ConflictError as e:
-                # The step boundary where a cancel (engrain.cancel) is noticed, at no cost per step.
-                # (The append that conflicted may be an earlier one sent without waiting.)
-                seen = min(self.seq, e.expected_seq) - 1
-                if any(x.kind == ev.RUN_CANCELLED for x in self.journal.read(self.run_id, after=seen)):
-                    raise _Cancelled() from None
-                raise
+            except (StorageError, ConflictError) as e:
+                self._refused(e)
             self.seq += 1
+
+    def _refused(self, e: StorageError | ConflictError) -> None:
+        """Raise what an append the journal refused with ``e`` means for this run (the caller holds the lock)."""
+        if isinstance(e, StorageError):
+            if self.storage_error is None:
+                self.storage_error = e
+            raise e
+        # The step boundary where a cancel (engrain.cancel) is noticed, at no cost per step.
+        # (The append that conflicted may be an earlier one sent without waiting.)
+        seen = min(self.seq, e.expected_seq) - 1
+        if any(x.kind == ev.RUN_CANCELLED for x in self.journal.read(self.run_id, after=seen)):
+            raise _Cancelled() from None
+        raise e
 
     def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None) -> StepRecord | None:
         """The next step's record when the journal completed it as ``name``: a tool call's replay fast path.
@@ -425,7 +433,16 @@ class RunContext(StepWriter):
             if digest is not None:
                 data["ad"] = digest
             try:
-                self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
+                if self._resumed is None and self.direct:  # append's usual case, inline
+                    with self._lock:
+                        try:
+                            self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq,
+                                                    fence=self.fence, json_checked=True)
+                        except (StorageError, ConflictError) as e:
+                            self._refused(e)
+                        self.seq += 1
+                else:
+                    self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
             except NotJSONError as e:
                 self._fail(self._pending(call_id, name, "tool", args, started, digest), e)
                 raise
