@@ -365,7 +365,7 @@ class Session:
                             if not check.passes(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap)):
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
                             pre = (snap, spec.pre_where)
-                        result = call_tool(st.name, args, spec.fn, _NO_ARGS, args)
+                        result = call_tool(st.name, args, spec.fn, _NO_ARGS, args, st.scalars)
                         if st.check_post:
                             finish(st, spec, _NO_ARGS, args, args, pre, result)
                         else:  # finish without a post-check, inline

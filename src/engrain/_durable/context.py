@@ -402,12 +402,13 @@ class RunContext(StepWriter):
             _step_key.reset(token)
 
     def call_tool(self, name: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
-                  kw: dict[str, Any]) -> Any:
+                  kw: dict[str, Any], scalars: bool = False) -> Any:
         """:meth:`call` of the tool step ``fn(*pos, **kw)`` whose ``args`` are known to be JSON (a cache hit
         replays arguments read back from its store, which holds only JSON, or rendered from checked params).
 
         A new step takes :meth:`_call_new`'s path without the walk over ``args`` and without a thunk;
         anything else (a step the journal answers, a concurrent taker) goes through :meth:`call`.
+        ``scalars``: every value in ``args`` is a JSON scalar, so the call cannot change them (no digest).
         """
         with self._lock:
             call_id = self.cursor
@@ -417,7 +418,7 @@ class RunContext(StepWriter):
                 self.cursor = call_id + 1
         if call_id < 0:
             return self.call(name, "tool", args, lambda: fn(*pos, **kw))
-        digest = mutable_args_digest(args)
+        digest = None if scalars else mutable_args_digest(args)
         started = time.time()
         self.executed += 1
         token = _step_key.set(f"{self.run_id}:{call_id}")

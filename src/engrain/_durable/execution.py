@@ -77,7 +77,8 @@ def _start(
         # Not flushed on its own: the run's first durable append (a step, a question, its end) flushes
         # it too, and until then nothing the run did needs it (a server crash before that loses a run
         # that had done nothing durable). Waited for, so a taken run id is refused before the agent runs.
-        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False)
+        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False,
+                       json_checked=True)  # checked just above
         if lease is not None:
             lease.take()
         return None, None
