@@ -393,7 +393,7 @@ class RunContext(StepWriter):
             if digest is not None:
                 data["ad"] = digest
             try:
-                self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
+                self._completed(name, data)
             except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
                 self._fail(self._pending(call_id, name, type_, args, started, digest), e)
                 raise
@@ -434,22 +434,26 @@ class RunContext(StepWriter):
             if digest is not None:
                 data["ad"] = digest
             try:
-                if self._resumed is None and self.direct:  # append's usual case, inline
-                    with self._lock:
-                        try:
-                            self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq,
-                                                    fence=self.fence, json_checked=True)
-                        except (StorageError, ConflictError) as e:
-                            self._refused(e)
-                        self.seq += 1
-                else:
-                    self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
+                self._completed(name, data)
             except NotJSONError as e:
                 self._fail(self._pending(call_id, name, "tool", args, started, digest), e)
                 raise
             return result
         finally:
             _step_key.reset(token)
+
+    def _completed(self, name: str, data: dict[str, Any]) -> None:
+        """Append a new step's ``step.completed`` (``data`` found strictly JSON): :meth:`append`'s usual case inline."""
+        if self._resumed is None and self.direct:
+            with self._lock:
+                try:
+                    self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq, fence=self.fence,
+                                            json_checked=True)
+                except (StorageError, ConflictError) as e:
+                    self._refused(e)
+                self.seq += 1
+        else:
+            self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
 
     def _pending(self, call_id: int, name: str, type_: str, args: dict[str, Any], started: float,
                  digest: str | None) -> _Pending:
