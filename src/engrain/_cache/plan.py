@@ -114,6 +114,8 @@ def param_names(e: Entry) -> tuple[frozenset[str], frozenset[str]]:
 def fits(e: Entry, params: dict[str, Any]) -> bool:
     """Whether ``params`` can fill ``e``'s templates: every name given, and text-bound ones as the same text Python's str() gives."""
     names, inline = param_names(e)
+    if not names:  # no templates (most entries): any params fit
+        return True
     if not names <= params.keys() or not all(text_of(params[n]) is not None for n in inline):
         return False
     types = e.output.get("param_types")
