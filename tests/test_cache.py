@@ -620,3 +620,33 @@ def test_a_run_mode_hit_keeps_a_completion_s_other_keys():
     assert items[1][5] == {"digest": "abc", "udf": {"source": "s"}} and len(items[0]) == 5
     assert [(cid, s[0], s[3]) for cid, s in replayed_steps(out[1].data)] == [(0, "engrain.cache.lookup", {"entry": "e"}), (1, "f", 2)]
     assert _compact(events[:2] + events[3:]) == events[:2] + events[3:]  # no replay.started: kept as it is
+
+
+def test_a_step_mode_hit_journals_each_replayed_step_as_the_agent_did(store_url):
+    """A replayed step (the hit's fast path) journals what the agent's call did: list arguments with
+    their digest, a failure as step.failed ending the run failed, never as a hit."""
+    engine = Engine(eg.open(store_url))
+    mode = {"fail": False}
+
+    @engine.function(pre_check=Check(lambda items: len(items), same))
+    def total(items: list) -> int:
+        if mode["fail"]:
+            raise RuntimeError("the ledger is down")
+        return sum(items)
+
+    engine.set_agent(lambda task: total([1, 2, 3])).finalize()
+    miss = engine("add up")
+    hit = engine("add up")
+    assert not miss and hit and hit.output == 6
+
+    def tool_step(run_id):
+        (e,) = [e for e in engine.journal.read(run_id) if e.kind in ("step.completed", "step.failed") and e.name == "total"]
+        return e
+
+    recorded, replayed = tool_step(miss.run_id), tool_step(hit.run_id)
+    assert replayed.data["args"] == {"items": [1, 2, 3]} and replayed.data["ad"] == recorded.data["ad"]
+    mode["fail"] = True
+    failed = engine("add up")
+    assert not failed and failed.status == "failed" and "the ledger is down" in failed.error
+    step = tool_step(failed.run_id)
+    assert step.kind == "step.failed" and engine.journal.read(failed.run_id)[-1].kind == "run.failed"

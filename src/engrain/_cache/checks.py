@@ -50,6 +50,10 @@ class Check:
         r = self.compare(current, candidate)
         if r is True or r is False:  # the usual answer, before the type tests
             return r
+        return self.verdict(r)
+
+    def verdict(self, r: Any) -> bool:
+        """Whether ``compare``'s answer ``r`` (any but ``True`` or ``False``: see :meth:`passes`) is a pass."""
         if isinstance(r, bool) or type(r).__name__ == "bool_":
             return bool(r)
         if isinstance(r, (int, float)):

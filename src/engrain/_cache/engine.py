@@ -29,7 +29,7 @@ from typing import Any
 
 from .._durable.batched import arun_batched, run_batched
 from .._durable.context import current, default_journal, new_run_id
-from .._durable.execution import run, run_async
+from .._durable.execution import run_async, run_sync
 from .._durable.tools import (
     ToolRegistry,
     _binder,
@@ -408,7 +408,8 @@ class Engine:
 
         if self.durability == "step":
             # A run id made here is new: run() then creates the run without first reading it back.
-            res = run(agent, task, run_id=run_id, tags=run_tags, journal=self.journal, agent_name=_STEP_AGENT)
+            # The closure is engrain's code, which records no fingerprint (see identity.fingerprint).
+            res = run_sync(agent, task, run_id, None, run_tags, self.journal, _STEP_AGENT, None)
         else:
             res = run_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal, write=self.durability == "run")
         return self._outcome(s, res)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .._durable.steps import SCALARS
 from .._routines.template import render
 from .binding import json_type, text_of
 from .checks import Check, decode_snapshot
@@ -113,6 +114,8 @@ def param_names(e: Entry) -> tuple[frozenset[str], frozenset[str]]:
 def fits(e: Entry, params: dict[str, Any]) -> bool:
     """Whether ``params`` can fill ``e``'s templates: every name given, and text-bound ones as the same text Python's str() gives."""
     names, inline = param_names(e)
+    if not names:  # no templates (most entries): any params fit
+        return True
     if not names <= params.keys() or not all(text_of(params[n]) is not None for n in inline):
         return False
     types = e.output.get("param_types")
@@ -156,6 +159,8 @@ class PlannedStep:
     pre_value: Any
     post_value: Any
     seen_key: str | None  # the capture-sharing key of untemplated arguments
+    plain: bool = False  # a function tool called with its recorded arguments as keywords (replay's fast path)
+    scalars: bool = False  # every recorded argument is a JSON scalar (a call cannot change them)
 
     @staticmethod
     def of(i: int, step: dict[str, Any], spec: ToolSpec | None) -> PlannedStep:
@@ -166,6 +171,8 @@ class PlannedStep:
             spec is not None and spec.pre is not None and pre is not None,
             spec is not None and spec.post is not None and post is not None,
             _decoded(pre), _decoded(post), None if templated else _seen_key(step["name"], step["args"]),
+            spec is not None and not templated and not spec.is_method and spec.split is None,
+            not templated and all(type(v) in SCALARS for v in step["args"].values()),
         )
 
     def render(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -128,12 +128,15 @@ class Session:
             return True
         pre = spec.pre
         assert pre is not None
-        args = st.render(self.params)
+        args = st.render(self.params) if st.templated else st.args
         m = self.engine.metrics
         capture = pre.capture if not m.enabled else functools.partial(m.timed, _FILTER_CAPTURE, pre.capture)
         if seen is None:
-            pos, kw = spec.arguments(args)
-            snap = capture(*self.call_args(spec), *pos, **kw)
+            if st.plain:  # recorded keyword arguments, no self
+                snap = capture(**args)
+            else:
+                pos, kw = spec.arguments(args)
+                snap = capture(*self.call_args(spec), *pos, **kw)
         else:
             k = st.seen_key or _seen_key(st.name, args)
             if k in seen:
@@ -346,13 +349,37 @@ class Session:
         start = 0
         ctx = self.ctx
         assert ctx is not None
+        call_tool, finish = ctx.call_tool, self.finish
+        done, used, steps, trajectory = self.done, self.used, self.steps, self.trajectory
+        # A new run with no timing: a plain function step with recorded arguments is checked inline
+        # (prepare's common case without its call); any other step goes through prepare.
+        fast = not ctx.steps and not self.engine.metrics.enabled
         while True:
             try:
                 for st in plan(self.engine, entry)[start:]:
+                    spec = st.spec
+                    if fast and st.plain:
+                        args = st.args
+                        pre: Any = st.pre
+                        if st.check_pre and st.i > 0:
+                            check = spec.pre
+                            snap = check.capture(**args)
+                            expected = st.pre_value
+                            r = check.compare(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
+                            if r is not True and (r is False or not check.verdict(r)):  # passes(), inline
+                                raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
+                            pre = (snap, spec.pre_where)
+                        result = call_tool(st.name, args, spec.fn, _NO_ARGS, args, st.scalars)
+                        if st.check_post:
+                            finish(st, spec, _NO_ARGS, args, args, pre, result)
+                        else:  # finish without a post-check, inline
+                            used.add(len(done))
+                            done.append((st.name, args, result))
+                            steps.append({"name": st.name, "args": args, "result": result, "source": "replayed"})
+                            trajectory.append({"name": st.name, "args": args, "result": result, "pre": pre, "post": st.post})
+                        continue
                     spec, call, kw, args, pre = self.prepare(st)
-                    fn = spec.fn
-                    result = ctx.call(st.name, "tool", args, lambda: fn(*call, **kw))  # noqa: B023 - called at once
-                    self.finish(st, spec, call, kw, args, pre, result)
+                    finish(st, spec, call, kw, args, pre, call_tool(st.name, args, spec.fn, call, kw))
                 return True, self.output(entry)
             except Diverged as d:
                 alt = self.switch(entry, d)

@@ -173,6 +173,11 @@ class CacheStore:
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     self._db.execute(stmt)
             self._p = "%s"
+        self._candidates_sql = self._sql(
+            "SELECT id, successes, divergences, last_used FROM engrain_cache_entries WHERE task_key = ? "
+            "ORDER BY successes DESC, last_used DESC LIMIT ?"
+        )
+        self._lookup = self._db.cursor().execute if self.backend == "sqlite" else self._db.execute
 
     def _sql(self, sql: str) -> str:
         return sql if self._p == "?" else sql.replace("?", "%s")
@@ -184,11 +189,8 @@ class CacheStore:
 
     def candidates(self, task_key: str, limit: int = 10) -> list[Entry]:
         """Entries for ``task_key``, best first (most successes, then most recently used)."""
-        rows = self._exec(
-            "SELECT id, successes, divergences, last_used FROM engrain_cache_entries WHERE task_key = ? "
-            "ORDER BY successes DESC, last_used DESC LIMIT ?",
-            (task_key, limit),
-        )
+        with self._lock:  # every call's lookup: a kept cursor (SQLite) and the statement in the backend's spelling
+            rows = self._lookup(self._candidates_sql, (task_key, limit)).fetchall()
         out = []
         for id_, successes, divergences, last_used in rows:
             e = self._parsed.get(id_)

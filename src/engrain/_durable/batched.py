@@ -33,6 +33,8 @@ class BufferedContext(RunContext):
     cache hit's cost once the journal is out of the way.
     """
 
+    direct = False  # append buffers
+
     def __init__(self, journal: Journal, run_id: str, write: bool = True):
         super().__init__(journal, run_id, 0, {})
         self.pending: list[NewEvent] = []

@@ -158,6 +158,10 @@ class RunContext(StepWriter):
     :meth:`call` / :meth:`acall` journal one step around a thunk.
     """
 
+    #: Whether :meth:`append` writes straight to the journal (so a hot path may inline it): a
+    #: subclass that keeps events elsewhere sets it False.
+    direct = True
+
     def __init__(self, journal: Journal, run_id: str, seq: int, steps: dict[int, StepRecord]):
         """``seq``: how many events the run has; ``steps``: their records (``steps_of``, ``steps_of_rows``)."""
         self.journal = journal
@@ -213,18 +217,22 @@ class RunContext(StepWriter):
                     self.run_id, kind, name, data or {}, self.seq, durable=durable, fence=self.fence,
                     json_checked=json_checked, wait=wait,
                 )
-            except StorageError as e:
-                if self.storage_error is None:
-                    self.storage_error = e
-                raise
-            except ConflictError as e:
-                # The step boundary where a cancel (engrain.cancel) is noticed, at no cost per step.
-                # (The append that conflicted may be an earlier one sent without waiting.)
-                seen = min(self.seq, e.expected_seq) - 1
-                if any(x.kind == ev.RUN_CANCELLED for x in self.journal.read(self.run_id, after=seen)):
-                    raise _Cancelled() from None
-                raise
+            except (StorageError, ConflictError) as e:
+                self._refused(e)
             self.seq += 1
+
+    def _refused(self, e: StorageError | ConflictError) -> None:
+        """Raise what an append the journal refused with ``e`` means for this run (the caller holds the lock)."""
+        if isinstance(e, StorageError):
+            if self.storage_error is None:
+                self.storage_error = e
+            raise e
+        # The step boundary where a cancel (engrain.cancel) is noticed, at no cost per step.
+        # (The append that conflicted may be an earlier one sent without waiting.)
+        seen = min(self.seq, e.expected_seq) - 1
+        if any(x.kind == ev.RUN_CANCELLED for x in self.journal.read(self.run_id, after=seen)):
+            raise _Cancelled() from None
+        raise e
 
     def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None) -> StepRecord | None:
         """The next step's record when the journal completed it as ``name``: a tool call's replay fast path.
@@ -385,13 +393,67 @@ class RunContext(StepWriter):
             if digest is not None:
                 data["ad"] = digest
             try:
-                self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
+                self._completed(name, data)
             except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
                 self._fail(self._pending(call_id, name, type_, args, started, digest), e)
                 raise
             return result
         finally:
             _step_key.reset(token)
+
+    def call_tool(self, name: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
+                  kw: dict[str, Any], scalars: bool = False) -> Any:
+        """:meth:`call` of the tool step ``fn(*pos, **kw)`` whose ``args`` are known to be JSON (a cache hit
+        replays arguments read back from its store, which holds only JSON, or rendered from checked params).
+
+        A new step takes :meth:`_call_new`'s path without the walk over ``args`` and without a thunk;
+        anything else (a step the journal answers, a concurrent taker) goes through :meth:`call`.
+        ``scalars``: every value in ``args`` is a JSON scalar, so the call cannot change them (no digest).
+        """
+        with self._lock:
+            call_id = self.cursor
+            if call_id in self.steps:
+                call_id = -1
+            else:
+                self.cursor = call_id + 1
+        if call_id < 0:
+            return self.call(name, "tool", args, lambda: fn(*pos, **kw))
+        digest = None if scalars else mutable_args_digest(args)
+        started = time.time()
+        self.executed += 1
+        token = _step_key.set(f"{self.run_id}:{call_id}")
+        try:
+            try:
+                result = fn(*pos, **kw)
+            except Exception as e:
+                self._failed(self._pending(call_id, name, "tool", args, started, digest), e, DEFAULT_POLICY)
+                raise
+            if observe.observers or not is_json(result):
+                return self._complete(self._pending(call_id, name, "tool", args, started, digest), result)
+            data = {"call_id": call_id, "result": result, "type": "tool", "args": args, "started": started}
+            if digest is not None:
+                data["ad"] = digest
+            try:
+                self._completed(name, data)
+            except NotJSONError as e:
+                self._fail(self._pending(call_id, name, "tool", args, started, digest), e)
+                raise
+            return result
+        finally:
+            _step_key.reset(token)
+
+    def _completed(self, name: str, data: dict[str, Any]) -> None:
+        """Append a new step's ``step.completed`` (``data`` found strictly JSON): :meth:`append`'s usual case inline."""
+        if self._resumed is None and self.direct:
+            with self._lock:
+                try:
+                    self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq, fence=self.fence,
+                                            json_checked=True)
+                except (StorageError, ConflictError) as e:
+                    self._refused(e)
+                self.seq += 1
+        else:
+            self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
 
     def _pending(self, call_id: int, name: str, type_: str, args: dict[str, Any], started: float,
                  digest: str | None) -> _Pending:

@@ -77,7 +77,8 @@ def _start(
         # Not flushed on its own: the run's first durable append (a step, a question, its end) flushes
         # it too, and until then nothing the run did needs it (a server crash before that loses a run
         # that had done nothing durable). Waited for, so a taken run id is refused before the agent runs.
-        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False)
+        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False,
+                       json_checked=True)  # checked just above
         if lease is not None:
             lease.take()
         return None, None
@@ -292,7 +293,16 @@ def run(
                       upgrade=upgrade)
         )
     name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
-    ex = _Execution(task, run_id, inputs, tags, journal, name, fingerprint(agent), upgrade)
+    return run_sync(agent, task, run_id, inputs, tags, journal, name, fingerprint(agent), upgrade)
+
+
+def run_sync(
+    agent: Callable[..., Any], task: str, run_id: str | None, inputs: dict[str, Any] | None, tags: list[str] | None,
+    journal: Journal | None, name: str, code: str | None, upgrade: bool = False,
+) -> RunResult:
+    """:func:`run` of a plain (not async) ``agent`` that records the valid agent name ``name`` and code
+    fingerprint ``code``: for engrain's own runners (a cache call), which know both without working them out."""
+    ex = _Execution(task, run_id, inputs, tags, journal, name, code, upgrade)
     if ex.done is not None:
         return ex.done
     with ex:
