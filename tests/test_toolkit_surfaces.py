@@ -330,6 +330,28 @@ def test_api_fork_cancel_queued_and_queues_view(store_url, tmp_path):
         j.close()
 
 
+def test_forking_a_client_run_whose_step_events_do_not_fold_is_a_409_naming_the_event(store_url, tmp_path):
+    """A client writes any data into its run's events; a fork of it is refused naming the event, never a 500."""
+    from engrain._server.app import create_app
+
+    app = create_app(store_url, routines_dir=tmp_path / "r")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        events = [{"kind": "run.started", "data": {"task": "t"}},
+                  {"kind": "step.completed", "name": "a", "data": {"call_id": 0, "result": 1}},
+                  {"kind": "step.failed", "data": {"": None}}]
+        r = c.post("/api/runs/c1/events", json={"events": events, "expected_seq": 0})
+        assert r.status_code == 200, r.text
+        r = c.post("/api/runs/c1/fork", json={"at_step": 0, "run_id": "c1-fork"})
+        assert r.status_code == 409, r.text
+        body = r.json()
+        assert body["error"] == "ForkConflictError" and "event 2 (step.failed)" in body["detail"]
+        assert c.get("/api/runs/c1-fork").status_code == 404  # nothing written
+        r = c.post("/api/runs/c1/events", json={"events": [{"kind": "step.started", "data": {"call_id": "x"}}],
+                                                "expected_seq": 3})
+        assert r.status_code == 200, r.text
+        assert "event 2 (step.failed)" in c.post("/api/runs/c1/fork", json={"at_step": 0}).json()["detail"]
+
+
 def test_a_worker_leaves_runs_of_agents_it_does_not_have(journal):
     """A run for an agent this worker lacks stays queued for one that has it (no claim/release loop)."""
     import threading
