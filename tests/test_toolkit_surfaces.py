@@ -352,6 +352,52 @@ def test_forking_a_client_run_whose_step_events_do_not_fold_is_a_409_naming_the_
         assert "event 2 (step.failed)" in c.post("/api/runs/c1/fork", json={"at_step": 0}).json()["detail"]
 
 
+def test_answering_a_client_run_whose_step_events_do_not_fold_is_a_4xx_naming_the_event(store_url, tmp_path):
+    """The same for an answer: the fold names the event, the server answers 400, nothing is appended."""
+    from engrain._server.app import create_app
+
+    app = create_app(store_url, routines_dir=tmp_path / "r")
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        events = [{"kind": "run.started", "data": {"task": "t"}}, {"kind": "input.requested", "data": {}}]
+        assert c.post("/api/runs/c2/events", json={"events": events, "expected_seq": 0}).status_code == 200
+        r = c.post("/api/runs/c2/answers", json={"answers": {}})
+        assert r.status_code == 400, r.text
+        assert "event 1 (input.requested)" in r.json()["detail"]
+        assert len(c.get("/api/runs/c2/events").json()) == 2
+
+
+def test_no_run_endpoint_fails_on_a_client_run_whose_events_are_malformed(store_url, tmp_path):
+    """Every kind the fold reads, with data missing or mistyped: each run endpoint answers, none with a 5xx."""
+    import itertools
+
+    from engrain._server.app import create_app
+
+    kinds = ["step.started", "step.completed", "step.failed", "input.requested", "input.received",
+             "replay.completed", "run.completed", "run.cancelled"]
+    datas = [{}, {"call_id": "x"}, {"call_id": None}, {"call_id": 0, "attempt": "z"},
+             {"call_id": 0, "retry_in": "soon"}, {"call_id": 0, "args": 5}, {"call_id": 0, "answers": 3},
+             {"completions": [[1, 2, 3, 4, 5]]}, {"completions": "x"}, {"call_id": True},
+             {"call_id": 0, "at_most_once": True}]
+    app = create_app(store_url, routines_dir=tmp_path / "r")
+    failures = []
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as c:
+        for n, (kind, data) in enumerate(itertools.product(kinds, datas)):
+            rid = f"m{n}"
+            events = [{"kind": "run.started", "data": {"task": "t"}},
+                      {"kind": "step.started", "data": {"call_id": 0, "args": {}}}, {"kind": kind, "data": data}]
+            r = c.post(f"/api/runs/{rid}/events", json={"events": events, "expected_seq": 0})
+            assert r.status_code == 200, r.text
+            for method, path, body in [("get", f"/api/runs/{rid}", None), ("get", f"/api/runs/{rid}/events", None),
+                                       ("post", f"/api/runs/{rid}/answers", {"answers": {"result": 1}}),
+                                       ("post", f"/api/runs/{rid}/fork", {"at_step": 1}),
+                                       ("post", f"/api/runs/{rid}/cancel", {"reason": "x"})]:
+                r = getattr(c, method)(path, **({} if body is None else {"json": body}))
+                if r.status_code >= 500:
+                    failures.append((method, path, kind, data, r.text[:200]))
+        assert c.get("/api/runs").status_code == 200
+    assert failures == []
+
+
 def test_a_worker_leaves_runs_of_agents_it_does_not_have(journal):
     """A run for an agent this worker lacks stays queued for one that has it (no claim/release loop)."""
     import threading

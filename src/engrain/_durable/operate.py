@@ -26,7 +26,7 @@ from .._events import NewEvent
 from .._journal import Journal
 from .._progress import task
 from .context import default_journal, new_run_id
-from .steps import StepRecord, steps_of
+from .steps import steps_of
 
 #: Statuses gc may delete: finished runs only (``ok`` is the store's name for completed once it switches).
 FINISHED_STATUSES = (ev.COMPLETED, "ok", ev.FAILED, ev.CANCELLED)
@@ -71,7 +71,7 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
     events = j.read(source_run_id)
     if not events:
         raise RunNotFoundError(source_run_id)
-    steps = _folded(source_run_id, events)
+    steps = steps_of(events)  # a client run's events that do not fold: an error naming the event
     if at_step > len(steps):
         raise ConfigError(f"run {source_run_id!r} has {len(steps)} steps; cannot fork at step {at_step}")
     for n in range(at_step):
@@ -91,35 +91,6 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
     for k in range(0, len(copied), 1000):
         j.append(new_id, copied[k : k + 1000], k)
     return new_id
-
-
-_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
-
-
-def _folded(run_id: str, events: list[ev.Event]) -> dict[int, StepRecord]:
-    """The run's steps; a run whose step events do not fold (a client wrote them) is an error naming the event.
-
-    Runs written over the HTTP API hold whatever the client sent. The fold is
-    sequential, so once a prefix fails every longer one does: a binary search
-    finds the first bad event in O(n log n) folds of at most n events.
-    """
-    try:
-        return steps_of(events)
-    except _MALFORMED:
-        pass
-    lo, hi = 0, len(events)  # steps_of(events[:lo]) folds, steps_of(events[:hi]) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        try:
-            steps_of(events[:mid])
-            lo = mid
-        except _MALFORMED:
-            hi = mid
-    bad = events[hi - 1]
-    raise EngrainError(
-        f"run {run_id!r}: event {bad.seq} ({bad.kind}) is not a step event engrain can read (it needs an integer"
-        " call_id and well-typed fields), so the run's steps cannot be forked"
-    )
 
 
 def parse_age(value: float | int | str | _dt.timedelta) -> float:

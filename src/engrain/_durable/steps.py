@@ -126,8 +126,45 @@ def _completed(steps: dict[int, StepRecord], cid: int, attempt: int, result: Any
     return rec
 
 
+#: What folding an event whose data lacks a field or has one of the wrong type raises.
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
 def steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
-    """Fold a run's events into one record per step."""
+    """Fold a run's events into one record per step.
+
+    Raises :class:`~engrain.EngrainError` naming the first event that does not
+    fold: a run written over the HTTP API holds whatever its client sent, and an
+    answer or a fork of it must be refused, not fail with a ``KeyError``.
+    """
+    try:
+        return _steps_of(events)
+    except _MALFORMED:
+        raise _unreadable(events) from None
+
+
+def _unreadable(events: list[ev.Event]) -> EngrainError:
+    """The error naming the first event of ``events`` that does not fold.
+
+    The fold is sequential, so once a prefix fails every longer one does: a
+    binary search finds the event in O(log n) folds.
+    """
+    lo, hi = 0, len(events)  # events[:lo] folds, events[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            _steps_of(events[:mid])
+            lo = mid
+        except _MALFORMED:
+            hi = mid
+    bad = events[hi - 1]
+    return EngrainError(
+        f"run {bad.run_id!r}: event {bad.seq} ({bad.kind}) is not a step event engrain can read (it needs an"
+        " integer call_id and fields of the types engrain writes)"
+    )
+
+
+def _steps_of(events: list[ev.Event]) -> dict[int, StepRecord]:
     steps: dict[int, StepRecord] = {}
     for e in events:
         d = e.data
@@ -154,6 +191,13 @@ def steps_of_rows(run_id: str, rows: list[ev.Row]) -> dict[int, StepRecord]:
         records = iter(_decode_completions("[" + ",".join([r[4] for r in rows if r[2] == ev.STEP_COMPLETED]) + "]"))
     except (msgspec.MsgspecError, TypeError):
         return steps_of(ev.events_of(run_id, rows))
+    try:
+        return _fold_rows(run_id, rows, records)
+    except _MALFORMED:
+        return steps_of(ev.events_of(run_id, rows))  # names the event that does not fold
+
+
+def _fold_rows(run_id: str, rows: list[ev.Row], records: Any) -> dict[int, StepRecord]:
     others = [r for r in rows if r[2] in _FOLDED]
     folded = iter(ev.events_of(run_id, others))
     steps: dict[int, StepRecord] = {}
