@@ -384,9 +384,10 @@ class Engine:
         """
         if self._agent is None:
             raise CacheError("the engine has no agent: call engine.set_agent(agent) (and finalize())")
-        tags_l = sorted(set(tags or []))
-        params_d = dict(params or {})
-        check_json(params_d, "engine call", "params")
+        tags_l = sorted(set(tags)) if tags else []
+        params_d = dict(params) if params else {}
+        if params_d:
+            check_json(params_d, "engine call", "params")
         if isinstance(task, str):
             text = task
         else:

@@ -82,7 +82,8 @@ class Session:
     """The state of one ``engine(task)`` call while its run executes.
 
     ``done`` holds ``(name, args, result)`` of the steps replayed so far (made
-    :class:`StepDone` only for the agent's :class:`Continuation`).
+    :class:`StepDone` only for the agent's :class:`Continuation`); ``used``, the
+    indexes of those that the agent's calls were answered from.
     """
 
     engine: Engine
@@ -257,9 +258,7 @@ class Session:
 
     def finish(self, st: PlannedStep, spec: ToolSpec, call: tuple[Any, ...], kw: dict[str, Any], args: dict[str, Any], pre: Any, result: Any) -> None:
         """Record step ``st`` as done and run its post-check."""
-        done = self.done
-        self.used.add(len(done))
-        done.append((spec.name, args, result))
+        self.done.append((spec.name, args, result))
         self.steps.append({"name": spec.name, "args": args, "result": result, "source": "replayed"})
         post: Any = st.post
         ok = True
@@ -315,7 +314,6 @@ class Session:
         store = self.engine.store
         store.bump("diverged")
         store.record_divergence(entry.id, self.engine.evict_after)
-        self.used.clear()  # the agent may now repeat done steps: they are answered, not run again
         return Continuation(self.task, d.at, d.reason, [StepDone(*t) for t in self.done], entry.id)
 
     def suggestion(self) -> Continuation | None:
@@ -350,7 +348,7 @@ class Session:
         ctx = self.ctx
         assert ctx is not None
         call_tool, finish = ctx.call_tool, self.finish
-        done, used, steps, trajectory = self.done, self.used, self.steps, self.trajectory
+        done, steps, trajectory = self.done, self.steps, self.trajectory
         # A new run with no timing: a plain function step with recorded arguments is checked inline
         # (prepare's common case without its call); any other step goes through prepare.
         fast = not ctx.steps and not self.engine.metrics.enabled
@@ -373,7 +371,6 @@ class Session:
                         if st.check_post:
                             finish(st, spec, _NO_ARGS, args, args, pre, result)
                         else:  # finish without a post-check, inline
-                            used.add(len(done))
                             done.append((st.name, args, result))
                             steps.append({"name": st.name, "args": args, "result": result, "source": "replayed"})
                             trajectory.append({"name": st.name, "args": args, "result": result, "pre": pre, "post": st.post})
@@ -413,7 +410,12 @@ class Session:
     # -- the agent's side ---------------------------------------------------------
 
     def reuse(self, spec: ToolSpec, args_d: dict[str, Any]) -> StepDone | None:
-        """After a divergence: the done step this agent call repeats, if any (answered, not run again)."""
+        """After a divergence: the done step this agent call repeats, if any (answered, not run again).
+
+        Before the agent is called (a replay, where a tool may call another), no done step is offered.
+        """
+        if not self.agent_called:
+            return None
         for i, (name, args, result) in enumerate(self.done):
             if i not in self.used and name == spec.name and args == args_d:
                 self.used.add(i)
