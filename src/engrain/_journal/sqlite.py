@@ -53,7 +53,8 @@ _INSERTS = {n: _INTO + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _
 # this connection, and a TEMP trigger compares it with the run's on every insert,
 # so a fenced step is still one plain INSERT: an INSERT ... SELECT reading
 # ``runs`` (which the events triggers write) is materialized first, ~10 µs a step.
-_FENCE_TABLE = "CREATE TEMP TABLE IF NOT EXISTS engrain_fence (run_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL)"
+# WITHOUT ROWID: the trigger's lookup and a fence's write are one B-tree each, not a key index and a table.
+_FENCE_TABLE = "CREATE TEMP TABLE IF NOT EXISTS engrain_fence (run_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL) WITHOUT ROWID"
 # The whole test is in WHEN (NULL, so false, for a run without a fence): the body, a
 # trigger program of its own, runs only to refuse an append, not on every fenced step.
 _FENCE_TRIGGER = """CREATE TEMP TRIGGER IF NOT EXISTS engrain_fenced BEFORE INSERT ON main.events
