@@ -203,7 +203,7 @@ class CacheStore:
             if pending is not None:  # hits not yet written still count for the ranking
                 e.successes, e.divergences, e.last_used = e.successes + pending[0], 0, max(e.last_used, pending[1])
             out.append(e)
-        if self._hits:
+        if self._hits and len(out) > 1:
             out.sort(key=lambda e: (-e.successes, -e.last_used))
         return out
 
