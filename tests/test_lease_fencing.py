@@ -111,6 +111,22 @@ def test_a_fence_is_per_run_and_forgotten_with_the_run(journal):
     assert [e.seq for e in journal.read("a")] == [0, 1, 2]
 
 
+def test_a_new_runs_first_fenced_step_is_refused_once_the_lease_moved(journal):
+    """A run created leased is fenced at epoch 1 from its creating append on (SQLite sets the fence in that
+    transaction), so the first step its stale executor appends is refused; an unfenced one still lands."""
+    import time
+
+    journal.append("r", [_started()], 0, lease=("w1", 0.05))
+    time.sleep(0.1)
+    assert journal.take_lease("r", "w2", 30) == 2
+    with pytest.raises(eg.LeaseLostError):
+        journal.append_one("r", "step.completed", "work", {"call_id": 0, "result": 1}, 1, fence=1, json_checked=True)
+    assert journal.get_run("r").next_seq == 1
+    journal.append_one("r", "step.completed", "work", {"call_id": 0, "result": 2}, 1, fence=2, json_checked=True)
+    journal.append_one("r", "step.completed", "work", {"call_id": 1, "result": 3}, 2)  # unfenced
+    assert [e.seq for e in journal.read("r")] == [0, 1, 2]
+
+
 def test_resume_reads_a_dead_executors_late_append(journal):
     """The dead process's last insert commits after the new executor's first read (issue 12 item 3)."""
     dead = _dead_owner()

@@ -315,9 +315,16 @@ class SQLiteJournal(Journal):
                 for k in range(0, len(rows), chunk):
                     part = rows[k : k + chunk]
                     execute(_INSERTS[len(part)], [v for r in part for v in r])
+            fenced = lease is not None and len(self._fences) < _MAX_FENCES
             if lease is not None:
                 execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
+                if fenced:
+                    # Its executor fences its appends with the epoch a new run's lease starts at (1): set in
+                    # this transaction, the first of them needs no statement of its own (~1.5 µs less).
+                    execute(_FENCE_SET, (run_id, 1))
             execute("COMMIT")
+            if fenced:
+                self._fences[run_id] = 1  # only once committed: a rolled-back fence row is not there
         except BaseException:
             # A failed COMMIT (disk full, I/O error) may already have rolled the
             # transaction back; a second ROLLBACK would hide the real cause.
