@@ -91,7 +91,9 @@ class Session:
     params: dict[str, Any]
     tags: list[str]
     ctx: RunContext | None = None
-    trajectory: list[dict[str, Any]] = field(default_factory=list)
+    # The tool calls as :meth:`recorded` gives them; a replayed step without a post-check is kept as
+    # ``(planned step, pre-check snapshot or _UNSET, result)`` until then (a hit rarely needs its dict).
+    trajectory: list[Any] = field(default_factory=list)
     done: list[tuple[str, dict[str, Any], Any]] = field(default_factory=list)
     used: set[int] = field(default_factory=set)
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -277,6 +279,16 @@ class Session:
         if not ok:
             raise Diverged(st.i + 1, f"post-check of step {st.i} ({spec.name}) failed", "post")
 
+    def recorded(self) -> list[dict[str, Any]]:
+        """This call's tool calls (``name``, ``args``, ``result``, ``pre``, ``post``), for storing or refreshing an entry."""
+        t = self.trajectory
+        for i, x in enumerate(t):
+            if type(x) is tuple:  # a replayed step
+                st, snap, result = x
+                t[i] = {"name": st.name, "args": st.args, "result": result,
+                        "pre": st.pre if snap is _UNSET else (snap, st.spec.pre_where), "post": st.post}
+        return t
+
     def switch(self, entry: Entry, d: Diverged) -> Entry | None:
         """Another candidate that did the steps done so far and whose next step fits now, if any."""
         if d.phase != "pre":
@@ -358,7 +370,7 @@ class Session:
                     spec = st.spec
                     if fast and st.plain:
                         args = st.args
-                        pre: Any = st.pre
+                        snap: Any = _UNSET
                         if st.check_pre and st.i > 0:
                             check = spec.pre
                             snap = check.capture(**args)
@@ -366,14 +378,14 @@ class Session:
                             r = check.compare(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
                             if r is not True and (r is False or not check.verdict(r)):  # passes(), inline
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
-                            pre = (snap, spec.pre_where)
                         result = call_tool(st.name, args, spec.fn, _NO_ARGS, args, st.scalars)
                         if st.check_post:
-                            finish(st, spec, _NO_ARGS, args, args, pre, result)
-                        else:  # finish without a post-check, inline
+                            finish(st, spec, _NO_ARGS, args, args, st.pre if snap is _UNSET else (snap, spec.pre_where),
+                                   result)
+                        else:  # finish without a post-check, inline (its trajectory entry built by recorded())
                             done.append((st.name, args, result))
                             steps.append({"name": st.name, "args": args, "result": result, "source": "replayed"})
-                            trajectory.append({"name": st.name, "args": args, "result": result, "pre": pre, "post": st.post})
+                            trajectory.append((st, snap, result))
                         continue
                     spec, call, kw, args, pre = self.prepare(st)
                     finish(st, spec, call, kw, args, pre, call_tool(st.name, args, spec.fn, call, kw))
