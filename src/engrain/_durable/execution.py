@@ -22,7 +22,7 @@ from .._errors import (
     NotJSONError,
     StorageError,
 )
-from .._events import NewEvent, check_json, is_json
+from .._events import check_json, is_json
 from .._journal import Journal
 from . import observe
 from .context import (
@@ -78,8 +78,8 @@ def _start(
         # Not flushed on its own: the run's first durable append (a step, a question, its end) flushes
         # it too, and until then nothing the run did needs it (a server crash before that loses a run
         # that had done nothing durable). Waited for, so a taken run id is refused before the agent runs.
-        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False,
-                       json_checked=True)  # checked just above
+        journal.append_one(run_id, ev.RUN_STARTED, "", data, 0, lease=held, durable=False,
+                           json_checked=True)  # checked just above
         if lease is not None:
             lease.take()
         return None, None

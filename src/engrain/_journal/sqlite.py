@@ -230,12 +230,17 @@ class SQLiteJournal(Journal):
 
     def append_one(
         self, run_id: str, kind: str, name: str, data: dict, expected_seq: int, *, durable: bool = True,
-        fence: int | None = None, json_checked: bool = False, wait: bool = True,
+        fence: int | None = None, json_checked: bool = False, wait: bool = True, lease: tuple[str, float] | None = None,
     ) -> None:
-        # Every step of a durable run comes here: no NewEvent in, no Event out.
+        # Every step of a durable run comes here (and its start): no NewEvent in, no Event out.
         if not wait and durable:
             raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         row = prepare_row(run_id, kind, name, data, expected_seq, time.time(), json_checked)
+        if lease is not None:
+            lease = check_lease(lease, expected_seq)
+            if kind not in FINISH_KINDS:  # else, as in append: the run is finished by this append, nothing to lease
+                self._commit((row,), run_id, expected_seq, True, durable, lease, fence)
+                return
         if not durable and self._full:
             self._commit((row,), run_id, expected_seq, True, durable, None, fence)
             return
