@@ -179,7 +179,7 @@ class Engine:
             return store
         with self._store_lock:
             if self._store is None:
-                self._store = CacheStore(self.journal)
+                self._store = CacheStore(self.journal, lookup_on_journal=True)
             return self._store
 
     def set_agent(self, agent: Callable[..., Any]) -> Engine:
