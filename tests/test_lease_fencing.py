@@ -52,6 +52,22 @@ def test_epoch_moves_only_when_the_lease_changes_hands(journal):
         journal.take_lease("nope", "w1", 30)
 
 
+def test_append_one_creates_a_leased_run_as_append_does(journal):
+    """``append_one(lease=...)`` (a durable run's start): the run is created held at epoch 1, its
+    fenced steps land, and a lease with a seq other than 0 is refused before anything is written."""
+    data = {"task": "t", "inputs": {}, "tags": []}
+    journal.append_one("r", "run.started", "", data, 0, lease=("w1", 30), durable=False, json_checked=True)
+    info = journal.get_run("r")
+    assert (info.lease_owner, info.lease_epoch, info.status) == ("w1", 1, "running")
+    assert journal.take_lease("r", "w2", 30) is None  # held
+    journal.append_one("r", "step.completed", "work", {"call_id": 0, "result": 1}, 1, fence=1, json_checked=True)
+    with pytest.raises(ValueError, match="expected_seq=0"):
+        journal.append_one("r", "step.completed", "work", {"call_id": 1, "result": 1}, 2, lease=("w1", 30))
+    journal.append_one("r", "run.completed", "", {"output": 1}, 2, fence=1)
+    info = journal.get_run("r")
+    assert (info.lease_owner, info.status, info.next_seq) == (None, "ok", 3)
+
+
 def test_a_stale_holders_append_is_refused_and_writes_nothing(journal):
     journal.append("r", [_started()], 0, lease=("w1", 0.05))
     journal.append("r", [_step(0)], 1, fence=1)
@@ -109,6 +125,22 @@ def test_a_fence_is_per_run_and_forgotten_with_the_run(journal):
     journal.append("a", [_step(0)], 1, fence=journal.get_run("a").lease_epoch)
     journal.append("a", [_step(1)], 2)
     assert [e.seq for e in journal.read("a")] == [0, 1, 2]
+
+
+def test_a_new_runs_first_fenced_step_is_refused_once_the_lease_moved(journal):
+    """A run created leased is fenced at epoch 1 from its creating append on (SQLite sets the fence in that
+    transaction), so the first step its stale executor appends is refused; an unfenced one still lands."""
+    import time
+
+    journal.append("r", [_started()], 0, lease=("w1", 0.05))
+    time.sleep(0.1)
+    assert journal.take_lease("r", "w2", 30) == 2
+    with pytest.raises(eg.LeaseLostError):
+        journal.append_one("r", "step.completed", "work", {"call_id": 0, "result": 1}, 1, fence=1, json_checked=True)
+    assert journal.get_run("r").next_seq == 1
+    journal.append_one("r", "step.completed", "work", {"call_id": 0, "result": 2}, 1, fence=2, json_checked=True)
+    journal.append_one("r", "step.completed", "work", {"call_id": 1, "result": 3}, 2)  # unfenced
+    assert [e.seq for e in journal.read("r")] == [0, 1, 2]
 
 
 def test_resume_reads_a_dead_executors_late_append(journal):

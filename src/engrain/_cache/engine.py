@@ -179,7 +179,7 @@ class Engine:
             return store
         with self._store_lock:
             if self._store is None:
-                self._store = CacheStore(self.journal)
+                self._store = CacheStore(self.journal, lookup_on_journal=True)
             return self._store
 
     def set_agent(self, agent: Callable[..., Any]) -> Engine:
@@ -287,16 +287,17 @@ class Engine:
 
     def _store_trajectory(self, s: Session, output: Any, run_id: str) -> str | None:
         """Store a successful run's tool calls as an entry (one without tool calls only with ``store_empty``)."""
-        if not s.trajectory and not self.store_empty:
+        trajectory = s.recorded()
+        if not trajectory and not self.store_empty:
             return None
-        producers = [i for i, t in enumerate(s.trajectory) if t["result"] == output and output not in (None, True, False, "")]
-        values = [t["args"] for t in s.trajectory]
+        producers = [i for i, t in enumerate(trajectory) if t["result"] == output and output not in (None, True, False, "")]
+        values = [t["args"] for t in trajectory]
         if not producers:
             values.append(output)
         # Each param is bound in every argument that used its value, or pinned into the key (see binding.py).
         b = bind(values, s.params)
         steps = []
-        for i, t in enumerate(s.trajectory):
+        for i, t in enumerate(trajectory):
             pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (t["pre"], t["post"]))
             steps.append({"name": t["name"], "args": b.values[i], "templated": b.templated[i], "pre": pre, "post": post})
         if producers:
@@ -384,9 +385,10 @@ class Engine:
         """
         if self._agent is None:
             raise CacheError("the engine has no agent: call engine.set_agent(agent) (and finalize())")
-        tags_l = sorted(set(tags or []))
-        params_d = dict(params or {})
-        check_json(params_d, "engine call", "params")
+        tags_l = sorted(set(tags)) if tags else []
+        params_d = dict(params) if params else {}
+        if params_d:
+            check_json(params_d, "engine call", "params")
         if isinstance(task, str):
             text = task
         else:
@@ -446,10 +448,11 @@ class Engine:
     def _refresh(self, s: Session) -> None:
         """After a hit, store the snapshots just taken in place of the recorded ones (time windows slide)."""
         entry = self.store.cached(s.entry_id)  # type: ignore[arg-type]
-        if entry is None or len(entry.steps) != len(s.trajectory):
+        trajectory = s.recorded()
+        if entry is None or len(entry.steps) != len(trajectory):
             return
         steps = []
-        for i, (old, t) in enumerate(zip(entry.steps, s.trajectory)):
+        for i, (old, t) in enumerate(zip(entry.steps, trajectory)):
             pre = s.first_pre if i == 0 and s.first_pre is not None else t["pre"]
             pre, post = (encode_snapshot(*v) if isinstance(v, tuple) else v for v in (pre, t["post"]))
             steps.append({**old, "pre": pre, "post": post})

@@ -82,7 +82,8 @@ class Session:
     """The state of one ``engine(task)`` call while its run executes.
 
     ``done`` holds ``(name, args, result)`` of the steps replayed so far (made
-    :class:`StepDone` only for the agent's :class:`Continuation`).
+    :class:`StepDone` only for the agent's :class:`Continuation`); ``used``, the
+    indexes of those that the agent's calls were answered from.
     """
 
     engine: Engine
@@ -90,7 +91,9 @@ class Session:
     params: dict[str, Any]
     tags: list[str]
     ctx: RunContext | None = None
-    trajectory: list[dict[str, Any]] = field(default_factory=list)
+    # The tool calls as :meth:`recorded` gives them; a replayed step without a post-check is kept as
+    # ``(planned step, pre-check snapshot or _UNSET, result)`` until then (a hit rarely needs its dict).
+    trajectory: list[Any] = field(default_factory=list)
     done: list[tuple[str, dict[str, Any], Any]] = field(default_factory=list)
     used: set[int] = field(default_factory=set)
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -257,9 +260,7 @@ class Session:
 
     def finish(self, st: PlannedStep, spec: ToolSpec, call: tuple[Any, ...], kw: dict[str, Any], args: dict[str, Any], pre: Any, result: Any) -> None:
         """Record step ``st`` as done and run its post-check."""
-        done = self.done
-        self.used.add(len(done))
-        done.append((spec.name, args, result))
+        self.done.append((spec.name, args, result))
         self.steps.append({"name": spec.name, "args": args, "result": result, "source": "replayed"})
         post: Any = st.post
         ok = True
@@ -277,6 +278,16 @@ class Session:
         self.trajectory.append({"name": spec.name, "args": args, "result": result, "pre": pre, "post": post})
         if not ok:
             raise Diverged(st.i + 1, f"post-check of step {st.i} ({spec.name}) failed", "post")
+
+    def recorded(self) -> list[dict[str, Any]]:
+        """This call's tool calls (``name``, ``args``, ``result``, ``pre``, ``post``), for storing or refreshing an entry."""
+        t = self.trajectory
+        for i, x in enumerate(t):
+            if type(x) is tuple:  # a replayed step
+                st, snap, result = x
+                t[i] = {"name": st.name, "args": st.args, "result": result,
+                        "pre": st.pre if snap is _UNSET else (snap, st.spec.pre_where), "post": st.post}
+        return t
 
     def switch(self, entry: Entry, d: Diverged) -> Entry | None:
         """Another candidate that did the steps done so far and whose next step fits now, if any."""
@@ -315,7 +326,6 @@ class Session:
         store = self.engine.store
         store.bump("diverged")
         store.record_divergence(entry.id, self.engine.evict_after)
-        self.used.clear()  # the agent may now repeat done steps: they are answered, not run again
         return Continuation(self.task, d.at, d.reason, [StepDone(*t) for t in self.done], entry.id)
 
     def suggestion(self) -> Continuation | None:
@@ -350,7 +360,7 @@ class Session:
         ctx = self.ctx
         assert ctx is not None
         call_tool, finish = ctx.call_tool, self.finish
-        done, used, steps, trajectory = self.done, self.used, self.steps, self.trajectory
+        done, steps, trajectory = self.done, self.steps, self.trajectory
         # A new run with no timing: a plain function step with recorded arguments is checked inline
         # (prepare's common case without its call); any other step goes through prepare.
         fast = not ctx.steps and not self.engine.metrics.enabled
@@ -360,7 +370,7 @@ class Session:
                     spec = st.spec
                     if fast and st.plain:
                         args = st.args
-                        pre: Any = st.pre
+                        snap: Any = _UNSET
                         if st.check_pre and st.i > 0:
                             check = spec.pre
                             snap = check.capture(**args)
@@ -368,15 +378,14 @@ class Session:
                             r = check.compare(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
                             if r is not True and (r is False or not check.verdict(r)):  # passes(), inline
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
-                            pre = (snap, spec.pre_where)
                         result = call_tool(st.name, args, spec.fn, _NO_ARGS, args, st.scalars)
                         if st.check_post:
-                            finish(st, spec, _NO_ARGS, args, args, pre, result)
-                        else:  # finish without a post-check, inline
-                            used.add(len(done))
+                            finish(st, spec, _NO_ARGS, args, args, st.pre if snap is _UNSET else (snap, spec.pre_where),
+                                   result)
+                        else:  # finish without a post-check, inline (its trajectory entry built by recorded())
                             done.append((st.name, args, result))
                             steps.append({"name": st.name, "args": args, "result": result, "source": "replayed"})
-                            trajectory.append({"name": st.name, "args": args, "result": result, "pre": pre, "post": st.post})
+                            trajectory.append((st, snap, result))
                         continue
                     spec, call, kw, args, pre = self.prepare(st)
                     finish(st, spec, call, kw, args, pre, call_tool(st.name, args, spec.fn, call, kw))
@@ -413,7 +422,12 @@ class Session:
     # -- the agent's side ---------------------------------------------------------
 
     def reuse(self, spec: ToolSpec, args_d: dict[str, Any]) -> StepDone | None:
-        """After a divergence: the done step this agent call repeats, if any (answered, not run again)."""
+        """After a divergence: the done step this agent call repeats, if any (answered, not run again).
+
+        Before the agent is called (a replay, where a tool may call another), no done step is offered.
+        """
+        if not self.agent_called:
+            return None
         for i, (name, args, result) in enumerate(self.done):
             if i not in self.used and name == spec.name and args == args_d:
                 self.used.add(i)

@@ -434,7 +434,16 @@ class RunContext(StepWriter):
             if digest is not None:
                 data["ad"] = digest
             try:
-                self._completed(name, data)
+                if self._resumed is None and self.direct:  # _completed's usual case, inline: every replayed step
+                    with self._lock:
+                        try:
+                            self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq,
+                                                    fence=self.fence, json_checked=True)
+                        except (StorageError, ConflictError) as e:
+                            self._refused(e)
+                        self.seq += 1
+                else:
+                    self._completed(name, data)
             except NotJSONError as e:
                 self._fail(self._pending(call_id, name, "tool", args, started, digest), e)
                 raise

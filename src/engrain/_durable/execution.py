@@ -22,7 +22,7 @@ from .._errors import (
     NotJSONError,
     StorageError,
 )
-from .._events import NewEvent, check_json
+from .._events import check_json, is_json
 from .._journal import Journal
 from . import observe
 from .context import (
@@ -72,13 +72,14 @@ def _start(
             data["agent"] = agent
         if code is not None:
             data["agent_code"] = code
-        check_json(data, f"run {run_id!r}", "inputs")
+        if not is_json(data):  # check_json's own test first: its message is made only for a refusal
+            check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
         # Not flushed on its own: the run's first durable append (a step, a question, its end) flushes
         # it too, and until then nothing the run did needs it (a server crash before that loses a run
         # that had done nothing durable). Waited for, so a taken run id is refused before the agent runs.
-        journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=held, durable=False,
-                       json_checked=True)  # checked just above
+        journal.append_one(run_id, ev.RUN_STARTED, "", data, 0, lease=held, durable=False,
+                           json_checked=True)  # checked just above
         if lease is not None:
             lease.take()
         return None, None
@@ -112,7 +113,8 @@ def _start(
 
 def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
     try:
-        check_json(output, f"run {ctx.run_id!r}", "output")
+        if not is_json(output):
+            check_json(output, f"run {ctx.run_id!r}", "output")
     except NotJSONError as e:
         # Resuming cannot change the output (the steps replay), so this is final.
         return _finish_error(ctx, e)

@@ -29,6 +29,7 @@ from .._events import (
     is_json,
     status_after,
 )
+from .._events import _fast_encode
 
 _STATUS_KINDS = frozenset(
     {RUN_STARTED, RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED, INPUT_REQUESTED, INPUT_RECEIVED, REPLAY_STARTED}
@@ -74,6 +75,13 @@ def _row(
         # dumps failed: let the strict checker name the offending field.
         check_json(data, f"event {i} ({kind} {name})", "data")
         raise
+    if len(text) > 2 * MAX_DEPTH or not text.isascii():
+        _check_text(text, data, kind, name, i)
+    return (run_id, seq, ts, kind, name, text)
+
+
+def _check_text(text: str, data: dict, kind: str, name: str, i: int) -> None:
+    """Refuse the encoded ``text`` of event ``i`` if its data nests too deep or holds text no store can hold."""
     # The encoder does not bound nesting; only text with enough brackets can be too deep,
     # and counting them is cheap next to walking the value. Deeper than MAX_DEPTH takes more
     # than MAX_DEPTH brackets opened and as many closed, so a shorter text (a step's) is not counted.
@@ -81,7 +89,6 @@ def _row(
         check_json(data, f"event {i} ({kind} {name})", "data")
     if not text.isascii():  # check_text's own first test, inline: most events are ASCII
         check_text(text, data, f"event {i} ({kind} {name})", "data")
-    return (run_id, seq, ts, kind, name, text)
 
 
 def prepare_row(
@@ -93,6 +100,15 @@ def prepare_row(
     """
     if type(run_id) is not str or not 0 < len(run_id) <= 200 or type(expected_seq) is not int or expected_seq < 0:
         _check_target(run_id, expected_seq)  # raises, naming what is wrong (or accepts a str or int subclass)
+    if json_checked and _fast_encode is not None and type(data) is dict and kind in KINDS:
+        # Every step of a durable run: _row with dumps_checked, inline (two calls fewer per step).
+        try:
+            text = _fast_encode(data).decode()
+        except Exception:  # a lone surrogate, or anything else: the usual path decides and names it
+            return _row(run_id, kind, name, data, expected_seq, ts, 0, dumps_checked)
+        if len(text) > 2 * MAX_DEPTH or not text.isascii():
+            _check_text(text, data, kind, name, 0)
+        return (run_id, expected_seq, ts, kind, name, text)
     return _row(run_id, kind, name, data, expected_seq, ts, 0, dumps_checked if json_checked else dumps)
 
 

@@ -97,16 +97,18 @@ class Journal(abc.ABC):
         fence: int | None = None,
         json_checked: bool = False,
         wait: bool = True,
+        lease: tuple[str, float] | None = None,
     ) -> None:
         """Append one event given by its fields, as :meth:`append` does with one :class:`NewEvent`, returning nothing.
 
-        Each step of a durable run is one such append; a backend overrides this to
+        Each step of a durable run is one such append (and so is its ``run.started``, created
+        with ``lease`` as for :meth:`append`); a backend overrides this to
         skip building the event objects that the run never reads back.
         ``json_checked=True`` says the caller already found ``data`` strictly JSON
         (``is_json``), so a backend may encode it with a faster, laxer encoder. ``wait``: as for :meth:`append`.
         """
-        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, fence=fence, wait=wait,
-                    json_checked=json_checked)
+        self.append(run_id, (NewEvent(kind, name, data),), expected_seq, durable=durable, lease=lease, fence=fence,
+                    wait=wait, json_checked=json_checked)
 
     @abc.abstractmethod
     def read(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Event]:

@@ -202,11 +202,12 @@ class PostgresJournal(Journal):
 
     def append_one(
         self, run_id: str, kind: str, name: str, data: dict, expected_seq: int, *, durable: bool = True,
-        fence: int | None = None, json_checked: bool = False, wait: bool = True,
+        fence: int | None = None, json_checked: bool = False, wait: bool = True, lease: tuple[str, float] | None = None,
     ) -> None:
-        if expected_seq == 0 or kind in _STATUS_KINDS:  # creates the run or changes its status: append's statement
+        if expected_seq == 0 or kind in _STATUS_KINDS or lease is not None:
+            # Creates the run or changes its status: append's statement.
             super().append_one(run_id, kind, name, data, expected_seq, durable=durable, fence=fence,
-                               json_checked=json_checked, wait=wait)
+                               json_checked=json_checked, wait=wait, lease=lease)
             return
         # Every step of a durable run comes here: no NewEvent in, no Event or Batch on the way.
         if not wait and durable:

@@ -53,7 +53,8 @@ _INSERTS = {n: _INTO + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _
 # this connection, and a TEMP trigger compares it with the run's on every insert,
 # so a fenced step is still one plain INSERT: an INSERT ... SELECT reading
 # ``runs`` (which the events triggers write) is materialized first, ~10 µs a step.
-_FENCE_TABLE = "CREATE TEMP TABLE IF NOT EXISTS engrain_fence (run_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL)"
+# WITHOUT ROWID: the trigger's lookup and a fence's write are one B-tree each, not a key index and a table.
+_FENCE_TABLE = "CREATE TEMP TABLE IF NOT EXISTS engrain_fence (run_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL) WITHOUT ROWID"
 # The whole test is in WHEN (NULL, so false, for a run without a fence): the body, a
 # trigger program of its own, runs only to refuse an append, not on every fenced step.
 _FENCE_TRIGGER = """CREATE TEMP TRIGGER IF NOT EXISTS engrain_fenced BEFORE INSERT ON main.events
@@ -229,12 +230,17 @@ class SQLiteJournal(Journal):
 
     def append_one(
         self, run_id: str, kind: str, name: str, data: dict, expected_seq: int, *, durable: bool = True,
-        fence: int | None = None, json_checked: bool = False, wait: bool = True,
+        fence: int | None = None, json_checked: bool = False, wait: bool = True, lease: tuple[str, float] | None = None,
     ) -> None:
-        # Every step of a durable run comes here: no NewEvent in, no Event out.
+        # Every step of a durable run comes here (and its start): no NewEvent in, no Event out.
         if not wait and durable:
             raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
         row = prepare_row(run_id, kind, name, data, expected_seq, time.time(), json_checked)
+        if lease is not None:
+            lease = check_lease(lease, expected_seq)
+            if kind not in FINISH_KINDS:  # else, as in append: the run is finished by this append, nothing to lease
+                self._commit((row,), run_id, expected_seq, True, durable, lease, fence)
+                return
         if not durable and self._full:
             self._commit((row,), run_id, expected_seq, True, durable, None, fence)
             return
@@ -314,9 +320,16 @@ class SQLiteJournal(Journal):
                 for k in range(0, len(rows), chunk):
                     part = rows[k : k + chunk]
                     execute(_INSERTS[len(part)], [v for r in part for v in r])
+            fenced = lease is not None and len(self._fences) < _MAX_FENCES
             if lease is not None:
                 execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
+                if fenced:
+                    # Its executor fences its appends with the epoch a new run's lease starts at (1): set in
+                    # this transaction, the first of them needs no statement of its own (~1.5 µs less).
+                    execute(_FENCE_SET, (run_id, 1))
             execute("COMMIT")
+            if fenced:
+                self._fences[run_id] = 1  # only once committed: a rolled-back fence row is not there
         except BaseException:
             # A failed COMMIT (disk full, I/O error) may already have rolled the
             # transaction back; a second ROLLBACK would hide the real cause.
