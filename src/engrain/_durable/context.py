@@ -151,6 +151,10 @@ def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
         check_json(args, f"{type_} {name!r}", "arguments")
 
 
+#: The keyword arguments of a thunk (shared, never mutated).
+_NO_KW: dict[str, Any] = {}
+
+
 class RunContext(StepWriter):
     """The journal cursor of one run while its agent executes.
 
@@ -377,29 +381,7 @@ class RunContext(StepWriter):
         if not is_json(args):
             check_args(type_, name, args)
         digest = mutable_args_digest(args) if type_ in ARGS_CHECKED else None
-        started = time.time()
-        self.executed += 1
-        token = _step_key.set(f"{self.run_id}:{call_id}")
-        try:
-            try:
-                result = thunk()
-            except Exception as e:
-                self._failed(self._pending(call_id, name, type_, args, started, digest), e, DEFAULT_POLICY)
-                raise  # no retries: the failure is journaled
-            if observe.observers or not is_json(result):  # observed, or a result to name the problem of
-                return self._complete(self._pending(call_id, name, type_, args, started, digest), result)
-            # The usual completion (first attempt, no durable start): keys in _outcome's order.
-            data = {"call_id": call_id, "result": result, "type": type_, "args": args, "started": started}
-            if digest is not None:
-                data["ad"] = digest
-            try:
-                self._completed(name, data)
-            except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
-                self._fail(self._pending(call_id, name, type_, args, started, digest), e)
-                raise
-            return result
-        finally:
-            _step_key.reset(token)
+        return self._execute_new(call_id, name, type_, args, digest, thunk, (), _NO_KW)
 
     def call_tool(self, name: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
                   kw: dict[str, Any], scalars: bool = False) -> Any:
@@ -419,6 +401,11 @@ class RunContext(StepWriter):
         if call_id < 0:
             return self.call(name, "tool", args, lambda: fn(*pos, **kw))
         digest = None if scalars else mutable_args_digest(args)
+        return self._execute_new(call_id, name, "tool", args, digest, fn, pos, kw)
+
+    def _execute_new(self, call_id: int, name: str, type_: str, args: dict[str, Any], digest: str | None,
+                     fn: Callable[..., Any], pos: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+        """Run the new step ``call_id`` (taken by the caller) as ``fn(*pos, **kw)`` and journal its outcome."""
         started = time.time()
         self.executed += 1
         token = _step_key.set(f"{self.run_id}:{call_id}")
@@ -426,26 +413,18 @@ class RunContext(StepWriter):
             try:
                 result = fn(*pos, **kw)
             except Exception as e:
-                self._failed(self._pending(call_id, name, "tool", args, started, digest), e, DEFAULT_POLICY)
-                raise
-            if observe.observers or not is_json(result):
-                return self._complete(self._pending(call_id, name, "tool", args, started, digest), result)
-            data = {"call_id": call_id, "result": result, "type": "tool", "args": args, "started": started}
+                self._failed(self._pending(call_id, name, type_, args, started, digest), e, DEFAULT_POLICY)
+                raise  # no retries: the failure is journaled
+            if observe.observers or not is_json(result):  # observed, or a result to name the problem of
+                return self._complete(self._pending(call_id, name, type_, args, started, digest), result)
+            # The usual completion (first attempt, no durable start): keys in _outcome's order.
+            data = {"call_id": call_id, "result": result, "type": type_, "args": args, "started": started}
             if digest is not None:
                 data["ad"] = digest
             try:
-                if self._resumed is None and self.direct:  # _completed's usual case, inline: every replayed step
-                    with self._lock:
-                        try:
-                            self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq,
-                                                    fence=self.fence, json_checked=True)
-                        except (StorageError, ConflictError) as e:
-                            self._refused(e)
-                        self.seq += 1
-                else:
-                    self._completed(name, data)
-            except NotJSONError as e:
-                self._fail(self._pending(call_id, name, "tool", args, started, digest), e)
+                self._completed(name, data)
+            except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
+                self._fail(self._pending(call_id, name, type_, args, started, digest), e)
                 raise
             return result
         finally:
