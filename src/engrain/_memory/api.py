@@ -272,7 +272,11 @@ class Memory:
             recs = self._records.search(qv, fetch, skill, now, allow)
             arts = self._articles.search(qv, fetch, skill, now)
         rk = self.ranking
-        w_text = text_weight(s for _, s in recs + arts) if rk.text_weight is None else rk.text_weight
+        if rk.text_weight is None:
+            crowd = self.store.pg_crowding(skill, now) if self.store.pgvector else self._records.crowding(skill)
+            w_text = text_weight((s for _, s in recs + arts), crowd)
+        else:
+            w_text = rk.text_weight
         cands: dict[tuple[str, str], dict[str, float]] = {}
         for tier, hits in (("record", recs), ("article", arts)):
             for i, s in hits:
@@ -290,7 +294,7 @@ class Memory:
         _ranking.add_context(cands, qv, w_text, rk, around, fetch)
         prior = _temporal.prior(query, rk.when)
         cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
-        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior)
+        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior, rk.question)
         results = _ranking.add_neighbours(self, results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {
             "query": query, "label": label, "hint": importance, "where": where,

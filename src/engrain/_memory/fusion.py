@@ -19,6 +19,24 @@ conversations (records that open with speaker and date bunch MiniLM's
 cosines at a spread of ~0.04, and its dense search is weaker than BM25 there)
 asked for more text weight at that spread than the square gave: the cube
 gives it (0.08 -> 0.10) while the chats (spread ~0.077) keep ~0.014.
+
+The spread is one query's view; a skill's records also say, all at once, how
+well the embedder tells them apart: their *crowding*, the mean cosine between
+two of them (:func:`crowding`). Where every record opens with the same
+speaker-and-date header, or is written in a language the model does not know,
+their vectors share most of their direction (LoCoMo's conversations 0.42-0.53,
+the Swedish FAQ 0.46) and the cosines order them poorly however they spread;
+where the embedder is at home they do not (the chats 0.09-0.15, the English FAQ
+0.17). So the weight never falls below ``W_TEXT_FLOOR`` (the fixed weight recall
+had before it was set per query) times ``min(1, (crowding / CROWDING_REF) ** 3)``:
+the full floor on crowded skills, next to nothing on the others. The per-query
+weight alone gave some LoCoMo questions whose top cosines spread widely a text
+weight of 0.01-0.04, and those questions ranked better at 0.20 (any@5 0.754 ->
+0.805, session-hit@1 0.737 -> 0.814 on the third of them with the widest
+spread), while the chats and the English FAQ lose at 0.20 (-0.03 any@5).
+Measured (bench/memory_quality.py, all four sets in one run, any@5 all@5 any@10
+session-hit@1): LoCoMo dev 0.684 0.554 0.788 0.667 -> 0.692 0.565 0.811 0.706;
+FAQ sv any@5 0.528 -> 0.534; the chats and the English FAQ unchanged.
 """
 
 from __future__ import annotations
@@ -37,14 +55,33 @@ W_TEXT_MAX = 0.5
 SPREAD_DEPTH = 40
 #: Fewer vector hits than this: too few to measure a spread; the reference weight applies.
 SPREAD_MIN = 5
+#: Least text weight on a skill whose records crowd (the fixed weight recall had before it was set per query).
+W_TEXT_FLOOR = 0.20
+#: Crowding (mean cosine between two records of a skill) at and above which the whole floor applies.
+CROWDING_REF = 0.40
+#: Records a skill's crowding is measured on: its most recent ones, at most this many.
+CROWDING_SAMPLE = 512
 
 
-def text_weight(cosines: Iterable[float]) -> float:
-    """The full-text weight for a query whose vector hits have these cosines (any order)."""
+def crowding(total: np.ndarray, squares: float, n: int) -> float:
+    """Mean cosine between two distinct vectors of a sample of ``n`` unit vectors with this sum and sum of squared norms.
+
+    ``|sum|^2`` adds every ordered pair's dot product and each vector's own
+    (``squares``); the rest, over the ``n (n - 1)`` pairs, is the mean. 0.0 for fewer than two.
+    """
+    if n < 2:
+        return 0.0
+    return float((float(np.dot(total, total)) - squares) / (n * (n - 1)))
+
+
+def text_weight(cosines: Iterable[float], crowding: float = 0.0) -> float:
+    """The full-text weight for a query whose vector hits have these cosines (any order), in a skill whose
+    records have this :func:`crowding` (0 when unknown: the per-query weight alone)."""
     top = np.sort(np.fromiter(cosines, dtype=np.float64))[::-1][:SPREAD_DEPTH]
+    floor = W_TEXT_FLOOR * min(1.0, max(0.0, crowding) / CROWDING_REF) ** 3
     if len(top) < SPREAD_MIN:
-        return W_TEXT_REF
+        return max(floor, W_TEXT_REF)
     spread = float(top.std())
     if spread <= 0.0:
         return W_TEXT_MAX
-    return min(W_TEXT_MAX, W_TEXT_REF * (SPREAD_REF / spread) ** SPREAD_POWER)
+    return max(floor, min(W_TEXT_MAX, W_TEXT_REF * (SPREAD_REF / spread) ** SPREAD_POWER))

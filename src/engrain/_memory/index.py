@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .fusion import CROWDING_SAMPLE, crowding
 from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
 #: Rows past which a usearch graph replaces the exact scan.
@@ -303,6 +304,22 @@ class VectorIndex:
                 if hits is not None:
                     return hits
             return self._exact(vec, k, code, now)
+
+    def crowding(self, skill: str | None) -> float:
+        """The mean cosine between two of the most recent ``CROWDING_SAMPLE`` rows of ``skill`` (or of all skills).
+
+        How much the skill's vectors share one direction, which the text weight
+        of a recall reads (:func:`.fusion.crowding`); 0.0 for an unknown skill.
+        """
+        with self._lock:
+            if skill is None:
+                vecs = self._mat[max(0, self._n - CROWDING_SAMPLE):self._n]
+            else:
+                code = self._skills.get(skill)
+                if code is None:
+                    return 0.0
+                vecs = self._mat[self._by_skill[code][-CROWDING_SAMPLE:]]
+            return crowding(vecs.sum(axis=0, dtype=np.float64), float(np.einsum("ij,ij->", vecs, vecs)), len(vecs))
 
     def around(self, ids: list[str], radius: int, now: float, allow: set[str] | None = None
                ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import filters as _filters
+from .fusion import CROWDING_SAMPLE, crowding
 from .items import from_blob
 
 #: HNSW parameters, shared by pgvector's index and the in-process usearch graph. ef 80: at 1M records
@@ -27,6 +28,8 @@ HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 80
 #: scanning the HNSW graph: a few milliseconds of distances, against an HNSW walk that grows as 1/selectivity
 #: and (iterative scans) may stop short of the limit.
 PG_EXACT_ROWS = 5000
+#: Seconds a skill's crowding (:func:`.fusion.crowding`) is kept before it is read again: it moves slowly.
+CROWDING_TTL = 60.0
 
 
 def _vec_literal(vec: np.ndarray) -> str:
@@ -138,6 +141,27 @@ class PgVectorSearch:
                 if len(rows) < limit and (tier == "record" or skill is not None or limit > HNSW_EF):
                     rows = self._x(exact, (*qparams, limit)).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
+
+    def pg_crowding(self, skill: str | None, now: float) -> float:
+        """:meth:`VectorIndex.crowding <engrain._memory.index.VectorIndex.crowding>` in SQL, kept ``CROWDING_TTL`` s.
+
+        pgvector sums the sample's vectors (and their squared norms) on the
+        server: one row comes back, not the vectors.
+        """
+        cache = self.__dict__.setdefault("_crowding", {})
+        hit = cache.get(skill)
+        if hit is not None and now - hit[0] < CROWDING_TTL:
+            return hit[1]
+        cond, params = ("WHERE skill = ? AND vec IS NOT NULL", [skill]) if skill is not None else ("WHERE vec IS NOT NULL", [])
+        sql = (f"SELECT {self._ns}.sum(vec)::text, sum(-(vec OPERATOR({self._ns}.<#>) vec)), count(*) FROM (SELECT vec "
+               f"FROM engrain_mem_records {cond} ORDER BY seq DESC LIMIT ?) s")
+        with self._lock:
+            total, squares, n = self._x(sql, (*params, CROWDING_SAMPLE)).fetchone()
+        value = crowding(np.array(json.loads(total), dtype=np.float64), float(squares), int(n)) if n else 0.0
+        if len(cache) > 1000:
+            cache.clear()
+        cache[skill] = (now, value)
+        return value
 
     def pg_around(self, ids: list[str], radius: int, now: float, where: dict[str, Any] | None = None
                   ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:

@@ -28,6 +28,7 @@ a part switched off (``Memory.ranking = Ranking(context=0)``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .filters import matches
-from .temporal import Prior
+from .temporal import Prior, body
 
 #: Weight of the cosine in an item's match (the text weight is per query, :mod:`.fusion`).
 W_VECTOR = 0.70
@@ -52,6 +53,10 @@ W_RECENCY, W_LABEL, W_IMPORTANCE = 0.05, 0.05, 0.05
 W_WHEN = 0.05
 #: Importance of items deposited without a ``hint`` (the middle of etchmem's 0..1 scale).
 DEFAULT_IMPORTANCE = 0.5
+#: Share of its own match a record keeps when all it says is questions (:func:`only_asks`).
+QUESTION_KEEP = 0.6
+#: Sentence ends: the split :func:`only_asks` reads a record's sentences by.
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
 #: Share of a hit's score a neighbouring record gets with ``recall(neighbours=True)``; tuned on
 #: bench/memory_quality.py (0.8 to 1.0 all help; 0.9 loses no recall@5 and keeps most of 1.0's all-evidence gain).
 NEIGHBOUR_SHARE = 0.9
@@ -80,6 +85,12 @@ class SearchResult:
         return asdict(self)
 
 
+def only_asks(text: str) -> bool:
+    """Whether every sentence of ``text`` (past a chat-log header) is a question ("What do you do for fun?")."""
+    sentences = [x for x in _SENTENCE.split(body(text).strip()) if x]
+    return bool(sentences) and all(x.endswith("?") for x in sentences)
+
+
 def _words(text: str) -> set[str]:
     return {w for w in "".join(c.lower() if c.isalnum() else " " for c in text).split() if w}
 
@@ -92,13 +103,16 @@ class Ranking:
     the cosines (:func:`.fusion.text_weight`); a number fixes it. ``context`` is
     the weight of a record's passage context (0 turns it off) and ``radius``
     how many records either side make it. ``when`` is the weight of the
-    temporal prior (:mod:`.temporal`; 0 turns it off).
+    temporal prior (:mod:`.temporal`; 0 turns it off). ``question`` is the
+    share of its own match a record keeps when all it says is questions
+    (:func:`only_asks`; 1 turns that off).
     """
 
     text_weight: float | None = None
     context: float = CONTEXT_GAIN
     radius: int = CONTEXT_RADIUS
     when: float = W_WHEN
+    question: float = QUESTION_KEEP
 
 
 def window_context(groups: np.ndarray, ordinals: np.ndarray, match: np.ndarray, radius: int,
@@ -220,11 +234,12 @@ def _match_of(c: dict[str, Any], w_text: float) -> float:
 
 
 def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
-          where: dict[str, Any] | None, w_text: float, context: float, prior: Prior | None = None
-          ) -> list[SearchResult]:
+          where: dict[str, Any] | None, w_text: float, context: float, prior: Prior | None = None,
+          question: float = QUESTION_KEEP) -> list[SearchResult]:
     """The candidates as results, best first (the score of :meth:`Memory.recall`).
 
-    ``prior`` is the query's temporal prior (:mod:`.temporal`), added to each item by its text.
+    ``prior`` is the query's temporal prior (:mod:`.temporal`), added to each item by its text;
+    a record that only asks questions keeps the share ``question`` of its own match.
     """
     recs = mem.store.records([i for t, i in cands if t == "record"],
                              vectors=any(c["cos"] is None for (t, _), c in cands.items() if t == "record"))
@@ -255,6 +270,8 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
                 len(label_words & _words(item_label)) / len(label_words) if label_words else 0.0)
         imp = DEFAULT_IMPORTANCE if item.importance is None else item.importance
         match = W_VECTOR * max(cos, 0.0) + w_text * c["text"]
+        if tier == "record" and question < 1.0 and only_asks(item.content):
+            match *= question  # it asks, it does not tell: its answer (in its context) should outrank it
         # Outside any window (articles, or context off): the item is its own passage, half its match.
         ctx = c.get("ctx", match / CONTEXT_TOP)
         # Divided back to a match's scale, so the priors weigh what they did against it.

@@ -49,10 +49,14 @@ def asks_when(query: str) -> bool:
     return bool(_ASKS.search(query[:_READ]))
 
 
+def body(text: str) -> str:
+    """The head of ``text`` (its first 4,000 characters) past a leading chat-log header ("Caroline (1:56 pm ...): ")."""
+    return _HEADER.sub("", text[:_READ], count=1)
+
+
 def states_time(text: str) -> bool:
     """Whether ``text`` (past a leading chat-log header) states when something happened ("last Friday", "yesterday")."""
-    head = text[:_READ]
-    return bool(_TIME.search(_HEADER.sub("", head, count=1)))
+    return bool(_TIME.search(body(text)))
 
 
 def dates(text: str) -> set[tuple[int | None, str, int]]:
