@@ -46,8 +46,8 @@ Methods, on the same store and the same embedder, in one run:
 * ``bm25``: the store's full-text search alone (SQLite FTS5 BM25);
 * ``dense``: the vector index alone (cosine);
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
-* ``before``, ``no-context``, ``square``: the previous ranking (spread^-2, no context), and today's
-  with one of its two changes undone (``VARIANTS``);
+* ``before``, ``no-context``, ``square``, ``no-when``, ``no-floor``, ``no-question``: the previous ranking
+  (spread^-2, no context), and today's with one of its changes undone (``VARIANTS``);
 * ``engrain minilm-int8``: ``Memory.recall`` with the opt-in quantized embedder, on a store of its own
   holding the same records (``--no-int8`` skips it);
 then the ideas of issue 18, each measured, not assumed (``--ideas``, on the chat set):
@@ -520,7 +520,8 @@ def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: boo
 #: Recall with a part of its ranking changed: (text weight: None per query / a number, spread power, context,
 #: temporal prior's weight); None keeps today's.
 VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0, 0.0), "before": (None, 2, 0.0, 0.0), "no-context": (None, 3, 0.0, None),
-            "square": (None, 2, None, None), "no-when": (None, 3, None, 0.0)}
+            "square": (None, 2, None, None), "no-when": (None, 3, None, 0.0), "no-floor": (None, 3, None, None),
+            "no-question": (None, 3, None, None)}
 
 
 @contextlib.contextmanager
@@ -530,14 +531,16 @@ def ranked_as(mem: Any, name: str) -> Any:
     from engrain._memory.ranking import Ranking
 
     weight, power, context, when = VARIANTS[name]
-    saved, saved_power = mem.ranking, fusion.SPREAD_POWER
+    saved, saved_power, saved_floor = mem.ranking, fusion.SPREAD_POWER, fusion.W_TEXT_FLOOR
     mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}),
-                          **({} if when is None else {"when": when}))
+                          **({} if when is None else {"when": when}), **({"question": 1.0} if name == "no-question" else {}))
     fusion.SPREAD_POWER = power
+    if name == "no-floor":
+        fusion.W_TEXT_FLOOR = 0.0
     try:
         yield
     finally:
-        mem.ranking, fusion.SPREAD_POWER = saved, saved_power
+        mem.ranking, fusion.SPREAD_POWER, fusion.W_TEXT_FLOOR = saved, saved_power, saved_floor
 
 
 def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict[str, tuple[dict[str, float], float]]:
@@ -700,6 +703,8 @@ NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage
          "fixed": "older: 0.70 cos + 0.20 bm25/best + priors", "before": "previous: w(spread^-2), no context",
          "no-context": "recall without the passage context", "square": "recall with w(spread^-2)",
          "no-when": "recall without the temporal prior",
+         "no-floor": "recall without the crowded skill's text-weight floor",
+         "no-question": "recall without the discount of turns that only ask",
          "rrf": "idea: RRF(dense, bm25), k=60", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
 
@@ -749,7 +754,8 @@ def main(argv: list[str] | None = None) -> None:
             rows: list[tuple[str, dict[str, float], float, str]] = []
             st = fill(ds, minilm, "plain", tmp, name)
             extra = [m for m in ("rrf", "expand") if m in ideas] if name in ("chat", "locomo") else ["rrf"]
-            methods = ["engrain", "bm25", "dense", "fixed", "before", "no-context", "square", "no-when"] + extra
+            methods = ["engrain", "bm25", "dense", "fixed", "before", "no-context", "square", "no-when", "no-floor",
+                       "no-question"] + extra
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES[m]) for m in methods]
             st.mem.close()

@@ -105,7 +105,9 @@ def test_hybrid_recall_against_each_single_method_on_the_slice(mq, slice_store):
         assert s["engrain"][k] >= s["fixed"][k], (k, s)
     for single in ("bm25", "dense"):
         assert s["expand"]["all@10"] > s[single]["all@10"], (single, s)
-    assert s["expand"]["all@10"] > s["engrain"]["all@10"]
+    # Not strictly above recall's own on this slice since asking turns keep 0.6 of their match (their
+    # answers then rank on their own: 0.395 both); on the full set, bench/memory_quality.py.
+    assert s["expand"]["all@10"] >= s["engrain"]["all@10"]
     assert s["engrain"]["any@10"] > 0.3  # far above chance: each owner holds ~350 messages
     for _, p50 in res.values():
         assert p50 > 0
@@ -166,7 +168,7 @@ def test_text_weight_follows_the_spread_of_the_top_cosines():
 def test_recall_neighbours_brings_the_turn_beside_a_hit(store_url, embedder):
     """``recall(neighbours=True)``: the answer stored right after the matching question comes with it."""
     from engrain._memory import Memory
-    from engrain._memory.ranking import NEIGHBOUR_SHARE
+    from engrain._memory.ranking import NEIGHBOUR_SHARE, Ranking
     from engrain._memory.synth import ExtractiveSynthesizer
 
     turns = ["What instrument did you learn as a kid?", "the cello, for about eight years",
@@ -176,6 +178,8 @@ def test_recall_neighbours_brings_the_turn_beside_a_hit(store_url, embedder):
                                  for i, t in enumerate(turns)])
         mem.remember("Which instrument is the loudest in an orchestra?", skill="other")  # another skill: never a neighbour
         q = "what instrument did you learn as a child?"
+        # The asking turns at their full match, so the answer ranks by the share its question lends it.
+        mem.ranking = Ranking(question=1.0)
         plain = mem.recall(q, skill="chat", top_k=2)
         near = mem.recall(q, skill="chat", top_k=2, neighbours=True)
         assert plain[0].id == ids[0] and near[0].id == ids[0]

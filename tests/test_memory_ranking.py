@@ -224,3 +224,108 @@ def test_pruned_recall_ranks_as_the_full_one(tmp_path, embedder, monkeypatch):
         assert pruned == full
     finally:
         mem.close()
+
+
+def test_crowding_and_the_text_weight_floor():
+    from engrain._memory.fusion import CROWDING_REF, W_TEXT_FLOOR, W_TEXT_REF, crowding, text_weight
+
+    rng = np.random.default_rng(7)
+    apart = np.eye(8, dtype=np.float32)  # orthogonal: no two share a direction
+    assert crowding(apart.sum(axis=0), 8.0, 8) == pytest.approx(0.0)
+    shared = rng.normal(size=16)
+    crowd = np.stack([shared + 0.5 * rng.normal(size=16) for _ in range(50)])
+    crowd /= np.linalg.norm(crowd, axis=1, keepdims=True)
+    mean_pair = (crowd @ crowd.T)[~np.eye(50, dtype=bool)].mean()
+    assert crowding(crowd.sum(axis=0), float((crowd * crowd).sum()), 50) == pytest.approx(mean_pair)
+    assert crowding(apart[0], 1.0, 1) == 0.0
+    # Cosines spread as MiniLM's do on English it knows: the per-query weight is tiny ...
+    wide = [0.8 - 0.01 * i for i in range(40)]
+    alone = text_weight(wide)
+    assert alone < W_TEXT_REF / 4
+    assert text_weight(wide, 0.1) == pytest.approx(max(alone, W_TEXT_FLOOR * (0.1 / CROWDING_REF) ** 3))
+    # ... on a skill whose records crowd, it is at least the floor; a higher per-query weight stays.
+    assert text_weight(wide, CROWDING_REF) == pytest.approx(W_TEXT_FLOOR)
+    assert text_weight(wide, 0.9) == pytest.approx(W_TEXT_FLOOR)
+    bunched = [0.6 - 0.001 * i for i in range(40)]
+    assert text_weight(bunched, 0.9) == text_weight(bunched) > W_TEXT_FLOOR
+
+
+def _conversation() -> list[str]:
+    h = {("Jon", 1): "Jon (4:04 pm on 20 January, 2023): ", ("Gina", 1): "Gina (4:04 pm on 20 January, 2023): ",
+         ("Jon", 2): "Jon (2:10 pm on 3 March, 2023): ", ("Gina", 2): "Gina (2:10 pm on 3 March, 2023): "}
+    return [h["Jon", 1] + "Hey Gina, long time no see! How have you been?",
+            h["Gina", 1] + "Good! Busy with the store, sales picked up after the holidays.",
+            h["Jon", 1] + "I lost my job at the bank, so I'm going to start my own dance studio.",
+            h["Gina", 1] + "Wow, that is brave. Dancing has always been your passion.",
+            h["Jon", 1] + "Yes, I have danced since I was a kid, it is my escape.",
+            h["Gina", 1] + "I know the feeling, my clothing line is my escape too.",
+            h["Jon", 1] + "Do you have any tips for running a business?",
+            h["Gina", 1] + "Keep your costs low at first and talk to your customers every day.",
+            h["Jon", 2] + "Gina! I found a location for the studio downtown, near the river.",
+            h["Gina", 2] + "That's amazing, congrats! When do you open?",
+            h["Jon", 2] + "Hopefully in June. I still need mirrors and a sprung floor.",
+            h["Gina", 2] + "My store got a feature in a fashion magazine last week.",
+            h["Jon", 2] + "Congrats! You deserve it, you worked so hard.",
+            h["Gina", 2] + "Thanks! I also hired my first employee, a designer named Lisa.",
+            h["Jon", 2] + "Nice. I went to a networking fair yesterday to find students for the studio.",
+            h["Gina", 2] + "Good idea, fairs bring a lot of people."]
+
+
+def test_crowded_chat_log_ranks_the_answering_turn_first(tmp_path, embedder, monkeypatch):
+    """Real MiniLM on a chat log whose every record opens with speaker and date: the vectors crowd (mean cosine
+    ~0.47), the text weight gets its floor, and the turn holding the answer's words comes first more often."""
+    from engrain._memory import fusion
+
+    turns = _conversation()
+    answers = {"Where is Jon's dance studio located?": 8, "What did Gina get featured in?": 11,
+               "Who did Gina hire?": 13, "Why did Jon go to a fair?": 14, "What does Jon still need for the studio?": 10,
+               "What advice did Gina give about business?": 7, "What happened to Jon's job?": 2}
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many([{"data": t, "skill": "conv"} for t in turns])
+        mem.recall("warm up", skill="conv")
+        assert mem._records.crowding("conv") > fusion.CROWDING_REF
+
+        def firsts() -> set[str]:
+            return {q for q, a in answers.items() if mem.recall(q, skill="conv", top_k=1)[0].content == turns[a]}
+
+        with_floor = firsts()
+        monkeypatch.setattr(fusion, "W_TEXT_FLOOR", 0.0)
+        without = firsts()
+        assert len(with_floor) >= 6, with_floor
+        assert len(with_floor) > len(without), (with_floor, without)
+        assert {"Where is Jon's dance studio located?", "Why did Jon go to a fair?"} <= with_floor - without
+    finally:
+        mem.close()
+
+
+def test_only_asks_reads_sentences_past_the_header():
+    from engrain._memory.ranking import only_asks
+
+    assert only_asks("Anna: What instrument do you play these days?")
+    assert only_asks("Caroline (1:56 pm on 8 May, 2023): Is that recent? Where was it taken?")
+    assert not only_asks("Wow, what an amazing family pic! How long have you been married?")
+    assert not only_asks("Ben: The cello, for two years now.")
+    assert not only_asks("") and not only_asks("Anna: ")
+
+
+def test_a_turn_that_only_asks_ranks_below_its_answer(tmp_path, embedder):
+    """Real MiniLM: the question asked in the conversation matches a recall's question best, but it holds no
+    answer; kept at 0.6 of its match it falls below the turn that answers it."""
+    turns = ["Anna: How was your weekend?", "Ben: Great, we hiked up to the lake.",
+             "Anna: What instrument do you play these days?", "Ben: The cello, I've been taking lessons for two years.",
+             "Anna: Where do you take your lessons?", "Ben: At the music school next to the library.",
+             "Anna: What do you do for work now?", "Ben: I write software for a bank.",
+             "Anna: Do you still have the beagle?", "Ben: Yes, Rex is eight now and slower on walks."]
+    answers = {"What instrument does Ben play?": 3, "Where does Ben take music lessons?": 5, "What is Ben's job?": 7,
+               "What did Ben do at the weekend?": 1, "Does Ben still have his dog?": 9}
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many([{"data": t, "skill": "chat"} for t in turns])
+        for q, a in answers.items():
+            top = [h.content for h in mem.recall(q, skill="chat", top_k=2)]
+            assert turns[a] in top and not top[0].startswith("Anna"), (q, top)
+        mem.ranking = Ranking(question=1.0)  # off: the asking turn comes first for some
+        assert any(mem.recall(q, skill="chat", top_k=1)[0].content.startswith("Anna") for q in answers)
+    finally:
+        mem.close()

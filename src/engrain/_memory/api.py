@@ -205,7 +205,12 @@ class Memory:
         its top 40 vector hits' cosines spread as an embedder's do on text it
         knows (std 0.05), growing as the inverse cube of that spread up to 0.5
         when they bunch (words the embedder does not know: codes, jargon, another
-        language; see :mod:`engrain._memory.fusion`). ``context`` is a record's
+        language), and never below ``0.20 * min(1, (crowding / 0.4) ** 3)``, where
+        ``crowding`` is the mean cosine between two of the skill's most recent 512
+        records (high when they share a chat log's header, or a language the
+        embedder does not know; see :mod:`engrain._memory.fusion`). A record all
+        of whose sentences are questions keeps 0.6 of its match (it asks, the
+        next turn answers). ``context`` is a record's
         passage score: the mean of the two best matches among the records of its
         skill stored within 4 of it, itself included (an article's: half its
         match; see :mod:`engrain._memory.ranking`). ``recency`` is ``0.5 ** (age / half_life)`` (age since the
