@@ -69,6 +69,25 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-27 01:40 (load 5-7.4, 2 cores shared with other work; default embedder; any@5 all@5 any@10
+sess@1; --ideas rrf,expand): two changes, each undone in its own row. The text weight's floor on crowded skills
+(``_memory/fusion.py``: at least 0.20 when the skill's records share one direction, mean cosine >= 0.4): LoCoMo
+dev .692 .565 .811 .706 against .684 .554 .788 .667 without it (per conversation any@5 / sess@1: 26 .720/.740
+against .707/.713, 30 .704/.728 against .667/.654, 44 .650/.650 against .667/.618), FAQ sv .534 .612 against
+.528 .610, chat and FAQ en unchanged (their records do not crowd). Turns that only ask keep 0.6 of their match
+(``_memory/ranking.py``): chat .457 .278 .587 .611 against .406 .246 .556 .592, LoCoMo and FAQ unchanged.
+BM25 alone on LoCoMo .607 .494 .681 .675 (recall's sess@1 is now above it), dense .477 .379 .607 .452,
+expand .681 .559 .808 .706, minilm-int8 .672 .551 .785 .698. Tried on the same sets and not kept (under
+0.01 on LoCoMo, i.e. noise on 354 questions): more relative time words ("tomorrow", "next month", "the other
+day") and "when is/will" questions in the temporal prior (.689 .562 .816 .715), a prior lifting numbers and
+durations for "how long/many/often" questions (.695 .568 .811 .706), twice the candidate depth (.695/.701
+any@5), the square of the spread again (.686 .562 .805 .703), a floor on the per-query weight for every
+skill (0.04-0.10: LoCoMo within .006, chat -.004 to -.006), the asking turn's match lent to the turn after
+it (LoCoMo any@10 +.011, sess@1 -.006 to -.020), a discount of every turn ending in "?" (LoCoMo sess@1
+-.031), the header stripped from the record's embedding (dense .477 -> .212: the questions name the speaker
+the header holds), the date alone stripped (dense .398), the context's radius 2/6, its top 1/3, gain
+0.7/1.5 (all at or below today's).
+
 Measured 2026-11-26 22:20 (load 4-10, 2 cores shared with other work; default embedder; any@5 all@5 any@10
 sess@1; --ideas rrf,expand), the temporal prior against recall without it (no-when, the ranking before it):
 LoCoMo dev .684 .554 .788 .667 against .675 .545 .768 .653 (per conversation any@5 / sess@1: 26 .707/.713
