@@ -345,6 +345,16 @@ class MemoryStore(TextSearch, PgVectorSearch):
                     out[row[1]] = _record(row)
         return out
 
+    def folded_records(self, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` folded into an article (one narrow read: no content, no vectors)."""
+        ids, out = list(ids), set()
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                out.update(r[0] for r in self._x("SELECT id FROM engrain_mem_records WHERE article_id IS NOT NULL "
+                                                 f"AND id IN ({','.join('?' * len(chunk))})", chunk))
+        return out
+
     def expired(self, now: float) -> list[tuple[int, str, str | None]]:
         """``(seq, id, article_id)`` of records whose TTL has passed (deleted by :meth:`commit`)."""
         with self._lock:
