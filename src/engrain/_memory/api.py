@@ -83,6 +83,7 @@ class Memory:
         #: How recall ranks (the measured defaults; a benchmark may switch a part off).
         self.ranking = Ranking()
         self._qcache = QueryVectors()  # recent query vectors, per embedder object (:mod:`.query`)
+        self._seen: tuple[int, int] | None = None  # the store's version() when the mirrors were last refreshed
         self._records = VectorIndex(self.store, "record", ann_threshold=ann_threshold)
         self._articles = VectorIndex(self.store, "article", ann_threshold=ann_threshold)
 
@@ -264,9 +265,7 @@ class Memory:
             hits = self.store.text_search(query, skill, now, fetch, where=where)
             if self.store.pgvector:  # no in-process mirror to refresh: skip the state round trip
                 return hits, None
-            state = self.store.state()
-            self._records.refresh(state)
-            self._articles.refresh(state)
+            self._refresh()
             return hits, (self.store.filtered_ids(where, skill, now) if where else None)
 
         qv = self._qcache.get(embedder, query)
@@ -311,6 +310,15 @@ class Memory:
             "hits": [{"tier": r.tier, "id": r.id, "skill": r.skill, "score": round(r.score, 4)} for r in results],
         }, now)
         return results
+
+    def _refresh(self) -> None:
+        """Bring the vector mirrors up to date, unless nothing was written since they last were."""
+        seen = self.store.version()
+        if seen is None or seen != self._seen:
+            state = self.store.state()
+            self._records.refresh(state)
+            self._articles.refresh(state)
+            self._seen = seen
 
     def reembed(self, embedder: Embedder | str, *, base_url: str | None = None, api_key: str | None = None,
                 batch_size: int = 256, progress: Any = None) -> dict[str, Any]:

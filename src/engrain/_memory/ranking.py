@@ -184,14 +184,15 @@ def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_
     match = W_VECTOR * np.maximum(cos, 0.0) + w_text * text
     ctx = window_context(np.asarray(groups), np.asarray(ordinals), match, ranking.radius)
     total = match + ranking.context * ctx
-    bar = np.sort(total)[::-1][min(keep, len(total)) - 1]
-    for j, i in enumerate(ids):
+    bar = float(np.sort(total)[::-1][min(keep, len(total)) - 1])
+    # Python floats once (the same values float() of each element gives), not a numpy scalar per row.
+    for i, t, cs, cx in zip(ids, total.tolist(), cos.tolist(), ctx.tolist()):
         c = cands.get(("record", i))
         if c is None:
-            if total[j] < bar:
+            if t < bar:
                 continue
-            c = cands[("record", i)] = {"cos": float(cos[j]), "text": 0.0}
-        c["ctx"] = float(ctx[j])
+            c = cands[("record", i)] = {"cos": cs, "text": 0.0}
+        c["ctx"] = cx
 
 
 def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: float, keep: int,
