@@ -103,8 +103,10 @@ to build on the shared cores).
 Targets: recall p50 and p95 below ChromaDB's at every size, in the same run (each printed MET or MISSED);
 recall p50 <= 10 ms at 100k (SQLite), <= 15 ms at 1M on PostgreSQL. ``--million`` adds the 1M size (its
 stores take hours to build on two shared cores; ``--build-only --million`` builds them ahead). ``--src``
-measures another tree's engrain on the same stores (an A/B against an older commit). Usage:
-    python bench/memory.py [--sizes 10000,100000] [--million] [--src PATH] [--queries 200] [--single 100]
+measures another tree's engrain on the same stores; ``--ab-src`` adds another tree's engrain as one more
+side, in a child process whose blocks rotate with the others' (an A/B under the same load). Usage:
+    python bench/memory.py [--sizes 10000,100000] [--million] [--src PATH] [--ab-src PATH] [--queries 200]
+        [--single 100]
         [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--quantized-sizes ...] [--no-peer]
         [--build-only]
         [--index-sizes 10000,100000]
@@ -280,8 +282,75 @@ class EngrainSide:
             full += len(r) >= k
         return lat, full
 
+    def clear_cache(self) -> None:
+        self.mem._qcache.clear()  # the measured queries pay their embedding (recall caches recent ones)
+
     def close(self) -> None:
         self.mem.close()
+
+
+class EngrainPeer:
+    """engrain from another tree (``--ab-src``: the code before a change) on the same SQLite store, in a child
+    process driven over a pipe, so its blocks run in the same rounds as the others' (an A/B under one load)."""
+
+    def __init__(self, n: int, src: str):
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-engrain", str(n),
+                                      "--src", src], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        got = self._recv()
+        rev = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h"], capture_output=True,
+                             text=True).stdout.strip() or Path(src).parent.name
+        self.name, self.info = got["name"].replace("engrain", f"engrain@{rev}", 1), got["info"]
+
+    def _recv(self) -> dict:
+        assert self.proc.stdout
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"the --ab-src engrain side failed (exit {self.proc.wait()})")
+        return json.loads(line)
+
+    def _ask(self, cmd: dict) -> dict:
+        assert self.proc.stdin
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._recv()
+
+    def single(self, texts: list[str]) -> float:
+        return self._ask({"op": "single", "texts": texts})["rate"]
+
+    def recall(self, qs: list[str], where: dict | None = None, k: int = 5) -> tuple[list[float], int]:
+        r = self._ask({"op": "recall", "qs": qs, "where": where, "k": k})
+        return r["lat"], r["full"]
+
+    def clear_cache(self) -> None:
+        self._ask({"op": "clear"})
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def serve_engrain(n: int, a: argparse.Namespace) -> None:
+    """The child of :class:`EngrainPeer`: an :class:`EngrainSide` answering JSON lines on stdin."""
+    texts, vecs = mc.corpus(n)
+    side = EngrainSide(n, texts, vecs, None, a)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing else may write to the pipe
+    out.write(json.dumps({"name": side.name, "info": side.info}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "single":
+            reply = {"rate": side.single(cmd["texts"])}
+        elif cmd["op"] == "recall":
+            lat, full = side.recall(cmd["qs"], cmd["where"], cmd["k"])
+            reply = {"lat": lat, "full": full}
+        else:
+            side.clear_cache()
+            reply = {}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    side.close()
 
 
 PEER_SCRIPT = r"""
@@ -430,8 +499,8 @@ def measure(sides: list, qs: list[str], rounds: int, where_qs: list[tuple[str, d
     res = {id(s): {"lat": [], "round_p50": [], "wlat": [], "wfull": 0} for s in sides}
     for s in sides:  # warm up: caches, the first query plans
         s.recall(qs[:10])
-        if hasattr(s, "mem"):
-            s.mem._qcache.clear()  # the measured queries pay their embedding (recall caches recent ones)
+        if hasattr(s, "clear_cache"):
+            s.clear_cache()
     blk, wblk = max(1, len(qs) // rounds), max(1, len(where_qs) // rounds)
     for r in range(rounds):
         order = sides[r % len(sides):] + sides[:r % len(sides)]
@@ -503,6 +572,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000",
                     help="record counts (default 10k and 100k; --million adds 1M, whose stores take hours to build)")
     ap.add_argument("--million", action="store_true", help="add 1,000,000 to --sizes")
+    ap.add_argument("--ab-src", default=None,
+                    help="also run this tree's engrain (e.g. a worktree of the commit before a change) on the SQLite "
+                         "stores, in a child process whose blocks rotate with the others' (an A/B under the same load)")
+    ap.add_argument("--serve-engrain", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--src", default=None,
                     help="the engrain tree whose src is measured (default this one's; an A/B against an older commit's "
                          "worktree: its stores are the same files)")
@@ -535,6 +608,9 @@ def main() -> None:
     q_s = sizes(a.quantized_sizes)
     src = Path(a.src).resolve() if a.src else ROOT / "src"
     sys.path.insert(0, str(src))
+    if a.serve_engrain is not None:
+        serve_engrain(a.serve_engrain, a)
+        return
     py = ensure_peer() if ch else None
     if a.build_only:
         build_stores(sq, ch, py, q_s)
@@ -570,6 +646,9 @@ def main() -> None:
         if n in sq:
             print(f"size {n}: engrain on SQLite ...", flush=True)
             sides.append(EngrainSide(n, tn, vn, None, a))
+        if a.ab_src and n in sq:
+            print(f"size {n}: engrain from {a.ab_src} on SQLite (child process) ...", flush=True)
+            sides.append(EngrainPeer(n, a.ab_src))
         if pg is not None and n in pg_s:
             print(f"size {n}: engrain on PostgreSQL + pgvector ...", flush=True)
             sides.append(EngrainSide(n, tn, vn, pg, a))
