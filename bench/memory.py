@@ -88,6 +88,24 @@ queries are 192 distinct of 200 (the recent-vector cache serves the other 8). Ch
 function (``ONNXMiniLM_L6_V2``, same vectors: cosine 1.000000) pads every text to 256 tokens and spins
 its thread pool: 400-470 ms a query against engrain's 31-40 ms in the same loop at load ~7.
 
+Measured 2026-11-27 01:30-01:44 after recall stopped reading rows that cannot reach the top k, skipped the
+mirrors' catch-up on an unchanged store and learned words without their skill column (load 5.1-7.9: 2 cores
+shared with three helpers' work, one a torch embedding job; nice 19; SQLite, recall p50 / p95, top 5, N=200 in
+5 rounds; ``--ab-src`` 895ce6a as a third side in the same rounds, six runs): 10k engrain 17.84 / 25.00,
+16.46 / 34.49, 23.53 / 38.79, 22.94 / 37.95, 17.05 / 23.06, 18.49 / 26.52 ms against 895ce6a's 20.43, 22.75,
+26.81, 26.83, 17.84, 20.41 (p50 lower in all six) and ChromaDB's 11.06, 6.92, 11.55, 10.86, 7.27, 8.25;
+100k 12.92, 19.29, 10.57, 17.32, 15.32, 14.73 against 13.55, 22.67, 20.67, 16.58, 14.91, 14.63 and ChromaDB's
+9.08, 6.60, 12.89 (the one run ahead: p50 and p95), 7.65, 7.62, 11.59. CPU time, which the load sways less
+(``memory_profile.py --cpu --cached``: query vectors kept, words learned): 10k 2.73 -> 2.15 ms, 100k 3.29 ->
+2.19 ms. A recall's CPU against a ChromaDB query's (process time, same queries, load ~7): engrain 10.2 ms at
+10k and 100k (embedding alone 6.6), ChromaDB 8.8 and 8.9 (embedding 6.8 and 6.2): engrain's own part is
+1.5-2 ms more CPU than ChromaDB's, yet its wall time under this load is twice ChromaDB's, which spreads a
+query over its own threads while engrain's recall runs on one. At 10k the floor is the exact scan (~1.1 ms:
+15 MB of float32 read after the embedding evicted them; a float16 or int8 prefilter with SimSIMD reads less
+but its rounding bounds are too loose to keep the same top 40). onnxruntime options (no memory arena, no
+memory pattern, extended instead of all graph optimisations, I/O binding) gave the same vectors (within
+1e-6) and no measurable change, interleaved over 300 queries; both sides embed with the same code anyway.
+
 The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
 file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain
@@ -289,29 +307,26 @@ class EngrainSide:
         self.mem.close()
 
 
-class EngrainPeer:
-    """engrain from another tree (``--ab-src``: the code before a change) on the same SQLite store, in a child
-    process driven over a pipe, so its blocks run in the same rounds as the others' (an A/B under one load)."""
+class PipeSide:
+    """A side measured in a child process that answers JSON lines (ops ``single`` and ``recall``)."""
 
-    def __init__(self, n: int, src: str):
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-engrain", str(n),
-                                      "--src", src], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        got = self._recv()
-        rev = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h"], capture_output=True,
-                             text=True).stdout.strip() or Path(src).parent.name
-        self.name, self.info = got["name"].replace("engrain", f"engrain@{rev}", 1), got["info"]
+    proc: subprocess.Popen
+    label = "a child side"
+
+    def _send(self, cmd: dict) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
 
     def _recv(self) -> dict:
         assert self.proc.stdout
         line = self.proc.stdout.readline()
         if not line:
-            raise SystemExit(f"the --ab-src engrain side failed (exit {self.proc.wait()})")
+            raise SystemExit(f"{self.label} failed (exit {self.proc.wait()})")
         return json.loads(line)
 
     def _ask(self, cmd: dict) -> dict:
-        assert self.proc.stdin
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
+        self._send(cmd)
         return self._recv()
 
     def single(self, texts: list[str]) -> float:
@@ -321,13 +336,28 @@ class EngrainPeer:
         r = self._ask({"op": "recall", "qs": qs, "where": where, "k": k})
         return r["lat"], r["full"]
 
-    def clear_cache(self) -> None:
-        self._ask({"op": "clear"})
-
     def close(self) -> None:
         assert self.proc.stdin
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+class EngrainPeer(PipeSide):
+    """engrain from another tree (``--ab-src``: the code before a change) on the same SQLite store, in a child
+    process driven over a pipe, so its blocks run in the same rounds as the others' (an A/B under one load)."""
+
+    label = "the --ab-src engrain side"
+
+    def __init__(self, n: int, src: str):
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-engrain", str(n),
+                                      "--src", src], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        got = self._recv()
+        rev = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h"], capture_output=True,
+                             text=True).stdout.strip() or Path(src).parent.name
+        self.name, self.info = got["name"].replace("engrain", f"engrain@{rev}", 1), got["info"]
+
+    def clear_cache(self) -> None:
+        self._ask({"op": "clear"})
 
 
 def serve_engrain(n: int, a: argparse.Namespace) -> None:
@@ -434,8 +464,10 @@ def ensure_peer() -> Path:
     return py
 
 
-class ChromaSide:
+class ChromaSide(PipeSide):
     """ChromaDB (a persistent collection cached per size) in its own venv, driven over a pipe."""
+
+    label = "chromadb side"
 
     def __init__(self, py: Path, n: int, ver: str, build: bool = False):
         """Open size ``n``'s cached collection; ``build``: fill it first if missing (at nice 19, in the peer)."""
@@ -461,33 +493,6 @@ class ChromaSide:
         self.info, self.name = info, f"chromadb {info['version']}"
         return info
 
-    def _ask(self, cmd: dict) -> dict:
-        self._send(cmd)
-        return self._recv()
-
-    def _send(self, cmd: dict) -> None:
-        assert self.proc.stdin
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def _recv(self) -> dict:
-        assert self.proc.stdout
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"chromadb side failed (exit {self.proc.wait()})")
-        return json.loads(line)
-
-    def single(self, texts: list[str]) -> float:
-        return self._ask({"op": "single", "texts": texts})["rate"]
-
-    def recall(self, qs: list[str], where: dict | None = None, k: int = 5) -> tuple[list[float], int]:
-        r = self._ask({"op": "recall", "qs": qs, "where": where, "k": k})
-        return r["lat"], r["full"]
-
-    def close(self) -> None:
-        assert self.proc.stdin
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
 
 
 def load() -> str:

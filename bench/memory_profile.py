@@ -19,7 +19,7 @@ of the three is printed too, and ``other`` counts only that span on the critical
 
 ``--src`` picks the tree whose ``src`` is imported (A/B against another worktree).
 ``--cprofile`` also prints cProfile's top functions by own time. Usage:
-    python bench/memory_profile.py [--sizes 10000,100000] [--queries 300] [--src PATH] [--cprofile]
+    python bench/memory_profile.py [--sizes 10000,100000] [--queries 300] [--src PATH] [--cpu] [--cached] [--cprofile]
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--src", default=str(ROOT / "src"))
     ap.add_argument("--cprofile", action="store_true")
+    ap.add_argument("--cached", action="store_true",
+                    help="also time recalls whose query vectors are already kept (engrain's own part alone), words "
+                         "learned (two passes over the queries; CPU time)")
     ap.add_argument("--cpu", action="store_true",
                     help="time phases in this thread's CPU time (time.thread_time), not wall time: less swayed by load")
     a = ap.parse_args()
@@ -135,6 +138,23 @@ def main() -> None:
         if wall is not None:
             print(f"  (text and refresh ran beside the embedding: that span took {wall:.3f} ms, "
                   f"{wall - parts.get('embed', 0.0):.3f} more than the embedding alone)")
+        if a.cached:
+            vecs = emb.embed(qs)
+            for q, vec in zip(qs, vecs):
+                vec.setflags(write=False)
+                if isinstance(mem._qcache, dict):  # the older tree's cache: (embedder name, text) -> vector
+                    mem._qcache[(emb.name, q)] = vec
+                else:
+                    mem._qcache.put(emb, q, vec)
+            for q in qs:
+                mem.recall(q)
+            own = []
+            for q in qs:
+                t = time.thread_time()
+                mem.recall(q)
+                own.append(time.thread_time() - t)
+            print(f"  query vectors kept, words learned: recall CPU p50 {statistics.median(own) * 1000:.3f} ms, "
+                  f"mean {sum(own) / len(own) * 1000:.3f} ms")
         if a.cprofile:
             prof = cProfile.Profile()
             prof.enable()
