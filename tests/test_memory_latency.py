@@ -217,3 +217,27 @@ def test_only_a_remote_embedder_is_overlapped(embedder):
 
     assert not waits(embedder)  # the local model computes on the same cores
     assert waits(RemoteEmbedder("openai:x", "x", base_url="http://127.0.0.1:9", dim=3))
+
+
+def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
+    """On pgvector (no in-process mirror: the narrow folded-records query always runs) the results are the same."""
+    import uuid
+
+    from tests.test_memory import PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
+
+    if not PGVECTOR_URL:
+        pytest.skip("set ENGRAIN_TEST_PGVECTOR_URL to a PostgreSQL server with pgvector")
+    schema = "t_" + uuid.uuid4().hex[:12]
+    mem = Memory(pgvector_schema_url(schema), embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        assert mem.store.pgvector
+        mem.remember_many([{"data": f"{FACTS[i % len(FACTS)]} (note {i})", "skill": f"team{i % 4}",
+                            "metadata": {"user": f"u{i % 5}"}, "label": "ops" if i % 6 == 0 else None}
+                           for i in range(120)])
+        assert not mem.consolidate(num_records=80, method="FIFO").errors
+        got = _recalls(mem)
+        _full_read(monkeypatch)
+        assert _recalls(mem) == got
+    finally:
+        mem.close()
+        drop_pgvector_schema(schema)
