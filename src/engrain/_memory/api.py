@@ -28,8 +28,7 @@ from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
 from .ranking import Ranking, SearchResult
 
-#: Query embeddings a memory keeps (the most recent; a repeated query skips the model, ~3 ms).
-QUERY_CACHE = 256
+from .query import QUERY_CACHE, QueryVectors, embed_beside, waits  # noqa: F401  (QUERY_CACHE: re-exported)
 from .store import open_store
 from .synth import Synthesizer, default_synthesizer
 
@@ -83,8 +82,8 @@ class Memory:
         self.half_life = half_life
         #: How recall ranks (the measured defaults; a benchmark may switch a part off).
         self.ranking = Ranking()
-        self._qcache: dict[tuple[str, str], Any] = {}
-        self._qlock = threading.Lock()
+        self._qcache = QueryVectors()  # recent query vectors, per embedder object (:mod:`.query`)
+        self._seen: tuple[int, int] | None = None  # the store's version() when the mirrors were last refreshed
         self._records = VectorIndex(self.store, "record", ann_threshold=ann_threshold)
         self._articles = VectorIndex(self.store, "article", ann_threshold=ann_threshold)
 
@@ -261,19 +260,32 @@ class Memory:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise MemoryInputError(f"top_k must be a positive integer, not {top_k!r}")
         now = time.time()
-        qv = self._query_vector(query)
         # Candidates: the best `fetch` of each half. At least SPREAD_DEPTH, so top_k=5 ranks like the first
         # five of top_k=10 (the vector search reads that many for the text weight anyway).
         fetch = max(4 * min(k, 1_000_000), SPREAD_DEPTH)  # a huge top_k must not overflow SQL's 64-bit LIMIT
-        allow: set[str] | None = None
-        if self.store.pgvector:  # no in-process mirror to refresh: skip the state round trip
+        embedder = self.embedder
+
+        def beside() -> tuple[list[tuple[str, str, float]], set[str] | None]:
+            """What needs no query vector: full text, the mirrors' catch-up, the metadata filter's ids."""
+            hits = self.store.text_search(query, skill, now, fetch, where=where)
+            if self.store.pgvector:  # no in-process mirror to refresh: skip the state round trip
+                return hits, None
+            self._refresh()
+            return hits, (self.store.filtered_ids(where, skill, now) if where else None)
+
+        qv = self._qcache.get(embedder, query)
+        if qv is not None:
+            text_hits, allow = beside()
+        elif waits(embedder):  # a remote embedder: the store works on a worker thread meanwhile (:mod:`.query`)
+            qv, (text_hits, allow) = embed_beside(
+                lambda: self._qcache.put(embedder, query, embedder.embed([query])[0]), beside)
+        else:
+            qv = self._qcache.put(embedder, query, embedder.embed([query])[0])
+            text_hits, allow = beside()
+        if self.store.pgvector:
             recs = self.store.pg_vector_search("record", qv, skill, now, fetch, where)
             arts = self.store.pg_vector_search("article", qv, skill, now, fetch)
         else:
-            state = self.store.state()
-            self._records.refresh(state)
-            self._articles.refresh(state)
-            allow = self.store.filtered_ids(where, skill, now) if where else None
             recs = self._records.search(qv, fetch, skill, now, allow)
             arts = self._articles.search(qv, fetch, skill, now)
         rk = self.ranking
@@ -286,7 +298,6 @@ class Memory:
         for tier, hits in (("record", recs), ("article", arts)):
             for i, s in hits:
                 cands[(tier, i)] = {"cos": s, "text": 0.0}
-        text_hits = self.store.text_search(query, skill, now, fetch, where=where)
         best = max((r for _, _, r in text_hits), default=0.0)
         for tier, i, r in text_hits:
             cands.setdefault((tier, i), {"cos": None, "text": 0.0})["text"] = r / best if best > 0 else 0.0  # type: ignore[dict-item]
@@ -299,7 +310,9 @@ class Memory:
         _ranking.add_context(cands, qv, w_text, rk, around, fetch)
         prior = _temporal.prior(query, rk.when)
         cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
-        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior, rk.question)
+        # Only the top k are returned (neighbours=True lends scores from the top 2k to any record: all of them).
+        results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior, rk.question,
+                                 keep=None if neighbours else k)
         results = _ranking.add_neighbours(self, results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {
             "query": query, "label": label, "hint": importance, "where": where,
@@ -307,21 +320,14 @@ class Memory:
         }, now)
         return results
 
-    def _query_vector(self, query: str) -> Any:
-        """The query's embedding, from a small cache of recent ones (agents repeat their questions)."""
-        key = (self.embedder.name, query)
-        with self._qlock:
-            vec = self._qcache.pop(key, None)
-            if vec is not None:
-                self._qcache[key] = vec  # most recent last
-                return vec
-        vec = self.embedder.embed([query])[0]
-        vec.setflags(write=False)  # shared by later recalls of the same query
-        with self._qlock:
-            self._qcache[key] = vec
-            while len(self._qcache) > QUERY_CACHE:
-                self._qcache.pop(next(iter(self._qcache)))
-        return vec
+    def _refresh(self) -> None:
+        """Bring the vector mirrors up to date, unless nothing was written since they last were."""
+        seen = self.store.version()
+        if seen is None or seen != self._seen:
+            state = self.store.state()
+            self._records.refresh(state)
+            self._articles.refresh(state)
+            self._seen = seen
 
     def reembed(self, embedder: Embedder | str, *, base_url: str | None = None, api_key: str | None = None,
                 batch_size: int = 256, progress: Any = None) -> dict[str, Any]:

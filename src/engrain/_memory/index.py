@@ -357,7 +357,7 @@ class VectorIndex:
             if allow is not None:
                 keep &= np.fromiter((self._ids[p] in allow for p in pos), dtype=bool, count=len(pos))
             pos, ords = pos[keep], ords[keep]
-            return [self._ids[p] for p in pos], self._skill_codes[pos].copy(), ords, self._mat[pos].copy()
+            return [self._ids[p] for p in pos.tolist()], self._skill_codes[pos], ords, self._mat[pos]
 
     def _exact_among(self, vec: np.ndarray, k: int, allow: set[str], now: float) -> list[tuple[str, float]]:
         if len(self._pos) != self._n:

@@ -206,14 +206,15 @@ def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_
     match = W_VECTOR * np.maximum(cos, 0.0) + w_text * text
     ctx = window_context(np.asarray(groups), np.asarray(ordinals), match, ranking.radius)
     total = match + ranking.context * ctx
-    bar = np.sort(total)[::-1][min(keep, len(total)) - 1]
-    for j, i in enumerate(ids):
+    bar = float(np.sort(total)[::-1][min(keep, len(total)) - 1])
+    # Python floats once (the same values float() of each element gives), not a numpy scalar per row.
+    for i, t, cs, cx in zip(ids, total.tolist(), cos.tolist(), ctx.tolist()):
         c = cands.get(("record", i))
         if c is None:
-            if total[j] < bar:
+            if t < bar:
                 continue
-            c = cands[("record", i)] = {"cos": float(cos[j]), "text": 0.0}
-        c["ctx"] = float(ctx[j])
+            c = cands[("record", i)] = {"cos": cs, "text": 0.0}
+        c["ctx"] = cx
 
 
 def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: float, keep: int,
@@ -241,16 +242,90 @@ def _match_of(c: dict[str, Any], w_text: float) -> float:
     return W_VECTOR * max(c["cos"], 0.0) + w_text * c["text"]
 
 
+def _base(c: dict[str, Any], w_text: float, context: float) -> float:
+    """Match and context on a match's scale: a candidate's score before the priors (as :func:`score` adds it)."""
+    match = W_VECTOR * max(c["cos"], 0.0) + w_text * c["text"]
+    return (match + context * c.get("ctx", match / CONTEXT_TOP)) / (1.0 + context)
+
+
+def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
+                w_text: float, context: float, prior: Prior | None, keep: int, vectors: bool,
+                question: float = QUESTION_KEEP) -> dict[str, Any]:
+    """The record candidates' rows, leaving out those that cannot rank among the best ``keep``.
+
+    :func:`prune` had to bound the priors by their most (0.15 and the temporal
+    one's): of ~60 candidates it leaves, ~45 are read only to be ranked below the
+    top. Here the best ``keep`` by match and context are read first and scored in
+    full; the ``keep``-th of those scores is a floor the top ``keep`` never falls
+    below, and a candidate whose match and context plus the most its priors can
+    add stays under it is not read (~15 rows instead of ~60). Records folded into
+    an article are always read (their article's score and ``via`` need them):
+    on a store with articles, one narrow query says which those are.
+    """
+    ids = [i for t, i in cands if t == "record"]
+    known = sorted(((_base(c, w_text, context), i) for (t, i), c in cands.items()
+                    if t == "record" and c["cos"] is not None), key=lambda x: -x[0])
+    if len(known) <= keep:
+        return mem.store.records(ids, vectors=vectors)
+    tail = [i for _, i in known[keep:]]
+    may_fold = mem.store.pgvector or len(getattr(mem, "_articles", ())) > 0
+    folded = mem.store.folded_records(tail) if may_fold else set()
+    later = set(tail) - folded
+    recs = mem.store.records([i for i in ids if i not in later], vectors=vectors)
+    own = sorted((item_score(mem, r, cands[("record", r.id)], label, now, w_text, context, prior, qv, "record", question)
+                  for r in recs.values() if r.article_id is None and (r.expires is None or r.expires > now)),
+                 reverse=True)
+    if len(own) < keep:
+        recs.update(mem.store.records([i for i in ids if i in later], vectors=vectors))
+        return recs
+    # Recency and importance add at most their weights; the label its weight when one was asked; the temporal
+    # prior its most. A margin keeps rounding (scores are rounded to 6 places) from ever tying across the floor.
+    most = W_RECENCY + W_IMPORTANCE + (W_LABEL if label else 0.0) + (prior.most if prior else 0.0) + 1e-5
+    floor = own[keep - 1]
+    recs.update(mem.store.records([i for b, i in known[keep:] if i in later and b + most >= floor], vectors=vectors))
+    return recs
+
+
+def item_score(mem: Any, item: Any, c: dict[str, Any], label: str | None, now: float, w_text: float, context: float,
+               prior: Prior | None, qv: Any = None, tier: str = "record", question: float = QUESTION_KEEP) -> float:
+    """An item's recall score (see :meth:`Memory.recall`) from its candidate entry ``c`` and its row."""
+    cos = c["cos"] if c["cos"] is not None else float(item.embedding @ qv)
+    born = item.created if tier == "record" else item.updated
+    recency = 0.5 ** (max(0.0, now - born) / mem.half_life)
+    item_label = item.hint if tier == "record" else item.title
+    lab = 0.0
+    if label:
+        label_words = _words(label)
+        lab = 1.0 if item_label.strip().lower() == label.strip().lower() else (
+            len(label_words & _words(item_label)) / len(label_words) if label_words else 0.0)
+    imp = DEFAULT_IMPORTANCE if item.importance is None else item.importance
+    match = W_VECTOR * max(cos, 0.0) + w_text * c["text"]
+    if tier == "record" and question < 1.0 and only_asks(item.content):
+        match *= question  # it asks, it does not tell: its answer (in its context) should outrank it
+    # Outside any window (articles, or context off): the item is its own passage, half its match.
+    ctx = c.get("ctx", match / CONTEXT_TOP)
+    # Divided back to a match's scale, so the priors weigh what they did against it.
+    out = (match + context * ctx) / (1.0 + context) + W_RECENCY * recency + W_LABEL * lab + W_IMPORTANCE * imp
+    if prior is not None:
+        out += prior(item.content)
+    return out
+
+
 def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
           where: dict[str, Any] | None, w_text: float, context: float, prior: Prior | None = None,
-          question: float = QUESTION_KEEP) -> list[SearchResult]:
+          question: float = QUESTION_KEEP, keep: int | None = None) -> list[SearchResult]:
     """The candidates as results, best first (the score of :meth:`Memory.recall`).
 
     ``prior`` is the query's temporal prior (:mod:`.temporal`), added to each item by its text;
     a record that only asks questions keeps the share ``question`` of its own match.
+    ``keep``: only the best ``keep`` results are used (the rest may be left out
+    unread, :func:`_fetch_best`); None returns every candidate.
     """
-    recs = mem.store.records([i for t, i in cands if t == "record"],
-                             vectors=any(c["cos"] is None for (t, _), c in cands.items() if t == "record"))
+    vectors = any(c["cos"] is None for (t, _), c in cands.items() if t == "record")
+    if keep is None:
+        recs = mem.store.records([i for t, i in cands if t == "record"], vectors=vectors)
+    else:
+        recs = _fetch_best(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question)
     # Articles of candidate records come in too: the article stands for its records.
     homes = {r.article_id for r in recs.values() if r.article_id}
     art_ids = {i for t, i in cands if t == "article"} | homes
@@ -261,34 +336,16 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
                 if all(matches(srcs[s].metadata, where) for s in a.sources if s in srcs)}
     for aid in arts:
         cands.setdefault(("article", aid), {"cos": None, "text": 0.0})
-    label_words = _words(label) if label else set()
     scored: dict[tuple[str, str], SearchResult] = {}
     via: dict[str, list[tuple[str, float]]] = {}
     for (tier, i), c in cands.items():
         item = recs.get(i) if tier == "record" else arts.get(i)
         if item is None or (tier == "record" and item.expires is not None and item.expires <= now):
             continue
-        cos = c["cos"] if c["cos"] is not None else float(item.embedding @ qv)
-        born = item.created if tier == "record" else item.updated
-        recency = 0.5 ** (max(0.0, now - born) / mem.half_life)
-        item_label = item.hint if tier == "record" else item.title
-        lab = 0.0
-        if label:
-            lab = 1.0 if item_label.strip().lower() == label.strip().lower() else (
-                len(label_words & _words(item_label)) / len(label_words) if label_words else 0.0)
-        imp = DEFAULT_IMPORTANCE if item.importance is None else item.importance
-        match = W_VECTOR * max(cos, 0.0) + w_text * c["text"]
-        if tier == "record" and question < 1.0 and only_asks(item.content):
-            match *= question  # it asks, it does not tell: its answer (in its context) should outrank it
-        # Outside any window (articles, or context off): the item is its own passage, half its match.
-        ctx = c.get("ctx", match / CONTEXT_TOP)
-        # Divided back to a match's scale, so the priors weigh what they did against it.
-        total = (match + context * ctx) / (1.0 + context) + W_RECENCY * recency + W_LABEL * lab + W_IMPORTANCE * imp
-        if prior is not None:
-            total += prior(item.content)
+        value = item_score(mem, item, c, label, now, w_text, context, prior, qv, tier, question)
         if tier == "record":
             if item.article_id in arts:  # folded into an article that is shown: count for it instead
-                via.setdefault(item.article_id, []).append((i, total))
+                via.setdefault(item.article_id, []).append((i, value))
                 continue
             prov = {"created": item.created, "label": item.hint, "importance": item.importance,
                     "article_id": item.article_id, "expires": item.expires}
@@ -296,7 +353,7 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
             prov = {"sources": item.sources, "version": item.version, "created": item.created,
                     "updated": item.updated, "synthesizer": item.synthesizer, "title": item.title,
                     "importance": item.importance}
-        scored[(tier, i)] = SearchResult(total, item.content, tier, i, item.skill or None, item.metadata, prov)
+        scored[(tier, i)] = SearchResult(value, item.content, tier, i, item.skill or None, item.metadata, prov)
     for aid, hits in via.items():
         res = scored.get(("article", aid))
         if res is None:

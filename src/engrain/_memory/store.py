@@ -119,6 +119,7 @@ class MemoryStore(TextSearch, PgVectorSearch):
         self._lex: dict[str, str] = {}
         self._last_literal: tuple[np.ndarray, str] | None = None
         self._lock = threading.RLock()
+        self._events = 0  # rows this connection wrote as recall events (see version())
         if backend == "sqlite":
             assert self.path is not None
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +216,19 @@ class MemoryStore(TextSearch, PgVectorSearch):
         with self._lock:
             row = self._x("SELECT name FROM engrain_mem_state WHERE name LIKE ?", ("store:%",)).fetchone()
         return row[0][6:] if row else ""
+
+    def version(self) -> tuple[int, int] | None:
+        """A value that changes whenever the store may have changed (None: cannot tell, on PostgreSQL).
+
+        On SQLite: ``PRAGMA data_version`` (moves when another connection commits)
+        and this connection's own row changes (``total_changes``) less its recall
+        events, which touch only the buffer. While it stays the same, a recall
+        skips the counters and the vector mirrors' catch-up (three statements).
+        """
+        if self.backend != "sqlite":
+            return None
+        with self._lock:
+            return int(self._db.execute("PRAGMA data_version").fetchone()[0]), self._db.total_changes - self._events
 
     def state(self) -> dict[str, int]:
         """All counters of ``engrain_mem_state``."""
@@ -320,8 +334,10 @@ class MemoryStore(TextSearch, PgVectorSearch):
         """Leave a recall event (query and hits) in the buffer."""
         if self.backend == "sqlite":
             with self._lock:  # one statement: its own transaction (autocommit), no BEGIN/COMMIT round trips
+                before = self._db.total_changes
                 self._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) VALUES ('recall', ?, NULL, ?, ?)",
                         (skill, json.dumps(data), now))
+                self._events += self._db.total_changes - before  # a buffer row: no vector mirror changes
             return
         # A recall event is a hint for the next consolidation: losing the last few to a crash costs nothing,
         # waiting for the WAL flush on every search costs milliseconds. One statement, its own transaction
@@ -343,6 +359,16 @@ class MemoryStore(TextSearch, PgVectorSearch):
                 marks = ",".join("?" * len(chunk))
                 for row in self._x(f"SELECT {cols} FROM engrain_mem_records WHERE id IN ({marks})", chunk):
                     out[row[1]] = _record(row)
+        return out
+
+    def folded_records(self, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` folded into an article (one narrow read: no content, no vectors)."""
+        ids, out = list(ids), set()
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                out.update(r[0] for r in self._x("SELECT id FROM engrain_mem_records WHERE article_id IS NOT NULL "
+                                                 f"AND id IN ({','.join('?' * len(chunk))})", chunk))
         return out
 
     def expired(self, now: float) -> list[tuple[int, str, str | None]]:

@@ -135,12 +135,25 @@ class TextSearch:
                 continue
             if len(hits) >= 256:  # at most 256 words of at most max_df rows each
                 hits.clear()
-            rows = self._db.execute("SELECT rowid, bm25(engrain_mem_fts), skill FROM engrain_mem_fts WHERE "
+            # No skill column: reading it reads each row's stored text too (half the statement's time); a
+            # search within a skill reads the skills of a word's rows once, when it first needs them.
+            rows = self._db.execute("SELECT rowid, bm25(engrain_mem_fts) FROM engrain_mem_fts WHERE "
                                     "engrain_mem_fts MATCH ?", (f'"{t}"',)).fetchall()
-            one: dict[str, str] = {}  # one string per skill, not one per row
             hits[t] = (np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
-                       np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows)),
-                       np.array([one.setdefault(r[2], r[2]) for r in rows], dtype=object))
+                       np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows)), None)
+
+    def _word_skills(self, t: str) -> Any:
+        """The skill of each row of a kept word, in the order of its kept rowids (read once, then kept)."""
+        rowids, scores, skills = self._df[2][t]
+        if skills is None:
+            rows = sorted(self._db.execute("SELECT rowid, skill FROM engrain_mem_fts WHERE engrain_mem_fts MATCH ?",
+                                           (f'"{t}"',)).fetchall())
+            one: dict[str, str] = {}  # one string per skill, not one per row
+            have = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            names = np.array([one.setdefault(r[1], r[1]) for r in rows], dtype=object)
+            skills = names[np.searchsorted(have, rowids)]
+            self._df[2][t] = (rowids, scores, skills)
+        return skills
 
     def _sqlite_ranked(self, terms: list[str], skill: str | None, now: float, limit: int
                        ) -> list[tuple[str, str, float]]:
@@ -158,14 +171,18 @@ class TextSearch:
         rowids = np.concatenate([p[0] for p in parts])
         scores = np.concatenate([p[1] for p in parts])
         if skill is not None:
-            keep = np.concatenate([p[2] for p in parts]) == skill
+            keep = np.concatenate([self._word_skills(t) for t in terms]) == skill
             rowids, scores = rowids[keep], scores[keep]
         if not len(rowids):
             return []
         rows, at = np.unique(rowids, return_inverse=True)
         total = np.zeros(len(rows), dtype=np.float64)
         np.add.at(total, at, scores)  # in query order per row, as FTS5 adds them
-        best = np.lexsort((rows, total))[:limit]  # ties by rowid, as FTS5 reads matches
+        if len(total) > limit:  # only rows at or under the limit-th score can be among the best (ties included)
+            near = np.flatnonzero(total <= np.partition(total, limit - 1)[limit - 1])
+            best = near[np.lexsort((rows[near], total[near]))[:limit]]  # ties by rowid, as FTS5 reads matches
+        else:
+            best = np.lexsort((rows, total))[:limit]
         rec = [int(r) for r in rows[best] if r > 0]
         art = [-int(r) for r in rows[best] if r < 0]
         ids: dict[int, str] = {}

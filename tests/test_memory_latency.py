@@ -1,0 +1,243 @@
+"""What recall skips to be fast changes no result (behaviour only; the timings are bench/memory.py's).
+
+* candidate rows that cannot reach the top k are not read (``ranking._fetch_best``);
+* the vector mirrors are not caught up while the store is unchanged (``Memory._refresh``);
+* query vectors are kept per embedder object, and a remote embedder's wait overlaps the full text (``query.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from engrain._memory import Memory
+from engrain._memory.query import QueryVectors, embed_beside, waits
+from engrain._memory.synth import ExtractiveSynthesizer
+
+FACTS = [
+    "Deploys to production happen every Tuesday after the change review.",
+    "The staging database is reset every night at 02:00.",
+    "Alice fixed the flaky login service in Berlin last Friday.",
+    "Bob reported that the billing job in Tokyo was slow yesterday.",
+    "The payment gateway in Lagos was migrated on 3 July, 2023.",
+    "Carol reviewed the search index in Oslo this morning.",
+    "The coffee machine on floor 3 is broken again.",
+    "Dave rolled back the mobile app release in Austin on Monday.",
+]
+
+
+def _store(tmp_path, embedder, name: str = "m.db") -> Memory:
+    mem = Memory(f"sqlite:///{tmp_path / name}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    rows = []
+    for i in range(160):
+        fact = FACTS[i % len(FACTS)]
+        rows.append({"data": f"{fact} (note {i}, team {i % 4})", "skill": f"team{i % 4}",
+                     "metadata": {"user": f"u{i % 5}"}, "label": "ops" if i % 6 == 0 else None,
+                     "hint": (i % 10) / 10 if i % 3 else None})
+    mem.remember_many(rows)
+    topics = ["printer jams on A3 paper", "the wifi drops in the kitchen", "parking permits renew in March",
+              "the plants on the balcony need water", "lunch is served at noon", "the elevator is slow"]
+    mem.remember_many([{"data": f"Note {i}: {topics[i % 6]} (floor {i % 9}, desk {i})", "skill": f"team{i % 4}"}
+                       for i in range(200)])  # unrelated rows: candidates far below the top
+    return mem
+
+
+QUERIES = [
+    ("when did Alice fix the login service?", {}),
+    ("billing job problems", {"top_k": 10}),
+    ("payment gateway migration", {"top_k": 1}),
+    ("search index", {"skill": "team2"}),
+    ("deploys", {"label": "ops"}),
+    ("what broke on floor 3", {"where": {"user": "u3"}}),
+    ("what happened on 3 July, 2023?", {}),
+    ("mobile app release", {"neighbours": True, "top_k": 3}),
+    ("staging database reset", {"top_k": 7, "hint": 0.9}),
+]
+
+
+def _full_read(monkeypatch) -> None:
+    """Make recall read every candidate's row (the ranking before rows were skipped)."""
+    from engrain._memory import ranking
+
+    def every(mem, cands, qv, label, now, w_text, context, prior, keep, vectors):  # noqa: ANN001, ANN202
+        return mem.store.records([i for t, i in cands if t == "record"], vectors=vectors)
+
+    monkeypatch.setattr(ranking, "_fetch_best", every)
+
+
+def _recalls(mem: Memory) -> list:
+    return [[r.to_dict() for r in mem.recall(q, **kw)] for q, kw in QUERIES]
+
+
+def test_unread_candidates_change_no_result(tmp_path, embedder, monkeypatch):
+    """Same records, order, scores and provenance as reading every candidate, with articles and folded records."""
+    mem = _store(tmp_path, embedder)
+    try:
+        plain = _recalls(mem)
+        summary = mem.consolidate(num_records=100)
+        assert summary.formed > 0 and not summary.errors
+        folded = mem.store._x("SELECT count(*) FROM engrain_mem_records WHERE article_id IS NOT NULL").fetchone()[0]
+        assert folded > 0
+        with_articles = _recalls(mem)
+        assert any(r["tier"] == "article" for hits in with_articles for r in hits)
+        assert any("via" in r["provenance"] for hits in with_articles for r in hits)
+        reads: list[int] = []
+        real = mem.store.records
+        mem.store.records = lambda ids, vectors=True: (reads.append(len(list(ids))), real(ids, vectors))[1]
+        again = _recalls(mem)
+        mem.store.records = real
+        _full_read(monkeypatch)
+        full_reads: list[int] = []
+        mem.store.records = lambda ids, vectors=True: (full_reads.append(len(list(ids))), real(ids, vectors))[1]
+        assert _recalls(mem) == again == with_articles
+        mem.store.records = real
+        assert sum(reads) < sum(full_reads)  # the point of it: fewer rows read for the same results
+        monkeypatch.undo()
+        with Memory(f"sqlite:///{tmp_path / 'fresh.db'}", embedder=embedder,
+                    synthesizer=ExtractiveSynthesizer()) as other:  # no articles: the narrow folded query is skipped
+            other.remember_many(FACTS)
+            got = [[r.to_dict() for r in other.recall(q, top_k=2)] for q, _ in QUERIES]
+            _full_read(monkeypatch)
+            assert got == [[r.to_dict() for r in other.recall(q, top_k=2)] for q, _ in QUERIES]
+        assert plain  # recalls before consolidation ran too
+    finally:
+        mem.close()
+
+
+def test_folded_records_are_named_by_the_store(tmp_path, embedder):
+    mem = _store(tmp_path, embedder)
+    try:
+        ids = [r.id for r in mem.find({"user": "u1"})]
+        assert mem.store.folded_records(ids) == set()
+        mem.consolidate(num_records=160, method="FIFO")
+        folded = mem.store.folded_records(ids + ["rec_missing"])
+        assert folded and folded <= set(ids)
+        assert all(mem.store.records([i])[i].article_id for i in folded)
+    finally:
+        mem.close()
+
+
+def test_mirrors_catch_up_after_every_kind_of_write(tmp_path, embedder):
+    """Recalls skip the catch-up while nothing changed, and never miss a write by this or another connection."""
+    a = _store(tmp_path, embedder)
+    b = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        a.recall("deploys")
+        states: list[int] = []
+        real = a.store.state
+        a.store.state = lambda: (states.append(1), real())[1]
+        for _ in range(3):
+            a.recall("deploys")  # its own recall events do not count as changes
+        assert states == []
+        rid = b.remember("The quantum flux capacitor lives in rack 42.", skill="team0")
+        assert a.recall("quantum flux capacitor rack", top_k=1)[0].id == rid  # another connection's write
+        assert len(states) == 1
+        mine = a.remember("Zebra crossings are painted white and black.", skill="team1")
+        assert a.recall("zebra crossing paint", top_k=1)[0].id == mine  # this connection's write
+        b.forget(rid)
+        assert rid not in [h.id for h in a.recall("quantum flux capacitor rack", top_k=3)]  # a delete elsewhere
+        a.update(mine, "Zebras are striped horses of the savanna.")
+        assert a.recall("striped savanna animals", top_k=1)[0].id == mine  # a rewrite here (re-embedded)
+    finally:
+        a.close()
+        b.close()
+
+
+class _Named:
+    def __init__(self, name: str):
+        self.name, self.dim = name, 3
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return np.ones((len(texts), 3), dtype=np.float32)
+
+
+def test_query_vectors_never_cross_embedders():
+    cache = QueryVectors(size=2)
+    one, same_name = _Named("e"), _Named("e")
+    v = cache.put(one, "q", np.array([1.0, 0.0], dtype=np.float32))
+    assert cache.get(one, "q") is v and not v.flags.writeable  # shared by later recalls: read-only
+    assert cache.get(same_name, "q") is None  # another object, even of the same name
+    cache.put(same_name, "q", np.zeros(2, dtype=np.float32))
+    assert cache.get(one, "q") is None
+    cache.put(one, "a", np.zeros(2, dtype=np.float32))
+    cache.get(same_name, "q")  # most recent now
+    cache.put(one, "b", np.zeros(2, dtype=np.float32))
+    assert len(cache) == 2 and cache.get(one, "a") is None and cache.get(same_name, "q") is not None
+    cache.clear()
+    assert len(cache) == 0
+
+
+def test_reembed_never_serves_the_old_embedders_query_vector(tmp_path, embedder):
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many(FACTS)
+        mem.recall("when do we deploy?")
+        old = mem._qcache.get(embedder, "when do we deploy?")
+        assert old is not None
+        other = _Named("other")
+        other.dim = 384
+
+        def embed(texts: list[str]) -> np.ndarray:
+            out = np.zeros((len(texts), 384), dtype=np.float32)
+            out[:, 0] = 1.0
+            return out
+
+        other.embed = embed  # type: ignore[method-assign]
+        mem.reembed(other)
+        got = mem.recall("when do we deploy?")
+        assert got and mem._qcache.get(other, "when do we deploy?")[0] == 1.0  # its own vector, not the old one
+    finally:
+        mem.close()
+
+
+def test_embed_beside_runs_both_and_reports_errors():
+    seen: list[str] = []
+    vec, side = embed_beside(lambda: "vec", lambda: (seen.append(threading.current_thread().name), "side")[1])
+    assert (vec, side) == ("vec", "side") and seen[0].startswith("engrain-recall")
+    done = threading.Event()
+
+    def slow_side() -> None:
+        done.wait(0.2)
+        seen.append("side finished")
+
+    def bad_embed() -> None:
+        raise RuntimeError("model failed")
+
+    with pytest.raises(RuntimeError, match="model failed"):
+        embed_beside(bad_embed, slow_side)
+    assert seen[-1] == "side finished"  # the side work ended before the error was raised
+    with pytest.raises(ValueError, match="full text failed"):
+        embed_beside(lambda: "vec", lambda: (_ for _ in ()).throw(ValueError("full text failed")))
+
+
+def test_only_a_remote_embedder_is_overlapped(embedder):
+    from engrain._memory.embedders import RemoteEmbedder
+
+    assert not waits(embedder)  # the local model computes on the same cores
+    assert waits(RemoteEmbedder("openai:x", "x", base_url="http://127.0.0.1:9", dim=3))
+
+
+def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
+    """On pgvector (no in-process mirror: the narrow folded-records query always runs) the results are the same."""
+    import uuid
+
+    from tests.test_memory import PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
+
+    if not PGVECTOR_URL:
+        pytest.skip("set ENGRAIN_TEST_PGVECTOR_URL to a PostgreSQL server with pgvector")
+    schema = "t_" + uuid.uuid4().hex[:12]
+    mem = Memory(pgvector_schema_url(schema), embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        assert mem.store.pgvector
+        mem.remember_many([{"data": f"{FACTS[i % len(FACTS)]} (note {i})", "skill": f"team{i % 4}",
+                            "metadata": {"user": f"u{i % 5}"}, "label": "ops" if i % 6 == 0 else None}
+                           for i in range(120)])
+        assert not mem.consolidate(num_records=80, method="FIFO").errors
+        got = _recalls(mem)
+        _full_read(monkeypatch)
+        assert _recalls(mem) == got
+    finally:
+        mem.close()
+        drop_pgvector_schema(schema)
