@@ -41,6 +41,9 @@ def _store(tmp_path, embedder, name: str = "m.db") -> Memory:
               "the plants on the balcony need water", "lunch is served at noon", "the elevator is slow"]
     mem.remember_many([{"data": f"Note {i}: {topics[i % 6]} (floor {i % 9}, desk {i})", "skill": f"team{i % 4}"}
                        for i in range(200)])  # unrelated rows: candidates far below the top
+    asks = ["Why was the billing job in Tokyo slow?", "Who fixed the login service in Berlin?",
+            "When was the payment gateway migrated? Was it in July?", "Is the search index in Oslo reviewed?"]
+    mem.remember_many([{"data": q, "skill": f"team{i % 4}"} for i, q in enumerate(asks * 3)])  # discounted matches
     return mem
 
 
@@ -61,7 +64,7 @@ def _full_read(monkeypatch) -> None:
     """Make recall read every candidate's row (the ranking before rows were skipped)."""
     from engrain._memory import ranking
 
-    def every(mem, cands, qv, label, now, w_text, context, prior, keep, vectors):  # noqa: ANN001, ANN202
+    def every(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question=None):  # noqa: ANN001, ANN202
         return mem.store.records([i for t, i in cands if t == "record"], vectors=vectors)
 
     monkeypatch.setattr(ranking, "_fetch_best", every)
