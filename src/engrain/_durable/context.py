@@ -372,50 +372,32 @@ class RunContext(StepWriter):
             self._next_attempt(step, policy, err)
 
     def _call_new(self, name: str, type_: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
-                  kw: dict[str, Any]) -> Any:
+                  kw: dict[str, Any], known: int = 0) -> Any:
         """:meth:`call` of the step ``fn(*pos, **kw)`` when the journal has no record of it, with the default
-        policy: every executed step of a run comes here (a tool's wrapper calls it directly), so it takes
-        the fewest layers (no record lookup, no retry loop, no thunk, and a pending step object only
-        when the step fails or is observed)."""
+        policy: run it and journal its outcome. Every executed step of a run comes here (a tool's wrapper
+        calls it directly), so it takes the fewest layers: no record lookup, no retry loop, no thunk, and a
+        pending step object only when the step fails or is observed.
+
+        ``known``: 0, ``args`` are checked here; 1, they are known to be JSON; 2, known to be JSON scalars
+        (see :meth:`call_tool`).
+        """
         with self._lock:
             call_id = self.cursor
             if call_id in self.steps:  # another thread of this run took the new step meanwhile
                 return self.call(name, type_, args, lambda: fn(*pos, **kw))
             self.cursor = call_id + 1
         digest = None
-        for k, v in args.items():
-            # Every key a str and every value a str, int, bool or None (the usual call) is strictly JSON
-            # and nothing the call could change: no walk, no digest. Anything else: the full check.
-            if type(k) is not str or type(v) not in _PLAIN:
-                if not is_json(args):
-                    check_args(type_, name, args)
-                digest = mutable_args_digest(args) if type_ in ARGS_CHECKED else None
-                break
-        return self._execute_new(call_id, name, type_, args, digest, fn, pos, kw)
-
-    def call_tool(self, name: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
-                  kw: dict[str, Any], scalars: bool = False) -> Any:
-        """:meth:`call` of the tool step ``fn(*pos, **kw)`` whose ``args`` are known to be JSON (a cache hit
-        replays arguments read back from its store, which holds only JSON, or rendered from checked params).
-
-        A new step takes :meth:`_call_new`'s path without the walk over ``args`` and without a thunk;
-        anything else (a step the journal answers, a concurrent taker) goes through :meth:`call`.
-        ``scalars``: every value in ``args`` is a JSON scalar, so the call cannot change them (no digest).
-        """
-        with self._lock:
-            call_id = self.cursor
-            if call_id in self.steps:
-                call_id = -1
-            else:
-                self.cursor = call_id + 1
-        if call_id < 0:
-            return self.call(name, "tool", args, lambda: fn(*pos, **kw))
-        digest = None if scalars else mutable_args_digest(args)
-        return self._execute_new(call_id, name, "tool", args, digest, fn, pos, kw)
-
-    def _execute_new(self, call_id: int, name: str, type_: str, args: dict[str, Any], digest: str | None,
-                     fn: Callable[..., Any], pos: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-        """Run the new step ``call_id`` (taken by the caller) as ``fn(*pos, **kw)`` and journal its outcome."""
+        if known == 0:
+            for k, v in args.items():
+                # Every key a str and every value a str, int, bool or None (the usual call) is strictly JSON
+                # and nothing the call could change: no walk, no digest. Anything else: the full check.
+                if type(k) is not str or type(v) not in _PLAIN:
+                    if not is_json(args):
+                        check_args(type_, name, args)
+                    digest = mutable_args_digest(args) if type_ in ARGS_CHECKED else None
+                    break
+        elif known == 1:
+            digest = mutable_args_digest(args)
         started = time.time()
         self.executed += 1
         token = _step_key.set(f"{self.run_id}:{call_id}")
@@ -448,6 +430,19 @@ class RunContext(StepWriter):
             return result
         finally:
             _step_key.reset(token)
+
+    def call_tool(self, name: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
+                  kw: dict[str, Any], scalars: bool = False) -> Any:
+        """:meth:`call` of the tool step ``fn(*pos, **kw)`` whose ``args`` are known to be JSON (a cache hit
+        replays arguments read back from its store, which holds only JSON, or rendered from checked params).
+
+        A new step takes :meth:`_call_new`'s path without the walk over ``args`` and without a thunk;
+        anything else (a step the journal answers, a concurrent taker) goes through :meth:`call`.
+        ``scalars``: every value in ``args`` is a JSON scalar, so the call cannot change them (no digest).
+        """
+        if self.cursor in self.steps:
+            return self.call(name, "tool", args, lambda: fn(*pos, **kw))
+        return self._call_new(name, "tool", args, fn, pos, kw, 2 if scalars else 1)
 
     def _pending(self, call_id: int, name: str, type_: str, args: dict[str, Any], started: float,
                  digest: str | None) -> _Pending:
