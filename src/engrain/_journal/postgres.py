@@ -224,11 +224,8 @@ class PostgresJournal(Journal):
 
     def _append_step(self, row: tuple[str, int, float, str, str, str], flush: bool, fence: int | None,
                      wait: bool) -> None:
-        """Append a step's validated ``row`` (one event that changes no status, on an existing run).
-
-        One call from the row to the server's answer: sequence number, time and fence in binary,
-        the statement's checks inline (this is every step of a durable run).
-        """
+        """Append a step's validated ``row`` (one event that changes no status, on an existing run): every
+        step of a durable run. Its sequence number, time and fence travel in binary."""
         run_id, seq, ts, kind, name, text = row
         sql, types, formats = _STEP[flush, fence is not None]
         try:
@@ -238,35 +235,24 @@ class PostgresJournal(Journal):
         except struct.error:  # past int4 or int8 (or a fence that is no int): as text, for the server to refuse or read
             params = text_params(row if fence is None else (*row, int(fence)))
             formats = None
-        try:
-            with self._lock:
-                if self._inflight is not None:
-                    self._settle()
-                if self._late:
-                    self._raise_late(run_id, seq)
-                if not wait:
-                    self._wire.send(sql, params, formats, types)
-                    self._inflight = (run_id, seq, fence)
-                    return
-                if self._wire.execute(sql, params, formats, types) != 1:
-                    raise self._conflict(run_id, seq, fence)
-        except self._psycopg.Error as e:
-            raise self._storage(e) from e
+        self._send_one(sql, params, run_id, seq, fence, wait, formats, types)
 
     def _send_one(self, sql: str, params: list[bytes | None], run_id: str, expected_seq: int, fence: int | None,
-                  wait: bool) -> None:
-        """Run a one-event append's statement: one round trip, one commit (``wait=False``: see :meth:`append`)."""
+                  wait: bool, formats: tuple[int, ...] | None = None, types: tuple[int, ...] | None = None) -> None:
+        """Run a one-event append's statement: one round trip, one commit (``wait=False``: see :meth:`append`).
+
+        ``formats``: the parameters' (default all text), ``types``: theirs if the statement does not say.
+        """
         try:
             with self._lock:
                 if self._inflight is not None:
                     self._settle()
                 if self._late:
                     self._raise_late(run_id, expected_seq)
+                written = self._wire.send(sql, params, formats, types, wait)
                 if not wait:
-                    self._wire.send(sql, params)
                     self._inflight = (run_id, expected_seq, fence)
-                    return
-                if self._wire.execute(sql, params) != 1:
+                elif written != 1:
                     raise self._conflict(run_id, expected_seq, fence)
         except self._psycopg.Error as e:
             raise self._storage(e) from e

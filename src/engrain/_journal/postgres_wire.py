@@ -109,9 +109,10 @@ class Wire:
         return self._sent is not None
 
     def send(self, sql: str, params: Sequence[bytes | None], formats: Sequence[int] | None = None,
-             types: Sequence[int] | None = None) -> None:
+             types: Sequence[int] | None = None, wait: bool = False) -> int | None:
         """Send ``sql`` (prepared under its name on first use, with ``types`` if given) with ``params`` (in
-        ``formats``, default all text); its result is left unread."""
+        ``formats``, default all text). ``wait``: read its result too and return the rows it wrote (see
+        :meth:`result`); else its result is left unread."""
         name = self._names.get(sql)
         if name is None:
             name = self._prepare(sql, types)
@@ -120,19 +121,7 @@ class Wire:
         self._sent = (name, params, formats)
         if pg.flush():
             self._flush()
-
-    def execute(self, sql: str, params: Sequence[bytes | None], formats: Sequence[int] | None = None,
-                types: Sequence[int] | None = None) -> int:
-        """:meth:`send` then :meth:`result`: the rows ``sql`` wrote (every step's append: the send inline)."""
-        name = self._names.get(sql)
-        if name is None:
-            name = self._prepare(sql, types)
-        pg = self._pg
-        pg.send_query_prepared(name, params, formats)
-        self._sent = (name, params, formats)
-        if pg.flush():
-            self._flush()
-        return self.result()
+        return self.result() if wait else None
 
     def _flush(self) -> None:
         """Wait until the rest of the statement sent fits in the socket's buffer."""
@@ -176,7 +165,7 @@ class Wire:
             # ROLLBACK or DROP): it did not run, so prepare it again and run it now.
             sql = next(s for s, n in self._names.items() if n == name)
             self._names.clear()
-            return self.execute(sql, params, formats, self._types.get(sql))
+            return self.send(sql, params, formats, self._types.get(sql), True)  # type: ignore[return-value]
         return res.command_tuples or 0
 
     def _interrupted(self) -> None:
