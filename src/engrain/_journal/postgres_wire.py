@@ -143,11 +143,9 @@ class Wire:
         res = None
         try:
             while True:
-                if pg.is_busy():
+                while pg.is_busy():  # the answer is not in yet: wait for the socket (the first read would find nothing)
+                    self._poll(_POLL_MS)  # a signal ends it: Ctrl-C raises KeyboardInterrupt here
                     pg.consume_input()  # raises psycopg's OperationalError on a broken connection
-                    while pg.is_busy():
-                        self._poll(_POLL_MS)  # a signal ends it: Ctrl-C raises KeyboardInterrupt here
-                        pg.consume_input()
                 last = pg.get_result()
                 if last is None:
                     break
