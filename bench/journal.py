@@ -422,13 +422,21 @@ def main() -> None:
         if pg:
             for dur in ("full", "normal"):
                 with PgSchema(pg) as url, PgSchema(pg) as floor_url:
-                    n, us, (raw,) = per_step(f"{url}&durability={dur}", (PgFloor(floor_url, dur),))
+                    floors = (PgFloor(floor_url, dur), PgFloor(floor_url, dur, gated=True),
+                              PgFloor(floor_url, dur, gated=True, encode=True))
+                    n, us, (raw, gated, built) = per_step(f"{url}&durability={dur}", floors)
                 sync = "on" if dur == "full" else "off"
                 # PostgreSQL "normal" (its commit waits for no WAL flush) has no target in issue 29: its floor is beside it
                 add_step(f"engrain postgres {dur}", dur, n, us, raw, "postgres", f"{url}&durability={dur}",
                          target=dur == "full")
-                add(f"postgres floor {dur}", f"N={n}, {REPS} runs alternating with engrain's: libpq, 1 prepared"
-                    f" autocommit INSERT/step, synchronous_commit={sync}", raw, None, "µs/step")
+                detail = f"N={n}, {REPS} runs alternating with engrain's: libpq, 1 prepared autocommit"
+                add(f"postgres floor {dur}", f"{detail} INSERT/step, synchronous_commit={sync}", raw, None, "µs/step")
+                # Not targets' bases: the server's share of engrain's step (its fenced statement: the runs
+                # row's check and update), then that plus the least Python between two commits.
+                add(f"postgres floor {dur}, engrain's statement", f"{detail} fenced step statement/step", gated, None,
+                    "µs/step")
+                add(f"postgres floor {dur}, its row built per step", f"{detail} fenced step statement/step, its dict"
+                    " and JSON made in the loop", built, None, "µs/step")
         try:
             peer = None if STEPS_ONLY else dbos_figures(tmp)
         except Exception as e:  # noqa: BLE001 - report the peer's failure, keep our figures
