@@ -124,6 +124,10 @@ class PgFloor:
     """
 
     INSERT = b"INSERT INTO engrain_events (run_id, seq, ts, kind, name, data) VALUES ($1, $2, $3, $4, $5, $6)"
+    #: The statement engrain's PostgreSQL journal appends a fenced step with (``_step_sql`` in its postgres.py).
+    GATED = (b"WITH gate AS (UPDATE engrain_runs SET next_seq = $2 + 1 WHERE run_id = $1 AND next_seq = $2"
+             b" AND lease_epoch = $7 RETURNING 1) INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
+             b" SELECT $1, $2, $3::float8, $4::text, $5::text, $6::text FROM gate")
 
     cpu_us = 0.0  # this thread's CPU per step in the last repetition
 
@@ -137,12 +141,7 @@ class PgFloor:
         self.conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
         self.pg = self.conn.pgconn
         self.ok = pq.ExecStatus.COMMAND_OK
-        sql = self.INSERT
-        if gated:
-            from engrain._journal.postgres import _STEP  # the statement's text only: libpq executes it
-
-            sql = _STEP[True, True][0].encode()
-        res = self.pg.prepare(b"floor_insert", sql)
+        res = self.pg.prepare(b"floor_insert", self.GATED if gated else self.INSERT)
         if res.status != self.ok:
             raise RuntimeError(f"PostgreSQL floor: cannot prepare its INSERT: {res.error_message!r}")
 
