@@ -38,7 +38,9 @@ open the journal, read it, replay every step through ``engrain.run`` and append
 steps whose process died before it returned is run again under its workflow id.
 
 PostgreSQL comes from ``$ENGRAIN_TEST_PG_URL`` or ``scripts/postgres.sh``; it is
-skipped, saying so, if neither works. Usage: python bench/journal.py [--quick]
+skipped, saying so, if neither works. Usage: python bench/journal.py [--quick] [--steps]
+(``--steps``: only the per-step rows with a target and their floors, no at_most_once, DBOS or resume:
+for repeated A/B runs of a step's cost).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 PEER = ROOT / "bench" / ".peers" / "dbos"
 QUICK = "--quick" in sys.argv
+STEPS_ONLY = "--steps" in sys.argv
 REPS = 3 if QUICK else 5
 BUDGET = 0.25 if QUICK else 0.6  # seconds per repetition, which sets N per backend
 # A run's own commits (its start and end) are in engrain's figure and not the floor's: with at
@@ -411,21 +414,31 @@ def main() -> None:
             # encoded once its result is known) adds to the floor; after an fsync it runs on cold caches.
             add(f"sqlite3 floor {dur}, row built per step", detail + ", its dict and JSON made in the loop", encoded,
                 None, "µs/step")
+            if STEPS_ONLY:
+                continue
             n, us, _ = per_step(f"sqlite:///{tmp / f'amo-{dur}.db'}?durability={dur}", at_most_once=True)
             add(f"engrain sqlite {dur} at_most_once", f"N={n}, {REPS} runs, durable start + completion", us, None, "µs/step")
         pg = postgres_url()
         if pg:
             for dur in ("full", "normal"):
                 with PgSchema(pg) as url, PgSchema(pg) as floor_url:
-                    n, us, (raw,) = per_step(f"{url}&durability={dur}", (PgFloor(floor_url, dur),))
+                    floors = (PgFloor(floor_url, dur), PgFloor(floor_url, dur, gated=True),
+                              PgFloor(floor_url, dur, gated=True, encode=True))
+                    n, us, (raw, gated, built) = per_step(f"{url}&durability={dur}", floors)
                 sync = "on" if dur == "full" else "off"
                 # PostgreSQL "normal" (its commit waits for no WAL flush) has no target in issue 29: its floor is beside it
                 add_step(f"engrain postgres {dur}", dur, n, us, raw, "postgres", f"{url}&durability={dur}",
                          target=dur == "full")
-                add(f"postgres floor {dur}", f"N={n}, {REPS} runs alternating with engrain's: libpq, 1 prepared"
-                    f" autocommit INSERT/step, synchronous_commit={sync}", raw, None, "µs/step")
+                detail = f"N={n}, {REPS} runs alternating with engrain's: libpq, 1 prepared autocommit"
+                add(f"postgres floor {dur}", f"{detail} INSERT/step, synchronous_commit={sync}", raw, None, "µs/step")
+                # Not targets' bases: the server's share of engrain's step (its fenced statement: the runs
+                # row's check and update), then that plus the least Python between two commits.
+                add(f"postgres floor {dur}, engrain's statement", f"{detail} fenced step statement/step", gated, None,
+                    "µs/step")
+                add(f"postgres floor {dur}, its row built per step", f"{detail} fenced step statement/step, its dict"
+                    " and JSON made in the loop", built, None, "µs/step")
         try:
-            peer = dbos_figures(tmp)
+            peer = None if STEPS_ONLY else dbos_figures(tmp)
         except Exception as e:  # noqa: BLE001 - report the peer's failure, keep our figures
             print(f"DBOS part failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             peer = None
@@ -439,15 +452,16 @@ def main() -> None:
                 "µs/step",
             )
 
-        url = f"sqlite:///{tmp / 'resume.db'}"
-        walls = resume(url)
-        add("engrain resume sqlite normal", f"{RESUME_STEPS + 2} events; CPU {statistics.median(RESUME_CPU[url]):.1f} ms",
-            walls, RESUME_TARGETS["sqlite"], "ms")
-        if pg:
-            with PgSchema(pg) as url:
-                walls = resume(url)
-                add("engrain resume postgres", f"{RESUME_STEPS + 2} events; client CPU {statistics.median(RESUME_CPU[url]):.1f} ms",
-                    walls, RESUME_TARGETS["postgres"], "ms")
+        if not STEPS_ONLY:
+            url = f"sqlite:///{tmp / 'resume.db'}"
+            walls = resume(url)
+            add("engrain resume sqlite normal", f"{RESUME_STEPS + 2} events; CPU {statistics.median(RESUME_CPU[url]):.1f} ms",
+                walls, RESUME_TARGETS["sqlite"], "ms")
+            if pg:
+                with PgSchema(pg) as url:
+                    walls = resume(url)
+                    add("engrain resume postgres", f"{RESUME_STEPS + 2} events; client CPU {statistics.median(RESUME_CPU[url]):.1f} ms",
+                        walls, RESUME_TARGETS["postgres"], "ms")
         if peer:
             launch = statistics.median(peer["launch_ms"])
             add(

@@ -115,43 +115,77 @@ class PgFloor:
     ``INSERT`` executed in autocommit per step: one round trip, one commit.
     ``full``: ``synchronous_commit = on`` (each commit waits for its WAL flush);
     ``normal``: ``off``, as engrain's ``normal`` sets it.
+
+    ``gated=True`` executes engrain's own fenced step statement instead (the runs row's
+    check and ``next_seq`` update, then the INSERT), so the server's share of a step is in
+    the floor; ``encode=True`` also builds each step's record, its JSON and its parameters
+    in the loop, as :class:`Floor` does. Neither is a target's base: they split engrain's
+    cost over the floor into the server's, the least Python's, and the rest.
     """
 
     INSERT = b"INSERT INTO engrain_events (run_id, seq, ts, kind, name, data) VALUES ($1, $2, $3, $4, $5, $6)"
+    #: The statement engrain's PostgreSQL journal appends a fenced step with (``_step_sql`` in its postgres.py).
+    GATED = (b"WITH gate AS (UPDATE engrain_runs SET next_seq = $2 + 1 WHERE run_id = $1 AND next_seq = $2"
+             b" AND lease_epoch = $7 RETURNING 1) INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
+             b" SELECT $1, $2, $3::float8, $4::text, $5::text, $6::text FROM gate")
 
     cpu_us = 0.0  # this thread's CPU per step in the last repetition
 
-    def __init__(self, url: str, durability: str):
+    def __init__(self, url: str, durability: str, gated: bool = False, encode: bool = False):
         import psycopg
         from psycopg import pq
 
         eg.open(url).close()  # engrain's tables in this schema, then libpq only
+        self.gated, self.encode = gated, encode
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute(f"SET synchronous_commit = {'on' if durability == 'full' else 'off'}")
         self.pg = self.conn.pgconn
         self.ok = pq.ExecStatus.COMMAND_OK
-        res = self.pg.prepare(b"floor_insert", self.INSERT)
+        res = self.pg.prepare(b"floor_insert", self.GATED if gated else self.INSERT)
         if res.status != self.ok:
             raise RuntimeError(f"PostgreSQL floor: cannot prepare its INSERT: {res.error_message!r}")
 
     def warm(self, n: int) -> None:
         self.rep(n)
 
-    def _exec(self, row: list[bytes]) -> None:
-        res = self.pg.exec_prepared(b"floor_insert", row)
-        if res.status != self.ok:
-            raise RuntimeError(f"PostgreSQL floor: INSERT failed: {res.error_message!r}")
-
     def rep(self, n: int) -> float:
         """µs/step of one run of ``n`` steps (wall; ``cpu_us``: this thread's CPU per step in it)."""
-        started, *steps = ([str(v).encode() if type(v) is not float else repr(v).encode() for v in r]
-                           for r in _rows(uuid.uuid4().hex, n, time.time()))
-        self._exec(started)
+        rid = uuid.uuid4().hex
+        rows = _rows(rid, n, time.time())
+        steps = [[str(v).encode() if type(v) is not float else repr(v).encode() for v in r] for r in rows[1:]]
+        # The run's start is not timed: its event, and for the gated statement the runs row a durable
+        # run's start leaves (next_seq 1, leased at epoch 1), whose epoch each step passes as its fence.
+        self.conn.execute("INSERT INTO engrain_events (run_id, seq, ts, kind, name, data) VALUES (%s, %s, %s, %s, %s, %s)",
+                          rows[0])
+        if self.gated:
+            self.conn.execute("INSERT INTO engrain_runs (run_id, status, created, updated, next_seq, lease_epoch)"
+                              " VALUES (%s, 'running', 0, 0, 1, 1)", (rid,))
+            for row in steps:
+                row.append(b"1")
+        if self.encode:
+            return self._rep_encoded(rid, rows[0][2], n)
         exec_prepared, name, ok = self.pg.exec_prepared, b"floor_insert", self.ok
         c0, t0 = time.thread_time(), time.perf_counter()
         for row in steps:
             res = exec_prepared(name, row)
-            if res.status != ok:
+            if res.status != ok or res.command_tuples != 1:
+                raise RuntimeError(f"PostgreSQL floor: INSERT failed: {res.error_message!r}")
+        took = (time.perf_counter() - t0) / n * 1e6
+        self.cpu_us = (time.thread_time() - c0) / n * 1e6
+        return took
+
+    def _rep_encoded(self, rid: str, ts: float, n: int) -> float:
+        """:meth:`rep` building each step's record, its JSON and its parameters in the loop (see :class:`Floor`)."""
+        exec_prepared, name, ok = self.pg.exec_prepared, b"floor_insert", self.ok
+        dumps, key, fence = json.JSONEncoder(separators=(",", ":")).encode, rid.encode(), self.gated
+        c0, t0 = time.thread_time(), time.perf_counter()
+        for i in range(n):
+            data = {"call_id": i, "result": i + 1, "type": "tool", "args": {"x": i}, "started": ts}
+            row = [key, str(i + 1).encode(), repr(ts).encode(), b"step.completed", b"inc", dumps(data).encode()]
+            if fence:
+                row.append(b"1")
+            res = exec_prepared(name, row)
+            if res.status != ok or res.command_tuples != 1:
                 raise RuntimeError(f"PostgreSQL floor: INSERT failed: {res.error_message!r}")
         took = (time.perf_counter() - t0) / n * 1e6
         self.cpu_us = (time.thread_time() - c0) / n * 1e6

@@ -151,6 +151,8 @@ def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
         check_json(args, f"{type_} {name!r}", "arguments")
 
 
+#: JSON scalars whose every value is strictly JSON (a float may not be finite), checked by type alone.
+_PLAIN = frozenset({str, int, bool, type(None)})
 #: The keyword arguments of a thunk (shared, never mutated).
 _NO_KW: dict[str, Any] = {}
 
@@ -344,7 +346,7 @@ class RunContext(StepWriter):
         once the completion is sent: see :meth:`append`.
         """
         if policy is DEFAULT_POLICY and meta is None and durable is True and self.cursor not in self.steps:
-            return self._call_new(name, type_, args, thunk)
+            return self._call_new(name, type_, args, thunk, (), _NO_KW)
         step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
             if observe.observers:
@@ -369,19 +371,65 @@ class RunContext(StepWriter):
             time.sleep(delay)
             self._next_attempt(step, policy, err)
 
-    def _call_new(self, name: str, type_: str, args: dict[str, Any], thunk: Callable[[], Any]) -> Any:
-        """:meth:`call` of a step the journal has no record of, with the default policy: every executed
-        step of a run comes here, so it takes the fewest layers (no record lookup, no retry loop, and a
-        pending step object only when the step fails or is observed)."""
+    def _call_new(self, name: str, type_: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
+                  kw: dict[str, Any], known: int = 0) -> Any:
+        """:meth:`call` of the step ``fn(*pos, **kw)`` when the journal has no record of it, with the default
+        policy: run it and journal its outcome. Every executed step of a run comes here (a tool's wrapper
+        calls it directly), so it takes the fewest layers: no record lookup, no retry loop, no thunk, and a
+        pending step object only when the step fails or is observed.
+
+        ``known``: 0, ``args`` are checked here; 1, they are known to be JSON; 2, known to be JSON scalars
+        (see :meth:`call_tool`).
+        """
         with self._lock:
             call_id = self.cursor
             if call_id in self.steps:  # another thread of this run took the new step meanwhile
-                return self.call(name, type_, args, thunk)
+                return self.call(name, type_, args, lambda: fn(*pos, **kw))
             self.cursor = call_id + 1
-        if not is_json(args):
-            check_args(type_, name, args)
-        digest = mutable_args_digest(args) if type_ in ARGS_CHECKED else None
-        return self._execute_new(call_id, name, type_, args, digest, thunk, (), _NO_KW)
+        digest = None
+        if known == 0:
+            for k, v in args.items():
+                # Every key a str and every value a str, int, bool or None (the usual call) is strictly JSON
+                # and nothing the call could change: no walk, no digest. Anything else: the full check.
+                if type(k) is not str or type(v) not in _PLAIN:
+                    if not is_json(args):
+                        check_args(type_, name, args)
+                    digest = mutable_args_digest(args) if type_ in ARGS_CHECKED else None
+                    break
+        elif known == 1:
+            digest = mutable_args_digest(args)
+        started = time.time()
+        self.executed += 1
+        token = _step_key.set(f"{self.run_id}:{call_id}")
+        try:
+            try:
+                result = fn(*pos, **kw)
+            except Exception as e:
+                self._failed(self._pending(call_id, name, type_, args, started, digest), e, DEFAULT_POLICY)
+                raise  # no retries: the failure is journaled
+            if observe.observers or (type(result) not in _PLAIN and not is_json(result)):  # observed, or not JSON
+                return self._complete(self._pending(call_id, name, type_, args, started, digest), result)
+            # The usual completion (first attempt, no durable start): keys in _outcome's order.
+            data = {"call_id": call_id, "result": result, "type": type_, "args": args, "started": started}
+            if digest is not None:
+                data["ad"] = digest
+            try:
+                if self._resumed is None and self.direct:  # :meth:`append`'s usual case, inline
+                    with self._lock:
+                        try:
+                            self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq,
+                                                    fence=self.fence, json_checked=True)
+                        except (StorageError, ConflictError) as e:
+                            self._refused(e)
+                        self.seq += 1
+                else:
+                    self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
+            except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
+                self._fail(self._pending(call_id, name, type_, args, started, digest), e)
+                raise
+            return result
+        finally:
+            _step_key.reset(token)
 
     def call_tool(self, name: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
                   kw: dict[str, Any], scalars: bool = False) -> Any:
@@ -392,56 +440,9 @@ class RunContext(StepWriter):
         anything else (a step the journal answers, a concurrent taker) goes through :meth:`call`.
         ``scalars``: every value in ``args`` is a JSON scalar, so the call cannot change them (no digest).
         """
-        with self._lock:
-            call_id = self.cursor
-            if call_id in self.steps:
-                call_id = -1
-            else:
-                self.cursor = call_id + 1
-        if call_id < 0:
+        if self.cursor in self.steps:
             return self.call(name, "tool", args, lambda: fn(*pos, **kw))
-        digest = None if scalars else mutable_args_digest(args)
-        return self._execute_new(call_id, name, "tool", args, digest, fn, pos, kw)
-
-    def _execute_new(self, call_id: int, name: str, type_: str, args: dict[str, Any], digest: str | None,
-                     fn: Callable[..., Any], pos: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-        """Run the new step ``call_id`` (taken by the caller) as ``fn(*pos, **kw)`` and journal its outcome."""
-        started = time.time()
-        self.executed += 1
-        token = _step_key.set(f"{self.run_id}:{call_id}")
-        try:
-            try:
-                result = fn(*pos, **kw)
-            except Exception as e:
-                self._failed(self._pending(call_id, name, type_, args, started, digest), e, DEFAULT_POLICY)
-                raise  # no retries: the failure is journaled
-            if observe.observers or not is_json(result):  # observed, or a result to name the problem of
-                return self._complete(self._pending(call_id, name, type_, args, started, digest), result)
-            # The usual completion (first attempt, no durable start): keys in _outcome's order.
-            data = {"call_id": call_id, "result": result, "type": type_, "args": args, "started": started}
-            if digest is not None:
-                data["ad"] = digest
-            try:
-                self._completed(name, data)
-            except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
-                self._fail(self._pending(call_id, name, type_, args, started, digest), e)
-                raise
-            return result
-        finally:
-            _step_key.reset(token)
-
-    def _completed(self, name: str, data: dict[str, Any]) -> None:
-        """Append a new step's ``step.completed`` (``data`` found strictly JSON): :meth:`append`'s usual case inline."""
-        if self._resumed is None and self.direct:
-            with self._lock:
-                try:
-                    self.journal.append_one(self.run_id, ev.STEP_COMPLETED, name, data, self.seq, fence=self.fence,
-                                            json_checked=True)
-                except (StorageError, ConflictError) as e:
-                    self._refused(e)
-                self.seq += 1
-        else:
-            self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
+        return self._call_new(name, "tool", args, fn, pos, kw, 2 if scalars else 1)
 
     def _pending(self, call_id: int, name: str, type_: str, args: dict[str, Any], started: float,
                  digest: str | None) -> _Pending:

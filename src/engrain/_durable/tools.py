@@ -173,6 +173,11 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
             out.pop(skip, None)
         return out
 
+    # The common call's result without calling bind: the recorded names zipped with the call's
+    # values when every parameter is given positionally (len(names) of them, the first one skipped).
+    bind.plain = (names[1:], len(names), 1) if skip else (names, len(names), 0)  # type: ignore[attr-defined]
+    if not (simple and positional == len(names)):
+        bind.plain = None  # type: ignore[attr-defined]
     return bind
 
 
@@ -281,11 +286,23 @@ def tool(
             wrapper: Callable[..., Any] = awrapper
         else:
 
+            plain = bind.plain  # type: ignore[attr-defined]
+            new_step = policy is DEFAULT_POLICY
+
             @functools.wraps(f)
             def swrapper(*args: Any, **kwargs: Any) -> Any:
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
+                if new_step and ctx.cursor not in ctx.steps:
+                    # A step the journal has no record of (every step of a first execution): nothing to
+                    # replay, so straight to the context's new-step path, without a thunk (it re-checks the
+                    # cursor under the run's lock, and goes through call() if another thread took the step).
+                    if plain is not None and not kwargs and len(args) == plain[1]:
+                        bound = dict(zip(plain[0], args[1:] if plain[2] else args))
+                    else:
+                        bound = bind(args, kwargs)
+                    return ctx._call_new(step_name, type, bound, f, args, kwargs)
                 if checked and not kwargs and len(args) == full:  # the common call, without a helper's call
                     rec, bound = ctx.replay_next(step_name, args[1:] if method else args), None
                 else:

@@ -12,7 +12,9 @@ A one-event append (every step) goes through :mod:`.postgres_wire`; with
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
@@ -21,7 +23,7 @@ from ._common import _STATUS_KINDS, FINISHED, Agents, agents_filter, check_lease
 from ._common import redact_url as _redact
 from .base import Journal
 from .postgres_schema import migrate
-from .postgres_wire import Wire, keep_sent_statements, text_params
+from .postgres_wire import STEP_FORMATS, STEP_TYPES, Wire, float8, int4, int8, keep_sent_statements, text_params
 
 # One statement per append: the runs row is created (seq 0) or advanced only if
 # next_seq still equals expected_seq, and the events are inserted only if that
@@ -89,7 +91,12 @@ def _step_sql(flush: bool, fenced: bool) -> str:
     )
 
 
-_STEP_SQL = {(flush, fenced): _step_sql(flush, fenced) for flush in (False, True) for fenced in (False, True)}
+# By (flush, fenced): the statement, its parameters' types and their formats (the fence is the seventh).
+_STEP = {
+    (flush, fenced): (_step_sql(flush, fenced), STEP_TYPES[: 6 + fenced], STEP_FORMATS[: 6 + fenced])
+    for flush in (False, True)
+    for fenced in (False, True)
+}
 
 _MAX_LATE = 1000  # failures of appends sent without waiting that no later append claimed yet
 
@@ -212,33 +219,40 @@ class PostgresJournal(Journal):
         # Every step of a durable run comes here: no NewEvent in, no Event or Batch on the way.
         if not wait and durable:
             raise ValueError("append(wait=False) needs durable=False: a flush is confirmed only by waiting for it")
-        row = prepare_row(run_id, kind, name, data, expected_seq, self._now(), json_checked)
+        row = prepare_row(run_id, kind, name, data, expected_seq, time.time(), json_checked)
         self._append_step(row, durable or self.durability != "full", fence, wait)
 
     def _append_step(self, row: tuple[str, int, float, str, str, str], flush: bool, fence: int | None,
                      wait: bool) -> None:
-        """Append a step's validated ``row`` (one event that changes no status, on an existing run)."""
+        """Append a step's validated ``row`` (one event that changes no status, on an existing run): every
+        step of a durable run. Its sequence number, time and fence travel in binary."""
         run_id, seq, ts, kind, name, text = row
-        params: list[bytes | None] = [run_id.encode(), str(seq).encode(), repr(ts).encode(), kind.encode(),
-                                      name.encode(), text.encode()]
-        if fence is not None:
-            params.append(str(int(fence)).encode())
-        self._send_one(_STEP_SQL[flush, fence is not None], params, run_id, seq, fence, wait)
+        sql, types, formats = _STEP[flush, fence is not None]
+        try:
+            params = [run_id.encode(), int4(seq), float8(ts), kind.encode(), name.encode(), text.encode()]
+            if fence is not None:
+                params.append(int8(fence))
+        except struct.error:  # past int4 or int8 (or a fence that is no int): as text, for the server to refuse or read
+            params = text_params(row if fence is None else (*row, int(fence)))
+            formats = None
+        self._send_one(sql, params, run_id, seq, fence, wait, formats, types)
 
     def _send_one(self, sql: str, params: list[bytes | None], run_id: str, expected_seq: int, fence: int | None,
-                  wait: bool) -> None:
-        """Run a one-event append's statement: one round trip, one commit (``wait=False``: see :meth:`append`)."""
+                  wait: bool, formats: tuple[int, ...] | None = None, types: tuple[int, ...] | None = None) -> None:
+        """Run a one-event append's statement: one round trip, one commit (``wait=False``: see :meth:`append`).
+
+        ``formats``: the parameters' (default all text), ``types``: theirs if the statement does not say.
+        """
         try:
             with self._lock:
                 if self._inflight is not None:
                     self._settle()
                 if self._late:
                     self._raise_late(run_id, expected_seq)
-                self._wire.send(sql, params)
+                written = self._wire.send(sql, params, formats, types, wait)
                 if not wait:
                     self._inflight = (run_id, expected_seq, fence)
-                    return
-                if self._wire.result() != 1:
+                elif written != 1:
                     raise self._conflict(run_id, expected_seq, fence)
         except self._psycopg.Error as e:
             raise self._storage(e) from e

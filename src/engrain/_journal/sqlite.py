@@ -250,7 +250,8 @@ class SQLiteJournal(Journal):
                 if self._fences.get(run_id) != fence:
                     self._set_fence(run_id, fence)
                 self._insert(_INSERT, row)
-                self._committed()
+                if self._checkpointer is not None:  # "normal": count the commit; "full" and in memory: nothing to call
+                    self._committed()
             except sqlite3.Error as e:
                 self._refused(e, run_id, expected_seq, fence)
 
