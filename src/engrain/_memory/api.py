@@ -23,7 +23,7 @@ from . import temporal as _temporal
 from .filters import check_where
 from .fusion import SPREAD_DEPTH, text_weight
 from . import embedders as _embedders
-from .embed import Embedder
+from .embed import Embedder, embed_queries
 from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
 from .ranking import Ranking, SearchResult
@@ -306,7 +306,7 @@ class Memory:
             if vec is not None:
                 self._qcache[key] = vec  # most recent last
                 return vec
-        vec = self.embedder.embed([query])[0]
+        vec = embed_queries(self.embedder, [query])[0]  # the query side of an asymmetric model
         vec.setflags(write=False)  # shared by later recalls of the same query
         with self._qlock:
             self._qcache[key] = vec
