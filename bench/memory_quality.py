@@ -475,6 +475,9 @@ class Cached:
         self._qfile = self._file(queries, f"{tag}-queries")
         if self._qfile.exists():
             self._queries.update(zip(queries, np.load(self._qfile)))
+        else:  # in batches, as the documents: one by one, a large model would take most of the run
+            self.embed_query(queries)
+            self.save_queries(queries)
 
     def save_queries(self, queries: list[str]) -> None:
         if self._queries is not None and self._qfile is not None and all(q in self._queries for q in queries):
@@ -557,21 +560,51 @@ VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0, 0.0), "before": (None, 2, 0.0, 
             "square": (None, 2, None, None), "no-when": (None, 3, None, 0.0)}
 
 
+def null_spread(embedder: Any) -> float:
+    """The std of an embedder's query-to-document cosines between unrelated sentences (``_memory/cluster.py``'s
+    UNRELATED set): the scale of its cosines, measured on fixed text, whatever its retrieval quality."""
+    from engrain._memory.cluster import UNRELATED
+    from engrain._memory.embed import embed_queries
+
+    texts = list(UNRELATED)
+    sims = np.asarray(embed_queries(embedder, texts)) @ np.asarray(embedder.embed(texts)).T
+    return float(sims[~np.eye(len(texts), dtype=bool)].std())
+
+
 @contextlib.contextmanager
 def ranked_as(mem: Any, name: str) -> Any:
-    """``mem`` ranking as variant ``name`` of :data:`VARIANTS` for the duration (the spread power is a module constant)."""
+    """``mem`` ranking as variant ``name`` for the duration (the spread power is a module constant): one of
+    :data:`VARIANTS`, ``w<weight>`` (a fixed text weight, the rest as today), or ``scaled`` (today's per-query
+    weight with the reference spread moved to the embedder's cosine scale: times its :func:`null_spread` over
+    the default MiniLM's)."""
     from engrain._memory import fusion
+    from engrain._memory.embed import default_embedder
     from engrain._memory.ranking import Ranking
 
-    weight, power, context, when = VARIANTS[name]
-    saved, saved_power = mem.ranking, fusion.SPREAD_POWER
+    ref = fusion.SPREAD_REF
+    if name == "scaled":
+        weight, power, context, when = None, fusion.SPREAD_POWER, None, None
+        inner = getattr(mem.embedder, "inner", mem.embedder)
+        if inner.name not in _NULL:
+            _NULL[inner.name] = null_spread(mem.embedder)
+        if "default" not in _NULL:
+            _NULL["default"] = null_spread(default_embedder())
+        ref = fusion.SPREAD_REF * _NULL[inner.name] / _NULL["default"]
+    elif name.startswith("w") and name[1:].replace(".", "", 1).isdigit():
+        weight, power, context, when = float(name[1:]), fusion.SPREAD_POWER, None, None
+    else:
+        weight, power, context, when = VARIANTS[name]
+    saved, saved_power, saved_ref = mem.ranking, fusion.SPREAD_POWER, fusion.SPREAD_REF
     mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}),
                           **({} if when is None else {"when": when}))
-    fusion.SPREAD_POWER = power
+    fusion.SPREAD_POWER, fusion.SPREAD_REF = power, ref
     try:
         yield
     finally:
-        mem.ranking, fusion.SPREAD_POWER = saved, saved_power
+        mem.ranking, fusion.SPREAD_POWER, fusion.SPREAD_REF = saved, saved_power, saved_ref
+
+
+_NULL: dict[str, float] = {}
 
 
 def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict[str, tuple[dict[str, float], float]]:
@@ -608,7 +641,8 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
 
     table: dict[str, Callable[[Question], list[str]]] = {
         "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded,
-        **{v: variant(v) for v in VARIANTS}}
+        **{v: variant(v) for v in VARIANTS}, **{m: variant(m) for m in methods if m == "scaled" or (
+            m.startswith("w") and m[1:].replace(".", "", 1).isdigit())}}
     mem.recall("warm up", skill=ds.owners[0])
     out: dict[str, tuple[dict[str, float], float]] = {}
     rankings: dict[str, list[list[str]]] = {m: [] for m in methods}
@@ -716,11 +750,12 @@ def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "", 
 
 
 NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage context, + priors, + temporal",
-         "bm25": "FTS5 BM25 alone", "dense": "MiniLM cosine alone",
+         "bm25": "FTS5 BM25 alone", "dense": "cosine alone",
          "fixed": "older: 0.70 cos + 0.20 bm25/best + priors", "before": "previous: w(spread^-2), no context",
          "no-context": "recall without the passage context", "square": "recall with w(spread^-2)",
          "no-when": "recall without the temporal prior",
-         "rrf": "idea: RRF(dense, bm25), k=60", "expand": "idea: recall(neighbours=True): turns beside each hit"}
+         "rrf": "idea: RRF(dense, bm25), k=60",
+         "scaled": "recall, reference spread x the embedder's null cosine std / MiniLM's", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
 
 def extra_embedders(specs: list[str], prompts: str) -> list[tuple[str, Any]]:
@@ -764,6 +799,8 @@ def main(argv: list[str] | None = None) -> None:
                          "embeddinggemma-300m) on each set, on a store of its own; repeatable")
     ap.add_argument("--prompts", choices=("on", "off", "both"), default="both",
                     help="for a sentence-transformers --embedder: with its query/document prompts, without, or both")
+    ap.add_argument("--methods", default="engrain,bm25,dense,fixed,before,no-context,square,no-when",
+                    help="methods run with the default embedder (rrf and expand come with --ideas)")
     ap.add_argument("--embedder-methods", default="engrain,dense,fixed,rrf",
                     help="methods run with each --embedder (engrain, dense, fixed, rrf, expand, before, ...)")
     a = ap.parse_args(argv)
@@ -771,7 +808,7 @@ def main(argv: list[str] | None = None) -> None:
     from engrain._memory.embed import default_embedder
 
     ideas = [x for x in a.ideas.split(",") if x]
-    extra = extra_embedders(a.embedder, a.prompts)
+    others = extra_embedders(a.embedder, a.prompts)
     extra_methods = [m for m in a.embedder_methods.split(",") if m]
     minilm = default_embedder()
     int8 = None if a.no_int8 else default_embedder(quantized=True)
@@ -800,19 +837,20 @@ def main(argv: list[str] | None = None) -> None:
             rows: list[tuple[str, dict[str, float], float, str]] = []
             st = fill(ds, minilm, "plain", tmp, name)
             extra = [m for m in ("rrf", "expand") if m in ideas] if name in ("chat", "locomo") else ["rrf"]
-            methods = ["engrain", "bm25", "dense", "fixed", "before", "no-context", "square", "no-when"] + extra
+            methods = [m for m in a.methods.split(",") if m] + extra
+            methods += [m for m in extra_methods if m not in methods and others]  # the same rows, for comparison
             res = run_methods(ds, st, methods)
-            rows += [(m, *res[m], NOTES[m]) for m in methods]
+            rows += [(m, *res[m], NOTES.get(m, m)) for m in methods]
             st.mem.close()
             if int8 is not None:
                 st = fill(ds, int8, "plain", tmp, name, db=f"{name}-int8")
                 rows.append(("engrain minilm-int8", *run_methods(ds, st, ["engrain"])["engrain"],
                              "Memory.recall with the opt-in quantized embedder"))
                 st.mem.close()
-            for label, emb in extra:
+            for label, emb in others:
                 st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}", keep_queries=True)
                 res = run_methods(ds, st, extra_methods)
-                rows += [(f"{m} {label}", *res[m], f"{NOTES.get(m, m)} ({emb.name})") for m in extra_methods]
+                rows += [(f"{m} {label}", *res[m], NOTES.get(m, m)) for m in extra_methods]
                 st.mem.close()
             if name == "chat":
                 for style in ("ctx", "prev"):
