@@ -560,51 +560,31 @@ VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0, 0.0), "before": (None, 2, 0.0, 
             "square": (None, 2, None, None), "no-when": (None, 3, None, 0.0)}
 
 
-def null_spread(embedder: Any) -> float:
-    """The std of an embedder's query-to-document cosines between unrelated sentences (``_memory/cluster.py``'s
-    UNRELATED set): the scale of its cosines, measured on fixed text, whatever its retrieval quality."""
-    from engrain._memory.cluster import UNRELATED
-    from engrain._memory.embed import embed_queries
-
-    texts = list(UNRELATED)
-    sims = np.asarray(embed_queries(embedder, texts)) @ np.asarray(embedder.embed(texts)).T
-    return float(sims[~np.eye(len(texts), dtype=bool)].std())
-
-
 @contextlib.contextmanager
 def ranked_as(mem: Any, name: str) -> Any:
     """``mem`` ranking as variant ``name`` for the duration (the spread power is a module constant): one of
-    :data:`VARIANTS`, ``w<weight>`` (a fixed text weight, the rest as today), or ``scaled`` (today's per-query
-    weight with the reference spread moved to the embedder's cosine scale: times its :func:`null_spread` over
-    the default MiniLM's)."""
-    from engrain._memory import fusion
-    from engrain._memory.embed import default_embedder
+    :data:`VARIANTS`, ``w<weight>`` (a fixed text weight, the rest as today), or ``unscaled`` (today's per-query
+    weight with the reference spread in MiniLM's cosine units whatever the embedder, as before it was moved to
+    the embedder's own scale)."""
+    from engrain._memory import cluster, fusion
     from engrain._memory.ranking import Ranking
 
-    ref = fusion.SPREAD_REF
-    if name == "scaled":
+    null_ref = fusion.NULL_SPREAD_REF
+    if name == "unscaled":
         weight, power, context, when = None, fusion.SPREAD_POWER, None, None
-        inner = getattr(mem.embedder, "inner", mem.embedder)
-        if inner.name not in _NULL:
-            _NULL[inner.name] = null_spread(mem.embedder)
-        if "default" not in _NULL:
-            _NULL["default"] = null_spread(default_embedder())
-        ref = fusion.SPREAD_REF * _NULL[inner.name] / _NULL["default"]
+        null_ref = cluster.null_spread(mem.embedder)  # scale 1
     elif name.startswith("w") and name[1:].replace(".", "", 1).isdigit():
         weight, power, context, when = float(name[1:]), fusion.SPREAD_POWER, None, None
     else:
         weight, power, context, when = VARIANTS[name]
-    saved, saved_power, saved_ref = mem.ranking, fusion.SPREAD_POWER, fusion.SPREAD_REF
+    saved, saved_power, saved_ref = mem.ranking, fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF
     mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}),
                           **({} if when is None else {"when": when}))
-    fusion.SPREAD_POWER, fusion.SPREAD_REF = power, ref
+    fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF = power, null_ref
     try:
         yield
     finally:
-        mem.ranking, fusion.SPREAD_POWER, fusion.SPREAD_REF = saved, saved_power, saved_ref
-
-
-_NULL: dict[str, float] = {}
+        mem.ranking, fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF = saved, saved_power, saved_ref
 
 
 def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict[str, tuple[dict[str, float], float]]:
@@ -641,7 +621,7 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
 
     table: dict[str, Callable[[Question], list[str]]] = {
         "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded,
-        **{v: variant(v) for v in VARIANTS}, **{m: variant(m) for m in methods if m == "scaled" or (
+        **{v: variant(v) for v in VARIANTS}, **{m: variant(m) for m in methods if m == "unscaled" or (
             m.startswith("w") and m[1:].replace(".", "", 1).isdigit())}}
     mem.recall("warm up", skill=ds.owners[0])
     out: dict[str, tuple[dict[str, float], float]] = {}
@@ -755,7 +735,7 @@ NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage
          "no-context": "recall without the passage context", "square": "recall with w(spread^-2)",
          "no-when": "recall without the temporal prior",
          "rrf": "idea: RRF(dense, bm25), k=60",
-         "scaled": "recall, reference spread x the embedder's null cosine std / MiniLM's", "expand": "idea: recall(neighbours=True): turns beside each hit"}
+         "unscaled": "recall, reference spread in MiniLM's cosine units (before)", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
 
 def extra_embedders(specs: list[str], prompts: str) -> list[tuple[str, Any]]:
@@ -801,7 +781,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="for a sentence-transformers --embedder: with its query/document prompts, without, or both")
     ap.add_argument("--methods", default="engrain,bm25,dense,fixed,before,no-context,square,no-when",
                     help="methods run with the default embedder (rrf and expand come with --ideas)")
-    ap.add_argument("--embedder-methods", default="engrain,dense,fixed,rrf",
+    ap.add_argument("--embedder-methods", default="engrain,dense,unscaled,fixed,rrf",
                     help="methods run with each --embedder (engrain, dense, fixed, rrf, expand, before, ...)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))

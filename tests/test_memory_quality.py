@@ -229,9 +229,9 @@ def test_an_extra_embedder_is_measured_with_its_query_side_and_queries_embedded_
     sided = Sided()
     st = mq.fill(ds, sided, "plain", tmp_path, "faq-en", keep_queries=True)
     assert sided.queries == [list(dict.fromkeys(q.text for q in ds.questions))]  # one batch, before any method
-    res = mq.run_methods(ds, st, ["engrain", "dense", "fixed", "w0.05", "scaled"])
+    res = mq.run_methods(ds, st, ["engrain", "dense", "fixed", "w0.05", "unscaled"])
     st.mem.close()
-    later = {t for call in sided.queries[1:] for t in call}  # the warm-up, the "scaled" variant's null sentences
+    later = {t for call in sided.queries[1:] for t in call}  # the warm-up, the null spread's sentences
     assert later and not later & {q.text for q in ds.questions}  # no question embedded again
     assert res["engrain"][0]["any@5"] > res["w0.05"][0]["any@5"] - 0.2 and res["dense"][0]["any@5"] > 0.5
     again = mq.fill(ds, Sided(), "plain", tmp_path, "faq-en", keep_queries=True)

@@ -68,8 +68,12 @@ def test_recall_embeds_the_query_on_the_query_side_and_records_on_the_document_s
         assert emb.documents == TEXTS and emb.queries == []
         hit = mem.recall("when do we deploy?", top_k=1)[0]
         assert "Tuesday" in hit.content
-        assert emb.queries == ["when do we deploy?"]
+        # Besides the query, the first recall measures the embedder's cosine scale on both sides (fusion.py).
+        assert [q for q in emb.queries if q not in _cluster.UNRELATED] == ["when do we deploy?"]
         assert "when do we deploy?" not in emb.documents
+        assert set(emb.documents) == set(TEXTS) | set(_cluster.UNRELATED)
+        mem.recall("where is the coffee machine?")
+        assert emb.queries[-1] == "where is the coffee machine?" and len(emb.documents) == len(TEXTS) + 48
 
 
 def test_an_embedder_without_a_query_side_keeps_working(tmp_path):
@@ -78,7 +82,7 @@ def test_an_embedder_without_a_query_side_keeps_working(tmp_path):
     with Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=emb, synthesizer=ExtractiveSynthesizer()) as mem:
         mem.remember_many(TEXTS)
         assert "coffee" in mem.recall("where is the coffee machine?", top_k=1)[0].content
-    assert emb.calls[-1] == "where is the coffee machine?"  # the query went through embed
+    assert "where is the coffee machine?" in emb.calls  # the query went through embed
     vec = embed_queries(emb, ["a question"])
     assert vec.shape == (1, emb.dim) and float(vec[0] @ emb.inner.embed(["a question"])[0]) > 0.999
 
@@ -113,7 +117,7 @@ def test_reembed_embeds_records_on_the_document_side(tmp_path):
         assert out["records"] == len(TEXTS) and target.queries == []
         assert sorted(set(target.documents)) == sorted(TEXTS)
         assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
-        assert target.queries == ["when do we deploy?"]
+        assert "when do we deploy?" in target.queries
 
 
 def _packaged_minilm() -> Path:

@@ -21,6 +21,8 @@ from .consolidate import ConsolidationSummary
 from . import ranking as _ranking
 from . import temporal as _temporal
 from .filters import check_where
+from . import cluster as _cluster
+from . import fusion as _fusion
 from .fusion import SPREAD_DEPTH, text_weight
 from . import embedders as _embedders
 from .embed import Embedder, embed_queries
@@ -272,7 +274,8 @@ class Memory:
             recs = self._records.search(qv, fetch, skill, now, allow)
             arts = self._articles.search(qv, fetch, skill, now)
         rk = self.ranking
-        w_text = text_weight(s for _, s in recs + arts) if rk.text_weight is None else rk.text_weight
+        w_text = rk.text_weight if rk.text_weight is not None else text_weight(
+            (s for _, s in recs + arts), _cluster.null_spread(self.embedder) / _fusion.NULL_SPREAD_REF)
         cands: dict[tuple[str, str], dict[str, float]] = {}
         for tier, hits in (("record", recs), ("article", arts)):
             for i, s in hits:

@@ -95,7 +95,7 @@ UNRELATED = (
 )
 
 _PRONOUN = re.compile(r"^\W*(it|its|it's|they|their|them|he|his|him|she|her|this|these|those)\b", re.I)
-_cuts: dict[str, float] = {}
+_cuts: dict[str, tuple[float, float]] = {}
 _cuts_lock = threading.Lock()
 
 
@@ -107,8 +107,20 @@ def related_cut(embedder: object, *, query: bool = False) -> float:
     the cosines of each unrelated sentence as a query against the others as
     documents: the two sides of such a model have their own baseline.
     """
+    return _null(embedder, query)[0]
+
+
+def null_spread(embedder: object) -> float:
+    """The standard deviation of ``embedder``'s query-to-record cosines between unrelated texts: the scale of
+    its cosines, measured on fixed text whatever its retrieval quality (recall's text weight reads it)."""
+    return _null(embedder, True)[1]
+
+
+def _null(embedder: object, query: bool) -> tuple[float, float]:
+    """``(cut, std)`` of the cosines between :data:`UNRELATED` sentences, query side against documents
+    when ``query`` and the embedder has a query side, else documents against documents."""
     if query and not callable(getattr(embedder, "embed_query", None)):
-        query = False  # one side only: the same cut
+        query = False  # one side only: the same figures
     name = str(getattr(embedder, "name", type(embedder).__name__))
     key = f"{name}\0query" if query else name
     with _cuts_lock:
@@ -119,7 +131,7 @@ def related_cut(embedder: object, *, query: bool = False) -> float:
                 sims = (q @ v.T)[~np.eye(len(UNRELATED), dtype=bool)]
             else:
                 sims = (v @ v.T)[np.triu_indices(len(UNRELATED), 1)]
-            _cuts[key] = float(np.quantile(sims, NULL_QUANTILE))
+            _cuts[key] = (float(np.quantile(sims, NULL_QUANTILE)), float(sims.std()))
         return _cuts[key]
 
 
