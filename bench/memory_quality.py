@@ -69,6 +69,18 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-27 01:35-02:20 (load 6-9, 2 cores shared with other work; one run per set, the same code;
+``--embedder gemma=sentence-transformers:<EmbeddingGemma-300M folder>``, its document vectors cached): any@5
+all@5 any@10 sess@1. LoCoMo dev: MiniLM recall .684 .554 .788 .667, dense .477 .379 .607 .452; EmbeddingGemma
+recall .771 .638 .850 .726 (with the text weight in MiniLM's cosine units, ``unscaled``: .771 .633 .850 .723),
+dense .771 .633 .831 .644, fixed weights 0.02/0.05/0.10: .785/.788/.774 any@5, rrf .689; without its prompts
+recall .740 .627 .836 .737 (unscaled .729), dense .669 .562 .771 .621. FAQ sv (any@5 any@10): MiniLM .528 .610,
+dense .356 .436; Gemma recall .760 .858 (unscaled .728), dense .772 .860; without prompts .762 / .720. FAQ en:
+MiniLM .821 .901, dense .813 .871; Gemma .871 .938 (unscaled .863), dense .873 .938; without prompts .875 / .873.
+Chat, first 10 owners (130 questions, ``--owners 10``): MiniLM recall .338 .192 .485 .515, dense .338 .169
+.423 .546; Gemma recall .408 .215 .538 .554 (unscaled .385 .200 .538 .562), dense .400 .231 .523 .538. The
+scaled text weight is MiniLM's own (the same rankings).
+
 Measured 2026-11-26 22:20 (load 4-10, 2 cores shared with other work; default embedder; any@5 all@5 any@10
 sess@1; --ideas rrf,expand), the temporal prior against recall without it (no-when, the ranking before it):
 LoCoMo dev .684 .554 .788 .667 against .675 .545 .768 .653 (per conversation any@5 / sess@1: 26 .707/.713
@@ -106,6 +118,8 @@ Usage:
     python bench/memory_quality.py [--sets locomo,chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
         [--ideas rrf,expand,ctx,prev] [--speed-size 100000]
     python bench/memory_quality.py --owners 6 --sessions 8 --ideas e5 --speed-size 0   # e5 on a slice
+    python bench/memory_quality.py --embedder gemma=sentence-transformers:/models/embeddinggemma-300m \
+        --methods engrain,bm25,dense,unscaled --embedder-methods engrain,dense,unscaled --ideas '' --speed-size 0
 """
 
 from __future__ import annotations

@@ -169,3 +169,49 @@ def test_sentence_transformers_embedder_applies_the_model_prompts(tmp_path, monk
         mem.remember_many(TEXTS)
         assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
         assert mem.stats()["embedder"] == f"sentence-transformers:{prompted}"
+
+
+class Compressed:
+    """MiniLM with one constant dimension appended: every cosine becomes (a² cos + b²) / (a² + b²), the same
+    order on a narrower scale (as some models' cosines bunch high whatever the text)."""
+
+    def __init__(self, a: float = 0.5, b: float = 1.0):
+        self.inner = default_embedder()
+        self.name, self.dim = f"compressed-minilm-{a}-{b}", self.inner.dim + 1
+        self.a, self.b = a, b
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        v = self.inner.embed(texts)
+        out = np.hstack([self.a * v, np.full((len(texts), 1), self.b, dtype=np.float32)])
+        return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_the_text_weight_is_set_in_the_embedder_own_cosine_scale(tmp_path, monkeypatch):
+    """The same texts on a compressed cosine scale get the text weight MiniLM gets: the spread that sets it is
+    read in units of each embedder's null spread (fusion.py), not in MiniLM's cosine units."""
+    from engrain._memory import api, fusion
+
+    squeezed = Compressed()
+    ratio = _cluster.null_spread(squeezed) / _cluster.null_spread(default_embedder())
+    assert ratio == pytest.approx(0.25 / 1.25, rel=1e-3)  # a² / (a² + b²)
+    cos = np.array([0.62, 0.55, 0.51, 0.47, 0.44, 0.40, 0.33, 0.30])
+    assert fusion.text_weight((0.25 * cos + 1) / 1.25, ratio) == pytest.approx(fusion.text_weight(cos), rel=1e-3)
+    assert fusion.text_weight((0.25 * cos + 1) / 1.25) > 10 * fusion.text_weight(cos)  # unscaled: words would rule
+    weights: list[float] = []
+
+    def seen(cosines, scale=1.0):  # the weight recall computes, recorded as it is used
+        weights.append(fusion.text_weight(cosines, scale))
+        return weights[-1]
+
+    monkeypatch.setattr(api, "text_weight", seen)
+    texts = TEXTS + [f"Ticket {i}: the printer on floor {i % 7} jams on A3 paper." for i in range(40)]
+    queries = ("when do we deploy?", "which printer jams on floor 3?", "who approves invoices?")
+    used = []
+    for i, emb in enumerate((default_embedder(), squeezed)):
+        with Memory(f"sqlite:///{tmp_path / f'm{i}.db'}", embedder=emb, synthesizer=ExtractiveSynthesizer()) as mem:
+            mem.remember_many(texts)
+            weights.clear()
+            hits = [mem.recall(q, top_k=5)[0].content for q in queries]
+            used.append(list(weights))
+        assert "Tuesday" in hits[0] and "floor 3" in hits[1] and "finance" in hits[2]
+    assert len(used[0]) == 3 and used[1] == pytest.approx(used[0], rel=1e-3)
