@@ -69,7 +69,8 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
-Measured 2026-11-27 01:35-02:20 (load 6-9, 2 cores shared with other work; one run per set, the same code;
+Measured 2026-11-27 02:19 (one run of the four sets, load falling 5 -> 0.4 on 2 cores shared with other work; the
+sets had been run one by one before at load 6-9, same figures;
 ``--embedder gemma=sentence-transformers:<EmbeddingGemma-300M folder>``, its document vectors cached): any@5
 all@5 any@10 sess@1. LoCoMo dev: MiniLM recall .684 .554 .788 .667, dense .477 .379 .607 .452; EmbeddingGemma
 recall .771 .638 .850 .726 (with the text weight in MiniLM's cosine units, ``unscaled``: .771 .633 .850 .723),
@@ -78,8 +79,8 @@ recall .740 .627 .836 .737 (unscaled .729), dense .669 .562 .771 .621. FAQ sv (a
 dense .356 .436; Gemma recall .760 .858 (unscaled .728), dense .772 .860; without prompts .762 / .720. FAQ en:
 MiniLM .821 .901, dense .813 .871; Gemma .871 .938 (unscaled .863), dense .873 .938; without prompts .875 / .873.
 Chat, first 10 owners (130 questions, ``--owners 10``): MiniLM recall .338 .192 .485 .515, dense .338 .169
-.423 .546; Gemma recall .408 .215 .538 .554 (unscaled .385 .200 .538 .562), dense .400 .231 .523 .538. The
-scaled text weight is MiniLM's own (the same rankings).
+.423 .546; Gemma recall .408 .215 .538 .554 (unscaled .385 .200 .538 .562), dense .400 .231 .523 .538; without prompts recall .262 .123 .362 .531 (unscaled .254), dense .169 .069
+.285 .431. The scaled text weight is MiniLM's own (the same rankings).
 
 Measured 2026-11-26 22:20 (load 4-10, 2 cores shared with other work; default embedder; any@5 all@5 any@10
 sess@1; --ideas rrf,expand), the temporal prior against recall without it (no-when, the ranking before it):
