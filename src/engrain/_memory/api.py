@@ -21,9 +21,11 @@ from .consolidate import ConsolidationSummary
 from . import ranking as _ranking
 from . import temporal as _temporal
 from .filters import check_where
+from . import cluster as _cluster
+from . import fusion as _fusion
 from .fusion import SPREAD_DEPTH, text_weight
 from . import embedders as _embedders
-from .embed import Embedder
+from .embed import Embedder, embed_queries
 from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
 from .ranking import Ranking, SearchResult
@@ -278,9 +280,9 @@ class Memory:
             text_hits, allow = beside()
         elif waits(embedder):  # a remote embedder: the store works on a worker thread meanwhile (:mod:`.query`)
             qv, (text_hits, allow) = embed_beside(
-                lambda: self._qcache.put(embedder, query, embedder.embed([query])[0]), beside)
+                lambda: self._qcache.put(embedder, query, embed_queries(embedder, [query])[0]), beside)
         else:
-            qv = self._qcache.put(embedder, query, embedder.embed([query])[0])
+            qv = self._qcache.put(embedder, query, embed_queries(embedder, [query])[0])
             text_hits, allow = beside()
         if self.store.pgvector:
             recs = self.store.pg_vector_search("record", qv, skill, now, fetch, where)
@@ -291,7 +293,8 @@ class Memory:
         rk = self.ranking
         if rk.text_weight is None:
             crowd = self.store.pg_crowding(skill, now) if self.store.pgvector else self._records.crowding(skill)
-            w_text = text_weight((s for _, s in recs + arts), crowd)
+            w_text = text_weight((s for _, s in recs + arts), crowd,
+                                 _cluster.null_spread(self.embedder) / _fusion.NULL_SPREAD_REF)
         else:
             w_text = rk.text_weight
         cands: dict[tuple[str, str], dict[str, float]] = {}

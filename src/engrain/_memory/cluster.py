@@ -35,6 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .embed import embed_queries
+
 #: Quantile of unrelated-pair similarity used as the "related" cut.
 NULL_QUANTILE = 0.99
 
@@ -93,19 +95,44 @@ UNRELATED = (
 )
 
 _PRONOUN = re.compile(r"^\W*(it|its|it's|they|their|them|he|his|him|she|her|this|these|those)\b", re.I)
-_cuts: dict[str, float] = {}
+_cuts: dict[str, tuple[float, float]] = {}
 _cuts_lock = threading.Lock()
 
 
-def related_cut(embedder: object) -> float:
-    """The cosine above which two texts count as related, for ``embedder`` (computed once per model name)."""
+def related_cut(embedder: object, *, query: bool = False) -> float:
+    """The cosine above which two texts count as related, for ``embedder`` (computed once per model name).
+
+    ``query=True``: the cut for a search query (embedded on the query side of an
+    asymmetric model, :func:`.embed.embed_queries`) against stored text, from
+    the cosines of each unrelated sentence as a query against the others as
+    documents: the two sides of such a model have their own baseline.
+    """
+    return _null(embedder, query)[0]
+
+
+def null_spread(embedder: object) -> float:
+    """The standard deviation of ``embedder``'s query-to-record cosines between unrelated texts: the scale of
+    its cosines, measured on fixed text whatever its retrieval quality (recall's text weight reads it)."""
+    return _null(embedder, True)[1]
+
+
+def _null(embedder: object, query: bool) -> tuple[float, float]:
+    """``(cut, std)`` of the cosines between :data:`UNRELATED` sentences, query side against documents
+    when ``query`` and the embedder has a query side, else documents against documents."""
+    if query and not callable(getattr(embedder, "embed_query", None)):
+        query = False  # one side only: the same figures
     name = str(getattr(embedder, "name", type(embedder).__name__))
+    key = f"{name}\0query" if query else name
     with _cuts_lock:
-        if name not in _cuts:
+        if key not in _cuts:
             v = np.asarray(embedder.embed(list(UNRELATED)), dtype=np.float32)  # type: ignore[attr-defined]
-            sims = (v @ v.T)[np.triu_indices(len(UNRELATED), 1)]
-            _cuts[name] = float(np.quantile(sims, NULL_QUANTILE))
-        return _cuts[name]
+            if query:
+                q = np.asarray(embed_queries(embedder, list(UNRELATED)), dtype=np.float32)
+                sims = (q @ v.T)[~np.eye(len(UNRELATED), dtype=bool)]
+            else:
+                sims = (v @ v.T)[np.triu_indices(len(UNRELATED), 1)]
+            _cuts[key] = (float(np.quantile(sims, NULL_QUANTILE)), float(sims.std()))
+        return _cuts[key]
 
 
 def continues(text: str) -> bool:

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import cluster as _cluster
-from .embed import Embedder
+from .embed import Embedder, embed_queries
 from .items import Article, BufferItem, Record
 from .store import MemoryStore
 from .synth import Synthesizer
@@ -256,11 +256,13 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
     qvecs: dict[str, np.ndarray] = {}
     if recalled:
         queries = sorted({q for qs in recalled.values() for q in qs if q})
-        qvecs = dict(zip(queries, mem.embedder.embed(queries))) if queries else {}
+        qvecs = dict(zip(queries, embed_queries(mem.embedder, queries))) if queries else {}
     art_ids = list(arts)
     art_mat = np.stack([arts[a].embedding for a in art_ids]) if art_ids else None
 
     cut = _cluster.related_cut(mem.embedder)
+    # A recalled query's cosine is held to the query side's own cut, moved onto the record cut's scale.
+    q_shift = cut - _cluster.related_cut(mem.embedder, query=True) if qvecs else 0.0
     deps = [r for _, r in sorted(sk.deposits, key=lambda d: (d[1].created, d[1].seq))]
     # Each deposit's predecessor in its skill: the one before it in this pass, or the stored one
     # before the first (a pronoun-led record may continue a fact consolidated last time).
@@ -281,7 +283,7 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
             for j, aid in enumerate(art_ids):
                 s = float(sims[j])
                 if aid in recalled:
-                    s = max(s, *(float(qvecs[q] @ v) for q in recalled[aid] if q in qvecs), -1.0)
+                    s = max(s, *(float(qvecs[q] @ v) + q_shift for q in recalled[aid] if q in qvecs), -1.0)
                 if s >= cut and s > best_sim:
                     best, best_sim = aid, s
         if best is None and i == 0 and before is not None and _cluster.continues(r.content):

@@ -43,12 +43,32 @@ class Embedder(Protocol):
     ``embed`` returns an ``(n, dim)`` float32 array of L2-normalised rows, one
     per text, so a dot product is a cosine similarity. ``name`` identifies the
     vector space: vectors of different names are never compared.
+
+    ``embed`` is the document side: what memory stores, and any text compared
+    with stored text as its like. An embedder whose model embeds a search
+    query differently (retrieval models trained with a query prompt or
+    prefix) may also have ``embed_query(texts)`` returning rows of the same
+    space (:class:`QueryEmbedder`); memory embeds a recall's query with it
+    when present (:func:`embed_queries`), and with ``embed`` otherwise.
     """
 
     name: str
     dim: int
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+@runtime_checkable
+class QueryEmbedder(Embedder, Protocol):
+    """An :class:`Embedder` whose queries take their own side (``embed_query``), as asymmetric retrieval models do."""
+
+    def embed_query(self, texts: list[str]) -> np.ndarray: ...
+
+
+def embed_queries(embedder: Any, texts: list[str]) -> np.ndarray:
+    """``texts`` embedded as search queries: ``embedder.embed_query`` when it has one, else ``embedder.embed``."""
+    side = getattr(embedder, "embed_query", None)
+    return side(texts) if callable(side) else embedder.embed(texts)
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:

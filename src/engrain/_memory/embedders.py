@@ -101,11 +101,23 @@ class RemoteEmbedder:
 
 
 class SentenceTransformerEmbedder:
-    """A local model through the optional ``sentence-transformers`` package (loaded on first use)."""
+    """A local model through the optional ``sentence-transformers`` package (loaded on first use).
 
-    def __init__(self, name: str, model: str):
+    Retrieval models trained with a query and a document prompt keep them in
+    their config (EmbeddingGemma: ``"task: search result | query: "`` and
+    ``"title: none | text: "``): ``embed_query`` embeds with the first, ``embed``
+    (what memory stores) with the second, through ``encode_query`` /
+    ``encode_document`` (sentence-transformers >= 5) or ``encode(prompt_name=...)``
+    on older versions, so the vectors do not depend on the installed version.
+    A model without such prompts embeds both sides alike. ``prompts=False``
+    ignores them (a comparison in ``bench/memory_quality.py``): its vectors are
+    another space, so give it a ``name`` of its own.
+    """
+
+    def __init__(self, name: str, model: str, *, prompts: bool = True):
         self.name = name
         self.model = model
+        self.prompts = prompts
         self._m: Any = None
         self._lock = threading.Lock()
 
@@ -126,14 +138,31 @@ class SentenceTransformerEmbedder:
     @property
     def dim(self) -> int:
         m = self._load()
-        get = getattr(m, "get_sentence_embedding_dimension", None)
-        return int(get()) if get else int(m.encode(["dimension"]).shape[1])
+        get = getattr(m, "get_embedding_dimension", None) or getattr(m, "get_sentence_embedding_dimension", None)
+        dim = get() if get else None
+        return int(dim) if dim else int(np.asarray(m.encode(["dimension"])).shape[1])
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """Embed ``texts`` into unit rows."""
+    def _encode(self, texts: list[str], side: str) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return _normalize(np.asarray(self._load().encode(list(texts)), dtype=np.float32))
+        m = self._load()
+        if not self.prompts:
+            out = m.encode(list(texts), prompt="")  # "" also overrides a default prompt the config may name
+        elif callable(getattr(m, f"encode_{side}", None)):
+            out = getattr(m, f"encode_{side}")(list(texts))
+        elif side in (getattr(m, "prompts", None) or {}):
+            out = m.encode(list(texts), prompt_name=side)
+        else:
+            out = m.encode(list(texts))
+        return _normalize(np.asarray(out, dtype=np.float32))
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Embed ``texts`` as documents (the model's document prompt, if it has one) into unit rows."""
+        return self._encode(texts, "document")
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        """Embed ``texts`` as search queries (the model's query prompt, if it has one) into unit rows."""
+        return self._encode(texts, "query")
 
 
 def resolve(spec: str | Embedder | None, *, base_url: str | None = None, api_key: str | None = None) -> Embedder:

@@ -37,6 +37,18 @@ spread), while the chats and the English FAQ lose at 0.20 (-0.03 any@5).
 Measured (bench/memory_quality.py, all four sets in one run, any@5 all@5 any@10
 session-hit@1): LoCoMo dev 0.684 0.554 0.788 0.667 -> 0.692 0.565 0.811 0.706;
 FAQ sv any@5 0.528 -> 0.534; the chats and the English FAQ unchanged.
+
+The spread is in the embedder's cosine units, and models differ in scale
+(EmbeddingGemma's query-to-document cosines between unrelated texts spread
+0.061, MiniLM's 0.084), so the reference spread is taken in units of the
+embedder's own null spread (:func:`.cluster.null_spread`, the std of cosines
+between the unrelated sentences that also set the clustering cut): ``scale``
+is that over MiniLM's (:data:`NULL_SPREAD_REF`), 1 for the default embedder.
+Measured on the four sets of bench/memory_quality.py, it changes nothing for
+MiniLM and raises or holds EmbeddingGemma-300M's any@5 on each (LoCoMo dev
+.771 -> .771, FAQ sv .728 -> .760, FAQ en .863 -> .871, chat slice .385 -> .408;
+without its prompts LoCoMo .729 -> .740, FAQ sv .722 -> .762, en .861 -> .875,
+chat .254 -> .262).
 """
 
 from __future__ import annotations
@@ -74,9 +86,16 @@ def crowding(total: np.ndarray, squares: float, n: int) -> float:
     return float((float(np.dot(total, total)) - squares) / (n * (n - 1)))
 
 
-def text_weight(cosines: Iterable[float], crowding: float = 0.0) -> float:
+#: The default MiniLM's null spread (:func:`.cluster.null_spread`), the unit SPREAD_REF was chosen in.
+NULL_SPREAD_REF = 0.08415588736534119
+
+
+def text_weight(cosines: Iterable[float], crowding: float = 0.0, scale: float = 1.0) -> float:
     """The full-text weight for a query whose vector hits have these cosines (any order), in a skill whose
-    records have this :func:`crowding` (0 when unknown: the per-query weight alone)."""
+    records have this :func:`crowding` (0 when unknown: the per-query weight alone).
+
+    ``scale``: the embedder's null spread over :data:`NULL_SPREAD_REF` (its cosines' scale against MiniLM's).
+    """
     top = np.sort(np.fromiter(cosines, dtype=np.float64))[::-1][:SPREAD_DEPTH]
     floor = W_TEXT_FLOOR * min(1.0, max(0.0, crowding) / CROWDING_REF) ** 3
     if len(top) < SPREAD_MIN:
@@ -84,4 +103,4 @@ def text_weight(cosines: Iterable[float], crowding: float = 0.0) -> float:
     spread = float(top.std())
     if spread <= 0.0:
         return W_TEXT_MAX
-    return max(floor, min(W_TEXT_MAX, W_TEXT_REF * (SPREAD_REF / spread) ** SPREAD_POWER))
+    return max(floor, min(W_TEXT_MAX, W_TEXT_REF * (SPREAD_REF * scale / spread) ** SPREAD_POWER))

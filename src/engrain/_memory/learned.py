@@ -190,7 +190,7 @@ class LearnedRoutines:
         found = [r for r in self.list(skill) if r.offerable(usable)]
         if not found:
             return []
-        q = self.memory.embedder.embed([task])[0]
+        q = self.memory.embedder.embed([task])[0]  # a task against stored tasks: like with like, one side
         scored = []
         for r in found:
             score = float(np.max(r.embedding @ q)) if r.embedding is not None and r.embedding.size else 0.0
