@@ -195,15 +195,23 @@ def test_the_text_weight_is_set_in_the_embedder_own_cosine_scale(tmp_path, monke
     ratio = _cluster.null_spread(squeezed) / _cluster.null_spread(default_embedder())
     assert ratio == pytest.approx(0.25 / 1.25, rel=1e-3)  # a² / (a² + b²)
     cos = np.array([0.62, 0.55, 0.51, 0.47, 0.44, 0.40, 0.33, 0.30])
-    assert fusion.text_weight((0.25 * cos + 1) / 1.25, ratio) == pytest.approx(fusion.text_weight(cos), rel=1e-3)
+    assert fusion.text_weight((0.25 * cos + 1) / 1.25, 0.0, ratio) == pytest.approx(fusion.text_weight(cos), rel=1e-3)
+    mean, std = _cluster.null_documents(squeezed)  # a skill's crowding too is read in MiniLM's units
+    for crowd in (0.1, 0.3, 0.5):
+        assert fusion.in_reference_units((0.25 * crowd + 1) / 1.25, mean, std) == pytest.approx(crowd, rel=1e-3)
+    assert fusion.in_reference_units(0.3, *_cluster.null_documents(default_embedder())) == pytest.approx(0.3)
     assert fusion.text_weight((0.25 * cos + 1) / 1.25) > 10 * fusion.text_weight(cos)  # unscaled: words would rule
     weights: list[float] = []
 
-    def seen(cosines, scale=1.0):  # the weight recall computes, recorded as it is used
-        weights.append(fusion.text_weight(cosines, scale))
-        return weights[-1]
+    # Fused with cosines that differ by `ratio` times as much, the words get `ratio` times the weight.
+    assert fusion.recall_text_weight((0.25 * cos + 1) / 1.25, 0.0, ratio) == pytest.approx(
+        ratio * fusion.recall_text_weight(cos), rel=1e-3)
 
-    monkeypatch.setattr(api, "text_weight", seen)
+    def seen(cosines, crowding=0.0, scale=1.0):  # the weight recall computes, recorded as it is used
+        weights.append(fusion.recall_text_weight(cosines, crowding, scale) / scale)
+        return weights[-1] * scale
+
+    monkeypatch.setattr(api, "recall_text_weight", seen)
     texts = TEXTS + [f"Ticket {i}: the printer on floor {i % 7} jams on A3 paper." for i in range(40)]
     queries = ("when do we deploy?", "which printer jams on floor 3?", "who approves invoices?")
     used = []

@@ -23,7 +23,7 @@ from . import temporal as _temporal
 from .filters import check_where
 from . import cluster as _cluster
 from . import fusion as _fusion
-from .fusion import SPREAD_DEPTH, text_weight
+from .fusion import SPREAD_DEPTH, recall_text_weight
 from . import embedders as _embedders
 from .embed import Embedder, embed_queries
 from .index import ANN_THRESHOLD, VectorIndex
@@ -293,8 +293,9 @@ class Memory:
         rk = self.ranking
         if rk.text_weight is None:
             crowd = self.store.pg_crowding(skill, now) if self.store.pgvector else self._records.crowding(skill)
-            w_text = text_weight((s for _, s in recs + arts), crowd,
-                                 _cluster.null_spread(self.embedder) / _fusion.NULL_SPREAD_REF)
+            crowd = _fusion.in_reference_units(crowd, *_cluster.null_documents(self.embedder))
+            w_text = recall_text_weight((s for _, s in recs + arts), crowd,
+                                        _cluster.null_spread(self.embedder) / _fusion.NULL_SPREAD_REF)
         else:
             w_text = rk.text_weight
         cands: dict[tuple[str, str], dict[str, float]] = {}

@@ -95,7 +95,7 @@ UNRELATED = (
 )
 
 _PRONOUN = re.compile(r"^\W*(it|its|it's|they|their|them|he|his|him|she|her|this|these|those)\b", re.I)
-_cuts: dict[str, tuple[float, float]] = {}
+_cuts: dict[str, tuple[float, float, float]] = {}
 _cuts_lock = threading.Lock()
 
 
@@ -116,22 +116,30 @@ def null_spread(embedder: object) -> float:
     return _null(embedder, True)[1]
 
 
-def _null(embedder: object, query: bool) -> tuple[float, float]:
-    """``(cut, std)`` of the cosines between :data:`UNRELATED` sentences, query side against documents
+def null_documents(embedder: object) -> tuple[float, float]:
+    """``(mean, std)`` of ``embedder``'s cosines between unrelated texts stored as documents: where its
+    baseline sits and how wide it is, so a mean cosine between stored records (a skill's crowding) can be
+    read in another model's units."""
+    _, std, mean = _null(embedder, False)
+    return mean, std
+
+
+def _null(embedder: object, query: bool) -> tuple[float, float, float]:
+    """``(cut, std, mean)`` of the cosines between :data:`UNRELATED` sentences, query side against documents
     when ``query`` and the embedder has a query side, else documents against documents."""
-    if query and not callable(getattr(embedder, "embed_query", None)):
-        query = False  # one side only: the same figures
+    sided = callable(getattr(embedder, "embed_query", None))
+    query = query and sided  # one side only: the same figures
     name = str(getattr(embedder, "name", type(embedder).__name__))
     key = f"{name}\0query" if query else name
     with _cuts_lock:
         if key not in _cuts:
             v = np.asarray(embedder.embed(list(UNRELATED)), dtype=np.float32)  # type: ignore[attr-defined]
-            if query:
+            both = {name: (v @ v.T)[np.triu_indices(len(UNRELATED), 1)]}
+            if sided:  # both sides' figures from one embedding of the documents
                 q = np.asarray(embed_queries(embedder, list(UNRELATED)), dtype=np.float32)
-                sims = (q @ v.T)[~np.eye(len(UNRELATED), dtype=bool)]
-            else:
-                sims = (v @ v.T)[np.triu_indices(len(UNRELATED), 1)]
-            _cuts[key] = (float(np.quantile(sims, NULL_QUANTILE)), float(sims.std()))
+                both[f"{name}\0query"] = (q @ v.T)[~np.eye(len(UNRELATED), dtype=bool)]
+            for k, sims in both.items():
+                _cuts.setdefault(k, (float(np.quantile(sims, NULL_QUANTILE)), float(sims.std()), float(sims.mean())))
         return _cuts[key]
 
 

@@ -44,6 +44,8 @@ The spread is in the embedder's cosine units, and models differ in scale
 embedder's own null spread (:func:`.cluster.null_spread`, the std of cosines
 between the unrelated sentences that also set the clustering cut): ``scale``
 is that over MiniLM's (:data:`NULL_SPREAD_REF`), 1 for the default embedder.
+A skill's crowding is read the same way, from the embedder's baseline and
+width between unrelated documents (:func:`in_reference_units`).
 Measured on the four sets of bench/memory_quality.py, it changes nothing for
 MiniLM and raises or holds EmbeddingGemma-300M's any@5 on each (LoCoMo dev
 .771 -> .771, FAQ sv .728 -> .760, FAQ en .863 -> .871, chat slice .385 -> .408;
@@ -88,6 +90,19 @@ def crowding(total: np.ndarray, squares: float, n: int) -> float:
 
 #: The default MiniLM's null spread (:func:`.cluster.null_spread`), the unit SPREAD_REF was chosen in.
 NULL_SPREAD_REF = 0.08415588736534119
+#: The default MiniLM's mean cosine between unrelated documents (:func:`.cluster.null_documents`; its std
+#: there is NULL_SPREAD_REF): CROWDING_REF was chosen in the units these two set.
+NULL_MEAN_REF = 0.0383402481675148
+
+
+def in_reference_units(crowd: float, mean: float, std: float) -> float:
+    """A skill's :func:`crowding` by an embedder whose unrelated documents' cosines have this ``mean`` and
+    ``std`` (:func:`.cluster.null_documents`), read in the default MiniLM's units: the same distance from
+    the baseline, in baseline widths. Models whose cosines bunch high whatever the text (or use a narrow
+    range) would otherwise look crowded everywhere; for MiniLM it is the identity."""
+    if std <= 0.0:
+        return crowd
+    return NULL_MEAN_REF + (crowd - mean) * NULL_SPREAD_REF / std
 
 
 def text_weight(cosines: Iterable[float], crowding: float = 0.0, scale: float = 1.0) -> float:
@@ -104,3 +119,17 @@ def text_weight(cosines: Iterable[float], crowding: float = 0.0, scale: float = 
     if spread <= 0.0:
         return W_TEXT_MAX
     return max(floor, min(W_TEXT_MAX, W_TEXT_REF * (SPREAD_REF * scale / spread) ** SPREAD_POWER))
+
+
+def recall_text_weight(cosines: Iterable[float], crowding: float = 0.0, scale: float = 1.0) -> float:
+    """The text weight recall fuses with ``W_VECTOR * cos``: :func:`text_weight` times ``scale``.
+
+    An embedder whose cosines differ by ``scale`` times MiniLM's between the
+    same texts gets ``scale`` times the weight, so words and vectors keep the
+    balance they have for MiniLM (for which this is :func:`text_weight`).
+    Measured with EmbeddingGemma-300M (bench/memory_quality.py, 2026-11-27):
+    LoCoMo dev any@5 .751 -> .763 and session-hit@1 .737 -> .754, FAQ sv .762
+    -> .766, FAQ en .871 -> .875, against the weight unscaled.
+    """
+    return scale * text_weight(cosines, crowding, scale)
+
