@@ -88,6 +88,12 @@ it (LoCoMo any@10 +.011, sess@1 -.006 to -.020), a discount of every turn ending
 the header holds), the date alone stripped (dense .398), the context's radius 2/6, its top 1/3, gain
 0.7/1.5 (all at or below today's).
 
+Measured 2026-11-27 02:27, after the merge of the crowding floor with the embedder's own units (the floor
+reads crowding from the embedder's baseline and width; the weight is scaled with the cosines): MiniLM as in
+the 01:40 row above; EmbeddingGemma recall LoCoMo .763 .619 .856 .754 (no-floor .780 .633 .850 .720), FAQ
+sv .766 .860 (no-floor .764), FAQ en .875 .940 (no-floor .875), chat 10 owners .431 .246 .608 .569 (no-floor
+.446 .246 .615 .562; MiniLM .392 .223 .515 .538). Below, the figures of the embedder's run before that merge.
+
 Measured 2026-11-27 02:19 (one run of the four sets, load falling 5 -> 0.4 on 2 cores shared with other work; the
 sets had been run one by one before at load 6-9, same figures;
 ``--embedder gemma=sentence-transformers:<EmbeddingGemma-300M folder>``, its document vectors cached): any@5
