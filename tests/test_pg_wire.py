@@ -30,6 +30,8 @@ def _run(url: str, run_id: str) -> engrain.Journal:
 def _hold_run_row(url: str, run_id: str) -> psycopg.Connection:
     """Another session holding the run's row lock, so a step's statement waits on it."""
     blocker = psycopg.connect(url)
+    # The server ends the blocker after 10 s idle, so a test that goes wrong fails instead of hanging.
+    blocker.execute("SET idle_in_transaction_session_timeout = '10s'")
     blocker.execute("SELECT 1 FROM engrain_runs WHERE run_id = %s FOR UPDATE", (run_id,))
     return blocker
 
@@ -39,6 +41,9 @@ def test_ctrl_c_interrupts_a_step_the_server_holds_and_the_journal_stays_usable(
     j = _run(pg_url, "r")
     blocker = _hold_run_row(pg_url, "r")
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    # Python raises KeyboardInterrupt on SIGINT only when it started with SIGINT at its default; a shell's
+    # background job (CI's, say) starts with it ignored. Ctrl-C in a terminal is what this test stands for.
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         t0 = time.monotonic()
         timer.start()
@@ -53,6 +58,7 @@ def test_ctrl_c_interrupts_a_step_the_server_holds_and_the_journal_stays_usable(
         assert [(e.seq, e.data) for e in j.read("r")][1:] == [(1, STEP)]
         assert j.get_run("r").next_seq == 2
     finally:
+        signal.signal(signal.SIGINT, saved)
         timer.cancel()
         blocker.close()
         j.close()
