@@ -244,7 +244,7 @@ def _match_of(c: dict[str, Any], w_text: float) -> float:
 
 def _base(c: dict[str, Any], w_text: float, context: float) -> float:
     """Match and context on a match's scale: a candidate's score before the priors (as :func:`score` adds it)."""
-    match = W_VECTOR * max(c["cos"], 0.0) + w_text * c["text"]
+    match = _match_of(c, w_text)
     return (match + context * c.get("ctx", match / CONTEXT_TOP)) / (1.0 + context)
 
 
