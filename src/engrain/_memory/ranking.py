@@ -272,7 +272,9 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
     folded = mem.store.folded_records(tail) if may_fold else set()
     later = set(tail) - folded
     recs = mem.store.records([i for i in ids if i not in later], vectors=vectors)
-    own = sorted((item_score(mem, r, cands[("record", r.id)], label, now, w_text, context, prior, qv, "record", question)
+    words = _words(label) if label else None
+    own = sorted((item_score(mem, r, cands[("record", r.id)], label, now, w_text, context, prior, qv, "record", question,
+                             words)
                   for r in recs.values() if r.article_id is None and (r.expires is None or r.expires > now)),
                  reverse=True)
     if len(own) < keep:
@@ -287,15 +289,18 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
 
 
 def item_score(mem: Any, item: Any, c: dict[str, Any], label: str | None, now: float, w_text: float, context: float,
-               prior: Prior | None, qv: Any = None, tier: str = "record", question: float = QUESTION_KEEP) -> float:
-    """An item's recall score (see :meth:`Memory.recall`) from its candidate entry ``c`` and its row."""
+               prior: Prior | None, qv: Any = None, tier: str = "record", question: float = QUESTION_KEEP,
+               label_words: set[str] | None = None) -> float:
+    """An item's recall score (see :meth:`Memory.recall`) from its candidate entry ``c`` and its row
+    (``label_words``: ``label``'s words, when a caller scoring many items has them already)."""
     cos = c["cos"] if c["cos"] is not None else float(item.embedding @ qv)
     born = item.created if tier == "record" else item.updated
     recency = 0.5 ** (max(0.0, now - born) / mem.half_life)
     item_label = item.hint if tier == "record" else item.title
     lab = 0.0
     if label:
-        label_words = _words(label)
+        if label_words is None:
+            label_words = _words(label)
         lab = 1.0 if item_label.strip().lower() == label.strip().lower() else (
             len(label_words & _words(item_label)) / len(label_words) if label_words else 0.0)
     imp = DEFAULT_IMPORTANCE if item.importance is None else item.importance
@@ -338,11 +343,12 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
         cands.setdefault(("article", aid), {"cos": None, "text": 0.0})
     scored: dict[tuple[str, str], SearchResult] = {}
     via: dict[str, list[tuple[str, float]]] = {}
+    words = _words(label) if label else None  # once, not per item
     for (tier, i), c in cands.items():
         item = recs.get(i) if tier == "record" else arts.get(i)
         if item is None or (tier == "record" and item.expires is not None and item.expires <= now):
             continue
-        value = item_score(mem, item, c, label, now, w_text, context, prior, qv, tier, question)
+        value = item_score(mem, item, c, label, now, w_text, context, prior, qv, tier, question, words)
         if tier == "record":
             if item.article_id in arts:  # folded into an article that is shown: count for it instead
                 via.setdefault(item.article_id, []).append((i, value))
