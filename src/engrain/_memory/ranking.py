@@ -250,7 +250,7 @@ def _base(c: dict[str, Any], w_text: float, context: float) -> float:
 
 def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
                 w_text: float, context: float, prior: Prior | None, keep: int, vectors: bool,
-                question: float = QUESTION_KEEP) -> dict[str, Any]:
+                question: float = QUESTION_KEEP) -> tuple[dict[str, Any], dict[str, float]]:
     """The record candidates' rows, leaving out those that cannot rank among the best ``keep``.
 
     :func:`prune` had to bound the priors by their most (0.15 and the temporal
@@ -266,26 +266,26 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
     known = sorted(((_base(c, w_text, context), i) for (t, i), c in cands.items()
                     if t == "record" and c["cos"] is not None), key=lambda x: -x[0])
     if len(known) <= keep:
-        return mem.store.records(ids, vectors=vectors)
+        return mem.store.records(ids, vectors=vectors), {}
     tail = [i for _, i in known[keep:]]
     may_fold = mem.store.pgvector or len(getattr(mem, "_articles", ())) > 0
     folded = mem.store.folded_records(tail) if may_fold else set()
     later = set(tail) - folded
     recs = mem.store.records([i for i in ids if i not in later], vectors=vectors)
     words = _words(label) if label else None
-    own = sorted((item_score(mem, r, cands[("record", r.id)], label, now, w_text, context, prior, qv, "record", question,
-                             words)
-                  for r in recs.values() if r.article_id is None and (r.expires is None or r.expires > now)),
-                 reverse=True)
+    done = {r.id: item_score(mem, r, cands[("record", r.id)], label, now, w_text, context, prior, qv, "record",
+                             question, words)
+            for r in recs.values() if r.article_id is None and (r.expires is None or r.expires > now)}
+    own = sorted(done.values(), reverse=True)
     if len(own) < keep:
         recs.update(mem.store.records([i for i in ids if i in later], vectors=vectors))
-        return recs
+        return recs, done
     # Recency and importance add at most their weights; the label its weight when one was asked; the temporal
     # prior its most. A margin keeps rounding (scores are rounded to 6 places) from ever tying across the floor.
     most = W_RECENCY + W_IMPORTANCE + (W_LABEL if label else 0.0) + (prior.most if prior else 0.0) + 1e-5
     floor = own[keep - 1]
     recs.update(mem.store.records([i for b, i in known[keep:] if i in later and b + most >= floor], vectors=vectors))
-    return recs
+    return recs, done
 
 
 def item_score(mem: Any, item: Any, c: dict[str, Any], label: str | None, now: float, w_text: float, context: float,
@@ -327,10 +327,11 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
     unread, :func:`_fetch_best`); None returns every candidate.
     """
     vectors = any(c["cos"] is None for (t, _), c in cands.items() if t == "record")
+    done: dict[str, float] = {}
     if keep is None:
         recs = mem.store.records([i for t, i in cands if t == "record"], vectors=vectors)
     else:
-        recs = _fetch_best(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question)
+        recs, done = _fetch_best(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question)
     # Articles of candidate records come in too: the article stands for its records.
     homes = {r.article_id for r in recs.values() if r.article_id}
     art_ids = {i for t, i in cands if t == "article"} | homes
@@ -348,7 +349,9 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
         item = recs.get(i) if tier == "record" else arts.get(i)
         if item is None or (tier == "record" and item.expires is not None and item.expires <= now):
             continue
-        value = item_score(mem, item, c, label, now, w_text, context, prior, qv, tier, question, words)
+        value = done.get(i) if tier == "record" else None
+        if value is None:
+            value = item_score(mem, item, c, label, now, w_text, context, prior, qv, tier, question, words)
         if tier == "record":
             if item.article_id in arts:  # folded into an article that is shown: count for it instead
                 via.setdefault(item.article_id, []).append((i, value))
