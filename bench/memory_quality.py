@@ -88,6 +88,18 @@ it (LoCoMo any@10 +.011, sess@1 -.006 to -.020), a discount of every turn ending
 the header holds), the date alone stripped (dense .398), the context's radius 2/6, its top 1/3, gain
 0.7/1.5 (all at or below today's).
 
+Measured 2026-11-27 04:20-04:45 (load 1.1-1.4), ideas dropped before, tried again on today's ranking (any@5
+all@5 any@10 sess@1; MiniLM; chat, FAQ sv and FAQ en as today unless given): a prior of 0.03/0.05/0.10 for
+records whose chat-log speaker the question names, LoCoMo .695/.698/.703 any@5 but sess@1 .695/.686/.686
+(today .692 .706); dense pseudo-relevance feedback (the query moved 0.3/0.6 toward its best 3 records) LoCoMo
+.664/.653, chat .434/.432, FAQ en .807/.799; the full-text row without the chat-log header LoCoMo .669 .551
+.782 .684, FAQ sv .524; a session score (the best 3 matches among the records sharing a header's time stamp,
+0.3/0.6 of the context) LoCoMo .684/.675; question words stripped from the dense query LoCoMo .644, FAQ en .805.
+With EmbeddingGemma (LoCoMo, recall today .763 .619 .856 .754): context gain 0.5/1.5/2.5 .760/.757/.763, radius
+2/6/10 .780/.760/.757 (sess@1 .737/.754/.751), top 1/3 .760/.766; fixed text weights 0.05/0.10/0.30 (unscaled)
+.788 .641 .864 .715 / .774 .624 .864 .746 / .732. No setting reaches 0.80 any@5 on dev; the text weight trades
+any@5 against sess@1 for it, as for MiniLM.
+
 Measured 2026-11-27 02:27, after the merge of the crowding floor with the embedder's own units (the floor
 reads crowding from the embedder's baseline and width; the weight is scaled with the cosines): MiniLM as in
 the 01:40 row above; EmbeddingGemma recall LoCoMo .763 .619 .856 .754 (no-floor .780 .633 .850 .720), FAQ
