@@ -39,7 +39,8 @@ import numpy as np
 
 from .._journal import redact_url, refuse_newer_store
 from . import filters as _filters
-from .items import Article, BufferItem, Record, _article, _record, to_blob
+from .buffer import ConsolidationTables
+from .items import Article, Record, _article, _record, to_blob
 from .pgvector import (  # noqa: F401  (constants and _vec_literal: re-exported)
     HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, PG_EXACT_ROWS, PgVectorSearch, _vec_literal)
 from .text import TextSearch, query_terms  # noqa: F401  (query_terms: re-exported)
@@ -105,7 +106,7 @@ def open_store(url: str) -> MemoryStore:
     return MemoryStore("sqlite", path=target) if backend == "sqlite" else MemoryStore("postgres", url=target)
 
 
-class MemoryStore(TextSearch, PgVectorSearch):
+class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
     """Memory's tables on one database; ``url`` is a journal URL, ``path`` the SQLite file."""
 
     def __init__(self, backend: str, *, path: str | Path | None = None, url: str | None = None):
@@ -423,29 +424,6 @@ class MemoryStore(TextSearch, PgVectorSearch):
         with self._lock:
             return {r[0] for r in self._x(sql, (now, *params))}
 
-    # -- consolidation ---------------------------------------------------------
-
-    def claim(self, token: str, limit: int | None, newest_first: bool, now: float, stale_after: float) -> list[BufferItem]:
-        """Claim up to ``limit`` unclaimed buffer rows (or rows whose claim went stale)."""
-        order = "DESC" if newest_first else "ASC"
-        lim = "" if limit is None else f" LIMIT {int(limit)}"
-        lock = " FOR UPDATE SKIP LOCKED" if self.backend == "postgres" else ""
-        with self.tx():
-            rows = self._x(
-                "SELECT seq, kind, skill, ref, data, created FROM engrain_mem_buffer "
-                f"WHERE claim IS NULL OR claimed_at < ? ORDER BY seq {order}{lim}{lock}", (now - stale_after,)).fetchall()
-            seqs = [r[0] for r in rows]
-            for i in range(0, len(seqs), 500):
-                chunk = seqs[i:i + 500]
-                self._x(f"UPDATE engrain_mem_buffer SET claim = ?, claimed_at = ? WHERE seq IN ({','.join('?' * len(chunk))})",
-                        (token, now, *chunk))
-        return [BufferItem(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
-
-    def renew_claim(self, token: str, now: float) -> None:
-        """Extend the lease on the rows claimed with ``token`` (see :mod:`.consolidate`)."""
-        with self.tx():
-            self._x("UPDATE engrain_mem_buffer SET claimed_at = ? WHERE claim = ?", (now, token))
-
     def previous_record(self, skill: str, seq: int) -> Record | None:
         """The record of ``skill`` stored just before ``seq``, if any."""
         with self._lock:
@@ -471,67 +449,6 @@ class MemoryStore(TextSearch, PgVectorSearch):
                         self._x(sql.format("ASC"), (r.skill, r.seq + 1, r.seq + window, now)).fetchone()]
                 out[r.id] = [_record(row) for row in rows if row]
         return out
-
-    def release(self, token: str, seqs: Sequence[int]) -> None:
-        """Give claimed rows back to the buffer (their cluster failed; a later run retries them)."""
-        with self.tx():
-            for s in seqs:
-                self._x("UPDATE engrain_mem_buffer SET claim = NULL, claimed_at = NULL WHERE seq = ? AND claim = ?", (s, token))
-
-    def buffer_size(self) -> int:
-        """Rows waiting in the buffer."""
-        with self._lock:
-            return int(self._x("SELECT COUNT(*) FROM engrain_mem_buffer").fetchone()[0])
-
-    def commit(self, token: str, done: Sequence[int], upserts: Sequence[Article], deletes: Sequence[str],
-               assign: dict[str, str], expect: dict[str, int] | None = None, purge: Sequence[int] = ()) -> None:
-        """Write one consolidation's outcome atomically and flush its buffer rows.
-
-        ``done`` are buffer seqs processed (deleted here; raises if another
-        consolidator took them over, which rolls everything back); ``upserts``
-        are new or rewritten articles; ``deletes`` superseded article ids;
-        ``assign`` maps record id -> article id; ``expect`` maps the id of each
-        article this pass read and now rewrites or deletes to the version it
-        read: if another consolidator changed it meanwhile, nothing is written.
-        ``purge`` are seqs of expired records to delete.
-        """
-        from .._errors import EngrainError
-
-        with self.tx():
-            for aid, version in (expect or {}).items():
-                row = self._x("SELECT version FROM engrain_mem_articles WHERE id = ?" +
-                              (" FOR UPDATE" if self.backend == "postgres" else ""), (aid,)).fetchone()
-                if row is None or int(row[0]) != version:
-                    now_v = "deleted" if row is None else f"version {row[0]}"
-                    raise EngrainError(f"article {aid} changed while this consolidation ran (read version {version}, "
-                                       f"now {now_v}); nothing was written and its rows went back to the buffer")
-            for i in range(0, len(done), 500):
-                chunk = list(done[i:i + 500])
-                cur = self._x(f"DELETE FROM engrain_mem_buffer WHERE claim = ? AND seq IN ({','.join('?' * len(chunk))})",
-                              (token, *chunk))
-                if cur.rowcount != len(chunk):
-                    raise EngrainError(f"{len(chunk) - cur.rowcount} claimed buffer row(s) were taken over by another "
-                                       "consolidation (claim went stale); nothing was written")
-            for a in upserts:
-                self.put_article(a)
-            for aid in deletes:
-                self.delete_article(aid)
-            for rid, aid in assign.items():
-                self._x("UPDATE engrain_mem_records SET article_id = ? WHERE id = ?", (aid, rid))
-            if purge:
-                for i in range(0, len(purge), 500):
-                    chunk = list(purge[i:i + 500])
-                    self._x(f"DELETE FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
-                # Deleted, not rewritten: indexes reload their mirror but keep their graph.
-                self._fts_del(purge)
-                self._bump("records_del")
-            if upserts or deletes:
-                self._bump("articles_gen")
-            self._bump("consolidations")
-            if done:
-                self._x("INSERT INTO engrain_mem_state (name, value) VALUES ('cursor', ?) ON CONFLICT (name) DO UPDATE "
-                        "SET value = CASE WHEN excluded.value > engrain_mem_state.value THEN excluded.value "
-                        "ELSE engrain_mem_state.value END", (max(done),))
 
     def counts(self, now: float) -> dict[str, int]:
         """Rows per tier (live records only)."""
