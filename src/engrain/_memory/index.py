@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from .fusion import CROWDING_SAMPLE, crowding
+from .prefilter import Int8Rows, best
 from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
 #: Rows past which a usearch graph replaces the exact scan.
@@ -116,6 +117,7 @@ class VectorIndex:
         self._crowding: dict[str | None, tuple[tuple[int, int], float]] = {}  # per skill: (mirror state, value)
         self._expires = np.zeros(0, dtype=np.float64)
         self._seqs = np.zeros(0, dtype=np.int64)
+        self._q8 = Int8Rows()  # the exact scan's int8 first pass (:mod:`.prefilter`), kept below ann_threshold
         self._ann: Any = None
         self._ann_n = 0  # vectors added to the graph (deleted ones included)
         self._ann_last = 0  # highest seq in the graph
@@ -174,6 +176,10 @@ class VectorIndex:
             self._expires = np.resize(self._expires, cap)
             self._seqs = np.resize(self._seqs, cap)
         self._mat[self._n:need] = mat
+        if need <= self.ann_threshold:
+            self._q8.append(mat)
+        elif self._q8.n:
+            self._q8 = Int8Rows()  # past the threshold the graph searches: not worth a quarter of the mirror again
         self._expires[self._n:need] = expires
         self._seqs[self._n:need] = seqs
         codes = [self._skills.setdefault(s, len(self._skills)) for s in skills]
@@ -384,13 +390,12 @@ class VectorIndex:
         if code is not None:
             mask &= self._skill_codes[:n] == code
         pos = np.flatnonzero(mask) if not mask.all() else None
-        sims = _dot(self._mat[:n], vec) if pos is None else _dot(self._mat[pos], vec)
-        kk = min(k, sims.shape[0])
-        if kk == 0:
-            return []
-        top = np.argpartition(-sims, kk - 1)[:kk]
-        top = top[np.argsort(-sims[top])]
-        real = top if pos is None else pos[top]
+        rows = self._q8.candidates(vec, k, n, pos)  # a superset of the top k, read from the int8 copy
+        if rows is None:
+            rows = pos
+        sims = _dot(self._mat[:n], vec) if rows is None else _dot(self._mat[rows], vec)
+        top = best(sims, min(k, sims.shape[0]))
+        real = top if rows is None else rows[top]
         return [(self._ids[int(p)], float(sims[t])) for p, t in zip(real, top)]
 
     def _ann_search(self, vec: np.ndarray, k: int, code: int | None, now: float) -> list[tuple[str, float]] | None:
