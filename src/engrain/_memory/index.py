@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -65,6 +66,22 @@ def _dot(mat: np.ndarray, vec: np.ndarray) -> np.ndarray:
     on a busy machine wait on each other (10k rows: 0.3 ms idle, 38 ms beside two busy processes; this
     loop: 0.5 ms either way)."""
     return np.einsum("ij,j->i", mat, vec)
+
+
+def _usearch_index() -> Any:
+    """usearch's ``Index``, with onnxruntime imported first when it is installed.
+
+    onnxruntime (1.32) imported after usearch's compiled module (2.26) crashes the
+    process in its own import, so a process whose first recall loads a graph before
+    the local model (a recall's mirrors catch up before its query is embedded) would
+    die there; the other order is fine.
+    """
+    if importlib.util.find_spec("onnxruntime") is not None:
+        import onnxruntime  # noqa: F401
+
+    from usearch.index import Index
+
+    return Index
 
 
 def _file_digest(path: Path) -> tuple[str, int]:
@@ -191,7 +208,7 @@ class VectorIndex:
 
     @staticmethod
     def _new_graph(dim: int) -> Any:
-        from usearch.index import Index
+        Index = _usearch_index()  # noqa: N806
 
         return Index(ndim=dim, metric="ip", dtype=GRAPH_DTYPE, connectivity=_M, expansion_add=_EF_CONSTRUCTION,
                      expansion_search=_EF)
