@@ -229,18 +229,27 @@ def test_side_work_runs_here_when_the_workers_are_busy():
     assert _query._busy == 0
 
 
+def _hook_text(mem: Memory, before=None, after=None) -> None:  # noqa: ANN001
+    """Run ``before``/``after`` around each of ``mem``'s full-text searches."""
+    real = mem.store.text_search
+
+    def hooked(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        if before:
+            before()
+        out = real(*a, **kw)
+        if after:
+            after()
+        return out
+
+    mem.store.text_search = hooked  # type: ignore[method-assign]
+
+
 def test_recall_runs_full_text_beside_the_local_embedding(tmp_path, embedder, monkeypatch):
     mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
     try:
         mem.remember_many(FACTS)
         where: list[str] = []
-        real = mem.store.text_search
-
-        def spy(*a, **kw):  # noqa: ANN002, ANN003, ANN202
-            where.append(threading.current_thread().name)
-            return real(*a, **kw)
-
-        monkeypatch.setattr(mem.store, "text_search", spy)
+        _hook_text(mem, before=lambda: where.append(threading.current_thread().name))
         got = [r.id for r in mem.recall("who fixed the login service?")]
         assert where and where[0].startswith("engrain-recall")
         monkeypatch.setattr(_query, "_busy", _query._WORKERS)  # workers busy: the same recall, on this thread
@@ -256,15 +265,7 @@ def test_a_failed_embedding_waits_for_its_full_text(tmp_path, embedder):
     try:
         mem.remember_many(FACTS)
         finished: list[bool] = []
-        real = mem.store.text_search
-
-        def slow(*a, **kw):  # noqa: ANN002, ANN003, ANN202
-            threading.Event().wait(0.2)
-            out = real(*a, **kw)
-            finished.append(True)
-            return out
-
-        mem.store.text_search = slow  # type: ignore[method-assign]
+        _hook_text(mem, before=lambda: threading.Event().wait(0.2), after=lambda: finished.append(True))
 
         class Broken:
             name, dim = embedder.name, embedder.dim
