@@ -40,6 +40,7 @@ PREFILTER_MIN = 2048
 SLACK = 1e-9
 
 _U = 2.0 ** -24
+_CHUNK = 4096  # rows quantized at a time
 
 _kernel_lock = threading.Lock()
 _kernels: dict[int, Any] = {}
@@ -122,12 +123,12 @@ class Int8Rows:
                 q8[: self.n] = self._q8[: self.n]
             self._q8 = q8
             self._scale, self._resid, self._kept = (np.resize(a, cap) for a in (self._scale, self._resid, self._kept))
-        q8, scale, resid, kept = _quantize(mat)
         gamma = dim * _U / (1 - dim * _U)
-        self._q8[self.n:need] = q8
-        self._scale[self.n:need] = scale
-        self._resid[self.n:need] = resid + gamma * np.linalg.norm(mat.astype(np.float64), axis=1)
-        self._kept[self.n:need] = kept
+        for start in range(0, len(mat), _CHUNK):  # in pieces: float64 copies of a whole mirror would be 4x its size
+            part = mat[start:start + _CHUNK]
+            at = slice(self.n + start, self.n + start + len(part))
+            self._q8[at], self._scale[at], resid, self._kept[at] = _quantize(part)
+            self._resid[at] = resid + gamma * np.linalg.norm(part.astype(np.float64), axis=1)
         self.n = need
 
     def candidates(self, vec: np.ndarray, k: int, n: int, pos: np.ndarray | None) -> np.ndarray | None:
