@@ -60,7 +60,7 @@ def _kernel(dim: int) -> Any:
             import numkong as nk
 
             rng = np.random.default_rng(dim)
-            rows = rng.integers(-127, 128, (64, dim)).astype(np.int8)
+            rows = rng.integers(-127, 128, (PREFILTER_MIN + 7, dim)).astype(np.int8)  # as many as a real scan
             rows[0], rows[1], rows[2] = 127, -127, 0
             rows[3, ::2], rows[3, 1::2] = 127, -127
             queries = [rows[i] for i in range(4)] + [rng.integers(-127, 128, dim).astype(np.int8) for _ in range(4)]
