@@ -252,6 +252,12 @@ def test_recall_runs_full_text_beside_the_local_embedding(tmp_path, embedder, mo
         _hook_text(mem, before=lambda: where.append(threading.current_thread().name))
         got = [r.id for r in mem.recall("who fixed the login service?")]
         assert where and where[0].startswith("engrain-recall")
+        filtered: list[str] = []
+        real_ids = mem.store.filtered_ids
+        monkeypatch.setattr(mem.store, "filtered_ids", lambda *a: (filtered.append(threading.current_thread().name),
+                                                                   real_ids(*a))[1])
+        assert mem.recall("who fixed the login service?", where={"team": "x"}) == []  # no record has it
+        assert filtered and filtered[0].startswith("engrain-recall")  # the filter's ids: beside the embedding
         monkeypatch.setattr(_query, "_busy", _query._WORKERS)  # workers busy: the same recall, on this thread
         mem._qcache.clear()
         assert [r.id for r in mem.recall("who fixed the login service?")] == got

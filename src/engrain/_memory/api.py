@@ -269,8 +269,11 @@ class Memory:
 
         if not self.store.pgvector:  # no in-process mirror on pgvector: skip the state round trip
             self._refresh()
-        # Full text needs no query vector: it runs on a worker thread beside the embedding and the vector search.
+        # Full text and the metadata filter's ids need no query vector: they run on worker threads beside the
+        # embedding (and the full text beside the vector search too).
         text = start_beside(lambda: self.store.text_search(query, skill, now, fetch, where=where))
+        allowed = (start_beside(lambda: self.store.filtered_ids(where, skill, now))
+                   if where and not self.store.pgvector else None)
         try:
             qv = self._qcache.get(embedder, query)
             if qv is None:
@@ -280,7 +283,7 @@ class Memory:
                 arts = self.store.pg_vector_search("article", qv, skill, now, fetch)
                 allow = None
             else:
-                allow = self.store.filtered_ids(where, skill, now) if where else None
+                allow = allowed.result() if allowed is not None else None
                 recs = self._records.search(qv, fetch, skill, now, allow)
                 arts = self._articles.search(qv, fetch, skill, now)
             rk = self.ranking
@@ -292,7 +295,9 @@ class Memory:
             else:
                 w_text = rk.text_weight
         except BaseException:
-            settle(text)
+            for side in (text, allowed):
+                if side is not None:
+                    settle(side)
             raise
         text_hits = text.result()
         cands: dict[tuple[str, str], dict[str, float]] = {}
