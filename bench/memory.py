@@ -112,10 +112,14 @@ beside the embedding (``query.start_beside``), same results as 3c3c8a5 (``memory
 recall p50 / p95, top 5; ``--ab-src`` 3c3c8a5 as a third side in the same rounds): 10k engrain 7.13 / 10.46,
 7.42 / 11.44, 7.40 / 11.42 ms against 3c3c8a5's 9.91 / 13.67, 10.90 / 14.51, 11.17 / 14.41 and ChromaDB's
 7.07 / 9.46, 7.38 / 9.58, 6.83 / 9.97 (N=400 in 8 rounds, then N=200 in 5, twice); without the third side
-(N=400 in 8 rounds) 6.85 / 9.81 and 8.02 / 11.00 against ChromaDB's 7.07 / 9.37 and 8.04 / 10.89: p50 even
-with ChromaDB, p95 ~1 ms behind. 100k engrain 7.39 / 10.62, 9.05 / 11.78, 8.51 / 11.73 against 3c3c8a5's
-7.53 / 10.36, 8.97 / 11.41, 9.26 / 13.73 and ChromaDB's 7.85 / 9.94, 8.45 / 10.35, 8.25 / 10.93 (the graph
-path is unchanged; the full text beside it neither gains nor loses there). The p95 is the first queries of a
+(N=400 in 8 rounds) 6.85 / 9.81, 8.02 / 11.00, 7.11 / 9.58, 8.26 / 11.02 against ChromaDB's 7.07 / 9.37,
+8.04 / 10.89, 7.14 / 9.00, 8.16 / 10.43, and at 04:52 (with the filter's ids beside the embedding too) 6.57 /
+10.10 against 3c3c8a5's 9.12 / 12.78 and ChromaDB's 6.55 / 9.49: p50 even with ChromaDB (within 0.1 ms either
+way), p95 0.5-1 ms behind. 100k engrain 7.39 / 10.62, 9.05 / 11.78, 8.51 / 11.73, 7.78 / 10.71 against
+3c3c8a5's 7.53 / 10.36, 8.97 / 11.41, 9.26 / 13.73, 7.55 / 10.56 and ChromaDB's 7.85 / 9.94, 8.45 / 10.35,
+8.25 / 10.93, 7.49 / 9.62; without the third side 7.96 / 10.77 and 8.32 / 10.86 against ChromaDB's 8.29 /
+11.00 and 8.22 / 10.33 (the graph path is unchanged; the full text beside it neither gains nor loses there:
+its words' counts are kept, so it is short). Filtered recalls did not move (10k 21.0 against 20.5 ms). The p95 is the first queries of a
 block, after another process ran (ORT's weights and the store's pages cold): 10-24 ms for each side, ChromaDB
 included; within a block engrain's p95 is 8.5-10 ms. At 10k a recall is now the embedding (~4-5 ms, the
 same code as ChromaDB's side) plus ~1.8 ms on this thread (vector 0.7, context 0.5, scoring with its row
