@@ -119,7 +119,11 @@ way), p95 0.5-1 ms behind. 100k engrain 7.39 / 10.62, 9.05 / 11.78, 8.51 / 11.73
 3c3c8a5's 7.53 / 10.36, 8.97 / 11.41, 9.26 / 13.73, 7.55 / 10.56 and ChromaDB's 7.85 / 9.94, 8.45 / 10.35,
 8.25 / 10.93, 7.49 / 9.62; without the third side 7.96 / 10.77 and 8.32 / 10.86 against ChromaDB's 8.29 /
 11.00 and 8.22 / 10.33 (the graph path is unchanged; the full text beside it neither gains nor loses there:
-its words' counts are kept, so it is short). Filtered recalls did not move (10k 21.0 against 20.5 ms). The p95 is the first queries of a
+its words' counts are kept, so it is short). Filtered recalls did not move (10k 21.0 against 20.5 ms) until
+SQLite's records got a covering index of (metadata, expires, skill, id) for the filter's scan (04:58, on copies
+of the stores, both engrain sides reading the indexed files): filtered p50 10k 5.98 ms (ChromaDB 12.88), 100k
+24.5 (ChromaDB 104; 105 before the index); unfiltered in that run 10k 6.70 / 9.73 against ChromaDB's 6.74 /
+9.09 and 3c3c8a5's 9.27 / 13.16, 100k 7.23 / 10.00 against 6.92 / 9.11 and 7.19 / 10.35. The p95 is the first queries of a
 block, after another process ran (ORT's weights and the store's pages cold): 10-24 ms for each side, ChromaDB
 included; within a block engrain's p95 is 8.5-10 ms. At 10k a recall is now the embedding (~4-5 ms, the
 same code as ChromaDB's side) plus ~1.8 ms on this thread (vector 0.7, context 0.5, scoring with its row

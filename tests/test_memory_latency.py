@@ -309,3 +309,20 @@ def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
     finally:
         mem.close()
         drop_pgvector_schema(schema)
+
+
+def test_a_metadata_filter_reads_the_covering_index_not_the_rows(tmp_path, embedder):
+    """recall/find ``where=`` on SQLite scans an index of (metadata, expires, skill, id), not the records' rows."""
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many([{"data": f, "metadata": {"user": f"u{i % 3}"}} for i, f in enumerate(FACTS)])
+        seen: list[str] = []
+        mem.store._db.set_trace_callback(seen.append)
+        found = {r.content for r in mem.find({"user": "u1"})}
+        mem.store._db.set_trace_callback(None)
+        assert found == {f for i, f in enumerate(FACTS) if i % 3 == 1}
+        scan = next(s for s in seen if "json_extract" in s)
+        plan = " ".join(str(r[-1]) for r in mem.store._db.execute("EXPLAIN QUERY PLAN " + scan))
+        assert "COVERING INDEX engrain_mem_records_meta" in plan, plan
+    finally:
+        mem.close()
