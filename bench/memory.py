@@ -123,7 +123,11 @@ its words' counts are kept, so it is short). Filtered recalls did not move (10k 
 SQLite's records got a covering index of (metadata, expires, skill, id) for the filter's scan (04:58, on copies
 of the stores, both engrain sides reading the indexed files): filtered p50 10k 5.98 ms (ChromaDB 12.88), 100k
 24.5 (ChromaDB 104; 105 before the index); unfiltered in that run 10k 6.70 / 9.73 against ChromaDB's 6.74 /
-9.09 and 3c3c8a5's 9.27 / 13.16, 100k 7.23 / 10.00 against 6.92 / 9.11 and 7.19 / 10.35. The p95 is the first queries of a
+9.09 and 3c3c8a5's 9.27 / 13.16, 100k 7.23 / 10.00 against 6.92 / 9.11 and 7.19 / 10.35. With the default N=200
+in 5 rounds, engrain and ChromaDB only (05:01-05:03, load 0.6-1.0): 10k 7.52 / 10.26 and 7.03 / 9.32 against
+7.36 / 9.53 and 6.83 / 9.00; 100k 7.27 / 9.83 and 7.10 / 9.67 against 7.55 / 9.55 and 6.99 / 9.95. So at both
+sizes engrain and ChromaDB are now within 0.1-0.7 ms of each other at p50 and p95, the order changing from run
+to run (3c3c8a5 was 2.5-3.5 ms behind at 10k); the targets below are not reliably met. The p95 is the first queries of a
 block, after another process ran (ORT's weights and the store's pages cold): 10-24 ms for each side, ChromaDB
 included; within a block engrain's p95 is 8.5-10 ms. At 10k a recall is now the embedding (~4-5 ms, the
 same code as ChromaDB's side) plus ~1.8 ms on this thread (vector 0.7, context 0.5, scoring with its row
