@@ -106,6 +106,44 @@ but its rounding bounds are too loose to keep the same top 40). onnxruntime opti
 memory pattern, extended instead of all graph optimisations, I/O binding) gave the same vectors (within
 1e-6) and no measurable change, interleaved over 300 queries; both sides embed with the same code anyway.
 
+Measured 2026-11-27 04:33-04:43 after the exact scan's int8 first pass (``prefilter.py``) and the full text
+beside the embedding (``query.start_beside``), same results as 3c3c8a5 (``memory_same.py``: identical at 10k,
+100k and on the store with articles); load 0.3-1.0 (2 cores shared with other helpers' work, nice 19; SQLite,
+recall p50 / p95, top 5; ``--ab-src`` 3c3c8a5 as a third side in the same rounds): 10k engrain 7.13 / 10.46,
+7.42 / 11.44, 7.40 / 11.42 ms against 3c3c8a5's 9.91 / 13.67, 10.90 / 14.51, 11.17 / 14.41 and ChromaDB's
+7.07 / 9.46, 7.38 / 9.58, 6.83 / 9.97 (N=400 in 8 rounds, then N=200 in 5, twice); without the third side
+(N=400 in 8 rounds) 6.85 / 9.81, 8.02 / 11.00, 7.11 / 9.58, 8.26 / 11.02 against ChromaDB's 7.07 / 9.37,
+8.04 / 10.89, 7.14 / 9.00, 8.16 / 10.43, and at 04:52 (with the filter's ids beside the embedding too) 6.57 /
+10.10 against 3c3c8a5's 9.12 / 12.78 and ChromaDB's 6.55 / 9.49: p50 even with ChromaDB (within 0.1 ms either
+way), p95 0.5-1 ms behind. 100k engrain 7.39 / 10.62, 9.05 / 11.78, 8.51 / 11.73, 7.78 / 10.71 against
+3c3c8a5's 7.53 / 10.36, 8.97 / 11.41, 9.26 / 13.73, 7.55 / 10.56 and ChromaDB's 7.85 / 9.94, 8.45 / 10.35,
+8.25 / 10.93, 7.49 / 9.62; without the third side 7.96 / 10.77 and 8.32 / 10.86 against ChromaDB's 8.29 /
+11.00 and 8.22 / 10.33 (the graph path is unchanged; the full text beside it neither gains nor loses there:
+its words' counts are kept, so it is short). Filtered recalls did not move (10k 21.0 against 20.5 ms) until
+SQLite's records got a covering index of (metadata, expires, skill, id) for the filter's scan (04:58, on copies
+of the stores, both engrain sides reading the indexed files): filtered p50 10k 5.98 ms (ChromaDB 12.88), 100k
+24.5 (ChromaDB 104; 105 before the index); unfiltered in that run 10k 6.70 / 9.73 against ChromaDB's 6.74 /
+9.09 and 3c3c8a5's 9.27 / 13.16, 100k 7.23 / 10.00 against 6.92 / 9.11 and 7.19 / 10.35. With the default N=200
+in 5 rounds, engrain and ChromaDB only (05:01-05:03, load 0.6-1.0): 10k 7.52 / 10.26 and 7.03 / 9.32 against
+7.36 / 9.53 and 6.83 / 9.00; 100k 7.27 / 9.83 and 7.10 / 9.67 against 7.55 / 9.55 and 6.99 / 9.95. So at both
+sizes engrain and ChromaDB are now within 0.1-0.7 ms of each other at p50 and p95, the order changing from run
+to run (3c3c8a5 was 2.5-3.5 ms behind at 10k); the targets below are not reliably met. The p95 is the first queries of a
+block, after another process ran (ORT's weights and the store's pages cold): 10-24 ms for each side, ChromaDB
+included; within a block engrain's p95 is 8.5-10 ms. At 10k a recall is now the embedding (~4-5 ms, the
+same code as ChromaDB's side) plus ~1.8 ms on this thread (vector 0.7, context 0.5, scoring with its row
+reads 0.4, the recall event 0.1) with the full text (0.5-1 ms, up to 4.8 for common words) on a worker.
+What was measured and dropped: splitting the scan across two threads (numpy einsum 1.05 against 0.93 ms,
+numkong 0.30 against 0.21: the hand-off costs more than half a scan saves); a float16 copy scanned by
+numkong (0.69 ms against einsum's 1.05 and int8's 0.19 warm); SQLite ``mmap_size``/``cache_size`` (full
+text 0.19-0.23 against 0.26 ms warm, rows unchanged: not worth SIGBUS on an I/O error or the memory);
+vectorising the passage windows (``index.around``: 0.038 against 0.055 ms a call). The earlier note that
+an int8 or float16 prefilter's rounding is too loose held for a worst-case bound; with each row's stored
+residual norm the int8 bound admits 73 rows at the median (238 at most) to rescore for the top 40 at 10k
+(K=200: 308 / 824), and 61 / 100 on LoCoMo's dev turns (1,463 records, crowded: mean cosine 0.20). Before
+the int8 pass, reading the 15 MB float32 mirror also slowed the next query's embedding: over the same
+queries, embedding plus scan took 6.8-6.9 ms with the float32 scan, 5.1-5.4 with the int8 one, 4.5-4.8
+with no scan.
+
 The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
 file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain

@@ -138,3 +138,30 @@ def test_expired_rows_keep_the_saved_graph(tmp_path, embedder):
         assert _vector_hits(m) == kept and (m._records.builds, m._records.loads) == (0, 1)
         assert kept[0][0] == target
         assert not {h.id for h in m.recall("temporary pass for a door", top_k=20)} & set(short)
+
+
+def test_a_first_recall_that_loads_the_graph_before_the_model_does_not_crash(tmp_path, embedder):
+    """A fresh process whose first recall loads the saved graph (usearch) before it embeds the query (onnxruntime):
+    onnxruntime imported after usearch's compiled module used to kill the process."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    url = f"sqlite:///{tmp_path / 'mem.db'}"
+    with _open(url, embedder) as m:
+        m.remember_many([f"Sensor {i} in hall {i % 7} reported {i * 3} degrees." for i in range(150)])
+        target = m.remember("The cooling pump in the basement failed on Sunday.")
+        m.recall(QUERY)  # builds and saves the graph
+    child = (
+        "import sys\n"
+        "from engrain._memory import Memory\n"
+        "from engrain._memory.synth import ExtractiveSynthesizer\n"
+        f"m = Memory({url!r}, synthesizer=ExtractiveSynthesizer(), ann_threshold=100)\n"
+        "assert 'onnxruntime' not in sys.modules and 'usearch' not in sys.modules\n"
+        f"print(m.recall({QUERY!r}, top_k=1)[0].id)\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "PYTHONPATH": src})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == target

@@ -2,7 +2,7 @@
 
 * candidate rows that cannot reach the top k are not read (``ranking._fetch_best``);
 * the vector mirrors are not caught up while the store is unchanged (``Memory._refresh``);
-* query vectors are kept per embedder object, and a remote embedder's wait overlaps the full text (``query.py``).
+* query vectors are kept per embedder object, and the full text runs on a worker beside the embedding (``query.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from engrain._memory import Memory
-from engrain._memory.query import QueryVectors, embed_beside, waits
+from engrain._memory import query as _query
+from engrain._memory.query import QueryVectors, settle, start_beside
 from engrain._memory.synth import ExtractiveSynthesizer
 
 FACTS = [
@@ -195,31 +196,95 @@ def test_reembed_never_serves_the_old_embedders_query_vector(tmp_path, embedder)
         mem.close()
 
 
-def test_embed_beside_runs_both_and_reports_errors():
+def test_side_work_runs_on_a_worker_and_reports_errors():
     seen: list[str] = []
-    vec, side = embed_beside(lambda: "vec", lambda: (seen.append(threading.current_thread().name), "side")[1])
-    assert (vec, side) == ("vec", "side") and seen[0].startswith("engrain-recall")
+    fut = start_beside(lambda: (seen.append(threading.current_thread().name), "side")[1])
+    assert fut.result() == "side" and seen[0].startswith("engrain-recall")
+    with pytest.raises(ValueError, match="full text failed"):
+        start_beside(lambda: (_ for _ in ()).throw(ValueError("full text failed"))).result()
     done = threading.Event()
 
-    def slow_side() -> None:
+    def slow() -> None:
         done.wait(0.2)
         seen.append("side finished")
 
-    def bad_embed() -> None:
-        raise RuntimeError("model failed")
-
-    with pytest.raises(RuntimeError, match="model failed"):
-        embed_beside(bad_embed, slow_side)
-    assert seen[-1] == "side finished"  # the side work ended before the error was raised
-    with pytest.raises(ValueError, match="full text failed"):
-        embed_beside(lambda: "vec", lambda: (_ for _ in ()).throw(ValueError("full text failed")))
+    settle(start_beside(slow))  # the caller failed: it still waits for its side work, never leaves it running
+    assert seen[-1] == "side finished"
+    settle(start_beside(lambda: 1 / 0))  # and swallows the side's own error (the caller's is the one raised)
+    assert _query._busy == 0
 
 
-def test_only_a_remote_embedder_is_overlapped(embedder):
-    from engrain._memory.embedders import RemoteEmbedder
+def test_side_work_runs_here_when_the_workers_are_busy():
+    release = threading.Event()
+    held = [start_beside(lambda: release.wait(5)) for _ in range(_query._WORKERS)]
+    try:
+        here = start_beside(threading.current_thread)
+        assert here.done() and here.result() is threading.current_thread()  # not queued behind the others
+        with pytest.raises(KeyError):
+            start_beside(lambda: {}["x"]).result()
+    finally:
+        release.set()
+        for f in held:
+            assert f.result() is True
+    assert _query._busy == 0
 
-    assert not waits(embedder)  # the local model computes on the same cores
-    assert waits(RemoteEmbedder("openai:x", "x", base_url="http://127.0.0.1:9", dim=3))
+
+def _hook_text(mem: Memory, before=None, after=None) -> None:  # noqa: ANN001
+    """Run ``before``/``after`` around each of ``mem``'s full-text searches."""
+    real = mem.store.text_search
+
+    def hooked(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        if before:
+            before()
+        out = real(*a, **kw)
+        if after:
+            after()
+        return out
+
+    mem.store.text_search = hooked  # type: ignore[method-assign]
+
+
+def test_recall_runs_full_text_beside_the_local_embedding(tmp_path, embedder, monkeypatch):
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many(FACTS)
+        where: list[str] = []
+        _hook_text(mem, before=lambda: where.append(threading.current_thread().name))
+        got = [r.id for r in mem.recall("who fixed the login service?")]
+        assert where and where[0].startswith("engrain-recall")
+        filtered: list[str] = []
+        real_ids = mem.store.filtered_ids
+        monkeypatch.setattr(mem.store, "filtered_ids", lambda *a: (filtered.append(threading.current_thread().name),
+                                                                   real_ids(*a))[1])
+        assert mem.recall("who fixed the login service?", where={"team": "x"}) == []  # no record has it
+        assert filtered and filtered[0].startswith("engrain-recall")  # the filter's ids: beside the embedding
+        monkeypatch.setattr(_query, "_busy", _query._WORKERS)  # workers busy: the same recall, on this thread
+        mem._qcache.clear()
+        assert [r.id for r in mem.recall("who fixed the login service?")] == got
+        assert where[-1] == threading.current_thread().name
+    finally:
+        mem.close()
+
+
+def test_a_failed_embedding_waits_for_its_full_text(tmp_path, embedder):
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many(FACTS)
+        finished: list[bool] = []
+        _hook_text(mem, before=lambda: threading.Event().wait(0.2), after=lambda: finished.append(True))
+
+        class Broken:
+            name, dim = embedder.name, embedder.dim
+
+            def embed(self, texts):  # noqa: ANN001, ANN202
+                raise RuntimeError("model failed")
+
+        mem.embedder = Broken()  # type: ignore[assignment]
+        with pytest.raises(RuntimeError, match="model failed"):
+            mem.recall("who fixed the login service?")
+        assert finished == [True]  # the side work ended before the error was raised
+    finally:
+        mem.close()
 
 
 def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
@@ -244,3 +309,20 @@ def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
     finally:
         mem.close()
         drop_pgvector_schema(schema)
+
+
+def test_a_metadata_filter_reads_the_covering_index_not_the_rows(tmp_path, embedder):
+    """recall/find ``where=`` on SQLite scans an index of (metadata, expires, skill, id), not the records' rows."""
+    mem = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.remember_many([{"data": f, "metadata": {"user": f"u{i % 3}"}} for i, f in enumerate(FACTS)])
+        seen: list[str] = []
+        mem.store._db.set_trace_callback(seen.append)
+        found = {r.content for r in mem.find({"user": "u1"})}
+        mem.store._db.set_trace_callback(None)
+        assert found == {f for i, f in enumerate(FACTS) if i % 3 == 1}
+        scan = next(s for s in seen if "json_extract" in s)
+        plan = " ".join(str(r[-1]) for r in mem.store._db.execute("EXPLAIN QUERY PLAN " + scan))
+        assert "COVERING INDEX engrain_mem_records_meta" in plan, plan
+    finally:
+        mem.close()

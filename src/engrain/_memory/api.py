@@ -30,7 +30,7 @@ from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
 from .ranking import Ranking, SearchResult
 
-from .query import QUERY_CACHE, QueryVectors, embed_beside, waits  # noqa: F401  (QUERY_CACHE: re-exported)
+from .query import QUERY_CACHE, QueryVectors, settle, start_beside  # noqa: F401  (QUERY_CACHE: re-exported)
 from .store import open_store
 from .synth import Synthesizer, default_synthesizer
 
@@ -267,37 +267,39 @@ class Memory:
         fetch = max(4 * min(k, 1_000_000), SPREAD_DEPTH)  # a huge top_k must not overflow SQL's 64-bit LIMIT
         embedder = self.embedder
 
-        def beside() -> tuple[list[tuple[str, str, float]], set[str] | None]:
-            """What needs no query vector: full text, the mirrors' catch-up, the metadata filter's ids."""
-            hits = self.store.text_search(query, skill, now, fetch, where=where)
-            if self.store.pgvector:  # no in-process mirror to refresh: skip the state round trip
-                return hits, None
+        if not self.store.pgvector:  # no in-process mirror on pgvector: skip the state round trip
             self._refresh()
-            return hits, (self.store.filtered_ids(where, skill, now) if where else None)
-
-        qv = self._qcache.get(embedder, query)
-        if qv is not None:
-            text_hits, allow = beside()
-        elif waits(embedder):  # a remote embedder: the store works on a worker thread meanwhile (:mod:`.query`)
-            qv, (text_hits, allow) = embed_beside(
-                lambda: self._qcache.put(embedder, query, embed_queries(embedder, [query])[0]), beside)
-        else:
-            qv = self._qcache.put(embedder, query, embed_queries(embedder, [query])[0])
-            text_hits, allow = beside()
-        if self.store.pgvector:
-            recs = self.store.pg_vector_search("record", qv, skill, now, fetch, where)
-            arts = self.store.pg_vector_search("article", qv, skill, now, fetch)
-        else:
-            recs = self._records.search(qv, fetch, skill, now, allow)
-            arts = self._articles.search(qv, fetch, skill, now)
-        rk = self.ranking
-        if rk.text_weight is None:
-            crowd = self.store.pg_crowding(skill, now) if self.store.pgvector else self._records.crowding(skill)
-            crowd = _fusion.in_reference_units(crowd, *_cluster.null_documents(self.embedder))
-            w_text = recall_text_weight((s for _, s in recs + arts), crowd,
-                                        _cluster.null_spread(self.embedder) / _fusion.NULL_SPREAD_REF)
-        else:
-            w_text = rk.text_weight
+        # Full text and the metadata filter's ids need no query vector: they run on worker threads beside the
+        # embedding (and the full text beside the vector search too).
+        text = start_beside(lambda: self.store.text_search(query, skill, now, fetch, where=where))
+        allowed = (start_beside(lambda: self.store.filtered_ids(where, skill, now))
+                   if where and not self.store.pgvector else None)
+        try:
+            qv = self._qcache.get(embedder, query)
+            if qv is None:
+                qv = self._qcache.put(embedder, query, embed_queries(embedder, [query])[0])
+            if self.store.pgvector:
+                recs = self.store.pg_vector_search("record", qv, skill, now, fetch, where)
+                arts = self.store.pg_vector_search("article", qv, skill, now, fetch)
+                allow = None
+            else:
+                allow = allowed.result() if allowed is not None else None
+                recs = self._records.search(qv, fetch, skill, now, allow)
+                arts = self._articles.search(qv, fetch, skill, now)
+            rk = self.ranking
+            if rk.text_weight is None:
+                crowd = self.store.pg_crowding(skill, now) if self.store.pgvector else self._records.crowding(skill)
+                crowd = _fusion.in_reference_units(crowd, *_cluster.null_documents(self.embedder))
+                w_text = recall_text_weight((s for _, s in recs + arts), crowd,
+                                            _cluster.null_spread(self.embedder) / _fusion.NULL_SPREAD_REF)
+            else:
+                w_text = rk.text_weight
+        except BaseException:
+            for side in (text, allowed):
+                if side is not None:
+                    settle(side)
+            raise
+        text_hits = text.result()
         cands: dict[tuple[str, str], dict[str, float]] = {}
         for tier, hits in (("record", recs), ("article", arts)):
             for i, s in hits:

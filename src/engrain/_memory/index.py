@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from .fusion import CROWDING_SAMPLE, crowding
+from .prefilter import Int8Rows, best
 from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
 #: Rows past which a usearch graph replaces the exact scan.
@@ -64,6 +66,22 @@ def _dot(mat: np.ndarray, vec: np.ndarray) -> np.ndarray:
     on a busy machine wait on each other (10k rows: 0.3 ms idle, 38 ms beside two busy processes; this
     loop: 0.5 ms either way)."""
     return np.einsum("ij,j->i", mat, vec)
+
+
+def _usearch_index() -> Any:
+    """usearch's ``Index``, with onnxruntime imported first when it is installed.
+
+    onnxruntime (1.32) imported after usearch's compiled module (2.26) crashes the
+    process in its own import, so a process whose first recall loads a graph before
+    the local model (a recall's mirrors catch up before its query is embedded) would
+    die there; the other order is fine.
+    """
+    if importlib.util.find_spec("onnxruntime") is not None:
+        import onnxruntime  # noqa: F401
+
+    from usearch.index import Index
+
+    return Index
 
 
 def _file_digest(path: Path) -> tuple[str, int]:
@@ -116,6 +134,7 @@ class VectorIndex:
         self._crowding: dict[str | None, tuple[tuple[int, int], float]] = {}  # per skill: (mirror state, value)
         self._expires = np.zeros(0, dtype=np.float64)
         self._seqs = np.zeros(0, dtype=np.int64)
+        self._q8 = Int8Rows()  # the exact scan's int8 first pass (:mod:`.prefilter`), kept below ann_threshold
         self._ann: Any = None
         self._ann_n = 0  # vectors added to the graph (deleted ones included)
         self._ann_last = 0  # highest seq in the graph
@@ -174,6 +193,10 @@ class VectorIndex:
             self._expires = np.resize(self._expires, cap)
             self._seqs = np.resize(self._seqs, cap)
         self._mat[self._n:need] = mat
+        if need <= self.ann_threshold:
+            self._q8.append(mat)
+        elif self._q8.n:
+            self._q8 = Int8Rows()  # past the threshold the graph searches: not worth a quarter of the mirror again
         self._expires[self._n:need] = expires
         self._seqs[self._n:need] = seqs
         codes = [self._skills.setdefault(s, len(self._skills)) for s in skills]
@@ -185,7 +208,7 @@ class VectorIndex:
 
     @staticmethod
     def _new_graph(dim: int) -> Any:
-        from usearch.index import Index
+        Index = _usearch_index()  # noqa: N806
 
         return Index(ndim=dim, metric="ip", dtype=GRAPH_DTYPE, connectivity=_M, expansion_add=_EF_CONSTRUCTION,
                      expansion_search=_EF)
@@ -384,13 +407,12 @@ class VectorIndex:
         if code is not None:
             mask &= self._skill_codes[:n] == code
         pos = np.flatnonzero(mask) if not mask.all() else None
-        sims = _dot(self._mat[:n], vec) if pos is None else _dot(self._mat[pos], vec)
-        kk = min(k, sims.shape[0])
-        if kk == 0:
-            return []
-        top = np.argpartition(-sims, kk - 1)[:kk]
-        top = top[np.argsort(-sims[top])]
-        real = top if pos is None else pos[top]
+        rows = self._q8.candidates(vec, k, n, pos)  # a superset of the top k, read from the int8 copy
+        if rows is None:
+            rows = pos
+        sims = _dot(self._mat[:n], vec) if rows is None else _dot(self._mat[rows], vec)
+        top = best(sims, min(k, sims.shape[0]))
+        real = top if rows is None else rows[top]
         return [(self._ids[int(p)], float(sims[t])) for p, t in zip(real, top)]
 
     def _ann_search(self, vec: np.ndarray, k: int, code: int | None, now: float) -> list[tuple[str, float]] | None:

@@ -8,14 +8,15 @@ cost less without changing a result:
   their questions), each with the embedder object that made it: a vector is
   only returned for that same embedder, so a memory moved to another embedder
   (``reembed``) or two embedders sharing a name never get each other's vectors;
-* :func:`embed_beside` runs work that does not need the vector (the full-text
-  search, the vector mirrors' catch-up) on a worker thread while this thread
-  waits for a remote embedder (:func:`waits`). The side work reads the same rows
-  it would have read after the embedding: no write happens in between on this
-  thread. The local model is not overlapped: it computes on this machine's
-  cores, and on two loaded ones (bench/memory.py's machine, load ~4) handing
-  the full text to a worker cost 0.5-1.7 ms of waiting for a core, more than
-  the 0.2-1 ms it hid.
+* :func:`start_beside` runs work that does not need the vector (the full-text
+  search) on a worker thread while this thread embeds the query and searches
+  the vectors; the caller takes its result when it ranks. The side work reads
+  the same rows it would have read on this thread: no write happens in between
+  on this thread. It pays with the local model too (one onnxruntime thread per
+  query, so the second core is free unless the machine is busy): at 10k records
+  on bench/memory.py's two shared cores (load ~2), recall p50 8.6-8.7 ms against
+  9.9-10.2 without it, in the same rounds. When both workers are busy (many
+  recalls at once) the side work runs on the caller's thread instead of queueing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 #: Query embeddings a memory keeps (the most recent; a repeated query skips the model, ~4 ms).
@@ -31,16 +32,17 @@ QUERY_CACHE = 256
 
 T = TypeVar("T")
 
+_WORKERS = 2  # recalls from two threads at once each get their side work run beside them
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_busy = 0  # side work handed to the workers and not finished
 
 
 def _worker() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            # Two: recalls from two threads at once each get their side work run beside their embedding.
-            _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="engrain-recall")
+            _pool = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="engrain-recall")
         return _pool
 
 
@@ -80,26 +82,41 @@ class QueryVectors:
         return len(self._items)
 
 
-def waits(embedder: Any) -> bool:
-    """Whether ``embedder`` waits on another machine (an OpenAI-compatible server) rather than computing here."""
-    from .embedders import RemoteEmbedder
-
-    return isinstance(embedder, RemoteEmbedder)
-
-
-def embed_beside(embed: Callable[[], Any], side: Callable[[], T]) -> tuple[Any, T]:
-    """``(embed(), side())``, with ``side`` run on a worker thread while this thread runs ``embed``.
-
-    Both finish before this returns (an error of either is raised here, the
-    embedding's first), so the caller never races its own side work.
-    """
-    fut = _worker().submit(side)
-    try:
-        vec = embed()
-    except BaseException:
+def start_beside(side: Callable[[], T]) -> Future[T]:
+    """Run ``side`` on a worker thread (on this one when both workers are busy); take its ``result()`` when it
+    is needed, or :func:`settle` it when the caller fails first."""
+    global _busy
+    with _pool_lock:
+        free = _busy < _WORKERS
+        if free:
+            _busy += 1
+    if not free:
+        done: Future[T] = Future()
         try:
-            fut.result()
-        except BaseException:  # noqa: S110 (the embedding's error is the one to report)
-            pass
+            done.set_result(side())
+        except BaseException as e:  # noqa: BLE001 (handed to the caller through result(), as a worker's would be)
+            done.set_exception(e)
+        return done
+
+    def run() -> T:
+        global _busy
+        try:
+            return side()
+        finally:
+            with _pool_lock:
+                _busy -= 1
+
+    try:
+        return _worker().submit(run)
+    except BaseException:
+        with _pool_lock:
+            _busy -= 1
         raise
-    return vec, fut.result()
+
+
+def settle(fut: Future[Any]) -> None:
+    """Wait for side work whose result is no longer wanted (the caller failed): it never outlives the call."""
+    try:
+        fut.result()
+    except BaseException:  # noqa: S110 (the caller's own error is the one to report)
+        pass
