@@ -165,3 +165,27 @@ def test_a_first_recall_that_loads_the_graph_before_the_model_does_not_crash(tmp
                        env={**__import__("os").environ, "PYTHONPATH": src})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == target
+
+
+def test_a_program_that_imported_usearch_first_gets_a_clear_error_not_a_crash(tmp_path):
+    """onnxruntime loaded after usearch's compiled module kills the process; when the caller imported usearch
+    before engrain could import onnxruntime, the local model refuses with a typed error that says why and what
+    to do, and the process lives on (a store without the local model keeps working)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    child = (
+        "import usearch.index\n"
+        "from engrain._errors import EmbeddingError\n"
+        "from engrain._memory.embed import default_embedder\n"
+        "try:\n"
+        "    default_embedder().embed(['hello'])\n"
+        "except EmbeddingError as e:\n"
+        "    print('refused:', e)\n"
+    )
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "PYTHONPATH": src})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("refused:") and "usearch" in r.stdout and "before usearch" in r.stdout

@@ -66,7 +66,7 @@ def _full_read(monkeypatch) -> None:
     from engrain._memory import ranking
 
     def every(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question=None):  # noqa: ANN001, ANN202
-        return mem.store.records([i for t, i in cands if t == "record"], vectors=vectors)
+        return mem.store.records([i for t, i in cands if t == "record"], vectors=vectors), {}  # no score kept
 
     monkeypatch.setattr(ranking, "_fetch_best", every)
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -64,6 +65,24 @@ class QueryEmbedder(Embedder, Protocol):
 
     def embed_query(self, texts: list[str]) -> np.ndarray: ...
 
+
+
+def _onnxruntime() -> Any:
+    """onnxruntime, or a clear error where importing it would crash the process.
+
+    onnxruntime (1.32) imported after usearch's compiled module (2.26) dies in its
+    own import (a segmentation fault, not an exception). engrain imports it before
+    usearch itself (:func:`.index._usearch_index`); a program that imported usearch
+    first gets this error instead of losing the process.
+    """
+    if "onnxruntime" not in sys.modules and "usearch.compiled" in sys.modules:
+        raise EmbeddingError(
+            "the local embedding model cannot load: onnxruntime crashes the process when it is imported after "
+            "usearch's compiled module, and usearch is already imported here. Import engrain's memory "
+            "(or onnxruntime) before usearch, or use another embedder (Memory(embedder='openai:...')).")
+    import onnxruntime
+
+    return onnxruntime
 
 def embed_queries(embedder: Any, texts: list[str]) -> np.ndarray:
     """``texts`` embedded as search queries: ``embedder.embed_query`` when it has one, else ``embedder.embed``."""
@@ -130,7 +149,7 @@ def quantized_model(source: Path, cache: Path | None = None) -> Path:
     except (OSError, ValueError, AttributeError):
         pass
     try:
-        import onnxruntime as ort
+        ort = _onnxruntime()
         from onnxruntime.quantization import QuantType, quantize_dynamic
     except ImportError as e:
         raise EmbeddingError("quantizing the embedding model needs onnx: pip install onnx") from e
@@ -225,7 +244,7 @@ class MiniLMEmbedder:
             if self._session is not None:
                 return
             try:
-                import onnxruntime as ort
+                ort = _onnxruntime()
                 from tokenizers import Tokenizer
             except ImportError as e:
                 raise EmbeddingError("local embeddings need onnxruntime and tokenizers: pip install onnxruntime tokenizers") from e
