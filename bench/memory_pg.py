@@ -25,6 +25,7 @@ import struct
 import subprocess
 import threading
 import time
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -107,7 +108,8 @@ def build(admin: str, n: int, texts: list[str], vecs: np.ndarray, embedder_name:
     from engrain._memory.synth import ExtractiveSynthesizer
 
     class _Named:  # binds the store to the embedder's name; never asked to embed
-        pass
+        def embed(self, texts: list[str]) -> Any:
+            raise AssertionError("the build's Memory only binds the store; it never embeds")
 
     named = _Named()
     named.name, named.dim = embedder_name, dim  # type: ignore[attr-defined]
