@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -326,3 +327,38 @@ def test_a_metadata_filter_reads_the_covering_index_not_the_rows(tmp_path, embed
         assert "COVERING INDEX engrain_mem_records_meta" in plan, plan
     finally:
         mem.close()
+
+
+def test_a_forked_child_recalls_with_a_side_pool_of_its_own(tmp_path, embedder):
+    """A process that recalled (so its side-work pool has threads) and then forks: the child's recall must not
+    hand its full text to the parent's threads, which do not exist in the child, and wait for ever."""
+    import os
+    import sys
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    mem = Memory(f"sqlite:///{tmp_path / 'f.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    target = mem.remember("The cooling pump in the basement failed on Sunday.")
+    mem.remember_many([f"Sensor {i} reported {i * 3} degrees." for i in range(50)])
+    assert mem.recall("cooling pump failure", top_k=1)[0].id == target  # the parent's pool now has a thread
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only when its recall finished and found the record
+        code = 1
+        try:
+            child = Memory(f"sqlite:///{tmp_path / 'f.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+            code = 0 if child.recall("cooling pump failure", top_k=1)[0].id == target else 3
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's recall hung on the parent's side-work pool")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    mem.close()

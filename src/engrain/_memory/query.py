@@ -21,6 +21,7 @@ cost less without changing a result:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,6 +37,16 @@ _WORKERS = 2  # recalls from two threads at once each get their side work run be
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _busy = 0  # side work handed to the workers and not finished
+
+
+def _after_fork() -> None:
+    """A forked child starts without the parent's worker threads: its first recall makes a pool of its own
+    (the inherited one would queue side work to threads that do not exist there, and wait for ever)."""
+    global _pool, _pool_lock, _busy
+    _pool, _pool_lock, _busy = None, threading.Lock(), 0
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _worker() -> ThreadPoolExecutor:
