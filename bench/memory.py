@@ -386,9 +386,10 @@ class EngrainPeer(PipeSide):
 
     label = "the --ab-src engrain side"
 
-    def __init__(self, n: int, src: str):
+    def __init__(self, n: int, src: str, pg: bool = False):
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-engrain", str(n),
-                                      "--src", src], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                      "--src", src, *(["--serve-pg"] if pg else [])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         got = self._recv()
         rev = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h"], capture_output=True,
                              text=True).stdout.strip() or Path(src).parent.name
@@ -401,7 +402,7 @@ class EngrainPeer(PipeSide):
 def serve_engrain(n: int, a: argparse.Namespace) -> None:
     """The child of :class:`EngrainPeer`: an :class:`EngrainSide` answering JSON lines on stdin."""
     texts, vecs = mc.corpus(n)
-    side = EngrainSide(n, texts, vecs, None, a)
+    side = EngrainSide(n, texts, vecs, pgvector_url() if a.serve_pg else None, a)
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the pipe
     out.write(json.dumps({"name": side.name, "info": side.info}) + "\n")
@@ -617,8 +618,9 @@ def main() -> None:
     ap.add_argument("--million", action="store_true", help="add 1,000,000 to --sizes")
     ap.add_argument("--ab-src", default=None,
                     help="also run this tree's engrain (e.g. a worktree of the commit before a change) on the SQLite "
-                         "stores, in a child process whose blocks rotate with the others' (an A/B under the same load)")
+                         "and PostgreSQL stores, in a child process whose blocks rotate with the others' (an A/B under the same load)")
     ap.add_argument("--serve-engrain", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-pg", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--src", default=None,
                     help="the engrain tree whose src is measured (default this one's; an A/B against an older commit's "
                          "worktree: its stores are the same files)")
@@ -695,6 +697,9 @@ def main() -> None:
         if pg is not None and n in pg_s:
             print(f"size {n}: engrain on PostgreSQL + pgvector ...", flush=True)
             sides.append(EngrainSide(n, tn, vn, pg, a))
+        if pg is not None and a.ab_src and n in pg_s:
+            print(f"size {n}: engrain from {a.ab_src} on PostgreSQL + pgvector (child process) ...", flush=True)
+            sides.append(EngrainPeer(n, a.ab_src, pg=True))
         if n in q_s:
             print(f"size {n}: engrain on SQLite with minilm-int8 ...", flush=True)
             sides.append(EngrainSide(n, *mc.corpus(n, quantized=True), None, a, quantized=True))
