@@ -12,36 +12,21 @@ Real PostgreSQL with pgvector (``$ENGRAIN_TEST_PGVECTOR_URL``); without it, thes
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
 from engrain._memory import Memory
-from engrain._memory.synth import ExtractiveSynthesizer
-from tests.test_memory import PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
-from tests.test_memory_latency import FACTS, _recalls
+from tests.test_memory_latency import FACTS, _recalls, pg_memory
 
 
 @pytest.fixture
 def pg_mem(embedder):
-    """A pgvector store of 240 records in 4 skills (some with a TTL, 80 folded into articles)."""
-    if not PGVECTOR_URL:
-        pytest.skip("set ENGRAIN_TEST_PGVECTOR_URL to a PostgreSQL server with pgvector")
-    schema = "t_" + uuid.uuid4().hex[:12]
-    mem = Memory(pgvector_schema_url(schema), embedder=embedder, synthesizer=ExtractiveSynthesizer())
-    try:
-        assert mem.store.pgvector
-        mem.remember_many([{"data": f"{FACTS[i % len(FACTS)]} (note {i})", "skill": f"team{i % 4}",
-                            "metadata": {"user": f"u{i % 5}"}, "label": "ops" if i % 6 == 0 else None}
-                           for i in range(120)])
-        assert not mem.consolidate(num_records=80, method="FIFO").errors
+    """A pgvector store of 240 records in 4 skills (80 folded into articles, 40 with a TTL)."""
+    with pg_memory(embedder) as mem:
         mem.remember_many([{"data": f"{FACTS[i % len(FACTS)]} (later note {i})", "skill": f"team{i % 4}",
                             "metadata": {"user": f"u{i % 5}"}, **({"ttl": 3600} if i % 3 == 0 else {})}
                            for i in range(120)])
         yield mem
-    finally:
-        mem.close()
-        drop_pgvector_schema(schema)
 
 
 def _counting(mem: Memory) -> list[str]:
