@@ -144,6 +144,23 @@ the int8 pass, reading the 15 MB float32 mirror also slowed the next query's emb
 queries, embedding plus scan took 6.8-6.9 ms with the float32 scan, 5.1-5.4 with the int8 one, 4.5-4.8
 with no scan.
 
+Measured 2026-11-27 05:21-05:25 on PostgreSQL + pgvector after recall's statements were cut (``pgvector.py``: both
+tiers' vector searches and the full-text hits' rows in one statement, rows in the binary format; the folded
+candidates asked in the statement that reads the best rows; same results as c8903b6: ``memory_same.py dump --pg``,
+800 recalls with every kind of call on the 10k and 100k stores and one with articles, identical). Load 0.8-1.0 (2
+cores shared with other helpers' work, nice 19; recall p50 / p95, top 5, N=200 in 5 rounds; ``--ab-src`` c8903b6
+as one more side on both backends, same rounds), two runs: 10k PostgreSQL 11.15 / 13.97 and 11.61 / 13.51 ms
+against c8903b6's 11.64 / 14.13 and 12.09 / 14.30, SQLite 5.79 / 9.91 and 6.15 / 10.30, ChromaDB 5.75 / 8.49 and
+6.19 / 8.35; 100k PostgreSQL 15.62 / 18.65 and 15.67 / 18.96 against 16.21 / 18.58 and 16.67 / 19.57, SQLite 6.48
+/ 9.62 and 6.72 / 9.45, ChromaDB 6.32 / 8.61 and 6.83 / 8.95. So PostgreSQL gained 0.5-1.0 ms at p50 and is still
+~2x ChromaDB, whose query is a vector search only: the target is MISSED there. A recall at 10k sends 7 statements,
+the full text's two included (was 10): the vector search with the text hits' rows 2.1-2.5 ms (HNSW ~1 ms of it),
+the passage windows 1.8 (2.3 in text format: 180 rows' vectors as hex), scoring with its row reads 0.9, the recall
+event 0.2, with the full text (1.2-1.7 ms) beside the embedding (4.6-5.3). At 100k the HNSW walk (4.7-4.9 ms) and
+the windows (3.4) read heap pages that the test server's shared_buffers (128 MB) cannot hold (the records with
+their inline vectors are ~350 MB): random page reads, not statements, are most of PostgreSQL's own time there; a
+server sized for its store (as the 1M runs above) is the lever.
+
 The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
 file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain
@@ -386,9 +403,10 @@ class EngrainPeer(PipeSide):
 
     label = "the --ab-src engrain side"
 
-    def __init__(self, n: int, src: str):
+    def __init__(self, n: int, src: str, pg: bool = False):
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve-engrain", str(n),
-                                      "--src", src], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                      "--src", src, *(["--serve-pg"] if pg else [])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         got = self._recv()
         rev = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h"], capture_output=True,
                              text=True).stdout.strip() or Path(src).parent.name
@@ -401,7 +419,7 @@ class EngrainPeer(PipeSide):
 def serve_engrain(n: int, a: argparse.Namespace) -> None:
     """The child of :class:`EngrainPeer`: an :class:`EngrainSide` answering JSON lines on stdin."""
     texts, vecs = mc.corpus(n)
-    side = EngrainSide(n, texts, vecs, None, a)
+    side = EngrainSide(n, texts, vecs, pgvector_url() if a.serve_pg else None, a)
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the pipe
     out.write(json.dumps({"name": side.name, "info": side.info}) + "\n")
@@ -617,8 +635,9 @@ def main() -> None:
     ap.add_argument("--million", action="store_true", help="add 1,000,000 to --sizes")
     ap.add_argument("--ab-src", default=None,
                     help="also run this tree's engrain (e.g. a worktree of the commit before a change) on the SQLite "
-                         "stores, in a child process whose blocks rotate with the others' (an A/B under the same load)")
+                         "and PostgreSQL stores, in a child process whose blocks rotate with the others' (an A/B under the same load)")
     ap.add_argument("--serve-engrain", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--serve-pg", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--src", default=None,
                     help="the engrain tree whose src is measured (default this one's; an A/B against an older commit's "
                          "worktree: its stores are the same files)")
@@ -695,6 +714,9 @@ def main() -> None:
         if pg is not None and n in pg_s:
             print(f"size {n}: engrain on PostgreSQL + pgvector ...", flush=True)
             sides.append(EngrainSide(n, tn, vn, pg, a))
+        if pg is not None and a.ab_src and n in pg_s:
+            print(f"size {n}: engrain from {a.ab_src} on PostgreSQL + pgvector (child process) ...", flush=True)
+            sides.append(EngrainPeer(n, a.ab_src, pg=True))
         if n in q_s:
             print(f"size {n}: engrain on SQLite with minilm-int8 ...", flush=True)
             sides.append(EngrainSide(n, *mc.corpus(n, quantized=True), None, a, quantized=True))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -288,8 +290,10 @@ def test_a_failed_embedding_waits_for_its_full_text(tmp_path, embedder):
         mem.close()
 
 
-def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
-    """On pgvector (no in-process mirror: the narrow folded-records query always runs) the results are the same."""
+@contextmanager
+def pg_memory(embedder) -> Iterator[Memory]:  # noqa: ANN001
+    """A pgvector store (a schema of its own) of 120 records in 4 skills, 80 folded into articles; skips without
+    ``$ENGRAIN_TEST_PGVECTOR_URL``."""
     import uuid
 
     from tests.test_memory import PGVECTOR_URL, drop_pgvector_schema, pgvector_schema_url
@@ -304,12 +308,18 @@ def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
                             "metadata": {"user": f"u{i % 5}"}, "label": "ops" if i % 6 == 0 else None}
                            for i in range(120)])
         assert not mem.consolidate(num_records=80, method="FIFO").errors
-        got = _recalls(mem)
-        _full_read(monkeypatch)
-        assert _recalls(mem) == got
+        yield mem
     finally:
         mem.close()
         drop_pgvector_schema(schema)
+
+
+def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
+    """On pgvector (no in-process mirror: the narrow folded-records query always runs) the results are the same."""
+    with pg_memory(embedder) as mem:
+        got = _recalls(mem)
+        _full_read(monkeypatch)
+        assert _recalls(mem) == got
 
 
 def test_a_metadata_filter_reads_the_covering_index_not_the_rows(tmp_path, embedder):

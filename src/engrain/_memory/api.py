@@ -270,7 +270,8 @@ class Memory:
         if not self.store.pgvector:  # no in-process mirror on pgvector: skip the state round trip
             self._refresh()
         # Full text and the metadata filter's ids need no query vector: they run on worker threads beside the
-        # embedding (and the full text beside the vector search too).
+        # embedding (on SQLite, the full text beside the vector search too; on pgvector its hits' rows come in the
+        # vector search's statement).
         text = start_beside(lambda: self.store.text_search(query, skill, now, fetch, where=where))
         allowed = (start_beside(lambda: self.store.filtered_ids(where, skill, now))
                    if where and not self.store.pgvector else None)
@@ -279,8 +280,11 @@ class Memory:
             if qv is None:
                 qv = self._qcache.put(embedder, query, embed_queries(embedder, [query])[0])
             if self.store.pgvector:
-                recs = self.store.pg_vector_search("record", qv, skill, now, fetch, where)
-                arts = self.store.pg_vector_search("article", qv, skill, now, fetch)
+                # The full-text hits' rows come in the vector search's statement (their cosines need them):
+                # the full text is done by now (it took less than the embedding), so nothing waits for it.
+                text_hits = text.result()
+                recs, arts, read = self.store.pg_vector_search_both(
+                    qv, skill, now, fetch, where, [i for t, i, _ in text_hits if t == "record"])
                 allow = None
             else:
                 allow = allowed.result() if allowed is not None else None
@@ -299,7 +303,8 @@ class Memory:
                 if side is not None:
                     settle(side)
             raise
-        text_hits = text.result()
+        if not self.store.pgvector:
+            text_hits, read = text.result(), None
         cands: dict[tuple[str, str], dict[str, float]] = {}
         for tier, hits in (("record", recs), ("article", arts)):
             for i, s in hits:
@@ -309,7 +314,7 @@ class Memory:
             cands.setdefault((tier, i), {"cos": None, "text": 0.0})["text"] = r / best if best > 0 else 0.0  # type: ignore[dict-item]
         def around(ids: list[str], radius: int) -> tuple:
             if self.store.pgvector:
-                return self.store.pg_around(ids, radius, now, where)
+                return self.store.pg_around(ids, radius, now, where, read)
             return self._records.around(ids, radius, now, allow)
 
         _ranking.fill_cosines(cands, qv, around)

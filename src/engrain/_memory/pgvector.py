@@ -48,7 +48,10 @@ class PgVectorSearch:
     _ns: str
     _last_literal: tuple[np.ndarray, str] | None
 
-    def _x(self, sql: str, params: Sequence[Any] = ()) -> Any:  # pragma: no cover - provided by the store
+    def _x(self, sql: str, params: Sequence[Any] = (), binary: bool = False) -> Any:  # pragma: no cover - the store's
+        raise NotImplementedError
+
+    def _sql(self, sql: str) -> str:  # pragma: no cover - provided by the store
         raise NotImplementedError
 
     def _setup_pgvector(self) -> bool:
@@ -112,6 +115,42 @@ class PgVectorSearch:
         ``limit``. Wider filters use the HNSW iterative scan; if it still comes
         back short, the exact ranking runs instead.
         """
+        with self._lock:
+            plan = self._pg_plan(tier, vec, skill, now, limit, where)
+            return self._pg_finish(plan, self._x(plan[0], plan[1]).fetchall())
+
+    def pg_vector_search_both(self, vec: np.ndarray, skill: str | None, now: float, limit: int,
+                              where: dict[str, Any] | None = None, own: Sequence[str] = ()
+                              ) -> tuple[list[tuple[str, float]], list[tuple[str, float]], tuple[set[str], list]]:
+        """:meth:`pg_vector_search` of records (with ``where``) and of articles, and the rows of records ``own``,
+        all in one statement (three round trips a recall in one).
+
+        Each tier's search is the one :meth:`pg_vector_search` would run first (HNSW
+        or exact, as planned there), and a short one is ranked exactly after it the
+        same way: the same hits in the same order. ``own`` (recall: the full-text
+        hits, whose cosines it needs) come back as ``(own, rows)``, the rows of
+        the live ones as :meth:`pg_around` reads them with radius 0, for it to
+        take instead of reading them again.
+        """
+        with self._lock:
+            rp = self._pg_plan("record", vec, skill, now, limit, where)
+            ap = self._pg_plan("article", vec, skill, now, limit)
+            sql = (f"SELECT 0, r.id, r.d, NULL::bigint, NULL::text, NULL::bytea, NULL::text FROM ({rp[0]}) r "
+                   f"UNION ALL SELECT 1, a.id, a.d, NULL, NULL, NULL, NULL FROM ({ap[0]}) a")
+            params = [*rp[1], *ap[1]]
+            if own:
+                sql += (" UNION ALL SELECT 2, id, NULL, seq, skill, embedding, metadata FROM engrain_mem_records "
+                        "WHERE id = ANY(%s) AND (expires IS NULL OR expires > %s)")
+                params += [list(own), now]
+            rows = self._db.execute(sql, params, binary=True).fetchall()
+            return (self._pg_finish(rp, [r[1:3] for r in rows if r[0] == 0]),
+                    self._pg_finish(ap, [r[1:3] for r in rows if r[0] == 1]),
+                    (set(own), [(r[3], r[1], r[4], r[3], r[5], r[6]) for r in rows if r[0] == 2]))
+
+    def _pg_plan(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
+                 where: dict[str, Any] | None = None) -> tuple[str, list[Any], str | None, list[Any]]:
+        """``(sql, params, exact_sql, exact_params)``: a tier's first search, and the exact ranking to run
+        instead when it comes back short (None: a short answer is the whole answer). Holds the lock."""
         table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
         cond, params = "vec IS NOT NULL", []
         if tier == "record":
@@ -126,20 +165,24 @@ class PgVectorSearch:
             cond += " AND skill = ?"
             params.append(skill)
         sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE {cond}"
-        qparams = [self._literal(vec), *params]
-        exact = f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?"
-        with self._lock:
-            if (where or skill is not None) and self._pg_rows(f"SELECT 1 FROM {table} WHERE {cond}", params) \
-                    <= PG_EXACT_ROWS:
-                rows = self._x(exact, (*qparams, limit)).fetchall()
-            else:  # ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted below
-                rows = self._x(sql + " ORDER BY d LIMIT ?", (*qparams, limit)).fetchall()
-                # Short: the scan gave up on a filter (records carry a TTL), or the table holds fewer rows.
-                # Unfiltered articles can only be the latter (the iterative scan goes on to the limit, and
-                # without one ef_search >= limit rows come back), so the exact ranking would return the same
-                # rows: skip its round trip (most stores hold few articles).
-                if len(rows) < limit and (tier == "record" or skill is not None or limit > HNSW_EF):
-                    rows = self._x(exact, (*qparams, limit)).fetchall()
+        qparams = [self._literal(vec), *params, limit]
+        exact = self._sql(f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?")
+        if (where or skill is not None) and self._pg_rows(f"SELECT 1 FROM {table} WHERE {cond}", params) \
+                <= PG_EXACT_ROWS:
+            return exact, qparams, None, []
+        # Ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted by _pg_finish.
+        # Short: the scan gave up on a filter (records carry a TTL), or the table holds fewer rows.
+        # Unfiltered articles can only be the latter (the iterative scan goes on to the limit, and
+        # without one ef_search >= limit rows come back), so the exact ranking would return the same
+        # rows: skip its round trip (most stores hold few articles).
+        again = tier == "record" or skill is not None or limit > HNSW_EF
+        return self._sql(sql + " ORDER BY d LIMIT ?"), qparams, exact if again else None, qparams
+
+    def _pg_finish(self, plan: tuple[str, list[Any], str | None, list[Any]], rows: list[Any]
+                   ) -> list[tuple[str, float]]:
+        """A planned search's ``(id, cosine)``, nearest first, after the exact ranking if it came back short."""
+        if plan[2] is not None and len(rows) < plan[1][-1]:
+            rows = self._db.execute(plan[2], plan[3]).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
     def pg_crowding(self, skill: str | None, now: float) -> float:
@@ -163,13 +206,15 @@ class PgVectorSearch:
         cache[skill] = (now, value)
         return value
 
-    def pg_around(self, ids: list[str], radius: int, now: float, where: dict[str, Any] | None = None
-                  ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    def pg_around(self, ids: list[str], radius: int, now: float, where: dict[str, Any] | None = None,
+                  read: tuple[set[str], list] | None = None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`VectorIndex.around <engrain._memory.index.VectorIndex.around>` in SQL (stores with no mirror).
 
         One round trip: for each record, the ``radius`` live records of its skill
-        stored before it and after it (the ``(skill, seq)`` btree). Ordinals come
-        from those runs (:func:`.ranking.ordinals_from_runs`).
+        stored before it and after it (the ``(skill, seq)`` btree); with ``radius``
+        0, the live records themselves, read by id (or taken from ``read``, what
+        :meth:`pg_vector_search_both` read at ``now``, when it asked for them all).
+        Ordinals come from those runs (:func:`.ranking.ordinals_from_runs`).
         """
         from .ranking import ordinals_from_runs
 
@@ -180,8 +225,17 @@ class PgVectorSearch:
         sql = (f"SELECT c.seq, n.id, n.skill, n.seq, n.embedding, n.metadata FROM engrain_mem_records c "
                f"CROSS JOIN LATERAL ({side.format('<', 'DESC')} UNION ALL {side.format('>=', 'ASC')}) n "
                "WHERE c.id = ANY(?)")
-        with self._lock:
-            rows = self._x(sql, (now, radius, now, radius + 1, list(ids))).fetchall()
+        params: tuple = (now, radius, now, radius + 1, list(ids))
+        if radius == 0:  # the records' own rows (recall's cosines for full-text hits): no window to walk
+            sql = ("SELECT seq, id, skill, seq, embedding, metadata FROM engrain_mem_records "
+                   "WHERE id = ANY(?) AND (expires IS NULL OR expires > ?)")
+            params = (list(ids), now)
+        want = set(ids)
+        if radius == 0 and read is not None and want <= read[0]:
+            rows = [r for r in read[1] if r[1] in want]
+        else:
+            with self._lock:
+                rows = self._x(sql, params, binary=True).fetchall()
         runs: dict[int, list[tuple[str, int]]] = {}
         rec: dict[tuple[str, int], tuple[str, Any, str]] = {}
         for anchor, rid, skill, seq, emb, meta in rows:

@@ -268,10 +268,15 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
     if len(known) <= keep:
         return mem.store.records(ids, vectors=vectors), {}
     tail = [i for _, i in known[keep:]]
-    may_fold = mem.store.pgvector or len(getattr(mem, "_articles", ())) > 0
-    folded = mem.store.folded_records(tail) if may_fold else set()
-    later = set(tail) - folded
-    recs = mem.store.records([i for i in ids if i not in later], vectors=vectors)
+    if mem.store.pgvector and tail:  # which of the tail are folded, and the rows to read now, in one statement
+        in_tail = set(tail)
+        recs = mem.store.records([i for i in ids if i not in in_tail], vectors=vectors, folded_of=tail)
+        later = in_tail - recs.keys()
+    else:
+        may_fold = mem.store.pgvector or len(getattr(mem, "_articles", ())) > 0
+        folded = mem.store.folded_records(tail) if may_fold else set()
+        later = set(tail) - folded
+        recs = mem.store.records([i for i in ids if i not in later], vectors=vectors)
     words = _words(label) if label else None
     done = {r.id: item_score(mem, r, cands[("record", r.id)], label, now, w_text, context, prior, qv, "record",
                              question, words)
