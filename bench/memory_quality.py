@@ -94,7 +94,9 @@ records whose chat-log speaker the question names, LoCoMo .695/.698/.703 any@5 b
 (today .692 .706); dense pseudo-relevance feedback (the query moved 0.3/0.6 toward its best 3 records) LoCoMo
 .664/.653, chat .434/.432, FAQ en .807/.799; the full-text row without the chat-log header LoCoMo .669 .551
 .782 .684, FAQ sv .524; a session score (the best 3 matches among the records sharing a header's time stamp,
-0.3/0.6 of the context) LoCoMo .684/.675; question words stripped from the dense query LoCoMo .644, FAQ en .805.
+0.3/0.6 of the context) LoCoMo .684/.675; question words stripped from the dense query LoCoMo .644, FAQ en
+.805; the keyword half's score of capitalised query words (names: Toby, Scout) times 2 or 0.5: LoCoMo .692
+.565 .808 .706 / .692 .565 .811 .709, the other sets within one question.
 With EmbeddingGemma (LoCoMo, recall today .763 .619 .856 .754): context gain 0.5/1.5/2.5 .760/.757/.763, radius
 2/6/10 .780/.760/.757 (sess@1 .737/.754/.751), top 1/3 .760/.766; fixed text weights 0.05/0.10/0.30 (unscaled)
 .788 .641 .864 .715 / .774 .624 .864 .746 / .732. No setting reaches 0.80 any@5 on dev; the text weight trades
