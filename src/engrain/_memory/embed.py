@@ -66,7 +66,6 @@ class QueryEmbedder(Embedder, Protocol):
     def embed_query(self, texts: list[str]) -> np.ndarray: ...
 
 
-
 def _onnxruntime() -> Any:
     """onnxruntime, or a clear error where importing it would crash the process.
 
@@ -83,6 +82,7 @@ def _onnxruntime() -> Any:
     import onnxruntime
 
     return onnxruntime
+
 
 def embed_queries(embedder: Any, texts: list[str]) -> np.ndarray:
     """``texts`` embedded as search queries: ``embedder.embed_query`` when it has one, else ``embedder.embed``."""

@@ -272,9 +272,8 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
         in_tail = set(tail)
         recs = mem.store.records([i for i in ids if i not in in_tail], vectors=vectors, folded_of=tail)
         later = in_tail - recs.keys()
-    else:
-        may_fold = mem.store.pgvector or len(getattr(mem, "_articles", ())) > 0
-        folded = mem.store.folded_records(tail) if may_fold else set()
+    else:  # SQLite: a record can only be folded once its mirror holds an article
+        folded = mem.store.folded_records(tail) if len(getattr(mem, "_articles", ())) > 0 else set()
         later = set(tail) - folded
         recs = mem.store.records([i for i in ids if i not in later], vectors=vectors)
     words = _words(label) if label else None

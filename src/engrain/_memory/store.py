@@ -395,8 +395,8 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
         ids, out = list(ids), set()
         with self._lock:
             for chunk, cond in self._id_chunks(ids):
-                out.update(r[0] for r in self._x(f"SELECT id FROM engrain_mem_records WHERE article_id IS NOT NULL AND {cond}",
-                                                 chunk))
+                out.update(r[0] for r in self._x(
+                    f"SELECT id FROM engrain_mem_records WHERE article_id IS NOT NULL AND {cond}", chunk))
         return out
 
     def expired(self, now: float) -> list[tuple[int, str, str | None]]:
