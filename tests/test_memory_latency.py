@@ -74,6 +74,23 @@ def _full_read(monkeypatch) -> None:
     monkeypatch.setattr(ranking, "_fetch_best", every)
 
 
+def _frozen_clock(monkeypatch) -> None:
+    """Recall reads one fixed time from here on: recency moves a score by ~1e-8 a second, enough to flip its sixth
+    decimal between two runs of the same recalls, which these comparisons must not mistake for a change."""
+    from engrain._memory import api
+
+    fixed = time.time()
+
+    class _Clock:
+        def time(self) -> float:
+            return fixed
+
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(time, name)
+
+    monkeypatch.setattr(api, "time", _Clock())
+
+
 def _recalls(mem: Memory) -> list:
     return [[r.to_dict() for r in mem.recall(q, **kw)] for q, kw in QUERIES]
 
@@ -84,6 +101,7 @@ def test_unread_candidates_change_no_result(tmp_path, embedder, monkeypatch):
     try:
         plain = _recalls(mem)
         summary = mem.consolidate(num_records=100)
+        _frozen_clock(monkeypatch)  # after the consolidation, which reads the real clock for its leases
         assert summary.formed > 0 and not summary.errors
         folded = mem.store._x("SELECT count(*) FROM engrain_mem_records WHERE article_id IS NOT NULL").fetchone()[0]
         assert folded > 0
@@ -317,6 +335,7 @@ def pg_memory(embedder) -> Iterator[Memory]:  # noqa: ANN001
 def test_unread_candidates_change_no_result_on_pgvector(embedder, monkeypatch):
     """On pgvector (no in-process mirror: the narrow folded-records query always runs) the results are the same."""
     with pg_memory(embedder) as mem:
+        _frozen_clock(monkeypatch)
         got = _recalls(mem)
         _full_read(monkeypatch)
         assert _recalls(mem) == got
