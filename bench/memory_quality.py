@@ -46,7 +46,7 @@ Methods, on the same store and the same embedder, in one run:
 * ``bm25``: the store's full-text search alone (SQLite FTS5 BM25);
 * ``dense``: the vector index alone (cosine);
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
-* ``before``, ``no-context``, ``square``, ``no-when``, ``no-floor``, ``no-question``: the previous ranking
+* ``before``, ``no-context``, ``square``, ``no-when``, ``no-floor``, ``no-question``, ``no-voice``: the previous ranking
   (spread^-2, no context), and today's with one of its changes undone (``VARIANTS``);
 * ``engrain minilm-int8``: ``Memory.recall`` with the opt-in quantized embedder, on a store of its own
   holding the same records (``--no-int8`` skips it);
@@ -495,6 +495,7 @@ class Cached:
     """
 
     def __init__(self, inner: Any, keep_queries: bool = False):
+        self.speaker_voice = getattr(inner, "speaker_voice", False)  # recall reads it (engrain._memory.voice)
         self.inner = inner
         self.name, self.dim = inner.name, inner.dim
         self._mem: dict[str, np.ndarray] = {}
@@ -612,7 +613,7 @@ def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: boo
 #: temporal prior's weight); None keeps today's.
 VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0, 0.0), "before": (None, 2, 0.0, 0.0), "no-context": (None, 3, 0.0, None),
             "square": (None, 2, None, None), "no-when": (None, 3, None, 0.0), "no-floor": (None, 3, None, None),
-            "no-question": (None, 3, None, None)}
+            "no-question": (None, 3, None, None), "no-voice": (None, 3, None, None)}
 
 
 @contextlib.contextmanager
@@ -634,7 +635,8 @@ def ranked_as(mem: Any, name: str) -> Any:
         weight, power, context, when = VARIANTS[name]
     saved, saved_power, saved_ref = mem.ranking, fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF
     mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}),
-                          **({} if when is None else {"when": when}), **({"question": 1.0} if name == "no-question" else {}))
+                          **({} if when is None else {"when": when}), **({"question": 1.0} if name == "no-question" else {}),
+                          **({"voice": False} if name == "no-voice" else {}))
     fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF = power, null_ref
     if name == "no-floor":
         fusion.W_TEXT_FLOOR = 0.0
@@ -793,6 +795,7 @@ NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage
          "no-when": "recall without the temporal prior",
          "no-floor": "recall without the crowded skill's text-weight floor",
          "no-question": "recall without the discount of turns that only ask",
+         "no-voice": "recall with the question as asked in the vector half (no speaker's voice)",
          "rrf": "idea: RRF(dense, bm25), k=60",
          "unscaled": "recall, reference spread in MiniLM's cosine units (before)", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
@@ -838,7 +841,7 @@ def main(argv: list[str] | None = None) -> None:
                          "embeddinggemma-300m) on each set, on a store of its own; repeatable")
     ap.add_argument("--prompts", choices=("on", "off", "both"), default="both",
                     help="for a sentence-transformers --embedder: with its query/document prompts, without, or both")
-    ap.add_argument("--methods", default="engrain,bm25,dense,fixed,before,no-context,square,no-when,no-floor,no-question",
+    ap.add_argument("--methods", default="engrain,bm25,dense,fixed,before,no-context,square,no-when,no-floor,no-question,no-voice",
                     help="methods run with the default embedder (rrf and expand come with --ideas)")
     ap.add_argument("--embedder-methods", default="engrain,dense,unscaled,fixed,rrf",
                     help="methods run with each --embedder (engrain, dense, fixed, rrf, expand, before, ...)")

@@ -125,10 +125,11 @@ def test_temporal_prior_ranks_the_turn_that_says_when(tmp_path, embedder):
         q = "When did Melanie go to the pottery workshop?"
         assert mem.recall(q, skill="chat", top_k=5)[0].content == turns[3]
         # Five records under one header form crowd, which lifts the text weight to its floor (its words alone
-        # then find the turn): at the per-query weight the cosines lead, and the prior is what puts it first.
-        mem.ranking = Ranking(text_weight=0.05)
+        # then find the turn): at the per-query weight the cosines of the question as asked lead, and the prior is
+        # what puts it first (asked in Melanie's voice, engrain._memory.voice, the cosines alone already do).
+        mem.ranking = Ranking(text_weight=0.05, voice=False)
         with_prior = [h.content for h in mem.recall(q, skill="chat", top_k=5)]
-        mem.ranking = Ranking(text_weight=0.05, when=0.0)
+        mem.ranking = Ranking(text_weight=0.05, when=0.0, voice=False)
         without = [h.content for h in mem.recall(q, skill="chat", top_k=5)]
         assert with_prior[0] == turns[3], with_prior
         assert without.index(turns[3]) > 0, without  # what the prior changed

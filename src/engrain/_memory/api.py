@@ -20,6 +20,7 @@ from . import transfer as _transfer
 from .consolidate import ConsolidationSummary
 from . import ranking as _ranking
 from . import temporal as _temporal
+from . import voice as _voice
 from .filters import check_where
 from . import cluster as _cluster
 from . import fusion as _fusion
@@ -85,6 +86,7 @@ class Memory:
         #: How recall ranks (the measured defaults; a benchmark may switch a part off).
         self.ranking = Ranking()
         self._qcache = QueryVectors()  # recent query vectors, per embedder object (:mod:`.query`)
+        self._speakers = _voice.Speakers()  # per skill, its chat-log speakers (:mod:`.voice`)
         self._seen: tuple[int, int] | None = None  # the store's version() when the mirrors were last refreshed
         self._records = VectorIndex(self.store, "record", ann_threshold=ann_threshold)
         self._articles = VectorIndex(self.store, "article", ann_threshold=ann_threshold)
@@ -276,9 +278,13 @@ class Memory:
         allowed = (start_beside(lambda: self.store.filtered_ids(where, skill, now))
                    if where and not self.store.pgvector else None)
         try:
-            qv = self._qcache.get(embedder, query)
+            rk = self.ranking
+            # The vector half may ask in the voice of the chat-log speaker the question names (:mod:`.voice`).
+            asked = (_voice.in_voice(query, lambda: self._speakers_of(skill, now)) if _voice.wanted(embedder, rk.voice)
+                     else query)
+            qv = self._qcache.get(embedder, asked)
             if qv is None:
-                qv = self._qcache.put(embedder, query, embed_queries(embedder, [query])[0])
+                qv = self._qcache.put(embedder, asked, embed_queries(embedder, [asked])[0])
             if self.store.pgvector:
                 # The full-text hits' rows come in the vector search's statement (their cosines need them):
                 # the full text is done by now (it took less than the embedding), so nothing waits for it.
@@ -290,7 +296,6 @@ class Memory:
                 allow = allowed.result() if allowed is not None else None
                 recs = self._records.search(qv, fetch, skill, now, allow)
                 arts = self._articles.search(qv, fetch, skill, now)
-            rk = self.ranking
             if rk.text_weight is None:
                 crowd = self.store.pg_crowding(skill, now) if self.store.pgvector else self._records.crowding(skill)
                 crowd = _fusion.in_reference_units(crowd, *_cluster.null_documents(self.embedder))
@@ -330,6 +335,15 @@ class Memory:
             "hits": [{"tier": r.tier, "id": r.id, "skill": r.skill, "score": round(r.score, 4)} for r in results],
         }, now)
         return results
+
+    def _speakers_of(self, skill: str | None, now: float) -> frozenset[str]:
+        """``skill``'s chat-log speakers (:func:`.voice.speakers_of` its newest records), read again when the
+        vector mirror changed (SQLite) or after ``CROWDING_TTL`` seconds (PostgreSQL, like its crowding)."""
+        if self.store.backend == "sqlite":
+            key, seqs = self._records.recent(skill, _voice.SAMPLE)
+            return self._speakers.get(skill, key, lambda: self.store.heads(_voice.HEAD_CHARS, seqs))
+        return self._speakers.get(skill, int(now // _voice.KEEP_SECONDS), lambda: self.store.heads(
+            _voice.HEAD_CHARS, skill=skill, newest=_voice.SAMPLE))
 
     def _refresh(self) -> None:
         """Bring the vector mirrors up to date, unless nothing was written since they last were."""

@@ -354,6 +354,16 @@ class VectorIndex:
             self._crowding[skill] = (key, value)
             return value
 
+    def recent(self, skill: str | None, n: int) -> tuple[tuple[int, int], list[int]]:
+        """The mirror's state (it changes when rows are added or reloaded) and the seqs of the newest ``n`` rows of
+        ``skill`` (of all skills for None), oldest first: what a skill's speakers are read from (:mod:`.voice`)."""
+        with self._lock:
+            key = (self._n, id(self._mat))
+            if skill is None:
+                return key, self._seqs[max(0, self._n - n):self._n].tolist()
+            code = self._skills.get(skill)
+            return key, ([] if code is None else self._seqs[self._by_skill[code][-n:]].tolist())
+
     def around(self, ids: list[str], radius: int, now: float, allow: set[str] | None = None
                ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """The rows ``ids`` and the live rows of their skills within ``radius`` of them, in each skill's order.

@@ -113,7 +113,9 @@ class Ranking:
     how many records either side make it. ``when`` is the weight of the
     temporal prior (:mod:`.temporal`; 0 turns it off). ``question`` is the
     share of its own match a record keeps when all it says is questions
-    (:func:`only_asks`; 1 turns that off).
+    (:func:`only_asks`; 1 turns that off). ``voice``: whether the vector half
+    asks a question about a chat-log speaker in that speaker's voice
+    (:mod:`.voice`); None leaves it to the embedder (its ``speaker_voice``).
     """
 
     text_weight: float | None = None
@@ -121,6 +123,7 @@ class Ranking:
     radius: int = CONTEXT_RADIUS
     when: float = W_WHEN
     question: float = QUESTION_KEEP
+    voice: bool | None = None
 
 
 def window_context(groups: np.ndarray, ordinals: np.ndarray, match: np.ndarray, radius: int,

@@ -378,6 +378,19 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
                     out[row[1]] = _record(row)
         return out
 
+    def heads(self, chars: int, seqs: Sequence[int] = (), skill: str | None = None, newest: int = 0) -> list[str]:
+        """The first ``chars`` characters of the records at ``seqs``, or of the ``newest`` records of ``skill``
+        (of all skills for None; that form is for PostgreSQL, whose index on (skill, seq) serves it)."""
+        if not newest:
+            sql = "SELECT substr(content, 1, ?) FROM engrain_mem_records WHERE seq IN (SELECT value FROM json_each(?))"
+            params: tuple[Any, ...] = (chars, json.dumps(list(seqs)))
+        else:
+            cond = "WHERE skill = ? " if skill is not None else ""
+            sql = f"SELECT substr(content, 1, ?) FROM engrain_mem_records {cond}ORDER BY seq DESC LIMIT ?"
+            params = (chars, *([skill] if skill is not None else []), newest)
+        with self._lock:
+            return [h for (h,) in self._x(sql, params).fetchall()]
+
     def _id_chunks(self, ids: list[str]) -> Any:
         """``(params, condition)`` pairs that select rows by ``id``: one array on PostgreSQL, whose statement text
         then never changes (psycopg prepares it after a few calls: no parse or plan per recall), and lists of
