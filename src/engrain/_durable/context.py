@@ -19,7 +19,6 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .. import _events as ev
@@ -27,13 +26,13 @@ from .._errors import (
     ConflictError,
     NondeterminismError,
     NotJSONError,
-    RunFailedError,
     StorageError,
 )
 from .._events import check_json, is_json
 from .._journal import Journal, default_url, open_journal
 from . import observe
 from .attempts import StepWriter, _Pending, _question
+from .result import RunResult
 from .steps import (
     ARGS_CHECKED,
     DEFAULT_POLICY,
@@ -94,53 +93,6 @@ class _Suspend(BaseException):
 
     def __init__(self, prompt: dict[str, Any]):
         self.prompt = prompt
-
-
-@dataclass(slots=True)
-class RunResult:
-    """The outcome of :func:`run`: truthy when the run completed.
-
-    ``status`` is ``"ok"``, ``"failed"``, ``"needs_input"`` or ``"cancelled"``; ``replayed`` counts
-    steps returned from the journal, ``executed`` steps actually called now. A
-    failed run also says where and why, as em-core's failure report does:
-    ``step_id`` (the routine step, when the failure is a step's), ``error_type``
-    and ``message``; ``error`` keeps the whole ``"Type: message"`` string.
-    """
-
-    run_id: str
-    status: str
-    output: Any = None
-    error: str | None = None
-    prompt: dict[str, Any] | None = None
-    replayed: int = 0
-    executed: int = 0
-    step_id: str | None = None
-    error_type: str | None = None
-    message: str | None = None
-
-    def __bool__(self) -> bool:
-        return self.status == "ok"
-
-    def unwrap(self) -> Any:
-        """The output, or :class:`~engrain.RunFailedError` if the run did not complete."""
-        if self.status != "ok":
-            raise RunFailedError(self.run_id, self.error or self.status)
-        return self.output
-
-    def to_dict(self) -> dict[str, Any]:
-        """The result as a JSON-ready dict."""
-        return {
-            "run_id": self.run_id,
-            "status": self.status,
-            "output": self.output,
-            "error": self.error,
-            "prompt": self.prompt,
-            "replayed": self.replayed,
-            "executed": self.executed,
-            "step_id": self.step_id,
-            "error_type": self.error_type,
-            "message": self.message,
-        }
 
 
 def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
