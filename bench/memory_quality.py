@@ -69,6 +69,20 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-27 07:05 (load 1-2; default embedder; any@5 all@5 any@10 sess@1; --ideas rrf,expand), a question
+about a chat-log speaker embedded in that speaker's voice (``_memory/voice.py``: "What does Melanie do...?" as
+"Melanie: What does I do...?", the vector half only, wh-questions naming one speaker), undone in ``no-voice``:
+LoCoMo dev .709 .579 .814 .715 against .692 .565 .811 .706 (per conversation any@5 / sess@1: 26 .740/.747 against
+.720/.740, 30 .728/.741 against .704/.728, 44 .659/.659 against .650/.650), minilm-int8 .689 .565 .808 .695
+against .675 .554 .788 .698; chat, FAQ sv and FAQ en exactly as before (no chat-log headers). Dense search alone
+on the voiced questions .540 any@5 against .477 (the header alone .444, the first person alone .466, the mean of
+the voiced and the asked vectors .698 in recall). Yes/no questions voiced too: .706 (and a first-person "Does I
+still have my dog?" then matched the conversation's own "Do you still have the beagle?"). EmbeddingGemma-300M
+loses with it (LoCoMo .763 .619 .856 .754 -> .760 .613 .856 .746; without its prompts .740 -> .726 any@5), so an
+embedder opts in (``speaker_voice``; the shipped MiniLM does). Fixed text weights with the voice: 0.10 .681,
+0.15 .686, 0.20 .706, 0.30 .686 any@5 (the per-query rule stays). Questions naming a month without a year ("camping
+in June") are 3 of 354: not worth a prior of their own.
+
 Measured 2026-11-27 01:40 (load 5-7.4, 2 cores shared with other work; default embedder; any@5 all@5 any@10
 sess@1; --ideas rrf,expand): two changes, each undone in its own row. The text weight's floor on crowded skills
 (``_memory/fusion.py``: at least 0.20 when the skill's records share one direction, mean cosine >= 0.4): LoCoMo
