@@ -51,6 +51,9 @@ class Logged:
 def test_a_chat_log_header_names_its_speaker():
     assert speaker("Melanie (8:56 pm on 20 July, 2023): We always...") == "Melanie"
     assert speaker("Mary Ann: hi there") == "Mary Ann"
+    assert speaker("Åsa (9 maj 2023): hej") == "Åsa"
+    assert speaker("Dr. Smith: take two") == "Dr. Smith"
+    assert speaker("mary ann: hi") is None and speaker("Mary ann: hi") is None
     assert speaker("  Jon (10:04 am): ok") == "Jon"
     assert speaker("no header here: lower case") is None
     assert speaker("The meeting moved to 3 pm") is None
@@ -72,6 +75,8 @@ def test_a_question_naming_one_speaker_is_asked_in_that_speaker_voice():
         "Melanie: What does I do with my family on hikes?"
     assert in_voice("When did Caroline's dog get sick?", sp) == "Caroline: When did my dog get sick?"
     assert in_voice("Why did Caroline’s sister call her?", sp) == "Caroline: Why did my sister call my?"
+    roles = frozenset({"User", "Assistant"})
+    assert in_voice("What editor does the User prefer?", roles) == "User: What editor does I prefer?"
     # two speakers named, none named, not a question, no chat log, a name inside a longer word: as asked
     for q in ["What did Caroline and Melanie paint?", "What did they paint?", "Melanie hiking trip",
               "What does Melanies do?", "Does Melanie still paint?", "Was macht Melanie heute?"]:

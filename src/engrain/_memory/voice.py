@@ -46,8 +46,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-#: A chat-log header: a name of one to three capitalised words, an optional time stamp in parentheses, a colon.
-_HEADER = re.compile(r"^\s*([A-Z][\w'.-]{0,20}(?: [A-Z][\w'.-]{0,20}){0,2})\s*(?:\([^)\n]{0,80}\))?\s*:\s")
+#: A chat-log header: a name of one to three words (each capitalised, :func:`speaker`), an optional time stamp in
+#: parentheses, a colon.
+_HEADER = re.compile(r"^\s*([^\W\d_][\w'.-]{0,20}(?: [^\W\d_][\w'.-]{0,20}){0,2})\s*(?:\([^)\n]{0,80}\))?\s*:\s")
 #: Records read per skill to learn its speakers (its most recent ones), and the characters read of each.
 SAMPLE, HEAD_CHARS = 256, 128
 #: Seconds a skill's speakers are kept on PostgreSQL (no in-process mirror tells when its records changed).
@@ -66,7 +67,7 @@ _MAX_QUERY = 2000
 def speaker(text: str) -> str | None:
     """The name heading ``text`` as a chat-log speaker (``"Melanie (8:56 pm ...): ..."`` -> ``"Melanie"``), else None."""
     m = _HEADER.match(text[:HEAD_CHARS])
-    return m.group(1) if m else None
+    return m.group(1) if m and all(w[0].isupper() for w in m.group(1).split()) else None
 
 
 def speakers_of(heads: Iterable[str]) -> frozenset[str]:
@@ -91,8 +92,9 @@ def in_voice(query: str, speakers: frozenset[str] | Callable[[], frozenset[str]]
     if len(named) != 1:
         return query
     name = re.escape(named[0])
-    said = re.sub(rf"(?<!\w){name}['’]s\b", "my", query)
-    said = re.sub(rf"(?<!\w){name}(?!\w)", "I", said)
+    # "the User" (a transcript's role names) is the speaker as much as "User" is
+    said = re.sub(rf"(?<!\w)(?:the\s+)?{name}['’]s\b", "my", query)
+    said = re.sub(rf"(?<!\w)(?:the\s+)?{name}(?!\w)", "I", said)
     said = _PRONOUN.sub(lambda m: _FIRST_PERSON[m.group(1).lower()], said)
     return f"{named[0]}: {said}"
 
