@@ -18,6 +18,7 @@ import numpy as np
 from . import filters as _filters
 from .fusion import CROWDING_SAMPLE, crowding
 from .items import from_blob
+from .pgrows import RowPool, rec_cols
 
 #: HNSW parameters, shared by pgvector's index and the in-process usearch graph. ef 80: at 1M records
 #: (bench/memory.py) recall@10 against exact search is 0.972 (96: 0.976, 64: 0.964), and each step
@@ -35,6 +36,15 @@ CROWDING_TTL = 60.0
 def _vec_literal(vec: np.ndarray) -> str:
     """pgvector's text form of a vector (9 significant digits round-trip float32)."""
     return "[" + ",".join(f"{x:.9g}" for x in np.asarray(vec, dtype=np.float32).tolist()) + "]"
+
+
+def _windows(cols: str) -> str:
+    """The passage windows' statement (``cols`` of each row ``r``, after its anchor's seq): for each record of the
+    ids asked (its last parameter), the live records of its skill within the radius before it and after it."""
+    side = (f"(SELECT {cols} FROM engrain_mem_records r WHERE r.skill = c.skill AND r.seq {{}} c.seq "
+            "AND (r.expires IS NULL OR r.expires > %s) ORDER BY r.seq {} LIMIT %s)")
+    return (f"SELECT c.seq, n.* FROM engrain_mem_records c CROSS JOIN LATERAL ("
+            f"{side.format('<', 'DESC')} UNION ALL {side.format('>=', 'ASC')}) n WHERE c.id = ANY(%s)")
 
 
 class PgVectorSearch:
@@ -121,31 +131,36 @@ class PgVectorSearch:
 
     def pg_vector_search_both(self, vec: np.ndarray, skill: str | None, now: float, limit: int,
                               where: dict[str, Any] | None = None, own: Sequence[str] = ()
-                              ) -> tuple[list[tuple[str, float]], list[tuple[str, float]], tuple[set[str], list]]:
+                              ) -> tuple[list[tuple[str, float]], list[tuple[str, float]], RowPool]:
         """:meth:`pg_vector_search` of records (with ``where``) and of articles, and the rows of records ``own``,
         all in one statement (three round trips a recall in one).
 
         Each tier's search is the one :meth:`pg_vector_search` would run first (HNSW
         or exact, as planned there), and a short one is ranked exactly after it the
         same way: the same hits in the same order. ``own`` (recall: the full-text
-        hits, whose cosines it needs) come back as ``(own, rows)``, the rows of
-        the live ones as :meth:`pg_around` reads them with radius 0, for it to
-        take instead of reading them again.
+        hits, whose cosines it needs) come back in a :class:`~.pgrows.RowPool`: the
+        rows of the live ones as :meth:`pg_around` reads them with radius 0, for it
+        to take instead of reading them again, and in full, for scoring.
         """
+        pool = RowPool(self, own)
         with self._lock:
             rp = self._pg_plan("record", vec, skill, now, limit, where)
             ap = self._pg_plan("article", vec, skill, now, limit)
-            sql = (f"SELECT 0, r.id, r.d, NULL::bigint, NULL::text, NULL::bytea, NULL::text FROM ({rp[0]}) r "
-                   f"UNION ALL SELECT 1, a.id, a.d, NULL, NULL, NULL, NULL FROM ({ap[0]}) a")
+            blank = ("NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::float8, "
+                     "NULL::float8, NULL::text, NULL::bytea, NULL::float8")
+            sql = (f"SELECT 0, r.id, r.d, {blank} FROM ({rp[0]}) r "
+                   f"UNION ALL SELECT 1, a.id, a.d, {blank} FROM ({ap[0]}) a")
             params = [*rp[1], *ap[1]]
             if own:
-                sql += (" UNION ALL SELECT 2, id, NULL, seq, skill, embedding, metadata FROM engrain_mem_records "
+                sql += (f" UNION ALL SELECT 2, id, NULL, {rec_cols()} FROM engrain_mem_records "
                         "WHERE id = ANY(%s) AND (expires IS NULL OR expires > %s)")
                 params += [list(own), now]
             rows = self._db.execute(sql, params, binary=True).fetchall()
+            full = [r[3:] for r in rows if r[0] == 2]
+            pool.own_rows = [(r[0], r[1], r[2], r[0], r[9], r[5]) for r in full]
+            pool.add_records(full)
             return (self._pg_finish(rp, [r[1:3] for r in rows if r[0] == 0]),
-                    self._pg_finish(ap, [r[1:3] for r in rows if r[0] == 1]),
-                    (set(own), [(r[3], r[1], r[4], r[3], r[5], r[6]) for r in rows if r[0] == 2]))
+                    self._pg_finish(ap, [r[1:3] for r in rows if r[0] == 1]), pool)
 
     def _pg_plan(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
                  where: dict[str, Any] | None = None) -> tuple[str, list[Any], str | None, list[Any]]:
@@ -207,35 +222,39 @@ class PgVectorSearch:
         return value
 
     def pg_around(self, ids: list[str], radius: int, now: float, where: dict[str, Any] | None = None,
-                  read: tuple[set[str], list] | None = None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+                  read: RowPool | None = None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`VectorIndex.around <engrain._memory.index.VectorIndex.around>` in SQL (stores with no mirror).
 
         One round trip: for each record, the ``radius`` live records of its skill
         stored before it and after it (the ``(skill, seq)`` btree); with ``radius``
         0, the live records themselves, read by id (or taken from ``read``, what
         :meth:`pg_vector_search_both` read at ``now``, when it asked for them all).
-        Ordinals come from those runs (:func:`.ranking.ordinals_from_runs`).
+        Ordinals come from those runs (:func:`.ranking.ordinals_from_runs`). With
+        ``read``, the windows' rows are read in full and kept there, and the rows
+        it still wants (``read.want``: the other candidates and the articles) come
+        in the same round trip (:meth:`_pg_read_with`).
         """
         from .ranking import ordinals_from_runs
 
         if not ids:
             return [], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-        side = ("(SELECT r.id, r.skill, r.seq, r.embedding, r.metadata FROM engrain_mem_records r WHERE "
-                "r.skill = c.skill AND r.seq {} c.seq AND (r.expires IS NULL OR r.expires > ?) ORDER BY r.seq {} LIMIT ?)")
-        sql = (f"SELECT c.seq, n.id, n.skill, n.seq, n.embedding, n.metadata FROM engrain_mem_records c "
-               f"CROSS JOIN LATERAL ({side.format('<', 'DESC')} UNION ALL {side.format('>=', 'ASC')}) n "
-               "WHERE c.id = ANY(?)")
-        params: tuple = (now, radius, now, radius + 1, list(ids))
-        if radius == 0:  # the records' own rows (recall's cosines for full-text hits): no window to walk
-            sql = ("SELECT seq, id, skill, seq, embedding, metadata FROM engrain_mem_records "
-                   "WHERE id = ANY(?) AND (expires IS NULL OR expires > ?)")
-            params = (list(ids), now)
         want = set(ids)
-        if radius == 0 and read is not None and want <= read[0]:
-            rows = [r for r in read[1] if r[1] in want]
-        else:
+        if radius == 0 and read is not None and want <= read.own:
+            rows = [r for r in read.own_rows if r[1] in want]
+        elif radius == 0:  # the records' own rows (recall's cosines for full-text hits): no window to walk
             with self._lock:
-                rows = self._x(sql, params, binary=True).fetchall()
+                rows = self._x("SELECT seq, id, skill, seq, embedding, metadata FROM engrain_mem_records "
+                               "WHERE id = ANY(?) AND (expires IS NULL OR expires > ?)", (list(ids), now),
+                               binary=True).fetchall()
+        else:
+            params = (now, radius, now, radius + 1, list(ids))
+            if read is None:
+                with self._lock:
+                    rows = self._db.execute(_windows("r.id, r.skill, r.seq, r.embedding, r.metadata"), params,
+                                            binary=True).fetchall()
+            else:
+                full = self._pg_read_with(read, params)
+                rows = [(r[0], r[2], r[3], r[1], r[10], r[6]) for r in full]  # anchor, then the row's own columns
         runs: dict[int, list[tuple[str, int]]] = {}
         rec: dict[tuple[str, int], tuple[str, Any, str]] = {}
         for anchor, rid, skill, seq, emb, meta in rows:
@@ -247,6 +266,31 @@ class PgVectorSearch:
         groups = np.array([codes.setdefault(k[0], len(codes)) for k in keys], dtype=np.int64)
         vecs = np.stack([from_blob(rec[k][1]) for k in keys]) if keys else np.zeros((0, 0), np.float32)
         return [rec[k][0] for k in keys], groups, np.array([ords[k] for k in keys], dtype=np.int64), vecs
+
+    def _pg_read_with(self, pool: RowPool, params: Sequence[Any]) -> list[Any]:
+        """The passage windows (:func:`_windows` with ``params``) in full (:func:`.pgrows.rec_cols`, after the anchor's
+        seq), kept in ``pool`` with the rows ``pool.want`` read in the same round trip (a pipeline): records by id,
+        without vectors (their cosines are known), and articles by id with the homes of the candidate records."""
+        from .store import _ART_COLS
+
+        recs, arts, homes_of = pool.want
+        pool.want = ([], [], [])
+        with self._lock, self._db.pipeline():
+            main = self._db.execute(_windows(rec_cols("r")), params, binary=True)
+            by_id = (self._db.execute(f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = ANY(%s)",
+                                      (recs,), binary=True) if recs else None)
+            art = (self._db.execute(
+                f"SELECT {_ART_COLS} FROM engrain_mem_articles WHERE id = ANY(%s) OR id IN (SELECT article_id FROM "
+                "engrain_mem_records WHERE id = ANY(%s) AND article_id IS NOT NULL)", (arts, homes_of),
+                binary=True) if arts else None)
+            rows = main.fetchall()
+            got = by_id.fetchall() if by_id is not None else []
+            got_arts = art.fetchall() if art is not None else None
+        pool.add_records([r[1:] for r in rows])
+        pool.add_records(got, asked=recs)
+        if got_arts is not None:
+            pool.add_articles(got_arts, arts, homes_of)
+        return rows
 
     def _literal(self, vec: np.ndarray) -> str:
         """``_vec_literal(vec)``, remembered for the next call: a recall searches both tiers with one vector."""
