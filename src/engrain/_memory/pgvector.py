@@ -143,13 +143,13 @@ class PgVectorSearch:
         to take instead of reading them again, and in full, for scoring.
         """
         pool = RowPool(self, own)
+        blank = ("NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::float8, "
+                 "NULL::float8, NULL::text, NULL::bytea, NULL::float8")
         with self._lock:
-            rp = self._pg_plan("record", vec, skill, now, limit, where)
+            # The record hits' rows come with them (no vectors: the search gives their cosines).
+            rp = self._pg_plan("record", vec, skill, now, limit, where, (rec_cols(vectors=False), blank))
             ap = self._pg_plan("article", vec, skill, now, limit)
-            blank = ("NULL::bigint, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::float8, "
-                     "NULL::float8, NULL::text, NULL::bytea, NULL::float8")
-            sql = (f"SELECT 0, r.id, r.d, {blank} FROM ({rp[0]}) r "
-                   f"UNION ALL SELECT 1, a.id, a.d, {blank} FROM ({ap[0]}) a")
+            sql = f"SELECT 0, r.* FROM ({rp[0]}) r UNION ALL SELECT 1, a.id, a.d, {blank} FROM ({ap[0]}) a"
             params = [*rp[1], *ap[1]]
             if own:
                 sql += (f" UNION ALL SELECT 2, id, NULL, {rec_cols()} FROM engrain_mem_records "
@@ -159,13 +159,18 @@ class PgVectorSearch:
             full = [r[3:] for r in rows if r[0] == 2]
             pool.own_rows = [(r[0], r[1], r[2], r[0], r[9], r[5]) for r in full]
             pool.add_records(full)
+            pool.add_records(r[3:] for r in rows if r[0] == 0 and r[3] is not None)  # (the exact ranking's: no row)
             return (self._pg_finish(rp, [r[1:3] for r in rows if r[0] == 0]),
                     self._pg_finish(ap, [r[1:3] for r in rows if r[0] == 1]), pool)
 
     def _pg_plan(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
-                 where: dict[str, Any] | None = None) -> tuple[str, list[Any], str | None, list[Any]]:
+                 where: dict[str, Any] | None = None, cols: tuple[str, str] = ("", "")
+                 ) -> tuple[str, list[Any], str | None, list[Any]]:
         """``(sql, params, exact_sql, exact_params)``: a tier's first search, and the exact ranking to run
-        instead when it comes back short (None: a short answer is the whole answer). Holds the lock."""
+        instead when it comes back short (None: a short answer is the whole answer). Holds the lock.
+
+        ``cols``: more columns of each hit after ``id, d`` (the HNSW scan reads each hit's row anyway), and
+        what the exact ranking gives in their place (it ranks up to :data:`PG_EXACT_ROWS` rows, kept narrow)."""
         table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
         cond, params = "vec IS NOT NULL", []
         if tier == "record":
@@ -179,9 +184,10 @@ class PgVectorSearch:
         if skill is not None:
             cond += " AND skill = ?"
             params.append(skill)
-        sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d FROM {table} WHERE {cond}"
+        sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d{{}} FROM {table} WHERE {cond}"
         qparams = [self._literal(vec), *params, limit]
-        exact = self._sql(f"WITH f AS MATERIALIZED ({sql}) SELECT id, d FROM f ORDER BY d LIMIT ?")
+        more, blank = (", " + cols[0], ", " + cols[1]) if cols[0] else ("", "")
+        exact = self._sql(f"WITH f AS MATERIALIZED ({sql.format('')}) SELECT id, d{blank} FROM f ORDER BY d LIMIT ?")
         if (where or skill is not None) and self._pg_rows(f"SELECT 1 FROM {table} WHERE {cond}", params) \
                 <= PG_EXACT_ROWS:
             return exact, qparams, None, []
@@ -191,7 +197,7 @@ class PgVectorSearch:
         # without one ef_search >= limit rows come back), so the exact ranking would return the same
         # rows: skip its round trip (most stores hold few articles).
         again = tier == "record" or skill is not None or limit > HNSW_EF
-        return self._sql(sql + " ORDER BY d LIMIT ?"), qparams, exact if again else None, qparams
+        return self._sql(sql.format(more) + " ORDER BY d LIMIT ?"), qparams, exact if again else None, qparams
 
     def _pg_finish(self, plan: tuple[str, list[Any], str | None, list[Any]], rows: list[Any]
                    ) -> list[tuple[str, float]]:
@@ -275,6 +281,11 @@ class PgVectorSearch:
 
         recs, arts, homes_of = pool.want
         pool.want = ([], [], [])
+        if not recs and not arts:  # nothing more to read (no pipeline: entering and leaving one costs a little)
+            with self._lock:
+                rows = self._db.execute(_windows(rec_cols("r")), params, binary=True).fetchall()
+            pool.add_records([r[1:] for r in rows])
+            return rows
         with self._lock, self._db.pipeline():
             main = self._db.execute(_windows(rec_cols("r")), params, binary=True)
             by_id = (self._db.execute(f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = ANY(%s)",
