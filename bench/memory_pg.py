@@ -295,14 +295,18 @@ class FloorSide:
         ns = self.db.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
                              "WHERE extname = 'vector'").fetchone()[0]
         self.db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
+        from engrain._memory.pgvector import register_vector_dumper
+
+        # The query vector goes as engrain sends it (binary, pgvector's own form): no text to format or parse.
+        register_vector_dumper(self.db, self.db.execute(f"SELECT '\"{ns}\".vector'::regtype::oid").fetchone()[0])
         self.sql = (f'SELECT id, vec OPERATOR("{ns}".<=>) %s::"{ns}".vector AS d FROM engrain_mem_records '
                     "ORDER BY d LIMIT %s")
         self.parts: dict[str, list[float]] = {"embed": [], f"HNSW top-{k}": []}
 
-    def _literal(self, v: np.ndarray) -> str:
-        from engrain._memory.pgvector import _vec_literal
+    def _literal(self, v: np.ndarray) -> Any:
+        from engrain._memory.pgvector import PgVector
 
-        return _vec_literal(v)
+        return PgVector.of(v)
 
     def single(self, texts: list[str]) -> float:
         return float("nan")

@@ -29,7 +29,7 @@ _SMALL = "octet_length({p}content) + octet_length({p}hint) <= " + str(SMALL_ROW)
 
 
 def rec_cols(alias: str = "", vectors: bool = True) -> str:
-    """The record columns in ``store._REC_COLS``' order, content and label only of small rows (NULL otherwise),
+    """The record columns in ``items._REC_COLS``' order, content and label only of small rows (NULL otherwise),
     of the table aliased ``alias``; ``vectors=False`` reads an empty embedding."""
     p = alias + "." if alias else ""
     small = _SMALL.format(p=p)

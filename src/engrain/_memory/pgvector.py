@@ -10,6 +10,7 @@ never starves the limit.
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from . import filters as _filters
 from .fusion import CROWDING_SAMPLE, crowding
-from .items import from_blob
+from .items import _ART_COLS, from_blob
 from .pgrows import RowPool, rec_cols
 
 #: HNSW parameters, shared by pgvector's index and the in-process usearch graph. ef 80: at 1M records
@@ -38,6 +39,32 @@ def _vec_literal(vec: np.ndarray) -> str:
     return "[" + ",".join(f"{x:.9g}" for x in np.asarray(vec, dtype=np.float32).tolist()) + "]"
 
 
+class PgVector(bytes):
+    """A vector in pgvector's binary form (int16 dimension, int16 zero, big-endian float32s), sent as a ``vector``
+    parameter in PostgreSQL's binary format: the same float32s as the text form, none formatted or parsed
+    (0.08 ms of Python and the server's 384 strtof a recall, for the shipped embedder)."""
+
+    @classmethod
+    def of(cls, vec: np.ndarray) -> PgVector:
+        v = np.asarray(vec, dtype=np.float32).reshape(-1)
+        return cls(struct.pack(">hh", v.shape[0], 0) + v.astype(">f4").tobytes())
+
+
+def register_vector_dumper(db: Any, oid: int) -> None:
+    """Send :class:`PgVector` values on ``db`` as the ``vector`` type of OID ``oid`` (binary format)."""
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class _VectorDumper(Dumper):
+        format = Format.BINARY
+
+        def dump(self, obj: bytes) -> bytes:
+            return bytes(obj)
+
+    _VectorDumper.oid = oid
+    db.adapters.register_dumper(PgVector, _VectorDumper)
+
+
 def _windows(cols: str) -> str:
     """The passage windows' statement (``cols`` of each row ``r``, after its anchor's seq): for each record of the
     ids asked (its last parameter), the live records of its skill within the radius before it and after it."""
@@ -56,7 +83,7 @@ class PgVectorSearch:
     _vtype: str
     _vdist: str
     _ns: str
-    _last_literal: tuple[np.ndarray, str] | None
+    _last_literal: tuple[np.ndarray, PgVector] | None
 
     def _x(self, sql: str, params: Sequence[Any] = (), binary: bool = False) -> Any:  # pragma: no cover - the store's
         raise NotImplementedError
@@ -77,6 +104,7 @@ class PgVectorSearch:
         # search_path (a store per schema): name its type and operator explicitly.
         ns = '"' + have[0].replace('"', '""') + '"'
         self._vtype, self._vdist = f"{ns}.vector", f"OPERATOR({ns}.<=>)"
+        register_vector_dumper(self._db, self._db.execute(f"SELECT '{ns}.vector'::regtype::oid").fetchone()[0])
         for table in ("engrain_mem_records", "engrain_mem_articles"):
             if not self._db.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
                                     " AND table_name = %s AND column_name = 'vec'", (table,)).fetchone():
@@ -277,8 +305,6 @@ class PgVectorSearch:
         """The passage windows (:func:`_windows` with ``params``) in full (:func:`.pgrows.rec_cols`, after the anchor's
         seq), kept in ``pool`` with the rows ``pool.want`` read in the same round trip (a pipeline): records by id,
         without vectors (their cosines are known), and articles by id with the homes of the candidate records."""
-        from .store import _ART_COLS
-
         recs, arts, homes_of = pool.want
         pool.want = ([], [], [])
         if not recs and not arts:  # nothing more to read (no pipeline: entering and leaving one costs a little)
@@ -303,11 +329,11 @@ class PgVectorSearch:
             pool.add_articles(got_arts, arts, homes_of)
         return rows
 
-    def _literal(self, vec: np.ndarray) -> str:
-        """``_vec_literal(vec)``, remembered for the next call: a recall searches both tiers with one vector."""
+    def _literal(self, vec: np.ndarray) -> PgVector:
+        """``vec`` as a query parameter, remembered for the next call: a recall searches both tiers with one vector."""
         last = self._last_literal
         if last is None or not np.array_equal(last[0], vec):
-            last = self._last_literal = (np.array(vec, dtype=np.float32), _vec_literal(vec))
+            last = self._last_literal = (np.array(vec, dtype=np.float32), PgVector.of(vec))
         return last[1]
 
     def _pg_rows(self, sql: str, params: Sequence[Any]) -> float:
