@@ -299,8 +299,9 @@ class FloorSide:
 
         # The query vector goes as engrain sends it (binary, pgvector's own form): no text to format or parse.
         register_vector_dumper(self.db, self.db.execute(f"SELECT '\"{ns}\".vector'::regtype::oid").fetchone()[0])
+        # The limit written in, as engrain writes it: the prepared statement then keeps one plan (no planning a query).
         self.sql = (f'SELECT id, vec OPERATOR("{ns}".<=>) %s::"{ns}".vector AS d FROM engrain_mem_records '
-                    "ORDER BY d LIMIT %s")
+                    "ORDER BY d LIMIT {}")
         self.parts: dict[str, list[float]] = {"embed": [], f"HNSW top-{k}": []}
 
     def _literal(self, v: np.ndarray) -> Any:
@@ -319,7 +320,7 @@ class FloorSide:
             t = time.perf_counter()
             v = self.emb.embed([q])[0]
             e = time.perf_counter()
-            got = self.db.execute(self.sql, (self._literal(v), self.k)).fetchall()
+            got = self.db.execute(self.sql.format(self.k), (self._literal(v),)).fetchall()
             done = time.perf_counter()
             lat.append((done - t) * 1000)
             self.parts["embed"].append((e - t) * 1000)
@@ -338,7 +339,7 @@ class FloorSide:
             if i % 2:
                 self.db.execute("SELECT 1").fetchall()
             else:
-                self.db.execute(self.sql, (self._literal(v), 40)).fetchall()
+                self.db.execute(self.sql.format(40), (self._literal(v),)).fetchall()
             more[name].append((time.perf_counter() - t) * 1000)
         return {k: float(np.median(v)) for k, v in {**self.parts, **more}.items() if v}
 

@@ -247,6 +247,13 @@ def test_recall_on_pgvector_without_articles_sends_four_statements(embedder, mon
             mem.recall(q, **kw)
             _stop(mem)
             assert (len(sent), trips[0]) == (4, 4), sent  # full text, search with rows, windows with rows, event
+        for _ in range(12):  # the search's and the windows' limits are written in: their prepared plans are kept
+            mem._qcache.clear()
+            mem.recall(QUERIES[0][0])
+        plans = dict(mem.store._x("SELECT left(statement, 13), max(generic_plans) FROM pg_prepared_statements "
+                                  "WHERE statement LIKE 'SELECT 0, r.*%%' OR statement LIKE 'SELECT c.seq, n.*%%' "
+                                  "GROUP BY 1").fetchall())
+        assert plans.keys() == {"SELECT 0, r.*", "SELECT c.seq,"} and min(plans.values()) > 0, plans
         _store_reads(monkeypatch, mem)
         mem._qcache.clear()
         assert _recalls(mem, QUERIES) == got

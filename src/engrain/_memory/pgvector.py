@@ -65,13 +65,16 @@ def register_vector_dumper(db: Any, oid: int) -> None:
     db.adapters.register_dumper(PgVector, _VectorDumper)
 
 
-def _windows(cols: str) -> str:
-    """The passage windows' statement (``cols`` of each row ``r``, after its anchor's seq): for each record of the
-    ids asked (its last parameter), the live records of its skill within the radius before it and after it."""
+def _windows(cols: str, radius: int) -> str:
+    """The passage windows' statement (``cols`` of each row ``r``, after its anchor's seq; parameters: the time
+    twice, then the ids): for each record asked, the live records of its skill within ``radius`` before it
+    and after it. The radius is written in (a ``LIMIT $n`` would make PostgreSQL plan it anew every time,
+    as :meth:`PgVectorSearch._pg_plan` says)."""
     side = (f"(SELECT {cols} FROM engrain_mem_records r WHERE r.skill = c.skill AND r.seq {{}} c.seq "
-            "AND (r.expires IS NULL OR r.expires > %s) ORDER BY r.seq {} LIMIT %s)")
+            "AND (r.expires IS NULL OR r.expires > %s) ORDER BY r.seq {} LIMIT {})")
     return (f"SELECT c.seq, n.* FROM engrain_mem_records c CROSS JOIN LATERAL ("
-            f"{side.format('<', 'DESC')} UNION ALL {side.format('>=', 'ASC')}) n WHERE c.id = ANY(%s)")
+            f"{side.format('<', 'DESC', int(radius))} UNION ALL {side.format('>=', 'ASC', int(radius) + 1)}) n "
+            "WHERE c.id = ANY(%s)")
 
 
 class PgVectorSearch:
@@ -193,12 +196,16 @@ class PgVectorSearch:
 
     def _pg_plan(self, tier: str, vec: np.ndarray, skill: str | None, now: float, limit: int,
                  where: dict[str, Any] | None = None, cols: tuple[str, str] = ("", "")
-                 ) -> tuple[str, list[Any], str | None, list[Any]]:
-        """``(sql, params, exact_sql, exact_params)``: a tier's first search, and the exact ranking to run
+                 ) -> tuple[str, list[Any], str | None, list[Any], int]:
+        """``(sql, params, exact_sql, exact_params, limit)``: a tier's first search, and the exact ranking to run
         instead when it comes back short (None: a short answer is the whole answer). Holds the lock.
 
         ``cols``: more columns of each hit after ``id, d`` (the HNSW scan reads each hit's row anyway), and
-        what the exact ranking gives in their place (it ranks up to :data:`PG_EXACT_ROWS` rows, kept narrow)."""
+        what the exact ranking gives in their place (it ranks up to :data:`PG_EXACT_ROWS` rows, kept narrow).
+        The limit is written into the statement, not a parameter: with ``LIMIT $n`` PostgreSQL prices a
+        generic plan for an unknown limit, finds it dearer than each custom one and plans the search anew
+        every time (0.25 ms of a recall's statement at 10k); with the number there, the prepared statement
+        keeps one plan, the same HNSW scan."""
         table = "engrain_mem_records" if tier == "record" else "engrain_mem_articles"
         cond, params = "vec IS NOT NULL", []
         if tier == "record":
@@ -213,24 +220,27 @@ class PgVectorSearch:
             cond += " AND skill = ?"
             params.append(skill)
         sql = f"SELECT id, vec {self._vdist} ?::{self._vtype} AS d{{}} FROM {table} WHERE {cond}"
-        qparams = [self._literal(vec), *params, limit]
+        limit = int(limit)
+        qparams = [self._literal(vec), *params]
         more, blank = (", " + cols[0], ", " + cols[1]) if cols[0] else ("", "")
-        exact = self._sql(f"WITH f AS MATERIALIZED ({sql.format('')}) SELECT id, d{blank} FROM f ORDER BY d LIMIT ?")
+        exact = self._sql(f"WITH f AS MATERIALIZED ({sql.format('')}) SELECT id, d{blank} FROM f ORDER BY d "
+                          f"LIMIT {limit}")
         if (where or skill is not None) and self._pg_rows(f"SELECT 1 FROM {table} WHERE {cond}", params) \
                 <= PG_EXACT_ROWS:
-            return exact, qparams, None, []
+            return exact, qparams, None, [], limit
         # Ordered by distance alone, so the HNSW index serves it; relaxed order is re-sorted by _pg_finish.
         # Short: the scan gave up on a filter (records carry a TTL), or the table holds fewer rows.
         # Unfiltered articles can only be the latter (the iterative scan goes on to the limit, and
         # without one ef_search >= limit rows come back), so the exact ranking would return the same
         # rows: skip its round trip (most stores hold few articles).
         again = tier == "record" or skill is not None or limit > HNSW_EF
-        return self._sql(sql.format(more) + " ORDER BY d LIMIT ?"), qparams, exact if again else None, qparams
+        return (self._sql(sql.format(more) + f" ORDER BY d LIMIT {limit}"), qparams, exact if again else None,
+                qparams, limit)
 
-    def _pg_finish(self, plan: tuple[str, list[Any], str | None, list[Any]], rows: list[Any]
+    def _pg_finish(self, plan: tuple[str, list[Any], str | None, list[Any], int], rows: list[Any]
                    ) -> list[tuple[str, float]]:
         """A planned search's ``(id, cosine)``, nearest first, after the exact ranking if it came back short."""
-        if plan[2] is not None and len(rows) < plan[1][-1]:
+        if plan[2] is not None and len(rows) < plan[4]:
             rows = self._db.execute(plan[2], plan[3]).fetchall()
         return sorted(((r[0], 1.0 - float(r[1])) for r in rows), key=lambda h: -h[1])
 
@@ -281,13 +291,13 @@ class PgVectorSearch:
                                "WHERE id = ANY(?) AND (expires IS NULL OR expires > ?)", (list(ids), now),
                                binary=True).fetchall()
         else:
-            params = (now, radius, now, radius + 1, list(ids))
+            params = (now, now, list(ids))
             if read is None:
                 with self._lock:
-                    rows = self._db.execute(_windows("r.id, r.skill, r.seq, r.embedding, r.metadata"), params,
-                                            binary=True).fetchall()
+                    rows = self._db.execute(_windows("r.id, r.skill, r.seq, r.embedding, r.metadata", radius),
+                                            params, binary=True).fetchall()
             else:
-                full = self._pg_read_with(read, params)
+                full = self._pg_read_with(read, _windows(rec_cols("r"), radius), params)
                 rows = [(r[0], r[2], r[3], r[1], r[10], r[6]) for r in full]  # anchor, then the row's own columns
         runs: dict[int, list[tuple[str, int]]] = {}
         rec: dict[tuple[str, int], tuple[str, Any, str]] = {}
@@ -303,19 +313,20 @@ class PgVectorSearch:
                 if keys else np.zeros((0, 0), np.float32))
         return [rec[k][0] for k in keys], groups, np.array([ords[k] for k in keys], dtype=np.int64), vecs
 
-    def _pg_read_with(self, pool: RowPool, params: Sequence[Any]) -> list[Any]:
-        """The passage windows (:func:`_windows` with ``params``) in full (:func:`.pgrows.rec_cols`, after the anchor's
-        seq), kept in ``pool`` with the rows ``pool.want`` read in the same round trip (a pipeline): records by id,
-        without vectors (their cosines are known), and articles by id with the homes of the candidate records."""
+    def _pg_read_with(self, pool: RowPool, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The passage windows (``sql``, :func:`_windows` of :func:`.pgrows.rec_cols`: each row in full after its
+        anchor's seq), kept in ``pool`` with the rows ``pool.want`` read in the same round trip (a pipeline):
+        records by id, without vectors (their cosines are known), and articles by id with the homes of the
+        candidate records."""
         recs, arts, homes_of = pool.want
         pool.want = ([], [], [])
         if not recs and not arts:  # nothing more to read (no pipeline: entering and leaving one costs a little)
             with self._lock:
-                rows = self._db.execute(_windows(rec_cols("r")), params, binary=True).fetchall()
+                rows = self._db.execute(sql, params, binary=True).fetchall()
             pool.add_records([r[1:] for r in rows])
             return rows
         with self._lock, self._db.pipeline():
-            main = self._db.execute(_windows(rec_cols("r")), params, binary=True)
+            main = self._db.execute(sql, params, binary=True)
             by_id = (self._db.execute(f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = ANY(%s)",
                                       (recs,), binary=True) if recs else None)
             art = (self._db.execute(
