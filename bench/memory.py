@@ -194,7 +194,9 @@ vectors: 1.3-2 ms, 2-3.4 at 100k), scoring in Python (~0.5 ms) and the recall ev
 recall's ranking, which the floor does not do. Measured and dropped: reading the ``vec`` column instead of the
 toasted ``embedding`` bytes (pgvector sends a vector float by float: 1.4 against 0.8 ms for the windows at 10k;
 as ``real[]`` 3.9); a GIN bitmap plan for the full text (same time, same rows); leaving out of the search's
-full-text rows those that are vector hits (0.1 ms); an index on ``(skill, seq) INCLUDE (id, expires, metadata,
+full-text rows those that are vector hits (0.1 ms); reading the full-text hits' rows on the worker thread right
+after the full text, beside the embedding (the search 0.4 ms shorter, the recall 1 ms slower at load ~3: the
+second core is not free, and the side work slows the embedding more than it saves); an index on ``(skill, seq) INCLUDE (id, expires, metadata,
 embedding)`` so the windows are index-only (at 100k on a copy of the store: windows 1.84 -> 1.29 ms, nothing at
 10k, but 196 MB more at 100k beside a 419 MB table, 1.2 s to build at 100k under a lock that holds writes, ten
 times that at 1M, index-only only where VACUUM has marked pages all-visible, and the windows could no longer read
