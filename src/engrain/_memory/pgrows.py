@@ -1,13 +1,13 @@
 """Rows a recall on PostgreSQL has read already, served again instead of read again.
 
 A recall on pgvector reads rows in two statements it sends anyway: the vector
-search (the full-text hits' rows, whose cosines it needs) and the passage
-windows (the rows around its best candidates, and, in the same round trip,
-the rows of the other candidates and their articles). Scoring then takes its
-records and articles from here (:meth:`RowPool.records`, :meth:`RowPool.articles`,
-the store's own signatures) and reads only what is not here, exactly as the
-store would have: the same rows, so the same results, one or two round trips
-fewer a recall.
+search (the hits' rows, which its HNSW scan reads anyway, and the full-text
+hits' rows, whose cosines it needs) and the passage windows (the rows around
+its best candidates, and, in the same round trip, whatever candidates and
+articles nothing read yet). Scoring then takes its records and articles from
+here (:meth:`RowPool.records`, :meth:`RowPool.articles`, the store's own
+signatures) and reads only what is not here, exactly as the store would have:
+the same rows, so the same results, two round trips fewer a recall.
 
 What is here: a row read in full (its content short enough,
 :data:`SMALL_ROW`); and which ids were asked by id, so a row that is not there
@@ -62,7 +62,7 @@ class RowPool:
         self.want = ([i for i in records if i not in self._known], arts, list(homes_of) if arts else [])
 
     def add_records(self, rows: Iterable[Sequence[Any]], asked: Iterable[str] = ()) -> None:
-        """Keep records (rows in :data:`REC_COLS`' order); ``asked``: ids read by id without a filter."""
+        """Keep records (rows in :func:`rec_cols`' order); ``asked``: ids read by id without a filter."""
         short = set()
         for r in rows:
             if r[3] is None:  # long content: not read here
