@@ -270,6 +270,86 @@ def explain(admin: str, n: int, qvec: np.ndarray, query: str) -> list[tuple[str,
     return out
 
 
+class FloorSide:
+    """What the server itself costs a recall: the query embedding, then one round trip of pgvector's bare HNSW
+    top-k statement on the same table (same ``hnsw.ef_search`` as engrain's session), no full text, no
+    scoring: the least any client of this server can answer a query in. A side of ``memory.measure`` (its
+    blocks rotate with the others', so it runs under the same load); filtered queries are not its to run.
+
+    Each query is embedded anew (no cache), as engrain's measured recalls are, and the statement runs
+    right after the embedding, as a recall's does: a server process that sat idle through the embedding
+    answers slower than one in a tight loop (at 10k, 1.5 against 0.8 ms for the same HNSW statement).
+    """
+
+    def __init__(self, admin: str, n: int, k: int = 5):
+        import psycopg
+
+        from engrain._memory.embed import default_embedder
+        from engrain._memory.pgvector import HNSW_EF
+
+        self.k, self.info = k, {}
+        self.name = f"floor: embed + HNSW top-{k}, 1 trip"
+        self.emb = default_embedder()
+        self.emb.embed(["warm up"])
+        self.db = psycopg.connect(store_url(admin, n), autocommit=True)
+        ns = self.db.execute("SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+                             "WHERE extname = 'vector'").fetchone()[0]
+        self.db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
+        from engrain._memory.pgvector import register_vector_dumper
+
+        # The query vector goes as engrain sends it (binary, pgvector's own form): no text to format or parse.
+        register_vector_dumper(self.db, self.db.execute(f"SELECT '\"{ns}\".vector'::regtype::oid").fetchone()[0])
+        # The limit written in, as engrain writes it: the prepared statement then keeps one plan (no planning a query).
+        self.sql = (f'SELECT id, vec OPERATOR("{ns}".<=>) %s::"{ns}".vector AS d FROM engrain_mem_records '
+                    "ORDER BY d LIMIT {}")
+        self.parts: dict[str, list[float]] = {"embed": [], f"HNSW top-{k}": []}
+
+    def _literal(self, v: np.ndarray) -> Any:
+        from engrain._memory.pgvector import PgVector
+
+        return PgVector.of(v)
+
+    def single(self, texts: list[str]) -> float:
+        return float("nan")
+
+    def recall(self, qs: list[str], where: dict | None = None, k: int = 5) -> tuple[list[float], int]:
+        if where is not None:
+            return [], 0
+        lat, full = [], 0
+        for q in qs:
+            t = time.perf_counter()
+            v = self.emb.embed([q])[0]
+            e = time.perf_counter()
+            got = self.db.execute(self.sql.format(self.k), (self._literal(v),)).fetchall()
+            done = time.perf_counter()
+            lat.append((done - t) * 1000)
+            self.parts["embed"].append((e - t) * 1000)
+            self.parts[f"HNSW top-{self.k}"].append((done - e) * 1000)
+            full += len(got) >= self.k
+        return lat, full
+
+    def extra(self, qs: list[str]) -> dict[str, float]:
+        """p50 ms of the floor's parts over the measured rounds, and of two more statements each sent right after
+        an embedding: ``SELECT 1`` (the round trip alone) and the HNSW top 40 (the vector candidates recall asks)."""
+        more: dict[str, list[float]] = {"SELECT 1": [], "HNSW top-40": []}
+        for i, q in enumerate(qs):
+            name = "SELECT 1" if i % 2 else "HNSW top-40"
+            v = self.emb.embed([q])[0]
+            t = time.perf_counter()
+            if i % 2:
+                self.db.execute("SELECT 1").fetchall()
+            else:
+                self.db.execute(self.sql.format(40), (self._literal(v),)).fetchall()
+            more[name].append((time.perf_counter() - t) * 1000)
+        return {k: float(np.median(v)) for k, v in {**self.parts, **more}.items() if v}
+
+    def clear_cache(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.db.close()
+
+
 def main() -> None:
     """``python bench/memory_pg.py SIZE [BUILD_MEM] [WORKERS]``: build (or keep) one cached store ahead of a bench run."""
     import os

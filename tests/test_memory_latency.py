@@ -68,8 +68,8 @@ def _full_read(monkeypatch) -> None:
     """Make recall read every candidate's row (the ranking before rows were skipped)."""
     from engrain._memory import ranking
 
-    def every(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question=None):  # noqa: ANN001, ANN202
-        return mem.store.records([i for t, i in cands if t == "record"], vectors=vectors), {}  # no score kept
+    def every(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question=None, rows=None):  # noqa: ANN001, ANN202
+        return (rows or mem.store).records([i for t, i in cands if t == "record"], vectors=vectors), {}  # no score kept
 
     monkeypatch.setattr(ranking, "_fetch_best", every)
 

@@ -317,6 +317,9 @@ class Memory:
         best = max((r for _, _, r in text_hits), default=0.0)
         for tier, i, r in text_hits:
             cands.setdefault((tier, i), {"cos": None, "text": 0.0})["text"] = r / best if best > 0 else 0.0  # type: ignore[dict-item]
+        if read is not None:  # the candidates' rows (and articles) come with the passage windows' round trip
+            ids = [i for t, i in cands if t == "record"]
+            read.plan(ids, [i for t, i in cands if t == "article"], ids)
         def around(ids: list[str], radius: int) -> tuple:
             if self.store.pgvector:
                 return self.store.pg_around(ids, radius, now, where, read)
@@ -328,7 +331,7 @@ class Memory:
         cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
         # Only the top k are returned (neighbours=True lends scores from the top 2k to any record: all of them).
         results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior, rk.question,
-                                 keep=None if neighbours else k)
+                                 keep=None if neighbours else k, rows=read)
         results = _ranking.add_neighbours(self, results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {
             "query": query, "label": label, "hint": importance, "where": where,

@@ -69,6 +69,12 @@ class BufferItem:
     created: float
 
 
+#: The columns :func:`_record` and :func:`_article` read rows of, in their order.
+_REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding, importance"
+_ART_COLS = ("seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding,"
+             " importance")
+
+
 def _record(r: Sequence[Any]) -> Record:
     return Record(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6], r[7], r[8], from_blob(r[9]), r[10])
 

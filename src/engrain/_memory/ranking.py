@@ -253,7 +253,7 @@ def _base(c: dict[str, Any], w_text: float, context: float) -> float:
 
 def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
                 w_text: float, context: float, prior: Prior | None, keep: int, vectors: bool,
-                question: float = QUESTION_KEEP) -> tuple[dict[str, Any], dict[str, float]]:
+                question: float = QUESTION_KEEP, rows: Any = None) -> tuple[dict[str, Any], dict[str, float]]:
     """The record candidates' rows, leaving out those that cannot rank among the best ``keep``.
 
     :func:`prune` had to bound the priors by their most (0.15 and the temporal
@@ -263,35 +263,37 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
     below, and a candidate whose match and context plus the most its priors can
     add stays under it is not read (~15 rows instead of ~60). Records folded into
     an article are always read (their article's score and ``via`` need them):
-    on a store with articles, one narrow query says which those are.
+    on a store with articles, one narrow query says which those are. ``rows``: where the rows come from
+    (the store, or on PostgreSQL the rows the recall read already, :class:`.pgrows.RowPool`).
     """
+    read = (rows if rows is not None else mem.store).records
     ids = [i for t, i in cands if t == "record"]
     known = sorted(((_base(c, w_text, context), i) for (t, i), c in cands.items()
                     if t == "record" and c["cos"] is not None), key=lambda x: -x[0])
     if len(known) <= keep:
-        return mem.store.records(ids, vectors=vectors), {}
+        return read(ids, vectors=vectors), {}
     tail = [i for _, i in known[keep:]]
     if mem.store.pgvector and tail:  # which of the tail are folded, and the rows to read now, in one statement
         in_tail = set(tail)
-        recs = mem.store.records([i for i in ids if i not in in_tail], vectors=vectors, folded_of=tail)
+        recs = read([i for i in ids if i not in in_tail], vectors=vectors, folded_of=tail)
         later = in_tail - recs.keys()
     else:  # SQLite: a record can only be folded once its mirror holds an article
         folded = mem.store.folded_records(tail) if len(getattr(mem, "_articles", ())) > 0 else set()
         later = set(tail) - folded
-        recs = mem.store.records([i for i in ids if i not in later], vectors=vectors)
+        recs = read([i for i in ids if i not in later], vectors=vectors)
     words = _words(label) if label else None
     done = {r.id: item_score(mem, r, cands[("record", r.id)], label, now, w_text, context, prior, qv, "record",
                              question, words)
             for r in recs.values() if r.article_id is None and (r.expires is None or r.expires > now)}
     own = sorted(done.values(), reverse=True)
     if len(own) < keep:
-        recs.update(mem.store.records([i for i in ids if i in later], vectors=vectors))
+        recs.update(read([i for i in ids if i in later], vectors=vectors))
         return recs, done
     # Recency and importance add at most their weights; the label its weight when one was asked; the temporal
     # prior its most. A margin keeps rounding (scores are rounded to 6 places) from ever tying across the floor.
     most = W_RECENCY + W_IMPORTANCE + (W_LABEL if label else 0.0) + (prior.most if prior else 0.0) + 1e-5
     floor = own[keep - 1]
-    recs.update(mem.store.records([i for b, i in known[keep:] if i in later and b + most >= floor], vectors=vectors))
+    recs.update(read([i for b, i in known[keep:] if i in later and b + most >= floor], vectors=vectors))
     return recs, done
 
 
@@ -325,24 +327,25 @@ def item_score(mem: Any, item: Any, c: dict[str, Any], label: str | None, now: f
 
 def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
           where: dict[str, Any] | None, w_text: float, context: float, prior: Prior | None = None,
-          question: float = QUESTION_KEEP, keep: int | None = None) -> list[SearchResult]:
+          question: float = QUESTION_KEEP, keep: int | None = None, rows: Any = None) -> list[SearchResult]:
     """The candidates as results, best first (the score of :meth:`Memory.recall`).
 
     ``prior`` is the query's temporal prior (:mod:`.temporal`), added to each item by its text;
     a record that only asks questions keeps the share ``question`` of its own match.
     ``keep``: only the best ``keep`` results are used (the rest may be left out
-    unread, :func:`_fetch_best`); None returns every candidate.
+    unread, :func:`_fetch_best`); None returns every candidate. ``rows``: where rows come from (None: the store).
     """
     vectors = any(c["cos"] is None for (t, _), c in cands.items() if t == "record")
     done: dict[str, float] = {}
+    src = rows if rows is not None else mem.store
     if keep is None:
-        recs = mem.store.records([i for t, i in cands if t == "record"], vectors=vectors)
+        recs = src.records([i for t, i in cands if t == "record"], vectors=vectors)
     else:
-        recs, done = _fetch_best(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question)
+        recs, done = _fetch_best(mem, cands, qv, label, now, w_text, context, prior, keep, vectors, question, rows)
     # Articles of candidate records come in too: the article stands for its records.
     homes = {r.article_id for r in recs.values() if r.article_id}
     art_ids = {i for t, i in cands if t == "article"} | homes
-    arts = {a.id: a for a in mem.store.articles(ids=sorted(art_ids))}
+    arts = {a.id: a for a in src.articles(ids=sorted(art_ids))}
     if where:  # an article shows only if every source it still has matches the filter
         srcs = mem.store.records([s for a in arts.values() for s in a.sources])
         arts = {aid: a for aid, a in arts.items()

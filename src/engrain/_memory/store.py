@@ -40,7 +40,7 @@ import numpy as np
 from .._journal import redact_url, refuse_newer_store
 from . import filters as _filters
 from .buffer import ConsolidationTables
-from .items import Article, Record, _article, _record, to_blob
+from .items import _ART_COLS, _REC_COLS, Article, Record, _article, _record, to_blob
 from .pgvector import (  # noqa: F401  (constants and _vec_literal: re-exported)
     HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, PG_EXACT_ROWS, PgVectorSearch, _vec_literal)
 from .text import TextSearch, query_terms  # noqa: F401  (query_terms: re-exported)
@@ -101,9 +101,6 @@ CREATE TABLE IF NOT EXISTS engrain_mem_text (
 CREATE INDEX IF NOT EXISTS engrain_mem_text_tsv ON engrain_mem_text USING GIN (tsv);
 """
 
-_REC_COLS = "seq, id, skill, content, hint, metadata, created, expires, article_id, embedding, importance"
-_ART_COLS = ("seq, id, skill, title, content, sources, metadata, created, updated, version, synthesizer, embedding,"
-             " importance")
 def open_store(url: str) -> MemoryStore:
     """Memory's tables in the database of the journal URL ``url``."""
     from .._journal import parse_url
@@ -124,7 +121,7 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
         self._ns = "public"
         self._pg_stats: tuple[float, dict[str, tuple[dict[str, float], float, float]]] | None = None
         self._lex: dict[str, str] = {}
-        self._last_literal: tuple[np.ndarray, str] | None = None
+        self._last_literal: tuple[np.ndarray, Any] | None = None
         self._lock = threading.RLock()
         self._events = 0  # rows this connection wrote as recall events (see version())
         if backend == "sqlite":

@@ -95,11 +95,10 @@ class TextSearch:
                     "SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples FROM pg_class c "
                     "LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname "
                     "AND s.attname = 'tsv' WHERE c.oid = %s::regclass", (table,)).fetchone()
-                if row is None:
+                if row is None or row[0] is None:  # never analyzed (or nothing common): count exactly, narrow rows
+                    self._pg_stats = None  # (text_search reads the row count itself then)
                     return None
                 elems, freqs, n = row
-                if elems is None:  # never analyzed (or nothing common): count exactly, it reads narrow rows
-                    return None
                 tables[table] = (dict(zip(elems, freqs)), float(freqs[len(elems)]), float(n))
             self._pg_stats = (now, tables)
         lex = self._lexemes(terms)
@@ -246,9 +245,12 @@ class TextSearch:
             terms = [t for t in terms if freq[t] < 1 << 62]  # words PostgreSQL drops as stop words
             if not terms:
                 return []
-            total = max(float(self._db.execute(
-                "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'engrain_mem_text'::regclass"
-            ).fetchone()[0]), float(sum(freq.values())), 1.0)
+            # The table's row count the word counts were estimated with (read with them, kept as long: one
+            # round trip less a search), or read now when they were counted exactly (no statistics).
+            stats = self._pg_stats[1].get("engrain_mem_text") if self._pg_stats is not None else None
+            rows = stats[2] if stats is not None else float(self._db.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = 'engrain_mem_text'::regclass").fetchone()[0])
+            total = max(rows, 0.0, float(sum(freq.values())), 1.0)
             weights = [math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms]
             score = " + ".join("(CASE WHEN tsv @@ to_tsquery('english', %s) THEN %s ELSE 0 END)" for _ in terms)
             sparams = [x for t, w in zip(terms, weights) for x in (t, w)]
