@@ -203,6 +203,17 @@ times that at 1M, index-only only where VACUUM has marked pages all-visible, and
 the rows' content: not worth it); ``embedding`` stored ``MAIN`` (inline) instead of toasted (windows 2.15 -> 1.63
 ms at 100k, nothing at 10k, the heap twice the size, and stores made before would need a rewrite).
 
+Measured 2026-11-27 08:00 (all sizes in one run, ``--million --pgvector-sizes 10000,100000``, load 0.1-1.0, the
+1M stores built at nice 19 just before: SQLite fill 209 s, usearch graph 771 s; ChromaDB 1974 s), p50 / p95 ms:
+10k SQLite 7.20 / 10.36, PostgreSQL 12.07 / 16.15, floor 6.14 / 9.34, ChromaDB 7.40 / 9.50; 100k SQLite 8.47 /
+11.37, PostgreSQL 18.59 / 23.41, floor 10.16 / 13.07, ChromaDB 8.04 / 10.63; 1M SQLite 12.09 / 22.11 (rounds
+11.14-15.26), ChromaDB 9.10 / 11.82; filtered 6.4 / 4.8 / 14.0 ms at 10k, 24 / 8.7 / 123 at 100k, 262 / - / 519
+at 1M (SQLite / PostgreSQL / ChromaDB). Again at 08:06 without 1M: 10k 6.33 / 9.90, 11.20 / 15.01, floor 5.72 /
+8.72, ChromaDB 7.11 / 10.29; 100k 8.28 / 12.67, 18.46 / 23.19, floor 10.86 / 14.47, ChromaDB 8.40 / 11.82. Every
+system ran 1-2 ms slower than at 05:32 on the same stores (ChromaDB 5.5-5.7 then). At 1M on SQLite
+(``memory_profile.py``, 08:12): embedding 5.9 ms, vector search 2.4, passage context 0.9, rows 0.65, scoring
+0.33, the event 0.1.
+
 The runs below had engrain on the quantized embedder (then its default) and ChromaDB on the shipped
 file. Measured 2026-11-26 19:55 (load 5.7-7.3, 2 shared cores, SQLite and ChromaDB only; recall p50, top 5,
 N=200 in 5 rounds): 10k engrain 6.68 ms (rounds 6.24-7.75), ChromaDB 6.79 (6.06-7.36); 100k engrain
@@ -212,8 +223,7 @@ at 10k, 117 / 127 ms at 100k. The in-process graph (``--index-sizes``, memory_in
 load 12-16): at 100k usearch bf16 builds in 120 s, adds 92 MB, searches 160 neighbours in 0.97 ms p50
 with recall@10 vs exact 0.983; hnswlib 50 s, 165 MB, 0.77 ms, 0.982. At 1M (nice 19, load 1.4-5):
 usearch bf16 559 s, 981 MB, 874 MB file, 1.44 ms p50 (p95 2.25), recall@10 0.979; hnswlib 477 s, 1701 MB,
-1607 MB, 0.93 ms (1.12), 0.984. Recall at 1M beside ChromaDB was not rerun (its stores take over an hour
-to build on the shared cores).
+1607 MB, 0.93 ms (1.12), 0.984.
 
 Targets: recall p50 and p95 below ChromaDB's at every size, in the same run (each printed MET or MISSED; on
 PostgreSQL, where ChromaDB's p50 is under the server's own floor measured in the same rounds, the run says so
