@@ -341,7 +341,7 @@ class Memory:
 
     def _speakers_of(self, skill: str | None, now: float) -> frozenset[str]:
         """``skill``'s chat-log speakers (:func:`.voice.speakers_of` its newest records), read again when the
-        vector mirror changed (SQLite) or after ``CROWDING_TTL`` seconds (PostgreSQL, like its crowding)."""
+        vector mirror changed (SQLite) or after ``voice.KEEP_SECONDS`` (PostgreSQL, whose store has no mirror)."""
         if self.store.backend == "sqlite":
             key, seqs = self._records.recent(skill, _voice.SAMPLE)
             return self._speakers.get(skill, key, lambda: self.store.heads(_voice.HEAD_CHARS, seqs))
