@@ -88,6 +88,9 @@ def test_one_statement_searches_both_tiers_and_reads_the_text_hits(pg_mem, embed
 
 
 def test_recall_on_pgvector_sends_fewer_statements_and_ranks_the_same(pg_mem, monkeypatch):
+    from tests.test_memory_latency import _frozen_clock
+
+    _frozen_clock(monkeypatch)  # the two runs of the recalls compare scores to their sixth decimal
     sent = _counting(pg_mem)
     got = _recalls(pg_mem)
     del pg_mem.store._db.execute

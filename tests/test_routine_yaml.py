@@ -109,6 +109,20 @@ def test_cli_validate_exits_1_with_one_line_under_a_memory_cap(tmp_path, case):
     assert took < 10, took  # interpreter start included; the check itself is milliseconds
 
 
+def _within_a_cpu_second(call):  # noqa: ANN001, ANN202
+    """``call()``'s result and the CPU seconds this process spent on it; over a second, measured once more and the
+    least kept. The process-wide clock also counts other threads (the server's, a previous test's), whose bursts do
+    not repeat, while work a hostile input makes unbounded does (these inputs are errors, which nothing caches)."""
+    t0 = time.process_time()
+    out = call()
+    cpu = time.process_time() - t0
+    if cpu >= 1:
+        t0 = time.process_time()
+        call()
+        cpu = min(cpu, time.process_time() - t0)
+    return out, cpu
+
+
 @pytest.fixture
 def api(store_url, tmp_path):
     root = tmp_path / "routines"
@@ -121,13 +135,12 @@ def api(store_url, tmp_path):
 @pytest.mark.parametrize("case", ["laughs", "string_bomb", "empty", "comments_only", "not_utf8", "deep"])
 def test_api_get_validate_run_give_typed_errors_not_500(api, case):
     message = BAD[case][1]
-    t0 = time.process_time()
-    g = api.get(f"/api/routines/{case}")
+    g, cpu = _within_a_cpu_second(lambda: api.get(f"/api/routines/{case}"))
     assert g.status_code == 200, g.text
     body = g.json()
     assert body["routine"] is None and len(body["issues"]) == 1 and message in body["issues"][0]["message"]
     assert "routine.yaml" in body["issues"][0]["message"]
-    assert time.process_time() - t0 < 1, "CPU seconds"
+    assert cpu < 1, "CPU seconds"
     v = api.post(f"/api/routines/{case}/validate").json()
     assert v["ok"] is False and message in v["issues"][0]["message"] and v["issues"][0]["file"] == "routine.yaml"
     r = api.post(f"/api/routines/{case}/run", json={"inputs": {}})
@@ -165,8 +178,7 @@ def test_an_edited_learned_routine_is_read_within_the_same_bounds(api, case):
     """PUT /api/learned/{ref} takes routine.yaml text: a 478-byte alias bomb there ran for minutes
     (the depth check walked the expanded tree), before the routine was even looked up."""
     content, message = BAD[case]
-    t0 = time.process_time()
-    r = api.put("/api/learned/nope", json={"yaml": content.decode()})
-    assert time.process_time() - t0 < 1, "CPU seconds"
+    r, cpu = _within_a_cpu_second(lambda: api.put("/api/learned/nope", json={"yaml": content.decode()}))
+    assert cpu < 1, "CPU seconds"
     assert r.status_code == 422 and r.json()["error"] == "MemoryInputError", r.text
     assert message in r.json()["detail"] and "routine.yaml" in r.json()["detail"]
