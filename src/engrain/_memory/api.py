@@ -342,9 +342,9 @@ class Memory:
     def _speakers_of(self, skill: str | None, now: float) -> frozenset[str]:
         """``skill``'s chat-log speakers (:func:`.voice.speakers_of` its newest records), read again when the
         vector mirror changed (SQLite) or after ``voice.KEEP_SECONDS`` (PostgreSQL, whose store has no mirror)."""
-        if self.store.backend == "sqlite":
-            key, seqs = self._records.recent(skill, _voice.SAMPLE)
-            return self._speakers.get(skill, key, lambda: self.store.heads(_voice.HEAD_CHARS, seqs))
+        if self.store.backend == "sqlite":  # the rows are only read when the mirror changed since
+            return self._speakers.get(skill, self._records.state(), lambda: self.store.heads(
+                _voice.HEAD_CHARS, self._records.recent(skill, _voice.SAMPLE)))
         return self._speakers.get(skill, int(now // _voice.KEEP_SECONDS), lambda: self.store.heads(
             _voice.HEAD_CHARS, skill=skill, newest=_voice.SAMPLE))
 

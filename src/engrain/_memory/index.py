@@ -337,7 +337,7 @@ class VectorIndex:
         """
         with self._lock:
             # Kept until the mirror changes (rows added, or reloaded): ~0.2 ms a recall otherwise.
-            key = (self._n, id(self._mat))
+            key = self.state()
             hit = self._crowding.get(skill)
             if hit is not None and hit[0] == key:
                 return hit[1]
@@ -354,15 +354,19 @@ class VectorIndex:
             self._crowding[skill] = (key, value)
             return value
 
-    def recent(self, skill: str | None, n: int) -> tuple[tuple[int, int], list[int]]:
-        """The mirror's state (it changes when rows are added or reloaded) and the seqs of the newest ``n`` rows of
-        ``skill`` (of all skills for None), oldest first: what a skill's speakers are read from (:mod:`.voice`)."""
+    def state(self) -> tuple[int, int]:
+        """A value that changes whenever the mirror does (rows added, or reloaded): what values derived from its
+        rows are kept by (a skill's crowding here, its speakers in :mod:`.voice`)."""
+        return self._n, id(self._mat)
+
+    def recent(self, skill: str | None, n: int) -> list[int]:
+        """The seqs of the newest ``n`` rows of ``skill`` (of all skills for None), oldest first: what a skill's
+        speakers are read from (:mod:`.voice`)."""
         with self._lock:
-            key = (self._n, id(self._mat))
             if skill is None:
-                return key, self._seqs[max(0, self._n - n):self._n].tolist()
+                return self._seqs[max(0, self._n - n):self._n].tolist()
             code = self._skills.get(skill)
-            return key, ([] if code is None else self._seqs[self._by_skill[code][-n:]].tolist())
+            return [] if code is None else self._seqs[self._by_skill[code][-n:]].tolist()
 
     def around(self, ids: list[str], radius: int, now: float, allow: set[str] | None = None
                ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
