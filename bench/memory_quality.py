@@ -69,6 +69,19 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-27 10:10-10:40 (load ~1; LoCoMo dev, any@5 all@5 any@10 sess@1; today .709 .579 .814 .715), tried
+and not kept. The passage window stopped at session edges, with the data set's true sessions as the boundary
+(an oracle no store has): .706 .579 .816 .718. Questions naming two speakers (31 of 354) voiced as the first one
+asking the other ("Gina: What offer does I make to you regarding social media?"): .712 .582 .816 .715, one
+question; with the second name kept, .709 .579 .814 .709. The full-text score divided by max(best, B) instead
+of the best hit's (queries whose best word match is weak then weigh words less; best BM25 per query 7.2 / 11.5 /
+18.7 at the 10th / 50th / 90th percentile): B 8 / 11 / 14 / 18 gave .709 / .706 / .695 / .701 (sess@1 .715 /
+.703 / .698 / .695), FAQ sv .534 / .536 / .538 / .526. EmbeddingGemma (prompts on), where the text weight
+trades any@5 against sess@1: recall .763 / .754 (any@5 / sess@1), without the crowding floor .780 / .720, fixed
+0.02 / 0.03 / 0.05 (unscaled) .788 / .686, .797 / .706, .788 / .715, dense alone .771 / .644; FAQ sv .766 without
+the floor .764 and at 0.03 .774, FAQ en .875, .875 and .865. The floor stays: .80 any@5 on dev is reached only
+by giving up .05 of sess@1, and the floor's gain on FAQ sv and LoCoMo for MiniLM is the reason it exists.
+
 Measured 2026-11-27 07:05 (load 1-2; default embedder; any@5 all@5 any@10 sess@1; --ideas rrf,expand), a question
 about a chat-log speaker embedded in that speaker's voice (``_memory/voice.py``: "What does Melanie do...?" as
 "Melanie: What does I do...?", the vector half only, wh-questions naming one speaker), undone in ``no-voice``:
