@@ -81,6 +81,10 @@ trades any@5 against sess@1: recall .763 / .754 (any@5 / sess@1), without the cr
 0.02 / 0.03 / 0.05 (unscaled) .788 / .686, .797 / .706, .788 / .715, dense alone .771 / .644; FAQ sv .766 without
 the floor .764 and at 0.03 .774, FAQ en .875, .875 and .865. The floor stays: .80 any@5 on dev is reached only
 by giving up .05 of sess@1, and the floor's gain on FAQ sv and LoCoMo for MiniLM is the reason it exists.
+Diversity (the top 30 re-ranked greedily, each record losing 0.01-0.08 per record already chosen within 1, 2 or 4
+turns of it, so that a top 5 covers more passages): every setting lowered any@5 (.706 at top_k 30 -> .638-.703)
+and any@10 (.811 -> .689-.808): the passage context ranks a turn with its neighbours because the answer is often
+among them.
 
 Measured 2026-11-27 07:05 (load 1-2; default embedder; any@5 all@5 any@10 sess@1; --ideas rrf,expand), a question
 about a chat-log speaker embedded in that speaker's voice (``_memory/voice.py``: "What does Melanie do...?" as
