@@ -173,6 +173,16 @@ def build(admin: str, n: int, texts: list[str], vecs: np.ndarray, embedder_name:
     return out
 
 
+def fits(admin: str, n: int) -> tuple[int, int]:
+    """``(bytes of size n's store: its tables, their TOAST and indexes; the server's shared_buffers in bytes)``."""
+    with _connect(admin) as c:
+        size = c.execute("SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c JOIN pg_namespace s "
+                         "ON s.oid = c.relnamespace WHERE s.nspname = %s AND c.relkind = 'r'",
+                         (f"mem_{n}_{VERSION}",)).fetchone()[0]
+        buffers = c.execute("SELECT pg_size_bytes(current_setting('shared_buffers'))").fetchone()[0]
+    return int(size), int(buffers)
+
+
 def warm(admin: str, n: int) -> float:
     """Bring size ``n``'s store into memory as a server that has been serving it would hold it; seconds taken.
 
