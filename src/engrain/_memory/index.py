@@ -446,7 +446,8 @@ class VectorIndex:
         sims = _dot(self._mat[:n], vec) if rows is None else _dot(self._mat[rows], vec)
         top = best(sims, min(k, sims.shape[0]))
         real = top if rows is None else rows[top]
-        return [(self._ids[int(p)], float(sims[t])) for p, t in zip(real, top)]
+        ids = self._ids
+        return [(ids[p], s) for p, s in zip(np.asarray(real).tolist(), sims[top].tolist())]
 
     def _positions(self, seqs: np.ndarray) -> np.ndarray:
         """The mirror positions of ``seqs`` (-1 for a seq the mirror does not hold), from a seq-indexed table
@@ -483,4 +484,5 @@ class VectorIndex:
         labels, sims = labels[order], sims[order]
         if len(labels) < k and fetch < self._n:
             return None  # the filter is selective: the exact scan of the matching rows is both right and cheap
-        return [(self._ids[int(p)], float(s)) for p, s in zip(labels[:k], sims[:k])]
+        ids = self._ids  # Python ints and floats at once (float() of each float32 element is the same value)
+        return [(ids[p], s) for p, s in zip(labels[:k].tolist(), sims[:k].tolist())]
