@@ -235,3 +235,69 @@ def test_graph_hits_and_windows_use_kept_positions_through_writes_and_deletes(tm
         _bookkeeping_is_exact(m._records)
         exact = m._records._exact(m.embedder.embed([QUERY])[0], 10, None, time.time())
         assert _vector_hits(m)[:1] == exact[:1] and exact[0][0] == target
+
+
+def _mirror(ix) -> dict:  # noqa: ANN001
+    n = ix._n
+    names = {c: s for s, c in ix._skills.items()}
+    return {"seqs": ix._seqs[:n].tolist(), "ids": list(ix._ids), "expires": ix._expires[:n].tolist(),
+            "skills": [names[c] for c in ix._skill_codes[:n].tolist()], "codes": ix._skill_codes[:n].tolist(),
+            "last": ix._last, "mat": ix._mat[:n].tobytes()}
+
+
+def test_a_deletion_drops_rows_without_reading_the_vectors_again(tmp_path, embedder):
+    """After rows are deleted elsewhere (forget, a TTL purge with a changed expiry) the mirror equals a freshly
+    loaded one, no vector is read again, and the graph keeps its vectors; a live row missing below the mirror's
+    last seq (an out-of-order commit, as PostgreSQL can have) makes it read everything again."""
+    url = f"sqlite:///{tmp_path / 'mem.db'}"
+    with _open(url, embedder) as m, _open(url, embedder) as other:
+        ids = m.remember_many([{"data": f"Sensor {i} in hall {i % 7} reported {i * 3} degrees.", "skill": f"s{i % 3}"}
+                               for i in range(150)])
+        m.recall(QUERY)
+        other.forget(ids[5])
+        other.forget(ids[77])
+        other.store._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (time.time() + 3600, ids[9]))
+        late = other.remember("The cooling pump in the basement failed on Sunday.", skill="s1")  # past the last seq
+        statements: list[str] = []
+        m.store._db.set_trace_callback(statements.append)
+        assert m.recall(QUERY, top_k=1)[0].id == late
+        m.store._db.set_trace_callback(None)
+        assert not any("embedding FROM engrain_mem_records WHERE seq > 0" in s for s in statements)  # no full read of the vectors
+        assert m._records.builds == 1 and len(m._records) == 149
+        with _open(url, embedder) as fresh:
+            fresh.recall(QUERY)
+            assert _mirror(m._records) == _mirror(fresh._records)
+        seq = int(m.store._x("SELECT seq FROM engrain_mem_records WHERE id = ?", (ids[20],)).fetchone()[0])
+        row = m.store._x("SELECT * FROM engrain_mem_records WHERE seq = ?", (seq,)).fetchone()
+        other.forget(ids[20])
+        m.recall(QUERY)  # the mirror drops it
+        other.store._x(f"INSERT INTO engrain_mem_records VALUES ({','.join('?' * len(row))})", row)  # back below
+        other.forget(ids[30])
+        statements.clear()
+        m.store._db.set_trace_callback(statements.append)
+        m.recall(QUERY)
+        m.store._db.set_trace_callback(None)
+        assert any("embedding FROM engrain_mem_records WHERE seq > 0" in s for s in statements)  # read everything again
+        with _open(url, embedder) as fresh:
+            fresh.recall(QUERY)
+            assert _mirror(m._records) == _mirror(fresh._records) and ids[20] in m._records._pos
+
+
+def test_a_deletion_on_postgres_drops_rows_from_its_mirror(embedder):
+    """PostgreSQL without pgvector keeps the same in-process mirror: a forget elsewhere drops the row from it
+    (live seqs read, vectors kept), equal to a freshly loaded mirror."""
+    schema = "t_" + uuid.uuid4().hex[:12]
+    try:
+        url = pg_schema_url(schema)
+        with _open(url, embedder) as m, _open(url, embedder) as other:
+            if m.store.pgvector:
+                pytest.skip("this server has pgvector: its store keeps no mirror")
+            ids = m.remember_many([f"Valve {i} on line {i % 5} was serviced." for i in range(120)])
+            assert m.recall("valve 42 service", top_k=1)[0].id == ids[42]
+            other.forget(ids[42])
+            assert ids[42] not in {h.id for h in m.recall("valve 42 service", top_k=5)}
+            with _open(url, embedder) as fresh:
+                fresh.recall("valve")
+                assert _mirror(m._records) == _mirror(fresh._records) and len(m._records) == 119
+    finally:
+        drop_pg_schema(schema)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .items import _REC_COLS, Article, Record, _record
 
 _CHUNK = 500  # SQLite's limit on a statement's parameters is higher; the store reads ids in chunks of 500 too
@@ -58,3 +60,16 @@ class MirrorRows:
     def articles(self, skill: str | None = None, ids: Sequence[str] | None = None) -> list[Article]:
         """:meth:`MemoryStore.articles <engrain._memory.store.MemoryStore.articles>`, unchanged."""
         return self.store.articles(skill=skill, ids=ids)
+
+
+def live_rows(store: Any, tier: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(seqs, expires)`` of a tier's rows, by seq (``expires`` ``inf`` without a TTL): which rows the vector
+    mirror keeps after a deletion, without their vectors (on SQLite a scan of a covering index)."""
+    sql = ("SELECT seq, expires FROM engrain_mem_records" if tier == "record"
+           else "SELECT seq, NULL FROM engrain_mem_articles")
+    with store._lock:
+        rows = store._x(sql).fetchall()
+    seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    exp = np.fromiter((np.inf if r[1] is None else r[1] for r in rows), dtype=np.float64, count=len(rows))
+    order = np.argsort(seqs, kind="stable")
+    return seqs[order], exp[order]
