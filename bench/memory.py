@@ -224,6 +224,22 @@ with recall@10 vs exact 0.983; hnswlib 50 s, 165 MB, 0.77 ms, 0.982. At 1M (nice
 usearch bf16 559 s, 981 MB, 874 MB file, 1.44 ms p50 (p95 2.25), recall@10 0.979; hnswlib 477 s, 1701 MB,
 1607 MB, 0.93 ms (1.12), 0.984.
 
+Measured 2026-11-27 10:25-10:41 after recall's lookups at 1M stopped missing the CPU cache (graph hits placed
+through a seq-indexed table, passage windows through each row's kept place in its skill, scoring's rows read
+by seq, not through the id index; memory_same IDENTICAL at 10k, 100k, 1M and with articles), ``--million``
+with 438260f as the ``--ab-src`` side, load 0.9-1.3 (nice 19; recall p50 / p95, top 5, N=200 in 5 rounds),
+engrain / 438260f / ChromaDB: 10k 6.15 / 10.06, 6.44 / 10.15, 6.99 / 9.30; 5.73 / 9.46, 6.18 / 9.53, 6.58 /
+9.69; 6.36 / 10.42, 6.56 / 10.34, 6.88 / 10.23. 100k 7.72 / 10.30, 8.30 / 10.51, 8.83 / 11.46; 6.68 / 10.34,
+6.74 / 9.58, 7.38 / 10.63; 8.64 / 12.12, 8.35 / 12.21, 8.85 / 11.76. 1M 8.02 / 14.35, 7.97 / 10.95, 8.07 /
+12.89; 8.77 / 14.27, 9.29 / 13.01, 7.97 / 11.57; 9.33 / 18.39, 9.42 / 15.02, 7.95 / 10.55. The side in this
+process is the slower one at 1M (it also holds the 1M-record corpus): with the trees swapped (``--src``
+438260f, ``--ab-src`` the new one) 1M read 8.06 / 12.45 (438260f) and 7.34 / 10.60 (new) against ChromaDB's
+7.02 / 9.62. The p95 is each block's first queries after the other sides ran: every side's first query
+takes ~2x its steady time and warms over ~10 queries (the query embedding alone does so after a 0.3 s
+sleep: 7.9 ms, then 6.7, 5.9, ... 3.3). At 1M a recall is ~4 ms of embedding, 1.2-1.4 ms of graph walk
+(usearch walks 160 wide: the 160 hits recall asks for; asking 80 walks 0.63 ms but recall@10 against exact
+falls from 0.986 to 0.967), ~1.5 ms of the rest.
+
 Targets: recall p50 and p95 below ChromaDB's at every size, in the same run (each printed MET or MISSED; on
 PostgreSQL, where ChromaDB's p50 is under the server's own floor measured in the same rounds, the run says so
 and how far recall is above that floor, which is then the target: ``--no-floor`` skips that side);

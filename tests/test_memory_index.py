@@ -189,3 +189,115 @@ def test_a_program_that_imported_usearch_first_gets_a_clear_error_not_a_crash(tm
                        env={**__import__("os").environ, "PYTHONPATH": src})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("refused:") and "usearch" in r.stdout and "before usearch" in r.stdout
+
+
+def _bookkeeping_is_exact(ix) -> None:  # noqa: ANN001
+    """The mirror's kept lookups (seq -> position for graph hits, each row's place in its skill, id -> position)
+    equal what a search from scratch finds, for every row and for seqs it does not hold."""
+    import bisect
+
+    import numpy as np
+
+    n = ix._n
+    seqs = ix._seqs[:n]
+    assert ix._pos == {rid: p for p, rid in enumerate(ix._ids)}
+    for p in range(n):
+        rows = ix._by_skill[int(ix._skill_codes[p])]
+        assert int(ix._ords[p]) == bisect.bisect_left(rows, p)
+    absent = np.setdiff1d(np.arange(0, int(seqs[-1]) + 50), seqs)  # deleted, never written, or past the end
+    ask = np.concatenate([seqs, absent, np.array([-1, 10**12], dtype=np.int64)])
+    want = np.searchsorted(seqs, ask)
+    inside = want < n
+    inside[inside] = seqs[want[inside]] == ask[inside]
+    assert ix._positions(ask).tolist() == np.where(inside, want, -1).tolist()
+
+
+def test_graph_hits_and_windows_use_kept_positions_through_writes_and_deletes(tmp_path, embedder):
+    """The lookups that replace binary searches stay exact as rows are appended (to several skills), deleted by
+    another process (the mirror reloads, the graph keeps its vectors) and appended again; recall finds the same
+    rows as before and never a deleted one."""
+    url = f"sqlite:///{tmp_path / 'mem.db'}"
+    with _open(url, embedder) as m, _open(url, embedder) as other:
+        ids = m.remember_many([{"data": f"Sensor {i} in hall {i % 7} reported {i * 3} degrees.",
+                                "skill": f"s{i % 3}"} for i in range(150)])
+        target = m.remember("The cooling pump in the basement failed on Sunday.", skill="s1")
+        assert m.recall(QUERY, top_k=1)[0].id == target and m._records._covered()
+        _bookkeeping_is_exact(m._records)
+        gone = ids[10:40]
+        for rid in gone:
+            other.forget(rid)
+        hits = m.recall("sensor in hall 3 reported degrees", top_k=20)
+        assert not {h.id for h in hits} & set(gone) and m._records.builds == 1  # reloaded, graph kept
+        _bookkeeping_is_exact(m._records)
+        more = m.remember_many([{"data": f"Valve {i} on line {i % 5} was serviced.", "skill": f"s{i % 2}"}
+                                for i in range(40)])
+        assert m.recall("valve 17 on line 2 serviced", top_k=1)[0].id == more[17]
+        _bookkeeping_is_exact(m._records)
+        exact = m._records._exact(m.embedder.embed([QUERY])[0], 10, None, time.time())
+        assert _vector_hits(m)[:1] == exact[:1] and exact[0][0] == target
+
+
+def _mirror(ix) -> dict:  # noqa: ANN001
+    n = ix._n
+    names = {c: s for s, c in ix._skills.items()}
+    return {"seqs": ix._seqs[:n].tolist(), "ids": list(ix._ids), "expires": ix._expires[:n].tolist(),
+            "skills": [names[c] for c in ix._skill_codes[:n].tolist()], "codes": ix._skill_codes[:n].tolist(),
+            "last": ix._last, "mat": ix._mat[:n].tobytes()}
+
+
+def test_a_deletion_drops_rows_without_reading_the_vectors_again(tmp_path, embedder):
+    """After rows are deleted elsewhere (forget, a TTL purge with a changed expiry) the mirror equals a freshly
+    loaded one, no vector is read again, and the graph keeps its vectors; a live row missing below the mirror's
+    last seq (an out-of-order commit, as PostgreSQL can have) makes it read everything again."""
+    url = f"sqlite:///{tmp_path / 'mem.db'}"
+    with _open(url, embedder) as m, _open(url, embedder) as other:
+        ids = m.remember_many([{"data": f"Sensor {i} in hall {i % 7} reported {i * 3} degrees.", "skill": f"s{i % 3}"}
+                               for i in range(150)])
+        m.recall(QUERY)
+        other.forget(ids[5])
+        other.forget(ids[77])
+        other.store._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (time.time() + 3600, ids[9]))
+        late = other.remember("The cooling pump in the basement failed on Sunday.", skill="s1")  # past the last seq
+        statements: list[str] = []
+        m.store._db.set_trace_callback(statements.append)
+        assert m.recall(QUERY, top_k=1)[0].id == late
+        m.store._db.set_trace_callback(None)
+        assert not any("embedding FROM engrain_mem_records WHERE seq > 0" in s for s in statements)  # no full read of the vectors
+        assert m._records.builds == 1 and len(m._records) == 149
+        with _open(url, embedder) as fresh:
+            fresh.recall(QUERY)
+            assert _mirror(m._records) == _mirror(fresh._records)
+        seq = int(m.store._x("SELECT seq FROM engrain_mem_records WHERE id = ?", (ids[20],)).fetchone()[0])
+        row = m.store._x("SELECT * FROM engrain_mem_records WHERE seq = ?", (seq,)).fetchone()
+        other.forget(ids[20])
+        m.recall(QUERY)  # the mirror drops it
+        other.store._x(f"INSERT INTO engrain_mem_records VALUES ({','.join('?' * len(row))})", row)  # back below
+        other.forget(ids[30])
+        statements.clear()
+        m.store._db.set_trace_callback(statements.append)
+        m.recall(QUERY)
+        m.store._db.set_trace_callback(None)
+        assert any("embedding FROM engrain_mem_records WHERE seq > 0" in s for s in statements)  # read everything again
+        with _open(url, embedder) as fresh:
+            fresh.recall(QUERY)
+            assert _mirror(m._records) == _mirror(fresh._records) and ids[20] in m._records._pos
+
+
+def test_a_deletion_on_postgres_drops_rows_from_its_mirror(embedder):
+    """PostgreSQL without pgvector keeps the same in-process mirror: a forget elsewhere drops the row from it
+    (live seqs read, vectors kept), equal to a freshly loaded mirror."""
+    schema = "t_" + uuid.uuid4().hex[:12]
+    try:
+        url = pg_schema_url(schema)
+        with _open(url, embedder) as m, _open(url, embedder) as other:
+            if m.store.pgvector:
+                pytest.skip("this server has pgvector: its store keeps no mirror")
+            ids = m.remember_many([f"Valve {i} on line {i % 5} was serviced." for i in range(120)])
+            assert m.recall("valve 42 service", top_k=1)[0].id == ids[42]
+            other.forget(ids[42])
+            assert ids[42] not in {h.id for h in m.recall("valve 42 service", top_k=5)}
+            with _open(url, embedder) as fresh:
+                fresh.recall("valve")
+                assert _mirror(m._records) == _mirror(fresh._records) and len(m._records) == 119
+    finally:
+        drop_pg_schema(schema)

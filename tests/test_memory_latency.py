@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from engrain._memory import Memory
 from engrain._memory import query as _query
 from engrain._memory.query import QueryVectors, settle, start_beside
+from engrain._memory.seqrows import MirrorRows
 from engrain._memory.synth import ExtractiveSynthesizer
 
 FACTS = [
@@ -91,6 +93,28 @@ def _frozen_clock(monkeypatch) -> None:
     monkeypatch.setattr(api, "time", _Clock())
 
 
+@contextmanager
+def _counting(mem: Memory, sink: list[int]) -> Iterator[None]:
+    """Count the record ids each read of rows asks for: the store's, and scoring's by seq (:mod:`.seqrows`)."""
+    real, by_seq = mem.store.records, MirrorRows.records
+
+    def store_read(ids, vectors=True):  # noqa: ANN001, ANN202
+        ids = list(ids)
+        sink.append(len(ids))
+        return real(ids, vectors)
+
+    def seq_read(self, ids, vectors=True, folded_of=()):  # noqa: ANN001, ANN202
+        ids = list(ids)
+        sink.append(len(ids))
+        return by_seq(self, ids, vectors, folded_of)
+
+    mem.store.records, MirrorRows.records = store_read, seq_read
+    try:
+        yield
+    finally:
+        mem.store.records, MirrorRows.records = real, by_seq
+
+
 def _recalls(mem: Memory) -> list:
     return [[r.to_dict() for r in mem.recall(q, **kw)] for q, kw in QUERIES]
 
@@ -109,15 +133,12 @@ def test_unread_candidates_change_no_result(tmp_path, embedder, monkeypatch):
         assert any(r["tier"] == "article" for hits in with_articles for r in hits)
         assert any("via" in r["provenance"] for hits in with_articles for r in hits)
         reads: list[int] = []
-        real = mem.store.records
-        mem.store.records = lambda ids, vectors=True: (reads.append(len(list(ids))), real(ids, vectors))[1]
-        again = _recalls(mem)
-        mem.store.records = real
+        with _counting(mem, reads):
+            again = _recalls(mem)
         _full_read(monkeypatch)
         full_reads: list[int] = []
-        mem.store.records = lambda ids, vectors=True: (full_reads.append(len(list(ids))), real(ids, vectors))[1]
-        assert _recalls(mem) == again == with_articles
-        mem.store.records = real
+        with _counting(mem, full_reads):
+            assert _recalls(mem) == again == with_articles
         assert sum(reads) < sum(full_reads)  # the point of it: fewer rows read for the same results
         monkeypatch.undo()
         with Memory(f"sqlite:///{tmp_path / 'fresh.db'}", embedder=embedder,
@@ -391,3 +412,38 @@ def test_a_forked_child_recalls_with_a_side_pool_of_its_own(tmp_path, embedder):
         time.sleep(0.05)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     mem.close()
+
+
+def test_rows_read_by_seq_are_the_rows_read_by_id(tmp_path, embedder):
+    """Scoring reads rows by the seqs the mirror knows (:mod:`engrain._memory.seqrows`): the same records as by id,
+    with or without vectors, for ids the mirror has not seen yet (written elsewhere since it caught up), rows
+    deleted elsewhere since (absent, as by id) and ids that never existed."""
+    mem = _store(tmp_path, embedder)
+    other = Memory(f"sqlite:///{tmp_path / 'm.db'}", embedder=embedder, synthesizer=ExtractiveSynthesizer())
+    try:
+        mem.recall("deploys")  # the mirror caught up
+        rows = MirrorRows.of(mem.store, mem._records)
+        assert rows is not None
+        known = [r.id for r in mem.find({"user": "u2"})]
+        late = other.remember("The freight elevator was inspected on Monday.", skill="team1")  # unseen by the mirror
+        dropped = known[3]
+        other.forget(dropped)  # deleted elsewhere; the mirror still maps it to its seq
+        ask = known + [late, "rec_missing"]
+        statements: list[str] = []
+        mem.store._db.set_trace_callback(statements.append)
+        try:
+            for vectors in (True, False):
+                got, want = rows.records(ask, vectors=vectors), mem.store.records(ask, vectors=vectors)
+                assert got.keys() == want.keys() and late in got and dropped not in got and "rec_missing" not in got
+                for i, r in got.items():  # a Record holds a numpy vector: the other fields compared, then it
+                    plain = {f.name for f in fields(r)} - {"embedding"}
+                    assert {f: getattr(r, f) for f in plain} == {f: getattr(want[i], f) for f in plain}
+                    assert np.array_equal(r.embedding, want[i].embedding) and len(r.embedding) == (384 if vectors else 0)
+        finally:
+            mem.store._db.set_trace_callback(None)
+        assert any("WHERE seq IN" in s for s in statements)  # the known ids by seq, the rest by id
+        assert rows.articles(ids=[]) == []
+    finally:
+        mem.close()
+        other.close()
+    assert MirrorRows.of(type("PgStore", (), {"backend": "postgres"})(), None) is None

@@ -31,6 +31,7 @@ from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
 from .ranking import Ranking, SearchResult
 
+from .seqrows import MirrorRows
 from .query import QUERY_CACHE, QueryVectors, settle, start_beside  # noqa: F401  (QUERY_CACHE: re-exported)
 from .store import open_store
 from .synth import Synthesizer, default_synthesizer
@@ -331,7 +332,8 @@ class Memory:
         cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
         # Only the top k are returned (neighbours=True lends scores from the top 2k to any record: all of them).
         results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior, rk.question,
-                                 keep=None if neighbours else k, rows=read)
+                                 keep=None if neighbours else k,
+                                 rows=read if read is not None else MirrorRows.of(self.store, self._records))
         results = _ranking.add_neighbours(self, results, k, now, where) if neighbours else results[:k]
         self.store.add_recall_event(skill, {
             "query": query, "label": label, "hint": importance, "where": where,
