@@ -29,10 +29,9 @@ from . import embedders as _embedders
 from .embed import Embedder, embed_queries
 from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
-from .ranking import Ranking, SearchResult
-
-from .seqrows import MirrorRows
 from .query import QUERY_CACHE, QueryVectors, settle, start_beside  # noqa: F401  (QUERY_CACHE: re-exported)
+from .ranking import Ranking, SearchResult
+from .seqrows import MirrorRows
 from .store import open_store
 from .synth import Synthesizer, default_synthesizer
 
