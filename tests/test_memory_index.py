@@ -200,9 +200,9 @@ def _bookkeeping_is_exact(ix) -> None:  # noqa: ANN001
 
     n = ix._n
     seqs = ix._seqs[:n]
-    assert ix._pos == {rid: p for p, rid in enumerate(ix._ids)}
+    assert ix._pos == {rid: p for p, rid in enumerate(ix._ids[:n].tolist())}
     for p in range(n):
-        rows = ix._by_skill[int(ix._skill_codes[p])]
+        rows = ix._by_skill.of(int(ix._skill_codes[p])).tolist()
         assert int(ix._ords[p]) == bisect.bisect_left(rows, p)
     absent = np.setdiff1d(np.arange(0, int(seqs[-1]) + 50), seqs)  # deleted, never written, or past the end
     ask = np.concatenate([seqs, absent, np.array([-1, 10**12], dtype=np.int64)])
@@ -240,7 +240,7 @@ def test_graph_hits_and_windows_use_kept_positions_through_writes_and_deletes(tm
 def _mirror(ix) -> dict:  # noqa: ANN001
     n = ix._n
     names = {c: s for s, c in ix._skills.items()}
-    return {"seqs": ix._seqs[:n].tolist(), "ids": list(ix._ids), "expires": ix._expires[:n].tolist(),
+    return {"seqs": ix._seqs[:n].tolist(), "ids": ix._ids[:n].tolist(), "expires": ix._expires[:n].tolist(),
             "skills": [names[c] for c in ix._skill_codes[:n].tolist()], "codes": ix._skill_codes[:n].tolist(),
             "last": ix._last, "mat": ix._mat[:n].tobytes()}
 
@@ -301,3 +301,36 @@ def test_a_deletion_on_postgres_drops_rows_from_its_mirror(embedder):
                 assert _mirror(m._records) == _mirror(fresh._records) and len(m._records) == 119
     finally:
         drop_pg_schema(schema)
+
+
+def test_the_mirror_holds_nothing_the_garbage_collector_walks_row_by_row(tmp_path, embedder):
+    """A full garbage collection visits every element of a tracked list: with a million records, the mirror's ids
+    and per-skill positions as lists made each one ~80 ms (paid by the host application, and by a recall caught
+    in it). Every container the mirror keeps per row is an untracked array (or a dict of str -> int, which the
+    collector leaves alone); after writes and a deletion, positions and ids still find the same rows."""
+    import gc
+
+    from engrain._memory.skillrows import SkillRows
+
+    url = f"sqlite:///{tmp_path / 'mem.db'}"
+    with _open(url, embedder) as m, _open(url, embedder) as other:
+        ids = m.remember_many([{"data": f"Sensor {i} in hall {i % 7} reported {i * 3} degrees.", "skill": f"s{i % 3}"}
+                               for i in range(300)])
+        m.recall(QUERY, top_k=3)
+        other.forget(ids[5])
+        m.remember("The cooling pump in the basement failed on Sunday.", skill="s2")
+        assert m.recall(QUERY, top_k=1, skill="s2")[0].content.startswith("The cooling pump")
+        ix = m._records
+        walked = {name: len(gc.get_referents(v)) for name, v in vars(ix).items() if gc.is_tracked(v)}
+        assert all(n < 100 for n in walked.values()), walked  # no per-row container the collector walks
+        assert not gc.is_tracked(ix._ids) and not gc.is_tracked(ix._pos)
+        _bookkeeping_is_exact(ix)
+        n = ix._n
+        assert sorted(ix._ids[:n].tolist()) == sorted(set(ids) - {ids[5]} | {m.recall(QUERY, top_k=1)[0].id})
+
+    rows = SkillRows()
+    assert rows.add([2, 0, 2], 0).tolist() == [0, 0, 1] and rows.add([2], 3).tolist() == [2]
+    assert rows.of(2).tolist() == [0, 2, 3] and rows.of(0).tolist() == [1] and rows.of(9).tolist() == []
+    for p in range(4, 100):  # single appends grow the array by doubling; the positions stay in order
+        rows.add([0], p)
+    assert rows.of(0).tolist() == [1, *range(4, 100)] and len(rows) == 2

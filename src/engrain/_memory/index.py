@@ -42,6 +42,7 @@ import numpy as np
 from .fusion import CROWDING_SAMPLE, crowding
 from .prefilter import Int8Rows, best
 from .seqrows import live_rows
+from .skillrows import SkillRows
 from .store import HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, MemoryStore
 
 #: Rows past which a usearch graph replaces the exact scan.
@@ -126,13 +127,13 @@ class VectorIndex:
         self._last = 0
         self._n = 0
         self._mat = np.zeros((0, 0), dtype=np.float32)
-        self._ids: list[str] = []
+        self._ids = np.empty(0, dtype=object)  # each row's id: an object array, which the GC does not walk (.skillrows)
         self._pos: dict[str, int] = {}
         self._seq_pos = np.zeros(0, dtype=np.int64)  # mirror position of each seq (-1: none), for graph hits
         self._seq_pos_n = 0  # mirror rows entered in _seq_pos
         self._skill_codes = np.zeros(0, dtype=np.int32)
         self._skills: dict[str, int] = {}
-        self._by_skill: dict[int, list[int]] = {}  # mirror positions of each skill's rows, in seq order
+        self._by_skill = SkillRows()  # mirror positions of each skill's rows, in seq order
         self._ords = np.zeros(0, dtype=np.int64)  # each row's place in its skill's list above
         self._crowding: dict[str | None, tuple[tuple[int, int], float]] = {}  # per skill: (mirror state, value)
         self._expires = np.zeros(0, dtype=np.float64)
@@ -185,7 +186,7 @@ class VectorIndex:
             last = int(seqs[-1]) if len(seqs) else 0
         else:  # rows past `last` are read by the catch-up that follows
             keep, names = at[held], {c: name for name, c in self._skills.items()}
-            seqs, ids, expires, mat = old[keep], [self._ids[p] for p in keep.tolist()], expires[held], self._mat[keep]
+            seqs, ids, expires, mat = old[keep], self._ids[keep].tolist(), expires[held], self._mat[keep]
             skills = [names[c] for c in self._skill_codes[keep].tolist()]
         self._reset(self._gen)
         if len(ids):
@@ -211,6 +212,9 @@ class VectorIndex:
             self._expires = np.resize(self._expires, cap)
             self._seqs = np.resize(self._seqs, cap)
             self._ords = np.resize(self._ords, cap)
+            grown_ids = np.empty(cap, dtype=object)
+            grown_ids[: self._n] = self._ids[: self._n]
+            self._ids = grown_ids
         self._mat[self._n:need] = mat
         if need <= self.ann_threshold:
             self._q8.append(mat)
@@ -220,13 +224,8 @@ class VectorIndex:
         self._seqs[self._n:need] = seqs
         codes = [self._skills.setdefault(s, len(self._skills)) for s in skills]
         self._skill_codes[self._n:need] = codes
-        ords = []
-        for p, c in enumerate(codes, self._n):
-            rows = self._by_skill.setdefault(c, [])
-            ords.append(len(rows))
-            rows.append(p)
-        self._ords[self._n:need] = ords
-        self._ids.extend(ids)
+        self._ords[self._n:need] = self._by_skill.add(np.asarray(codes, dtype=np.int64), self._n)
+        self._ids[self._n:need] = ids
         if len(self._pos) == self._n:  # kept up to date here: rebuilding it after each append costs ~0.1 s at 1M
             self._pos.update(zip(ids, range(self._n, need)))
         self._n = need
@@ -372,7 +371,7 @@ class VectorIndex:
                 code = self._skills.get(skill)
                 if code is None:
                     return 0.0
-                vecs = self._mat[self._by_skill[code][-CROWDING_SAMPLE:]]
+                vecs = self._mat[self._by_skill.of(code)[-CROWDING_SAMPLE:]]
             value = crowding(vecs.sum(axis=0, dtype=np.float64), float(np.einsum("ij,ij->", vecs, vecs)), len(vecs))
             if len(self._crowding) > 1000:
                 self._crowding.clear()
@@ -391,13 +390,13 @@ class VectorIndex:
             if skill is None:
                 return self._seqs[max(0, self._n - n):self._n].tolist()
             code = self._skills.get(skill)
-            return [] if code is None else self._seqs[self._by_skill[code][-n:]].tolist()
+            return [] if code is None else self._seqs[self._by_skill.of(code)[-n:]].tolist()
 
     def seqs_of(self, ids: list[str]) -> dict[str, int]:
         """``{id: seq}`` of those of ``ids`` the mirror holds (how :mod:`.seqrows` reads their rows)."""
         with self._lock:
             if len(self._pos) != self._n:
-                self._pos = {rid: p for p, rid in enumerate(self._ids)}
+                self._pos = {rid: p for p, rid in enumerate(self._ids[: self._n].tolist())}
             seqs = self._seqs
             return {rid: int(seqs[p]) for rid in ids if (p := self._pos.get(rid)) is not None}
 
@@ -411,16 +410,17 @@ class VectorIndex:
         """
         with self._lock:
             if len(self._pos) != self._n:
-                self._pos = {rid: p for p, rid in enumerate(self._ids)}
+                self._pos = {rid: p for p, rid in enumerate(self._ids[: self._n].tolist())}
             found: dict[int, int] = {}
             for rid in ids:
                 p = self._pos.get(rid)
                 if p is None:
                     continue
-                rows = self._by_skill[int(self._skill_codes[p])]
+                rows = self._by_skill.of(int(self._skill_codes[p]))
                 o = int(self._ords[p])  # kept at append: bisecting a 1M-row skill's list took ~5 us a row
-                for q in range(max(0, o - radius), min(len(rows), o + radius + 1)):
-                    found[rows[q]] = q
+                lo = max(0, o - radius)
+                for q, r in enumerate(rows[lo:o + radius + 1].tolist(), lo):
+                    found[r] = q
             pos = np.fromiter(found, dtype=np.int64, count=len(found))
             ords = np.fromiter(found.values(), dtype=np.int64, count=len(found))
             keep = self._expires[pos] > now
@@ -431,7 +431,7 @@ class VectorIndex:
 
     def _exact_among(self, vec: np.ndarray, k: int, allow: set[str], now: float) -> list[tuple[str, float]]:
         if len(self._pos) != self._n:
-            self._pos = {rid: p for p, rid in enumerate(self._ids)}
+            self._pos = {rid: p for p, rid in enumerate(self._ids[: self._n].tolist())}
         pos = np.fromiter((p for rid in allow if (p := self._pos.get(rid)) is not None), dtype=np.int64)
         pos = pos[self._expires[pos] > now]
         if not len(pos):
