@@ -240,6 +240,26 @@ sleep: 7.9 ms, then 6.7, 5.9, ... 3.3). At 1M a recall is ~4 ms of embedding, 1.
 (usearch walks 160 wide: the 160 hits recall asks for; asking 80 walks 0.63 ms but recall@10 against exact
 falls from 0.986 to 0.967), ~1.5 ms of the rest.
 
+Measured 2026-11-27 11:06-11:12 (load 0.8-1.2, nothing else running; recall p50 / p95 ms, top 5, N=200 in 5
+rounds), after two more changes: the mirror's ids and per-skill positions moved out of Python lists into
+arrays the garbage collector does not walk (``skillrows.py``: a full collection with the 1M store loaded took
+~80 ms, now 6-10; the 1M mirror loads in 8 s, was 11.6), and the pgvector server started with shared_buffers
+a quarter of memory (``scripts/pgvector.sh``; 6 GB here, the 100k store is 665 MB; on the 128 MB default
+its recall read pages from the OS cache: 22.8 against 11.2 ms p50 in a profile of the same store). One run,
+all sizes (``--million --pgvector-sizes 10000,100000``):
+
+    size  engrain SQLite   engrain PostgreSQL   PostgreSQL floor   ChromaDB
+    10k   7.46 / 10.81     12.00 / 14.36        6.35 / 8.85        7.86 / 9.94
+    100k  7.94 / 10.11     14.75 / 17.23        9.08 / 11.56       8.50 / 10.37
+    1M    8.57 / 10.88     -                    -                  8.09 / 10.27
+
+and 1M alone twice more: 7.70 / 10.87 against 7.66 / 10.89, 8.00 / 11.10 against 7.53 / 10.04. At 1M SQLite
+is level with ChromaDB within the rounds' spread (its p95 was 14.3-18.4 in the runs above, before the GC
+change), ahead at 10k and 100k at p50; PostgreSQL is 5.6-5.7 ms above its floor (was 6.3-8.3 ms on the
+128 MB server). ``memory_profile.py`` at 1M: embedding 3.7 ms, graph walk and exact cosines 1.8, passage
+context 0.6, rows and scoring 0.6, the rest 0.3. Results unchanged (memory_same IDENTICAL on SQLite and on
+PostgreSQL against 7160149's dump).
+
 Targets: recall p50 and p95 below ChromaDB's at every size, in the same run (each printed MET or MISSED; on
 PostgreSQL, where ChromaDB's p50 is under the server's own floor measured in the same rounds, the run says so
 and how far recall is above that floor, which is then the target: ``--no-floor`` skips that side);
