@@ -258,7 +258,7 @@ is level with ChromaDB within the rounds' spread (its p95 was 14.3-18.4 in the r
 change), ahead at 10k and 100k at p50; PostgreSQL is 5.6-5.7 ms above its floor (was 6.3-8.3 ms on the
 128 MB server). ``memory_profile.py`` at 1M: embedding 3.7 ms, graph walk and exact cosines 1.8, passage
 context 0.6, rows and scoring 0.6, the rest 0.3. Results unchanged (memory_same IDENTICAL on SQLite and on
-PostgreSQL against 7160149's dump).
+PostgreSQL against the baseline dumps of the runs above).
 
 Targets: recall p50 and p95 below ChromaDB's at every size, in the same run (each printed MET or MISSED; on
 PostgreSQL, where ChromaDB's p50 is under the server's own floor measured in the same rounds, the run says so
