@@ -425,9 +425,9 @@ class VectorIndex:
             ords = np.fromiter(found.values(), dtype=np.int64, count=len(found))
             keep = self._expires[pos] > now
             if allow is not None:
-                keep &= np.fromiter((self._ids[p] in allow for p in pos), dtype=bool, count=len(pos))
+                keep &= np.fromiter((rid in allow for rid in self._ids[pos].tolist()), dtype=bool, count=len(pos))
             pos, ords = pos[keep], ords[keep]
-            return [self._ids[p] for p in pos.tolist()], self._skill_codes[pos], ords, self._mat[pos]
+            return self._ids[pos].tolist(), self._skill_codes[pos], ords, self._mat[pos]
 
     def _exact_among(self, vec: np.ndarray, k: int, allow: set[str], now: float) -> list[tuple[str, float]]:
         if len(self._pos) != self._n:
