@@ -365,7 +365,9 @@ def main() -> None:
     import os
     import sys
 
-    from memory import Lookup, pgvector_url
+    from memory import pgvector_url
+
+    from engrain._memory.embed import default_embedder
 
     n = int(sys.argv[1])
     admin = pgvector_url()
@@ -374,7 +376,8 @@ def main() -> None:
         return
     texts, vecs = mc.corpus(n)
     print(f"corpus of {n} built; loading ...", flush=True)
-    info = build(admin, n, texts, vecs, Lookup.name, Lookup.dim, sys.argv[2] if len(sys.argv) > 2 else "4GB",
+    emb = default_embedder()  # the store is that model's, as memory.py's recalls open it
+    info = build(admin, n, texts, vecs, emb.name, emb.dim, sys.argv[2] if len(sys.argv) > 2 else "4GB",
                  int(sys.argv[3]) if len(sys.argv) > 3 else 1)
     print(info, flush=True)
 
