@@ -20,8 +20,6 @@ import numpy as np
 
 from .items import _REC_COLS, Article, Record, _record
 
-_CHUNK = 500  # SQLite's limit on a statement's parameters is higher; the store reads ids in chunks of 500 too
-
 
 class MirrorRows:
     """``records``/``articles`` with the store's signatures, records read by the seqs ``index`` knows."""
@@ -43,13 +41,10 @@ class MirrorRows:
         out: dict[str, Record] = {}
         if at:
             cols = _REC_COLS if vectors else _REC_COLS.replace("embedding", "x''")
-            seqs = sorted(set(at.values()))
             st = self.store
             with st._lock:
-                for i in range(0, len(seqs), _CHUNK):
-                    chunk = seqs[i:i + _CHUNK]
-                    for row in st._x(f"SELECT {cols} FROM engrain_mem_records WHERE seq IN "
-                                     f"({','.join('?' * len(chunk))})", chunk):
+                for chunk, cond in st._id_chunks(sorted(set(at.values())), "seq"):
+                    for row in st._x(f"SELECT {cols} FROM engrain_mem_records WHERE {cond}", chunk):
                         if at.get(row[1]) == row[0]:
                             out[row[1]] = _record(row)
         miss = [i for i in ids if i not in out]

@@ -388,17 +388,18 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
         with self._lock:
             return [h for (h,) in self._x(sql, params).fetchall()]
 
-    def _id_chunks(self, ids: list[str]) -> Any:
-        """``(params, condition)`` pairs that select rows by ``id``: one array on PostgreSQL, whose statement text
-        then never changes (psycopg prepares it after a few calls: no parse or plan per recall), and lists of
-        at most 500 on SQLite (its limit on a statement's parameters)."""
+    def _id_chunks(self, ids: Sequence[Any], column: str = "id") -> Any:
+        """``(params, condition)`` pairs that select rows by ``column`` (``id``, or ``seq``): one array on
+        PostgreSQL, whose statement text then never changes (psycopg prepares it after a few calls: no parse or
+        plan per recall), and lists of at most 500 on SQLite (its limit on a statement's parameters)."""
+        ids = list(ids)
         if self.backend != "sqlite":
             if ids:
-                yield (ids,), "id = ANY(?)"
+                yield (ids,), f"{column} = ANY(?)"
             return
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            yield chunk, f"id IN ({','.join('?' * len(chunk))})"
+            yield chunk, f"{column} IN ({','.join('?' * len(chunk))})"
 
     def folded_records(self, ids: Sequence[str]) -> set[str]:
         """Those of ``ids`` folded into an article (one narrow read: no content, no vectors)."""
