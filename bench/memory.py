@@ -2,10 +2,14 @@
 
 All use engrain's all-MiniLM-L6-v2 embedding code (the ChromaDB side loads
 ``src/engrain/_memory/embed.py`` by file path inside its own venv ``bench/.peers/chromadb``,
-which this script creates with pip; both embed with the default, the shipped int8-weight file
-computed as it ships) and the same records (``memory_corpus.py``: a 20k-sentence pool embedded exactly, the rest
-joins two pool sentences with the normalised sum of their embeddings as vector;
-the run prints how close that is to the true embedding).
+which this script creates with pip) and the same records (``memory_corpus.py``: a 20k-sentence pool embedded
+exactly, the rest joins two pool sentences with the normalised sum of their embeddings as vector; the run
+prints how close that is to the true embedding). Each side embeds as it does by default: engrain with its
+default (the shipped file's int8 weights in integer compute, ``embed.block_model``), ChromaDB in fp32 matmuls,
+as its default embedding function (all-MiniLM-L6-v2 on onnxruntime) computes it: the shipped file computed as
+it ships (``MiniLMEmbedder(compute="fp32")``, engrain's ``"minilm-fp32"``). Each side's records are embedded by
+its own computation (``memory_corpus.corpus(n, compute=...)``), so the two hold the same texts in their own
+vector spaces.
 
 Stores are built once and cached outside the repo, so re-measuring is fast:
 SQLite files (with their saved usearch graph) and ChromaDB folders under
@@ -26,7 +30,8 @@ its bulk-load settings (``hnsw:sync_threshold`` 100000, ``hnsw:batch_size``
 10000; search settings stay its defaults) and a cut-short fill resumes.
 
 ``--quantized-sizes`` adds engrain on SQLite with the opt-in quantized embedder (``"minilm-int8"``)
-at those sizes, on stores of its own (``sqlite-<n>-<digest>.db`` of the corpus it embeds).
+at those sizes, and ``--fp32-sizes`` with ``"minilm-fp32"`` (the default before 2026-11-27: an A/B of the
+embedding alone), each on stores of its own (``sqlite-<n>-<digest>.db`` of the corpus it embeds).
 
 Measured per size, with every system open at once:
 * recall p50/p95 over ``--queries`` queries, query embedding included (engrain:
@@ -277,7 +282,7 @@ measures another tree's engrain on the same stores; ``--ab-src`` adds another tr
 side, in a child process whose blocks rotate with the others' (an A/B under the same load). Usage:
     python bench/memory.py [--sizes 10000,100000] [--million] [--src PATH] [--ab-src PATH] [--queries 200]
         [--single 100]
-        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--quantized-sizes ...] [--no-peer]
+        [--sqlite-sizes ...] [--chroma-sizes ...] [--pgvector-sizes ...] [--quantized-sizes ...] [--fp32-sizes ...] [--no-peer]
         [--build-only]
         [--index-sizes 10000,100000]
 """
@@ -302,15 +307,19 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "bench" / ".peers" / "chromadb"
 
 
+#: The embedders a run can add beside engrain's default, each on SQLite stores of its own: compute -> label.
+OPT_IN = {"dynamic": " minilm-int8", "fp32": " minilm-fp32"}
+
+
 class Lookup:
     """Embedder for the bulk fill only: returns the vectors embedded beforehand (same model), by text."""
 
     dim = 384
 
-    def __init__(self, texts: list[str], vecs: np.ndarray, quantized: bool = False):
+    def __init__(self, texts: list[str], vecs: np.ndarray, compute: str = "block"):
         from engrain._memory.embed import default_embedder
 
-        self.name = default_embedder(quantized).name  # the store is that model's, as the recalls open it
+        self.name = default_embedder(compute=compute).name  # the store is that model's, as the recalls open it
         self._by = dict(zip(texts, vecs))
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -373,7 +382,7 @@ def sqlite_ready(path: Path, n: int) -> bool:
     return bool(row and row[0] == n)
 
 
-def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray, quantized: bool = False) -> dict:
+def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray, compute: str = "block") -> dict:
     """Fill a SQLite store with ``remember_many`` (batches of 2000), then build and save its usearch graph."""
     from engrain._memory import Memory
     from engrain._memory.embed import default_embedder
@@ -383,7 +392,7 @@ def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray, quantiz
         f.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{path}"
-    fill = Lookup(texts, vecs, quantized)
+    fill = Lookup(texts, vecs, compute)
     mem = Memory(url, embedder=fill, synthesizer=ExtractiveSynthesizer())  # type: ignore[arg-type]
     t = time.perf_counter()
     for i in range(0, n, 2000):
@@ -394,7 +403,7 @@ def build_sqlite(path: Path, n: int, texts: list[str], vecs: np.ndarray, quantiz
     info = {"load_s": time.perf_counter() - t}
     info["bulk"] = n / info["load_s"]
     mem.close()
-    mem = Memory(url, embedder=default_embedder(quantized), synthesizer=ExtractiveSynthesizer())
+    mem = Memory(url, embedder=default_embedder(compute=compute), synthesizer=ExtractiveSynthesizer())
     t = time.perf_counter()
     mem.recall("build the graph")  # past ANN_THRESHOLD rows: builds the usearch graph and saves it beside the file
     info["graph_s"] = time.perf_counter() - t
@@ -409,13 +418,13 @@ class EngrainSide:
     """engrain's Memory on a cached store of ``n`` records (SQLite file or PostgreSQL schema)."""
 
     def __init__(self, n: int, texts: list[str], vecs: np.ndarray, pg: str | None, a: argparse.Namespace,
-                 quantized: bool = False):
+                 compute: str = "block"):
         from engrain._memory import Memory
         from engrain._memory.embed import default_embedder
         from engrain._memory.synth import ExtractiveSynthesizer
 
         self.info: dict = {}
-        emb = default_embedder(quantized)
+        emb = default_embedder(compute=compute)
         if pg is not None:
             if not mp.ready(pg, n):
                 print(f"  building the PostgreSQL store of {n} (COPY, then HNSW under nice) ...", flush=True)
@@ -435,7 +444,7 @@ class EngrainSide:
         self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the usearch graph
         self.info["open_s"] = time.perf_counter() - t
         st = self.mem.stats()
-        self.name = f"engrain {st['backend']} ({st['vector_search']})" + (" minilm-int8" if quantized else "")
+        self.name = f"engrain {st['backend']} ({st['vector_search']})" + OPT_IN.get(compute, "")
 
     def single(self, texts: list[str]) -> float:
         t = time.perf_counter()
@@ -545,7 +554,7 @@ spec = importlib.util.spec_from_file_location("engrain_embed", sys.argv[1])
 embed = importlib.util.module_from_spec(spec); spec.loader.exec_module(embed)
 sys.path.insert(0, sys.argv[2])
 import memory_corpus as mc
-emb = embed.MiniLMEmbedder(); emb.embed(["warm up"])  # engrain's default: the shipped file as it ships
+emb = embed.MiniLMEmbedder(compute="fp32"); emb.embed(["warm up"])  # fp32 matmuls, as ChromaDB's default computes
 col = None
 def reply(x):
     sys.stdout.write(json.dumps(x) + "\n"); sys.stdout.flush()
@@ -571,7 +580,7 @@ for line in sys.stdin:
                     "hnsw:space": "cosine", "hnsw:sync_threshold": 100_000, "hnsw:batch_size": 10_000})
                 have = 0
             start = have - have % 2000
-            texts, vecs = mc.corpus(n)
+            texts, vecs = mc.corpus(n, compute="fp32")
             t = time.perf_counter()
             for i in range(start, n, 2000):
                 j = range(i, min(i + 2000, n))
@@ -675,25 +684,27 @@ def measure(sides: list, qs: list[str], rounds: int, where_qs: list[tuple[str, d
     return res
 
 
-def build_stores(sq: set[int], ch: set[int], py: Path | None, qs: set[int] | None = None) -> None:
-    """Build what is missing among the SQLite stores (sizes ``sq``; ``qs``: of the quantized opt-in)
-    and ChromaDB collections (``ch``).
+def build_stores(sq: set[int], ch: set[int], py: Path | None, opt: dict[str, set[int]] | None = None) -> None:
+    """Build what is missing among the SQLite stores (sizes ``sq``; ``opt``: compute -> sizes of an opt-in
+    embedder's, :data:`OPT_IN`) and ChromaDB collections (``ch``, of the fp32 corpus).
 
     Each size's ChromaDB fill runs in its peer process while this one fills the
     SQLite store, so the two overlap on the machine's cores.
     """
-    for n in sorted(qs or ()):
-        texts, vecs = mc.corpus(n, quantized=True)
-        path = sqlite_path(n, mc.version(texts, vecs))
-        if not sqlite_ready(path, n):
-            print(f"{time.strftime('%H:%M:%S')} building the minilm-int8 SQLite store of {n} in {path} ...", flush=True)
-            print(f"  done: {build_sqlite(path, n, texts, vecs, quantized=True)}", flush=True)
+    for compute, ns in sorted((opt or {}).items()):
+        for n in sorted(ns):
+            texts, vecs = mc.corpus(n, compute=compute)
+            path = sqlite_path(n, mc.version(texts, vecs))
+            if not sqlite_ready(path, n):
+                print(f"{time.strftime('%H:%M:%S')} building the{OPT_IN[compute]} SQLite store of {n} in {path} ...",
+                      flush=True)
+                print(f"  done: {build_sqlite(path, n, texts, vecs, compute)}", flush=True)
     for n in sorted(sq | ch):
         texts, vecs = mc.corpus(n)
         ver = mc.version(texts, vecs)
         peer = None
         if py is not None and n in ch:
-            peer = ChromaSide(py, n, ver, build=True)
+            peer = ChromaSide(py, n, chroma_version(n), build=True)
         if n in sq and not sqlite_ready(sqlite_path(n, ver), n):
             print(f"{time.strftime('%H:%M:%S')} building the SQLite store of {n} in {sqlite_path(n, ver)} ...",
                   flush=True)
@@ -705,25 +716,33 @@ def build_stores(sq: set[int], ch: set[int], py: Path | None, qs: set[int] | Non
         print(f"{time.strftime('%H:%M:%S')} size {n} ready", flush=True)
 
 
-def prebuild(sq: set[int], ch: set[int], qs: set[int]) -> None:
+def chroma_version(n: int) -> str:
+    """The digest naming ChromaDB's collection of ``n``: of the corpus as fp32 matmuls embed it (its default's)."""
+    return mc.version(*mc.corpus(n, compute="fp32"))
+
+
+def prebuild(sq: set[int], ch: set[int], opt: dict[str, set[int]]) -> None:
     """Build missing stores in a child at ``nice -n 19``: others measure latencies on the same cores."""
     miss_sq, miss_ch = set(), set()
-    miss_q = {n for n in qs if not sqlite_ready(sqlite_path(n, mc.version(*mc.corpus(n, quantized=True))), n)}
+    miss_opt = {c: {n for n in ns if not sqlite_ready(sqlite_path(n, mc.version(*mc.corpus(n, compute=c))), n)}
+                for c, ns in opt.items()}
     for n in sorted(sq | ch):
         texts, vecs = mc.corpus(n)
         ver = mc.version(texts, vecs)
         if n in sq and not sqlite_ready(sqlite_path(n, ver), n):
             miss_sq.add(n)
-        if n in ch and not (chroma_dir(n, ver).with_name(chroma_dir(n, ver).name + ".build.json")).exists():
+        cdir = chroma_dir(n, chroma_version(n))
+        if n in ch and not cdir.with_name(cdir.name + ".build.json").exists():
             miss_ch.add(n)
-    if not miss_sq and not miss_ch and not miss_q:
+    if not miss_sq and not miss_ch and not any(miss_opt.values()):
         return
-    print(f"building at nice 19: SQLite {sorted(miss_sq)}, ChromaDB {sorted(miss_ch)}, minilm-int8 {sorted(miss_q)}"
-          " ...", flush=True)
+    print(f"building at nice 19: SQLite {sorted(miss_sq)}, ChromaDB {sorted(miss_ch)}, " + ", ".join(
+        f"{OPT_IN[c].strip()} {sorted(ns)}" for c, ns in miss_opt.items()) + " ...", flush=True)
     j = lambda xs: ",".join(map(str, sorted(xs)))  # noqa: E731
     cmd = ["nice", "-n", "19", sys.executable, str(Path(__file__).resolve()), "--build-only",
            "--sizes", j(miss_sq | miss_ch), "--sqlite-sizes", j(miss_sq), "--chroma-sizes", j(miss_ch),
-           "--quantized-sizes", j(miss_q), "--pgvector-sizes", ""]
+           "--quantized-sizes", j(miss_opt.get("dynamic", ())), "--fp32-sizes", j(miss_opt.get("fp32", ())),
+           "--pgvector-sizes", ""]
     subprocess.run(cmd, check=True)
 
 
@@ -745,6 +764,9 @@ def main() -> None:
     ap.add_argument("--pgvector-sizes", default=None, help="sizes run on PostgreSQL + pgvector (default: --sizes)")
     ap.add_argument("--quantized-sizes", default="",
                     help="sizes also run on SQLite with the opt-in quantized embedder, minilm-int8 (default: none)")
+    ap.add_argument("--fp32-sizes", default="",
+                    help="sizes also run on SQLite with minilm-fp32, the shipped file in fp32 matmuls (the default "
+                         "before 2026-11-27, as ChromaDB's side computes): the embedding's share of the gap (default: none)")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--single", type=int, default=100)
@@ -768,7 +790,7 @@ def main() -> None:
 
     all_sizes = sorted(sizes(None))
     sq, ch, pg_s = sizes(a.sqlite_sizes), (set() if a.no_peer else sizes(a.chroma_sizes)), sizes(a.pgvector_sizes)
-    q_s = sizes(a.quantized_sizes)
+    opt = {"dynamic": sizes(a.quantized_sizes), "fp32": sizes(a.fp32_sizes)}
     src = Path(a.src).resolve() if a.src else ROOT / "src"
     sys.path.insert(0, str(src))
     if a.serve_engrain is not None:
@@ -776,9 +798,9 @@ def main() -> None:
         return
     py = ensure_peer() if ch else None
     if a.build_only:
-        build_stores(sq, ch, py, q_s)
+        build_stores(sq, ch, py, opt)
         return
-    prebuild(sq, ch, q_s)
+    prebuild(sq, ch, opt)
     pg = pgvector_url() if pg_s else None
     rev = subprocess.run(["git", "-C", str(src), "log", "-1", "--format=%h %cd", "--date=format:%H:%M"],
                          capture_output=True, text=True).stdout.strip()
@@ -828,12 +850,13 @@ def main() -> None:
             print(f"size {n}: the PostgreSQL floor (embedding + one bare HNSW statement) ...", flush=True)
             floor = mp.FloorSide(pg, n)
             sides.append(floor)
-        if n in q_s:
-            print(f"size {n}: engrain on SQLite with minilm-int8 ...", flush=True)
-            sides.append(EngrainSide(n, *mc.corpus(n, quantized=True), None, a, quantized=True))
+        for compute, ns in opt.items():
+            if n in ns:
+                print(f"size {n}: engrain on SQLite with{OPT_IN[compute]} ...", flush=True)
+                sides.append(EngrainSide(n, *mc.corpus(n, compute=compute), None, a, compute=compute))
         if py is not None and n in ch:
             print(f"size {n}: chromadb ...", flush=True)
-            sides.append(ChromaSide(py, n, mc.version(tn, vn)))
+            sides.append(ChromaSide(py, n, chroma_version(n)))
             sides[-1].opened()
         print(f"size {n}: measuring ({load()}) ...", flush=True)
         single = {id(s): s.single(probes(a.single, f"{n}-{int(time.time())}")) for s in sides}

@@ -75,16 +75,17 @@ def queries(n: int, size: int) -> list[str]:
             for _ in range(n)]
 
 
-def pool(quantized: bool = False) -> tuple[list[str], np.ndarray]:
+def pool(quantized: bool = False, compute: str | None = None) -> tuple[list[str], np.ndarray]:
     """The pool sentences and their exact embeddings (embedded once, then cached).
 
-    ``quantized``: by the opt-in integer-compute model (``"minilm-int8"``), not the default.
+    ``compute``: how the shipped MiniLM is computed (``engrain._memory.embed.MiniLMEmbedder``; default the
+    default's, ``"fp32"`` as it ships, ``"dynamic"`` the opt-in ``"minilm-int8"``, as ``quantized=True``).
     """
     from engrain._memory.embed import default_embedder
 
     texts = sentences(POOL, 1)
     CACHE.mkdir(parents=True, exist_ok=True)
-    e = default_embedder(quantized)
+    e = default_embedder(quantized, compute)
     f = CACHE / f"pool-{POOL}-{e.name}.npy"  # the embedder's name: a new model, a new pool
     if f.exists():
         v = np.load(f)
@@ -108,9 +109,9 @@ def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     return a[:max(0, n - POOL)], b[:max(0, n - POOL)]
 
 
-def corpus(n: int, quantized: bool = False) -> tuple[list[str], np.ndarray]:
-    """The first ``n`` records: texts and float32 unit vectors (deterministic; ``quantized``: see :func:`pool`)."""
-    ptexts, pvecs = pool(quantized)
+def corpus(n: int, quantized: bool = False, compute: str | None = None) -> tuple[list[str], np.ndarray]:
+    """The first ``n`` records: texts and float32 unit vectors (deterministic; ``compute``: see :func:`pool`)."""
+    ptexts, pvecs = pool(quantized, compute)
     base = [s.rsplit(" (ticket", 1)[0] for s in ptexts]
     texts = ptexts[:n]
     vecs = np.empty((n, pvecs.shape[1]), dtype=np.float32)

@@ -32,7 +32,7 @@ import numpy as np
 
 import memory_corpus as mc
 
-VERSION = "v1"
+VERSION = "v2"  # v2: the vectors of engrain's default since 2026-11-27 (integer compute, embed.block_model)
 DB = "engrain_bench"
 
 

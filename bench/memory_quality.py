@@ -48,8 +48,11 @@ Methods, on the same store and the same embedder, in one run:
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
 * ``before``, ``no-context``, ``square``, ``no-when``, ``no-floor``, ``no-question``, ``no-voice``: the previous ranking
   (spread^-2, no context), and today's with one of its changes undone (``VARIANTS``);
-* ``engrain minilm-int8``: ``Memory.recall`` with the opt-in quantized embedder, on a store of its own
-  holding the same records (``--no-int8`` skips it);
+* ``engrain minilm-fp32``: ``Memory.recall`` with the shipped file computed in fp32 matmuls (the default
+  before 2026-11-27; today's computes its int8 weights in integers, ``embed.block_model``), on a store of its
+  own holding the same records, so every run shows what the default's integer compute costs in recall;
+* ``engrain minilm-int8``: ``Memory.recall`` with the opt-in dynamically quantized embedder, likewise
+  (``--no-int8`` skips both rows);
 then the ideas of issue 18, each measured, not assumed (``--ideas``, on the chat set):
 * ``rrf``: reciprocal-rank fusion of the dense and BM25 lists (k=60) in place of fixed weights;
 * ``expand``: neighbouring-turn expansion, ``recall(neighbours=True)`` (a hit lends 0.9 of its score to the
@@ -791,11 +794,13 @@ def speed(ds: Dataset, n: int) -> dict[str, tuple[float, float]]:
 
 
 def embed_speed(texts: list[str], queries: list[str], rounds: int = 3) -> dict[str, tuple[float, float]]:
-    """Texts per second and per-query ms (p50) of the default (the shipped file computed as it ships) against
-    the opt-in quantized for integer compute (minilm-int8); rounds alternate so machine load hits both alike."""
+    """Texts per second and per-query ms (p50) of the default (the shipped int8 weights in integer compute)
+    against minilm-fp32 (the file computed as it ships) and the opt-in minilm-int8 (dynamic quantization);
+    rounds alternate so machine load hits them alike."""
     from engrain._memory.embed import MiniLMEmbedder
 
-    models = {"default (int8 weights, fp32 compute)": MiniLMEmbedder(),
+    models = {"default (int8 weights, int8 blocks of 32)": MiniLMEmbedder(),
+              "minilm-fp32 (int8 weights, fp32 compute)": MiniLMEmbedder(compute="fp32"),
               "minilm-int8 (dynamic int8, integer matmuls)": MiniLMEmbedder(quantized=True)}
     for m in models.values():
         m.embed(["warm up"])
@@ -866,7 +871,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--embed-speed", type=int, default=2000,
                     help="chat messages embedded per round to time the default model against minilm-int8 (0: skip)")
     ap.add_argument("--no-int8", action="store_true",
-                    help="skip the opt-in quantized embedder's recall row (minilm-int8) on each set")
+                    help="skip the recall rows of the other computations of the shipped file (minilm-fp32, minilm-int8)")
     ap.add_argument("--embedder", action="append", default=[], metavar="LABEL=SPEC",
                     help="also measure this embedder (a model string, e.g. gemma=sentence-transformers:/path/to/"
                          "embeddinggemma-300m) on each set, on a store of its own; repeatable")
@@ -884,7 +889,9 @@ def main(argv: list[str] | None = None) -> None:
     others = extra_embedders(a.embedder, a.prompts)
     extra_methods = [m for m in a.embedder_methods.split(",") if m]
     minilm = default_embedder()
-    int8 = None if a.no_int8 else default_embedder(quantized=True)
+    opt_ins = [] if a.no_int8 else [("minilm-fp32", default_embedder(compute="fp32"), "the shipped file in fp32 "
+                                     "matmuls (the default before 2026-11-27)"),
+                                    ("minilm-int8", default_embedder(quantized=True), "the opt-in quantized embedder")]
     tables: list[tuple[str, Dataset, list[tuple[str, dict[str, float], float, str]]]] = []
     chat: Dataset | None = None
     with tempfile.TemporaryDirectory(prefix="engrain-memquality-") as d:
@@ -915,10 +922,9 @@ def main(argv: list[str] | None = None) -> None:
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES.get(m, m)) for m in methods]
             st.mem.close()
-            if int8 is not None:
-                st = fill(ds, int8, "plain", tmp, name, db=f"{name}-int8")
-                rows.append(("engrain minilm-int8", *run_methods(ds, st, ["engrain"])["engrain"],
-                             "Memory.recall with the opt-in quantized embedder"))
+            for label, emb, what in opt_ins:
+                st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}")
+                rows.append((f"engrain {label}", *run_methods(ds, st, ["engrain"])["engrain"], f"Memory.recall with {what}"))
                 st.mem.close()
             for label, emb in others:
                 st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}", keep_queries=True)
@@ -963,8 +969,8 @@ def main(argv: list[str] | None = None) -> None:
                                                  for o in ds.owners if f"{o} any@5" in sc))
     if emb_speed:
         print()
-        print(f"embedding speed ({a.embed_speed} chat messages per round in each model's batches (default 32 "
-              "texts, minilm-int8 1), 200 questions one by one; "
+        print(f"embedding speed ({a.embed_speed} chat messages per round in each model's batches (32 texts, "
+              "minilm-int8 1), 200 questions one by one; "
               f"load average {os.getloadavg()[0]:.1f}):")
         for m, (tps, q50) in emb_speed.items():
             print(f"  {m:<42} {tps:7.1f} texts/s   query p50 {q50:5.2f} ms")

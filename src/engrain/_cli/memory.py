@@ -215,8 +215,9 @@ def stats(url: UrlOption = None, json_out: JsonOption = False) -> None:
 @memory_app.command("reembed")
 def reembed(
     embedder: Annotated[str, typer.Argument(help="The embedder to move to: 'openai:<model>', 'ollama:<model>', "
-                                                 "'sentence-transformers:<name or path>', 'default' or "
-                                                 "'minilm-int8' (the default quantized: faster, less exact).")],
+                                                 "'sentence-transformers:<name or path>', 'default', "
+                                                 "'minilm-fp32' (the shipped file in fp32, the default before "
+                                                 "2026-11-27) or 'minilm-int8' (faster, less exact).")],
     base_url: Annotated[str | None, typer.Option("--base-url", help="An OpenAI-compatible server for openai:/ollama:.")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, max=4096, help="Texts per batch.")] = 256,
     url: UrlOption = None,
@@ -229,7 +230,7 @@ def reembed(
     from .._memory.reembed import reembed_url
 
     if not is_spec(embedder):
-        raise fail(f"embedder {embedder!r}: write 'default', 'minilm-int8' or '<provider>:<model>' with provider "
+        raise fail(f"embedder {embedder!r}: write 'default', 'minilm-fp32', 'minilm-int8' or '<provider>:<model>' with provider "
                    "one of openai, ollama, sentence-transformers", 2)
     with errors_as_exit():
         open_store(url, create=False).close()  # a mistyped URL is an error, not a new empty store "moved"

