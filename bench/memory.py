@@ -56,6 +56,19 @@ the store's size beside it, and says when the store does not fit: on the 128 MB 
 read its windows and graph pages from the OS cache one by one (p50 22.8 against 11.2 ms with 3 GB, the same
 store, 2026-11-27). Building the 1M store took 4 min of COPY and 40 min of HNSW (2 shared, loaded cores).
 
+Measured 2026-11-27 13:36-13:47, three runs of all sizes (load 1.0-1.2; every embedding ran ~20 % slower than in
+the morning, ChromaDB's too), engrain with its new default embedder (integer compute), ChromaDB in fp32 matmuls;
+p50 / p95 ms. 10k: SQLite 5.50 / 8.93, 5.51 / 7.95, 5.90 / 9.38; ChromaDB 7.68 / 9.26, 8.46 / 12.71, 9.17 /
+11.63. 100k: SQLite 6.25 / 8.41, 6.29 / 8.85, 6.82 / 9.20; ChromaDB 10.13 / 13.87, 9.30 / 12.49, 10.14 / 12.56.
+1M: SQLite 7.83 / 10.93, 7.50 / 12.23, 9.35 / 15.20; ChromaDB 9.61 / 13.52, 10.75 / 14.35, 10.95 / 14.75.
+engrain with ChromaDB's computation (``--fp32-sizes``, first two runs): 10k 7.53 / 9.69, 7.76 / 9.88; 100k 8.27
+/ 10.09, 8.19 / 11.46; 1M 10.18 / 15.63, 10.49 / 14.96. PostgreSQL (v2 stores of the new vectors): 10k 9.79,
+10.06, 10.18 against a floor of 4.57, 4.65, 4.83; 100k 13.79, 13.00, 13.74 against 7.00, 6.83, 7.16 (5.2-6.8 ms
+above it); its 1M store was not rebuilt. A recall at 1M: embedding 3.8 ms (5.4-6.1 with fp32 weights, which
+the rest of a recall pushes out of the CPU's caches), vector search 2.5, context 0.7, rows and scoring 0.8.
+The graph walk alone at 1M (usearch, 160 wide, after the walk's own queries only): bfloat16 1.27-1.36 ms, an
+int8 graph 1.04-1.14 (recall@10 against exact 0.978 against 0.980): not switched for 0.25 ms.
+
 Measured 2026-11-23 19:30 (load 1.8-2.3, 2 shared cores; recall p50, top 5, N=200 in 5 rounds):
 10k: SQLite 10.3 ms, PostgreSQL 11.5, ChromaDB 6.6; 100k: SQLite 8.1, PostgreSQL 11.5, ChromaDB
 9.0; 1M: SQLite 9.5 (rounds 8.1-11.5), PostgreSQL 12.4 (11.5-15.3). All three at 1M in one

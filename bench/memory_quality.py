@@ -72,6 +72,19 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-27 13:16 (load 1-2; any@5 all@5 any@10 sess@1; --ideas rrf,expand), the default embedder now
+computing the shipped int8 weights in integers (``embed.block_model``), the fp32 computation in its own row
+(``engrain minilm-fp32``): LoCoMo dev .703 .576 .808 .715 against .709 .579 .814 .715 (per conversation any@5 /
+sess@1: 26 .733/.747 against .740/.747, 30 .716/.741 against .728/.741, 44 .659/.659 both), chat .455 .278 .589
+.611 against .457 .278 .587 .611, FAQ sv .536 .610 against .536 .612, FAQ en .829 .901 against .821 .901;
+minilm-int8 LoCoMo .689, chat .434, FAQ .532 / .815. Recall p50 on the LoCoMo questions 6.9 ms against 8.3
+with fp32 (the queries embed in 3.2-3.8 ms instead of 4-6). Blocks of 16 (per-row activation scales every 16
+values): LoCoMo .706 .576 .811 .718, chat .455, FAQ .534 / .823. Late interaction, tried the same day and not
+kept: recall's top 30 re-ranked with MaxSim over MiniLM's token vectors (each question token's best cosine
+among a record's tokens, averaged; raw or scaled to the scores' spread, weight 0.05-1.0) gave LoCoMo any@5
+.703-.712 and sess@1 .695-.709 against .706 / .709 for the same top 30 unchanged: the token vectors of a
+mean-pooled model carry what its sentence vector carries.
+
 Measured 2026-11-27 10:10-10:40 (load ~1; LoCoMo dev, any@5 all@5 any@10 sess@1; today .709 .579 .814 .715), tried
 and not kept. The passage window stopped at session edges, with the data set's true sessions as the boundary
 (an oracle no store has): .706 .579 .816 .718. Questions naming two speakers (31 of 354) voiced as the first one

@@ -109,8 +109,9 @@ SHIPPED_NAME = "all-MiniLM-L6-v2-onnx-int8"
 QUANTIZED_NAME = "all-MiniLM-L6-v2-onnx-dyn-int8"
 #: How the shipped file is computed, per embedder name (``MiniLMEmbedder(compute=...)``).
 COMPUTES = {"block": DEFAULT_NAME, "fp32": SHIPPED_NAME, "dynamic": QUANTIZED_NAME}
-#: Values of ``K`` sharing one activation scale in the default's matmuls: 16 and 64 were measured too
-#: (bench/memory_quality.py, 2026-11-27; all within a question of 32 on every set, 32 the fastest).
+#: Values of ``K`` sharing one activation scale in the default's matmuls: 16 recalled within a question of 32 on
+#: every set of bench/memory_quality.py and embedded ~0.3 ms slower; 64 strayed further from fp32 and was not
+#: faster (2026-11-27).
 BLOCK = 32
 
 
