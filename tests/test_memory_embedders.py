@@ -251,12 +251,7 @@ def test_the_default_model_holds_the_shipped_weights_exactly_and_is_made_once_an
         w = (codes.astype(np.float32) - 128).reshape(attrs["N"], -1)[:, :k] * scales.reshape(attrs["N"], -1)[:, :1]
         assert np.array_equal(w.T, wanted[n.output[0]])  # the shipped weights, bit for bit
     assert sum(n.op_type == "MatMul" for n in made.node) == 12  # what is left: attention's two per layer
-    stamp = out.stat().st_mtime_ns
-    assert block_model(source, tmp_path) == out and out.stat().st_mtime_ns == stamp  # reused, not remade
-    raw = bytearray(out.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    out.write_bytes(bytes(raw))
-    assert block_model(source, tmp_path) == out and out.read_bytes() != bytes(raw)  # damaged: made again
+    _reused_then_made_again_when_damaged(block_model, source, out, tmp_path)
     side = out.with_suffix(".json")
     side.write_text(json.dumps({**json.loads(side.read_text()), "recipe": "block16-v0"}))
     stamp = out.stat().st_mtime_ns
@@ -267,6 +262,16 @@ def test_the_default_model_holds_the_shipped_weights_exactly_and_is_made_once_an
     assert (block * fp32).sum(axis=1).min() > 0.999  # activation rounding only
     alone = np.stack([MiniLMEmbedder(out).embed([t])[0] for t in texts])
     assert np.array_equal(alone, block)  # a text's vector does not depend on its batch
+
+
+def _reused_then_made_again_when_damaged(make, source: Path, out: Path, cache: Path) -> None:
+    """A derived model file is reused as it is, and made again once a byte of it changes (its digest is checked)."""
+    stamp = out.stat().st_mtime_ns
+    assert make(source, cache) == out and out.stat().st_mtime_ns == stamp  # reused, not remade
+    raw = bytearray(out.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    out.write_bytes(bytes(raw))
+    assert make(source, cache) == out and out.read_bytes() != bytes(raw)  # damaged: made again
 
 
 def helper_value(attr):
@@ -319,12 +324,7 @@ def test_the_quantized_model_is_made_once_and_checked(tmp_path):
 
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
     assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops
-    stamp = out.stat().st_mtime_ns
-    assert quantized_model(source, tmp_path) == out and out.stat().st_mtime_ns == stamp  # reused, not remade
-    raw = bytearray(out.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    out.write_bytes(bytes(raw))
-    assert quantized_model(source, tmp_path) == out and out.read_bytes() != bytes(raw)  # damaged: made again
+    _reused_then_made_again_when_damaged(quantized_model, source, out, tmp_path)
     texts = [t for t, _ in FACTS] + ["i love hiking in the mountains with my dog", "Bygglov krävs för en altan."]
     fast = MiniLMEmbedder(out, quantized=True).embed(texts)
     shipped = MiniLMEmbedder(compute="fp32").embed(texts)
