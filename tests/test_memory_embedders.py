@@ -215,6 +215,12 @@ def test_the_default_computes_the_shipped_weights_in_integers_and_fp32_and_int8_
         assert resolve(spec).name == QUANTIZED_NAME and resolve(spec).quantized  # type: ignore[attr-defined]
     assert resolve("minilm-int8") is resolve(QUANTIZED_NAME)  # one shared instance: the model loads once
     assert len({DEFAULT_NAME, SHIPPED_NAME, QUANTIZED_NAME}) == 3 and all(map(is_spec, (DEFAULT_NAME, SHIPPED_NAME)))
+    from engrain._memory.embed import MiniLMEmbedder
+
+    with pytest.raises(ConfigError, match="block, fp32, dynamic"):
+        MiniLMEmbedder(compute="gpu")
+    with pytest.raises(ConfigError, match="quantized=True is compute='dynamic'"):
+        MiniLMEmbedder(quantized=True, compute="fp32")
 
 
 def test_the_default_model_holds_the_shipped_weights_exactly_and_is_made_once_and_checked(tmp_path):

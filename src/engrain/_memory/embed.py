@@ -25,11 +25,12 @@ import numpy as np
 
 try:
     from .. import _progress
-    from .._errors import EmbeddingError
+    from .._errors import ConfigError, EmbeddingError
 except ImportError:  # loaded by file path (bench peer): no parent package; _progress is stdlib-only, load it so
     import importlib.util
 
     EmbeddingError = RuntimeError  # type: ignore[misc,assignment]
+    ConfigError = ValueError  # type: ignore[misc,assignment]
     _spec = importlib.util.spec_from_file_location("engrain_progress", Path(__file__).parents[1] / "_progress.py")
     _progress = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
     _spec.loader.exec_module(_progress)  # type: ignore[union-attr]
@@ -261,8 +262,8 @@ def _block_quantize(ort: Any, source: Path, out: Path) -> None:
         extra += [numpy_helper.from_array(packed.reshape(n, blocks, BLOCK), b_name),
                   numpy_helper.from_array(np.repeat(scale[:, None], blocks, axis=1).reshape(-1), s_name)]
         nodes.append(helper.make_node("MatMulNBits", [node.input[0], b_name, s_name], list(node.output),
-                                      name=f"{node.name}.block", domain="com.microsoft", K=k, N=n, bits=8,
-                                      block_size=BLOCK, accuracy_level=4))
+                                      name=f"{node.name or node.output[0]}.block", domain="com.microsoft",
+                                      K=k, N=n, bits=8, block_size=BLOCK, accuracy_level=4))
     if not extra:
         raise EmbeddingError(f"the embedding model {source} has no int8 weight matmuls to compute in integers "
                              "(is it the shipped file?); use Memory(embedder='minilm-fp32') to run it as it is")
@@ -361,7 +362,7 @@ class MiniLMEmbedder:
                  compute: str | None = None):
         compute = compute or ("dynamic" if quantized else "block")
         if compute not in COMPUTES or (quantized and compute != "dynamic"):
-            raise ValueError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}"
+            raise ConfigError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}"
                              + (" (quantized=True is compute='dynamic')" if quantized else ""))
         self.compute = compute
         self.quantized = compute == "dynamic"
