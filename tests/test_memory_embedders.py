@@ -308,6 +308,8 @@ def test_a_store_the_fp32_default_filled_keeps_it_and_moves_to_the_default(tmp_p
     old = Memory(f"sqlite:///{db}", embedder="minilm-fp32", synthesizer=ExtractiveSynthesizer())
     old.remember_many(TEXTS)
     old.close()
+    with pytest.raises(ConfigError, match=f"embedded with '{SHIPPED_NAME}'; the embedder '{DEFAULT_NAME}'.*reembed"):
+        Memory(f"sqlite:///{db}", embedder="default", synthesizer=ExtractiveSynthesizer())
     mem = Memory(f"sqlite:///{db}", synthesizer=ExtractiveSynthesizer())
     assert mem.embedder.name == SHIPPED_NAME
     assert "Tuesday" in mem.recall("when do we deploy?", top_k=1)[0].content

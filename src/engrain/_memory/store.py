@@ -208,7 +208,8 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?)", (f"embedder:{name}", dim))
             elif names != [f"embedder:{name}"]:
                 raise ConfigError(f"this memory store was embedded with {names[0][9:]!r}; the embedder {name!r} "
-                                  "cannot search it (use the same embedder, or a new store)")
+                                  "cannot search it (open it with no embedder to use its own, or move it to this one "
+                                  "with Memory.reembed or `engrain memory reembed <model string>`)")
             if self.pgvector:
                 self._pg_vector_index(dim)
 
