@@ -339,3 +339,30 @@ def test_a_worker_takeover_fences_the_dead_holders_appends(journal):
     with pytest.raises(LeaseLostError):
         journal.append("orph", [NewEvent("step.completed", "x", {"call_id": 0, "result": 1})],
                        journal.get_run("orph").next_seq, fence=stale_epoch)
+
+
+STOP_WHILE_LOCKED = r"""
+import os, signal, sys
+import engrain as eg
+from engrain._workers.worker import Worker
+
+journal = eg.open(sys.argv[1])
+w = Worker(journal, {"agent": lambda task: task}, ["q"])
+w.install_signal_handlers()
+with w._stop._cond:  # the lock the main thread holds inside the stop event's wait()
+    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in this thread, under that lock
+    for _ in range(1000):
+        pass  # bytecodes for the handler to run between
+stopped = w._stop.wait(10)
+journal.close()
+print("stopped" if stopped else "not stopped")
+"""
+
+
+def test_a_signal_arriving_while_the_stop_event_is_locked_still_stops_the_worker(tmp_path):
+    """SIGTERM handled while the main thread holds the stop event's lock (it does inside every poll's wait): the
+    handler must not set the event itself, or it waits for that lock forever and the worker never stops (a CI
+    run of test_sigterm_finishes_the_run_in_flight hung 30 s so)."""
+    out = subprocess.run([sys.executable, "-c", STOP_WHILE_LOCKED, f"sqlite:///{tmp_path / 'j.db'}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "stopped", out.stderr

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 from typing import Any
 
 from .._durable import context as _ctx
@@ -108,9 +109,23 @@ class Worker:
         self._stop.set()
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGINT stop the worker gracefully (main thread only)."""
+        """SIGTERM and SIGINT stop the worker gracefully (main thread only).
+
+        The handler only hands the signal to a thread of its own, which calls
+        :meth:`stop`. A handler runs in the main thread between two bytecodes,
+        possibly while that thread holds the stop event's lock (inside its
+        ``wait``): setting the event there would wait for that lock forever, and
+        the worker would never stop. ``SimpleQueue.put`` is safe to call there.
+        """
+        signals: SimpleQueue[int] = SimpleQueue()
+
+        def relay() -> None:
+            signals.get()
+            self.stop()
+
+        threading.Thread(target=relay, name="engrain-worker-signals", daemon=True).start()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
+            signal.signal(sig, lambda signum, _frame: signals.put(signum))
 
     def release_unfinished(self) -> list[str]:
         """Drop this process's leases on the runs still executing, so another worker claims them now.
