@@ -303,6 +303,7 @@ side, in a child process whose blocks rotate with the others' (an A/B under the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -729,6 +730,7 @@ def build_stores(sq: set[int], ch: set[int], py: Path | None, opt: dict[str, set
         print(f"{time.strftime('%H:%M:%S')} size {n} ready", flush=True)
 
 
+@functools.cache  # prebuild and the side both ask, and the 1M corpus takes seconds and 1.5 GB to make
 def chroma_version(n: int) -> str:
     """The digest naming ChromaDB's collection of ``n``: of the corpus as fp32 matmuls embed it (its default's)."""
     return mc.version(*mc.corpus(n, compute="fp32"))

@@ -345,7 +345,7 @@ class MiniLMEmbedder:
       on each set, so an opt-in.
 
     The model and tokenizer load on the first ``embed`` call (about 0.3 s; the
-    first ever ``"block"`` load also makes its file, ~2 s), not at construction.
+    first ever ``"block"`` load also makes its file, ~1 s), not at construction.
     Texts are embedded in batches of ``batch_size`` (``"dynamic"``: 1, see
     ``__init__``; else 32); texts are sorted by length first so a batch pads to
     similar lengths. ``model_path`` (or ``$ENGRAIN_EMBEDDING_MODEL``) runs that
@@ -360,7 +360,7 @@ class MiniLMEmbedder:
     def __init__(self, model_path: str | os.PathLike[str] | None = None, *, batch_size: int | None = None,
                  max_length: int = 256, threads: int | None = None, quantized: bool = False,
                  compute: str | None = None):
-        compute = compute or ("dynamic" if quantized else "block")
+        compute = _compute(quantized, compute)
         if compute not in COMPUTES or (quantized and compute != "dynamic"):
             raise ConfigError(f"compute must be one of {', '.join(COMPUTES)}, not {compute!r}"
                              + (" (quantized=True is compute='dynamic')" if quantized else ""))
@@ -481,6 +481,11 @@ class MiniLMEmbedder:
         return out
 
 
+def _compute(quantized: bool, compute: str | None) -> str:
+    """How the shipped file runs when ``compute`` is not given: ``quantized=True`` is ``"dynamic"``."""
+    return compute or ("dynamic" if quantized else "block")
+
+
 _shared: dict[str, MiniLMEmbedder] = {}
 _default_lock = threading.Lock()
 
@@ -492,7 +497,7 @@ def default_embedder(quantized: bool = False, compute: str | None = None) -> Emb
     model loads once however many ``Memory`` objects exist. ``quantized=True``:
     the opt-in dynamic quantization (``"minilm-int8"``), as ``compute="dynamic"``.
     """
-    compute = compute or ("dynamic" if quantized else "block")
+    compute = _compute(quantized, compute)
     with _default_lock:
         if compute not in _shared:
             _shared[compute] = MiniLMEmbedder(compute=compute)
