@@ -432,7 +432,7 @@ class EngrainSide:
     """engrain's Memory on a cached store of ``n`` records (SQLite file or PostgreSQL schema)."""
 
     def __init__(self, n: int, texts: list[str], vecs: np.ndarray, pg: str | None, a: argparse.Namespace,
-                 compute: str = "block"):
+                 compute: str = "block", vector_search: str = "auto"):
         from engrain._memory import Memory
         from engrain._memory.embed import default_embedder
         from engrain._memory.synth import ExtractiveSynthesizer
@@ -452,10 +452,10 @@ class EngrainSide:
                 raise SystemExit(f"{path} is not built (the bench builds it first with --build-only)")
             url = f"sqlite:///{path}"
             self.info = built_info(path)
-        self.mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer())
+        self.mem = Memory(url, embedder=emb, synthesizer=ExtractiveSynthesizer(), vector_search=vector_search)
         emb.embed(["warm up"])
         t = time.perf_counter()
-        self.mem.recall("warm up the index")  # SQLite: loads vectors, builds or loads the usearch graph
+        self.mem.recall("warm up the index")  # in-process: loads vectors, builds or loads the usearch graph
         self.info["open_s"] = time.perf_counter() - t
         st = self.mem.stats()
         self.name = f"engrain {st['backend']} ({st['vector_search']})" + OPT_IN.get(compute, "")
@@ -777,6 +777,10 @@ def main() -> None:
     ap.add_argument("--sqlite-sizes", default=None, help="sizes run on SQLite (default: --sizes)")
     ap.add_argument("--chroma-sizes", default=None, help="sizes run on ChromaDB (default: --sizes)")
     ap.add_argument("--pgvector-sizes", default=None, help="sizes run on PostgreSQL + pgvector (default: --sizes)")
+    ap.add_argument("--pg-local-sizes", default=None,
+                    help="sizes also run on the PostgreSQL stores searched in-process, Memory(vector_search='local') "
+                         "(default: the --pgvector-sizes below 1M; the first run at a size builds its usearch graph, "
+                         "cached in $ENGRAIN_CACHE_DIR/graphs)")
     ap.add_argument("--quantized-sizes", default="",
                     help="sizes also run on SQLite with the opt-in quantized embedder, minilm-int8 (default: none)")
     ap.add_argument("--fp32-sizes", default="",
@@ -805,6 +809,7 @@ def main() -> None:
 
     all_sizes = sorted(sizes(None))
     sq, ch, pg_s = sizes(a.sqlite_sizes), (set() if a.no_peer else sizes(a.chroma_sizes)), sizes(a.pgvector_sizes)
+    pg_local = {n for n in pg_s if n < 1_000_000} if a.pg_local_sizes is None else sizes(a.pg_local_sizes)
     opt = {"dynamic": sizes(a.quantized_sizes), "fp32": sizes(a.fp32_sizes)}
     src = Path(a.src).resolve() if a.src else ROOT / "src"
     sys.path.insert(0, str(src))
@@ -857,6 +862,9 @@ def main() -> None:
                   + ("" if fits[0] <= fits[1] else ": it does not fit, so recalls read pages from the OS cache "
                      "(slower than a server sized for its store: scripts/pgvector.sh sizes it to a quarter of memory)"),
                   flush=True)
+        if pg is not None and n in pg_local:
+            print(f"size {n}: engrain on PostgreSQL, searched in-process (vector_search='local') ...", flush=True)
+            sides.append(EngrainSide(n, tn, vn, pg, a, vector_search="local"))
         if pg is not None and a.ab_src and n in pg_s:
             print(f"size {n}: engrain from {a.ab_src} on PostgreSQL + pgvector (child process) ...", flush=True)
             sides.append(EngrainPeer(n, a.ab_src, pg=True))

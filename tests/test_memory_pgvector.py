@@ -2,7 +2,7 @@
 
 The search in SQL must return what the numpy path returns on the same rows:
 each test compares the two on one store (a second :class:`Memory` with
-``store.pgvector`` off reads the same embeddings into the in-process index).
+``vector_search="local"`` reads the same embeddings into the in-process index).
 Skips, naming the variable, without ``$ENGRAIN_TEST_PGVECTOR_URL``; CI sets it.
 """
 
@@ -53,9 +53,9 @@ def url() -> Iterator[str]:
 
 def _pair(url: str, embedder: MiniLMEmbedder) -> tuple[Memory, Memory]:
     pg = Memory(url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
-    np_ = Memory(url, embedder=embedder, synthesizer=ExtractiveSynthesizer())
-    np_.store.pgvector = False  # same rows, searched by the in-process numpy index instead
+    np_ = Memory(url, embedder=embedder, synthesizer=ExtractiveSynthesizer(), vector_search="local")
     assert pg.store.pgvector and pg.stats()["vector_search"] == "pgvector"
+    assert np_.vector_search == "local" and np_.stats()["vector_search"] == "numpy exact"
     return pg, np_
 
 

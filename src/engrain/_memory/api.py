@@ -29,6 +29,8 @@ from . import embedders as _embedders
 from .embed import Embedder, embed_queries
 from .index import ANN_THRESHOLD, VectorIndex
 from .items import Record
+from .mirrors import catch_up
+from .pgvector import VECTOR_SEARCH, check_vector_search, vector_search_of  # noqa: F401  (VECTOR_SEARCH: re-exported)
 from .query import QUERY_CACHE, QueryVectors, settle, start_beside  # noqa: F401  (QUERY_CACHE: re-exported)
 from .ranking import Ranking, SearchResult
 from .seqrows import MirrorRows
@@ -51,34 +53,43 @@ class Memory:
     set, else the offline extractive one. ``ttl`` (seconds) is the default
     lifetime of records (None: forever). ``half_life`` (seconds) sets how fast
     the recency part of the score fades.
+
+    ``vector_search`` (:data:`VECTOR_SEARCH`; None: ``$ENGRAIN_VECTOR_SEARCH``, else
+    ``"auto"``): ``"auto"`` searches with pgvector
+    in SQL where the PostgreSQL server has it, else in-process; ``"pgvector"``
+    demands it; ``"local"`` searches an in-process mirror on PostgreSQL too, as on
+    SQLite: no statements after the embedding but the row reads, for the mirror's
+    memory (~1.5 kB a record) in each process; its graph is cached under
+    ``$ENGRAIN_CACHE_DIR/graphs``. Either way the store is the same one.
     """
 
     def __init__(self, url: str | None = None, *, embedder: Embedder | str | None = None,
                  embedder_base_url: str | None = None, embedder_api_key: str | None = None,
                  synthesizer: Synthesizer | None = None, ttl: float | None = None, top_k: int = 5,
-                 half_life: float = 30 * 86400.0, ann_threshold: int = ANN_THRESHOLD):
+                 half_life: float = 30 * 86400.0, ann_threshold: int = ANN_THRESHOLD,
+                 vector_search: str | None = None):
         from .._journal import default_url
 
         if url is not None and not isinstance(url, str):  # a Journal: use its database
             url = url.url
         self.url = url or default_url()
+        vector_search = check_vector_search(vector_search)
         self.store = open_store(self.url)
         self.backend = self.store.backend
-        if embedder is None and not os.environ.get("ENGRAIN_EMBEDDER"):
-            bound = self.store.bound_embedder()
-            if bound is not None and _embedders.is_spec(bound):
-                embedder = bound  # the store says what filled it
         try:
+            #: Where recall searches vectors: ``"pgvector"`` (in SQL) or ``"local"`` (the in-process mirror).
+            self.vector_search = vector_search_of(self.store, vector_search)
+            if embedder is None and not os.environ.get("ENGRAIN_EMBEDDER"):
+                bound = self.store.bound_embedder()
+                if bound is not None and _embedders.is_spec(bound):
+                    embedder = bound  # the store says what filled it
             self.embedder: Embedder = _embedders.resolve(embedder, base_url=embedder_base_url,
                                                          api_key=embedder_api_key)
-        except Exception:
-            self.store.close()
-            raise
-        try:
             self.store.bind_embedder(self.embedder.name, self.embedder.dim)
         except Exception:
             self.store.close()
             raise
+        self._pg = self.vector_search == "pgvector"
         self.synthesizer: Synthesizer = synthesizer or default_synthesizer()
         self.ttl = self._check_ttl(ttl)
         self.top_k = top_k
@@ -269,14 +280,17 @@ class Memory:
         fetch = max(4 * min(k, 1_000_000), SPREAD_DEPTH)  # a huge top_k must not overflow SQL's 64-bit LIMIT
         embedder = self.embedder
 
-        if not self.store.pgvector:  # no in-process mirror on pgvector: skip the state round trip
+        fresh = None  # no in-process mirror on pgvector: skip the state round trip
+        if not self._pg and self.backend == "sqlite":
             self._refresh()
+        elif not self._pg:  # PostgreSQL searched in-process: the counters' and new rows' round trips run beside
+            fresh = start_beside(self._refresh)
         # Full text and the metadata filter's ids need no query vector: they run on worker threads beside the
         # embedding (on SQLite, the full text beside the vector search too; on pgvector its hits' rows come in the
         # vector search's statement).
         text = start_beside(lambda: self.store.text_search(query, skill, now, fetch, where=where))
         allowed = (start_beside(lambda: self.store.filtered_ids(where, skill, now))
-                   if where and not self.store.pgvector else None)
+                   if where and not self._pg else None)
         try:
             rk = self.ranking
             # The vector half may ask in the voice of the chat-log speaker the question names (:mod:`.voice`).
@@ -285,7 +299,7 @@ class Memory:
             qv = self._qcache.get(embedder, asked)
             if qv is None:
                 qv = self._qcache.put(embedder, asked, embed_queries(embedder, [asked])[0])
-            if self.store.pgvector:
+            if self._pg:
                 # The full-text hits' rows come in the vector search's statement (their cosines need them):
                 # the full text is done by now (it took less than the embedding), so nothing waits for it.
                 text_hits = text.result()
@@ -294,21 +308,23 @@ class Memory:
                 allow = None
             else:
                 allow = allowed.result() if allowed is not None else None
+                if fresh is not None:
+                    fresh.result()
                 recs = self._records.search(qv, fetch, skill, now, allow)
                 arts = self._articles.search(qv, fetch, skill, now)
             if rk.text_weight is None:
-                crowd = self.store.pg_crowding(skill, now) if self.store.pgvector else self._records.crowding(skill)
+                crowd = self.store.pg_crowding(skill, now) if self._pg else self._records.crowding(skill)
                 crowd = _fusion.in_reference_units(crowd, *_cluster.null_documents(self.embedder))
                 w_text = recall_text_weight((s for _, s in recs + arts), crowd,
                                             _cluster.null_spread(self.embedder) / _fusion.NULL_SPREAD_REF)
             else:
                 w_text = rk.text_weight
         except BaseException:
-            for side in (text, allowed):
+            for side in (text, allowed, fresh):
                 if side is not None:
                     settle(side)
             raise
-        if not self.store.pgvector:
+        if not self._pg:
             text_hits, read = text.result(), None
         cands: dict[tuple[str, str], dict[str, float]] = {}
         for tier, hits in (("record", recs), ("article", arts)):
@@ -321,7 +337,7 @@ class Memory:
             ids = [i for t, i in cands if t == "record"]
             read.plan(ids, [i for t, i in cands if t == "article"], ids)
         def around(ids: list[str], radius: int) -> tuple:
-            if self.store.pgvector:
+            if self._pg:
                 return self.store.pg_around(ids, radius, now, where, read)
             return self._records.around(ids, radius, now, allow)
 
@@ -329,6 +345,9 @@ class Memory:
         _ranking.add_context(cands, qv, w_text, rk, around, fetch)
         prior = _temporal.prior(query, rk.when)
         cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
+        if read is None and self.backend != "sqlite":  # searched in-process: the rows scoring reads, in one trip
+            read = self.store.pg_candidate_rows([i for t, i in cands if t == "record"],
+                                                [i for t, i in cands if t == "article"])
         # Only the top k are returned (neighbours=True lends scores from the top 2k to any record: all of them).
         results = _ranking.score(self, cands, qv, label, now, where, w_text, rk.context, prior, rk.question,
                                  keep=None if neighbours else k,
@@ -350,13 +369,8 @@ class Memory:
             _voice.HEAD_CHARS, skill=skill, newest=_voice.SAMPLE))
 
     def _refresh(self) -> None:
-        """Bring the vector mirrors up to date, unless nothing was written since they last were."""
-        seen = self.store.version()
-        if seen is None or seen != self._seen:
-            state = self.store.state()
-            self._records.refresh(state)
-            self._articles.refresh(state)
-            self._seen = seen
+        """Bring the vector mirrors up to date (:func:`.mirrors.catch_up`)."""
+        self._seen = catch_up(self.store, self._records, self._articles, self._seen)
 
     def reembed(self, embedder: Embedder | str, *, base_url: str | None = None, api_key: str | None = None,
                 batch_size: int = 256, progress: Any = None) -> dict[str, Any]:
@@ -464,7 +478,7 @@ class Memory:
         out: dict[str, Any] = self.store.counts(time.time())
         out = {"relational": out["records"], "buffer": out["buffer"], "injected": out["articles"], **out}
         out.update(consolidations=st.get("consolidations", 0), cursor=st.get("cursor", 0), backend=self.backend,
-                   embedder=self.embedder.name, vector_search="pgvector" if self.store.pgvector else (
+                   embedder=self.embedder.name, vector_search="pgvector" if self._pg else (
                        "usearch" if out["records"] >= self._records.ann_threshold else "numpy exact"))
         return out
 

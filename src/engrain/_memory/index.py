@@ -16,7 +16,9 @@ needed a C++ compiler), over-fetching and filtering by skill and TTL; when the
 filter leaves too few hits it falls back to the exact scan of the matching rows.
 
 On SQLite the graph is persisted next to the database (``<db>.<tier>.usearch``
-plus a ``.json`` sidecar) so a new process loads it instead of rebuilding. The
+plus a ``.json`` sidecar) so a new process loads it instead of rebuilding; a
+PostgreSQL store searched in-process (``Memory(vector_search="local")``) keeps
+it in this machine's cache folder instead (:func:`.mirrors.pg_graph_path`). The
 sidecar records what the graph covers (the store's identity, embedder,
 dimension, the tier's generation, the last ``seq`` it holds) and a digest of
 the graph file itself; a file that does not match, or that lacks a live row
@@ -40,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from .fusion import CROWDING_SAMPLE, crowding
+from .items import VECTOR_CHUNK
+from .mirrors import pg_graph_path
 from .prefilter import Int8Rows, best
 from .seqrows import live_rows
 from .skillrows import SkillRows
@@ -113,8 +117,9 @@ class VectorIndex:
         self.graph_path: Path | None = None
         path = store.path
         if persist and store.backend == "sqlite" and path is not None and path.is_file():
-            # PostgreSQL has no local directory of its own to cache in: its stores rebuild per process.
             self.graph_path = path.with_name(f"{path.name}.{tier}.usearch")
+        # PostgreSQL: the cache file is named once a graph is needed (a store searched with pgvector never asks).
+        self._pg_cache = persist and store.backend != "sqlite"
         self._reset(-1)
 
     @property
@@ -147,8 +152,14 @@ class VectorIndex:
     def __len__(self) -> int:
         return self._n
 
-    def refresh(self, state: dict[str, int]) -> None:
-        """Bring the mirror up to date with the store (``state`` from ``store.state()``)."""
+    @property
+    def last_seq(self) -> int:
+        """The highest seq the mirror holds (rows after it are new to it)."""
+        return self._last
+
+    def refresh(self, state: dict[str, int], new: tuple[int, tuple] | None = None) -> None:
+        """Bring the mirror up to date with the store (``state`` from ``store.state()``); ``new``: ``(after, rows)``,
+        the tier's ``store.vectors(tier, after)`` read already, used when ``after`` is still where the mirror is."""
         with self._lock:
             gen, dele = state.get(self._gen_key, 0), state.get(self._del_key, 0)
             if gen != self._gen:
@@ -156,11 +167,19 @@ class VectorIndex:
             elif dele != self._del:
                 self._reload_keep_graph()
             self._del = dele
-            seqs, ids, skills, expires, mat = self.store.vectors(self.tier, self._last)
-            if len(ids):
-                self._append(seqs, ids, skills, expires, mat)
-                self._last = int(seqs[-1])
+            fresh = new[1] if new is not None and new[0] == self._last else self.store.vectors(self.tier, self._last)
+            while True:  # a chunk at a time (a full chunk: there may be more)
+                seqs, ids, skills, expires, mat = fresh
+                if len(ids):
+                    self._append(seqs, ids, skills, expires, mat)
+                    self._last = int(seqs[-1])
+                if len(ids) < VECTOR_CHUNK:
+                    break
+                fresh = self.store.vectors(self.tier, self._last)
             if self._n >= self.ann_threshold:
+                if self._pg_cache:
+                    self._pg_cache = False
+                    self.graph_path = pg_graph_path(self.store, self.tier)
                 embedder = next((k[9:] for k in state if k.startswith("embedder:")), "")
                 if self._ann is None and self.graph_path is not None:
                     self._load_ann(embedder)
@@ -310,7 +329,7 @@ class VectorIndex:
                 os.close(fd)
                 tmps.append(tmp)
                 # mkstemp makes the file private; give it the database's permissions instead.
-                os.chmod(tmp, self.store.path.stat().st_mode & 0o777)  # type: ignore[union-attr]
+                os.chmod(tmp, self.store.path.stat().st_mode & 0o777 if self.store.path is not None else 0o600)
             self._ann.save(tmps[0])
             meta["graph_sha256"], meta["graph_bytes"] = _file_digest(Path(tmps[0]))
             Path(tmps[1]).write_text(json.dumps(meta))

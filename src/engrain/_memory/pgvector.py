@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import ConfigError
 from . import filters as _filters
 from .fusion import CROWDING_SAMPLE, crowding
-from .items import _ART_COLS, from_blob
+from .items import _ART_COLS, VECTORS_SQL, from_blob, vector_rows
 from .pgrows import RowPool, rec_cols
 
 #: HNSW parameters, shared by pgvector's index and the in-process usearch graph. ef 80: at 1M records
@@ -32,6 +33,31 @@ HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 16, 100, 80
 PG_EXACT_ROWS = 5000
 #: Seconds a skill's crowding (:func:`.fusion.crowding`) is kept before it is read again: it moves slowly.
 CROWDING_TTL = 60.0
+
+
+#: Where :class:`~engrain._memory.api.Memory` may search vectors (its ``vector_search``).
+VECTOR_SEARCH = ("auto", "pgvector", "local")
+
+
+def check_vector_search(wanted: Any) -> str:
+    """``wanted`` (None: ``$ENGRAIN_VECTOR_SEARCH``, else ``"auto"``), refused unless one of :data:`VECTOR_SEARCH`
+    (before any store is opened)."""
+    import os
+
+    source = "vector_search"
+    if wanted is None:
+        wanted, source = os.environ.get("ENGRAIN_VECTOR_SEARCH") or "auto", "$ENGRAIN_VECTOR_SEARCH"
+    if wanted not in VECTOR_SEARCH:
+        raise ConfigError(f"{source} must be one of {', '.join(map(repr, VECTOR_SEARCH))}, not {wanted!r}")
+    return wanted
+
+
+def vector_search_of(store: Any, wanted: str) -> str:
+    """``"pgvector"`` or ``"local"``: where a memory asking ``wanted`` searches this store's vectors."""
+    if wanted == "pgvector" and not store.pgvector:
+        raise ConfigError("vector_search='pgvector' needs a PostgreSQL server with the vector extension (pgvector);"
+                          f" this {store.backend} store has none: use vector_search='auto' or 'local'")
+    return "pgvector" if store.pgvector and wanted != "local" else "local"
 
 
 def _vec_literal(vec: np.ndarray) -> str:
@@ -313,27 +339,56 @@ class PgVectorSearch:
                 if keys else np.zeros((0, 0), np.float32))
         return [rec[k][0] for k in keys], groups, np.array([ords[k] for k in keys], dtype=np.int64), vecs
 
-    def _pg_read_with(self, pool: RowPool, sql: str, params: Sequence[Any]) -> list[Any]:
+    def pg_state_and_vectors(self, after: dict[str, int]) -> tuple[dict[str, int], dict[str, tuple]]:
+        """The store's :meth:`state` and each tier's :meth:`vectors` after ``after[tier]``, in one round trip (a
+        pipeline): a mirror on PostgreSQL catches up before every recall, beside the query embedding."""
+        with self._lock, self._db.pipeline():
+            st = self._db.execute("SELECT name, value FROM engrain_mem_state")
+            curs = {t: self._db.execute(VECTORS_SQL[t].replace("?", "%s"), (a,), binary=True) for t, a in after.items()}
+            state = {n: int(v) for n, v in st.fetchall()}
+            rows = {t: c.fetchall() for t, c in curs.items()}
+        return state, {t: vector_rows(r) for t, r in rows.items()}
+
+    def pg_candidate_rows(self, records: Sequence[str], articles: Sequence[str]) -> RowPool:
+        """A recall's candidate rows in one round trip, for scoring (:meth:`RowPool.records`): the ``records``
+        by id (content only when short, no vectors) and the ``articles`` with the homes of those records.
+
+        For a PostgreSQL store searched in-process, whose mirror gave every cosine
+        and window: reading them all at once costs one round trip, where reading
+        the best first and then the few that may still beat them costs two."""
+        pool = RowPool(self)
+        pool.plan(records, articles, records)
+        self._pg_read_with(pool, None, ())
+        return pool
+
+    def _pg_read_with(self, pool: RowPool, sql: str | None, params: Sequence[Any]) -> list[Any]:
         """The passage windows (``sql``, :func:`_windows` of :func:`.pgrows.rec_cols`: each row in full after its
-        anchor's seq), kept in ``pool`` with the rows ``pool.want`` read in the same round trip (a pipeline):
-        records by id, without vectors (their cosines are known), and articles by id with the homes of the
-        candidate records."""
+        anchor's seq; None: none), kept in ``pool`` with the rows ``pool.want`` read in the same round trip (a
+        pipeline): records by id, without vectors (their cosines are known), and articles by id with the homes
+        of the candidate records."""
         recs, arts, homes_of = pool.want
         pool.want = ([], [], [])
+        if sql is None and not arts:
+            if recs:
+                with self._lock:
+                    got = self._db.execute(f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = "
+                                           "ANY(%s)", (recs,), binary=True).fetchall()
+                pool.add_records(got, asked=recs)
+            return []
         if not recs and not arts:  # nothing more to read (no pipeline: entering and leaving one costs a little)
             with self._lock:
                 rows = self._db.execute(sql, params, binary=True).fetchall()
             pool.add_records([r[1:] for r in rows])
             return rows
         with self._lock, self._db.pipeline():
-            main = self._db.execute(sql, params, binary=True)
+            main = self._db.execute(sql, params, binary=True) if sql is not None else None
             by_id = (self._db.execute(f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = ANY(%s)",
                                       (recs,), binary=True) if recs else None)
             art = (self._db.execute(
                 f"SELECT {_ART_COLS} FROM engrain_mem_articles WHERE id = ANY(%s) OR id IN (SELECT article_id FROM "
                 "engrain_mem_records WHERE id = ANY(%s) AND article_id IS NOT NULL)", (arts, homes_of),
                 binary=True) if arts else None)
-            rows = main.fetchall()
+            rows = main.fetchall() if main is not None else []
             got = by_id.fetchall() if by_id is not None else []
             got_arts = art.fetchall() if art is not None else None
         pool.add_records([r[1:] for r in rows])

@@ -273,7 +273,7 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
     if len(known) <= keep:
         return read(ids, vectors=vectors), {}
     tail = [i for _, i in known[keep:]]
-    if mem.store.pgvector and tail:  # which of the tail are folded, and the rows to read now, in one statement
+    if mem.store.backend != "sqlite" and tail:  # which of the tail are folded, and the rows to read now, at once
         in_tail = set(tail)
         recs = read([i for i in ids if i not in in_tail], vectors=vectors, folded_of=tail)
         later = in_tail - recs.keys()

@@ -40,7 +40,7 @@ import numpy as np
 from .._journal import redact_url, refuse_newer_store
 from . import filters as _filters
 from .buffer import ConsolidationTables
-from .items import _ART_COLS, _REC_COLS, Article, Record, _article, _record, to_blob
+from .items import _ART_COLS, _REC_COLS, VECTORS_SQL, Article, Record, _article, _record, to_blob, vector_rows
 from .pgvector import (  # noqa: F401  (constants and _vec_literal: re-exported)
     HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, PG_EXACT_ROWS, PgVectorSearch, _vec_literal)
 from .text import TextSearch, query_terms  # noqa: F401  (query_terms: re-exported)
@@ -437,21 +437,11 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
     # -- vectors and full text -------------------------------------------------
 
     def vectors(self, tier: str, after_seq: int = 0) -> tuple[np.ndarray, list[str], list[str], np.ndarray, np.ndarray]:
-        """``(seqs, ids, skills, expires, matrix)`` of a tier's rows with ``seq > after_seq``.
-
-        ``expires`` is ``inf`` for rows without a TTL.
+        """``(seqs, ids, skills, expires, matrix)`` of a tier's next rows with ``seq > after_seq``, at most
+        :data:`~.items.VECTOR_CHUNK` of them (fewer: there are no more). ``expires`` is ``inf`` without a TTL.
         """
-        if tier == "record":
-            sql = "SELECT seq, id, skill, expires, embedding FROM engrain_mem_records WHERE seq > ? ORDER BY seq"
-        else:
-            sql = "SELECT seq, id, skill, NULL, embedding FROM engrain_mem_articles WHERE seq > ? ORDER BY seq"
-        with self._lock:
-            rows = self._x(sql, (after_seq,)).fetchall()
-        seqs = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        exp = np.fromiter((np.inf if r[3] is None else r[3] for r in rows), dtype=np.float64, count=len(rows))
-        mat = (np.frombuffer(b"".join(bytes(r[4]) for r in rows), dtype=np.float32).reshape(len(rows), -1)
-               if rows else np.zeros((0, 0), dtype=np.float32))
-        return seqs, [r[1] for r in rows], [r[2] for r in rows], exp, mat
+        with self._lock:  # (PostgreSQL's binary format: a vector's bytes, not hex twice their size)
+            return vector_rows(self._x(VECTORS_SQL[tier], (after_seq,), binary=True).fetchall())
 
     def filtered_ids(self, where: dict[str, Any], skill: str | None, now: float) -> set[str]:
         """Ids of live records matching the metadata filter ``where`` (of ``skill`` if given)."""

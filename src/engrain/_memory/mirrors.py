@@ -1,0 +1,44 @@
+"""A memory's in-process vector mirrors: keeping them current, and where a PostgreSQL store's graph is cached.
+
+Recall searches an in-process mirror of each tier (:class:`~engrain._memory.index.VectorIndex`)
+on SQLite, and on PostgreSQL without pgvector or with ``Memory(vector_search="local")``.
+Before each search the mirrors catch up with the store (:func:`catch_up`): on SQLite only
+when the file changed since (``store.version``); on PostgreSQL, which cannot tell, every
+time, with the counters and both tiers' new rows read in one round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+
+def catch_up(store: Any, records: Any, articles: Any, seen: Any) -> Any:
+    """Bring the ``records`` and ``articles`` mirrors of ``store`` up to date; returns the store version they now
+    reflect (``seen``: the one they reflected, so an unchanged SQLite store costs one pragma)."""
+    now = store.version()
+    if now is None:  # PostgreSQL
+        after = {"record": records.last_seq, "article": articles.last_seq}
+        state, rows = store.pg_state_and_vectors(after)
+        records.refresh(state, (after["record"], rows["record"]))
+        articles.refresh(state, (after["article"], rows["article"]))
+    elif now != seen:
+        state = store.state()
+        records.refresh(state)
+        articles.refresh(state)
+    return now
+
+
+def pg_graph_path(store: Any, tier: str) -> Path | None:
+    """Where a PostgreSQL store's graph is cached on this machine: ``$ENGRAIN_CACHE_DIR/graphs`` (a private folder;
+    None, no cache, when it is not), named by a digest of the server's address and the store's identity, so
+    neither names a path and two stores (or two copies of one store on two servers) never share a file."""
+    from .._disk_cache import cache_dir
+    from .._journal import redact_url
+
+    folder = cache_dir("graphs")
+    if folder is None:
+        return None
+    key = hashlib.sha256(f"{redact_url(store.url or '')}\0{store.identity()}".encode()).hexdigest()[:32]
+    return folder / f"pg-{key}.{tier}.usearch"
