@@ -1,4 +1,4 @@
-"""Skill memory at 10k, 100k and 1M records: engrain on SQLite and on PostgreSQL + pgvector, beside ChromaDB.
+"""Skill memory at 10k, 100k and 1M records: engrain on SQLite and PostgreSQL (pgvector or in-process), beside ChromaDB.
 
 All use engrain's all-MiniLM-L6-v2 embedding code (the ChromaDB side loads
 ``src/engrain/_memory/embed.py`` by file path inside its own venv ``bench/.peers/chromadb``,
@@ -32,6 +32,10 @@ its bulk-load settings (``hnsw:sync_threshold`` 100000, ``hnsw:batch_size``
 ``--quantized-sizes`` adds engrain on SQLite with the opt-in quantized embedder (``"minilm-int8"``)
 at those sizes, and ``--fp32-sizes`` with ``"minilm-fp32"`` (the default before 2026-11-27: an A/B of the
 embedding alone), each on stores of its own (``sqlite-<n>-<digest>.db`` of the corpus it embeds).
+``--pg-local-sizes`` runs engrain on the PostgreSQL stores searched in-process as one more side
+(``Memory(vector_search="local")``: the mirror loads from the server, its usearch graph is built once and kept
+in ``$ENGRAIN_CACHE_DIR/graphs``); by default at the pgvector sizes below 1M (at 1M the mirror is 1.5 GB more
+in this process, and its first graph build takes minutes).
 
 Measured per size, with every system open at once:
 * recall p50/p95 over ``--queries`` queries, query embedding included (engrain:
