@@ -1,4 +1,4 @@
-"""The usearch graph of skill memory persists next to a SQLite store.
+"""The usearch graph of skill memory persists next to a SQLite store (a PostgreSQL store's: in the cache folder).
 
 Each ``Memory`` here stands for a separate process: it has its own in-process
 index and learns about the store only through the database and the graph files.
@@ -20,6 +20,12 @@ from engrain._memory.synth import ExtractiveSynthesizer
 from tests.conftest import drop_pg_schema, pg_schema_url
 
 QUERY = "basement pump broke down"
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Graphs of PostgreSQL stores go to this test's own cache folder, not the user's."""
+    monkeypatch.setenv("ENGRAIN_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def _open(url: str, embedder: MiniLMEmbedder, threshold: int = 100) -> Memory:
@@ -105,14 +111,15 @@ def test_bad_graph_is_rebuilt(saved, embedder, caplog, damage):
     assert not [p for p in graph.parent.iterdir() if p.name.endswith(".tmp")]  # no temp files left behind
 
 
-def test_postgres_keeps_its_graph_in_process(embedder):
+def test_postgres_keeps_its_graph_in_the_cache_folder(tmp_path, embedder):
     schema = "t_" + uuid.uuid4().hex[:12]
     try:
         with _open(pg_schema_url(schema), embedder) as m:
-            assert m._records.graph_path is None and m._records.meta_path is None
+            assert m._records.graph_path is None and m._records.meta_path is None  # named once a graph is needed
             m.remember_many([f"Valve {i} on line {i % 5} was serviced." for i in range(120)])
             assert m.recall("valve 42 service", top_k=1)[0].content == "Valve 42 on line 2 was serviced."
-            assert m._records.builds == 1 or m.store.pgvector
+            assert m._records.builds == 1
+            assert m._records.graph_path.parent == tmp_path / "cache" / "graphs" and m._records.graph_path.exists()
     finally:
         drop_pg_schema(schema)
 
