@@ -60,6 +60,22 @@ the store's size beside it, and says when the store does not fit: on the 128 MB 
 read its windows and graph pages from the OS cache one by one (p50 22.8 against 11.2 ms with 3 GB, the same
 store, 2026-11-27). Building the 1M store took 4 min of COPY and 40 min of HNSW (2 shared, loaded cores).
 
+Measured 2026-11-27 16:16-16:30, three runs of all sizes (``--million --pgvector-sizes 10000,100000,1000000
+--pg-local-sizes 10000,100000,1000000``, load 1.0-1.6), the PostgreSQL stores searched in-process as one more
+side (``vector_search="local"``), p50 / p95 ms. 10k: SQLite 5.06 / 7.87, 5.11 / 7.78, 5.07 / 7.92; PostgreSQL
+local 6.27 / 9.28, 6.08 / 8.26, 6.52 / 8.98; pgvector 9.44 / 12.78, 10.03 / 13.30, 10.25 / 13.27; floor 4.40,
+4.50, 4.69; ChromaDB 6.54 / 9.86, 6.91 / 9.12, 7.96 / 9.46. 100k: SQLite 6.19 / 9.39, 5.48 / 7.20, 5.85 / 7.79;
+local 7.41 / 9.32, 6.91 / 8.50, 7.26 / 8.83; pgvector 13.71 / 17.20, 14.10 / 17.36, 13.82 / 15.96; floor 7.33,
+7.11, 7.27; ChromaDB 8.54 / 11.96, 7.75 / 10.69, 8.82 / 11.15. 1M: SQLite 8.76 / 12.08, 9.11 / 15.17, 9.26 /
+13.35; local 8.99 / 13.38, 9.52 / 13.49, 9.22 / 11.75; pgvector 20.22 / 30.16, 19.71 / 38.86, 18.51 / 25.04
+(every 1M system in memory at once beside the 6.4 GB store); floor 10.40, 11.40, 11.03; ChromaDB 9.59 / 12.27,
+10.08 / 13.70, 10.21 / 13.72. Local PostgreSQL and SQLite are each ahead of ChromaDB at p50 in all 9 size-runs
+and at p95 in 8. A local PostgreSQL recall at 10k (``pgvector.pg_candidate_rows``, a quiet loop): embedding 3.5
+ms, the candidates' rows 0.66 (one round trip; 0.41 twice before), the event 0.23, the mirrors' catch-up one
+pipelined round trip beside the embedding, with the full text (2.6 ms there at 10k). The 1M mirror loaded from
+the server and the cached graph in 15-16 s; building the graph the first time took 366 s (nice 10); loading
+1M rows at once had peaked at 6.5 GB of RSS, hence the chunks (``items.VECTOR_CHUNK``).
+
 Measured 2026-11-27 13:36-13:47, three runs of all sizes (load 1.0-1.2; every embedding ran ~20 % slower than in
 the morning, ChromaDB's too), engrain with its new default embedder (integer compute), ChromaDB in fp32 matmuls;
 p50 / p95 ms. 10k: SQLite 5.50 / 8.93, 5.51 / 7.95, 5.90 / 9.38; ChromaDB 7.68 / 9.26, 8.46 / 12.71, 9.17 /
