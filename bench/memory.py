@@ -74,7 +74,8 @@ and at p95 in 8. A local PostgreSQL recall at 10k (``pgvector.pg_candidate_rows`
 ms, the candidates' rows 0.66 (one round trip; 0.41 twice before), the event 0.23, the mirrors' catch-up one
 pipelined round trip beside the embedding, with the full text (2.6 ms there at 10k). The 1M mirror loaded from
 the server and the cached graph in 15-16 s; building the graph the first time took 366 s (nice 10); loading
-1M rows at once had peaked at 6.5 GB of RSS, hence the chunks (``items.VECTOR_CHUNK``).
+1M rows at once peaks at 7.5 GB of RSS and keeps 6.1 GB, in chunks of 50k (``items.VECTOR_CHUNK``) 3.1 GB,
+and loads in 14-17 s instead of 20 (three processes each, same hour).
 
 Measured 2026-11-27 13:36-13:47, three runs of all sizes (load 1.0-1.2; every embedding ran ~20 % slower than in
 the morning, ChromaDB's too), engrain with its new default embedder (integer compute), ChromaDB in fp32 matmuls;

@@ -85,7 +85,8 @@ def _article(r: Sequence[Any]) -> Article:
 
 
 #: Rows the vector mirror reads at a time: loading 1M records at once held every row's bytes twice beside the
-#: mirror (a 6 GB peak for a 1.5 GB mirror); in chunks, one chunk (~80 MB) is the overhead.
+#: mirror (the process peaked at 7.5 GB and kept 6.1; in chunks 3.1 GB, mirror and graph included, and 14-17 s
+#: against 20 s on PostgreSQL, bench/memory.py's 1M store).
 VECTOR_CHUNK = 50_000
 #: Each tier's next rows past a seq (up to :data:`VECTOR_CHUNK`), as the vector mirror reads them.
 VECTORS_SQL = {
