@@ -189,3 +189,26 @@ def test_the_mirror_loads_a_chunk_at_a_time_and_misses_no_row(backend, tmp_path,
     finally:
         if backend == "postgres":
             drop_pg_schema(schema)
+
+
+def test_the_server_searches_where_it_was_told(tmp_path, graphs, embedder):
+    """``create_app(vector_search=...)`` (``engrain serve --vector-search``): the HTTP API's memory searches there,
+    and a wrong value stops the server before it serves."""
+    from fastapi.testclient import TestClient
+
+    from engrain._server import create_app
+
+    with pytest.raises(ConfigError, match="vector_search must be one of"):
+        create_app(f"sqlite:///{tmp_path / 'bad.db'}", routines_dir=tmp_path / "routines", vector_search="remote")
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = pgvector_schema_url(schema) if PGVECTOR_URL else pg_schema_url(schema)
+    try:
+        app = create_app(url, routines_dir=tmp_path / "routines", vector_search="local")
+        with TestClient(app, base_url="http://127.0.0.1") as c:
+            for text, skill in FACTS:
+                assert c.post("/api/memory/remember", json={"data": text, "skill": skill}).status_code == 200
+            hits = c.post("/api/memory/recall", json={"query": "when do we deploy?", "top_k": 1}).json()
+            assert "Tuesday" in hits[0]["content"]
+            assert c.get("/api/memory/stats").json()["vector_search"] == "numpy exact"
+    finally:
+        (drop_pgvector_schema if PGVECTOR_URL else drop_pg_schema)(schema)

@@ -60,6 +60,10 @@ def serve(
         "--embedder", envvar="ENGRAIN_EMBEDDER",
         help="Memory's embedder: 'openai:<model>', 'ollama:<model>', 'sentence-transformers:<name>', "
              "'minilm-fp32', 'minilm-int8' (default: the store's, else the shipped model).")] = None,
+    vector_search: Annotated[str | None, typer.Option(
+        "--vector-search", envvar="ENGRAIN_VECTOR_SEARCH",
+        help="Where memory searches vectors: 'auto' (pgvector where the server has it, else in-process), "
+             "'pgvector', or 'local' (in-process on PostgreSQL too: faster recall, the vectors in this process).")] = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
     with errors_as_exit():
@@ -70,7 +74,7 @@ def serve(
 
         app = create_app(url, token, routines, host=host, tools=tools, agents=agents, allow_hosts=allow_host or (),
                          tools_dir=tools_dir, max_streams=max_streams, max_client_streams=max_client_streams,
-                         allow_fork=allow_fork, upgrade_agents=upgrade, embedder=embedder,
+                         allow_fork=allow_fork, upgrade_agents=upgrade, embedder=embedder, vector_search=vector_search,
                          max_run_events=max_run_events, max_run_bytes=max_run_bytes)
     socks = _bind(host, port)
     shown = f"[{host}]" if ":" in host else host

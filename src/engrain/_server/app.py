@@ -239,6 +239,7 @@ def create_app(
     allow_fork: bool = False,
     upgrade_agents: bool = False,
     embedder: str | None = None,
+    vector_search: str | None = None,
     max_run_events: int | None = None,
     max_run_bytes: int | None = None,
 ) -> FastAPI:
@@ -266,7 +267,9 @@ def create_app(
     streams are open at once, ``max_client_streams`` per client address (429
     past either; defaults in :mod:`engrain._server.streams`). ``embedder`` is memory's
     model string (``"openai:text-embedding-3-small"``, ...; default: the one the
-    store was filled with, else ``$ENGRAIN_EMBEDDER``, else the shipped model).
+    store was filled with, else ``$ENGRAIN_EMBEDDER``, else the shipped model);
+    ``vector_search`` where memory searches vectors (``Memory``'s: ``"auto"``,
+    ``"pgvector"``, ``"local"``; None: ``$ENGRAIN_VECTOR_SEARCH``, else auto).
     A run an API client writes holds at most ``max_run_events`` events and
     ``max_run_bytes`` bytes of event data (413 past either; defaults in
     :mod:`engrain._server.run_limits`).
@@ -302,6 +305,9 @@ def create_app(
             raise ConfigError(f"{what} must be a positive integer, not {given!r}")
     state.run_budget = RunBudget(max_run_events or MAX_RUN_EVENTS, max_run_bytes or MAX_RUN_BYTES)
     state.embedder = embedder
+    from .._memory.pgvector import check_vector_search
+
+    state.vector_search = check_vector_search(vector_search)  # refused at start-up, not at the first recall
     from .llm_agents import LLMAgents, build_tools
 
     state.llm_agents = LLMAgents(state, build_tools(tools, str(tools_dir) if tools_dir else None))

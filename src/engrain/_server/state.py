@@ -103,6 +103,8 @@ class ServerState:
         self._memory: Any = None
         #: Memory's embedder (a model string; None: the store's, or the default).
         self.embedder: str | None = None
+        #: Where memory searches vectors (Memory's ``vector_search``).
+        self.vector_search: str = "auto"
         #: Memory is not documented as thread-safe; requests use it one at a time.
         self.memory_lock = threading.Lock()
 
@@ -126,7 +128,7 @@ class ServerState:
             if self._memory is None:
                 from .._memory import Memory
 
-                self._memory = Memory(self.journal.url, embedder=self.embedder)
+                self._memory = Memory(self.journal.url, embedder=self.embedder, vector_search=self.vector_search)
             return self._memory
 
     def reopen(self) -> None:
