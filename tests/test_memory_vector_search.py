@@ -212,3 +212,101 @@ def test_the_server_searches_where_it_was_told(tmp_path, graphs, embedder):
             assert c.get("/api/memory/stats").json()["vector_search"] == "numpy exact"
     finally:
         (drop_pgvector_schema if PGVECTOR_URL else drop_pg_schema)(schema)
+
+
+def test_a_row_committed_after_a_higher_seq_is_still_found(graphs, embedder):
+    """Two writers: A takes a seq and has not committed when B writes. B waits for A (rows commit in seq order), so
+    a mirror that catches up past the highest seq it saw never skips A's row."""
+    import threading
+    import time
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = pg_schema_url(schema)
+    mems = []
+    try:
+        a, b, local = (_open(url, embedder, **kw) for kw in ({}, {}, {"vector_search": "local"}))
+        mems += [a, b, local]
+        b.remember("Production deploys happen every Tuesday afternoon.", skill="s")
+        local.recall("deploys", skill="s")
+        with a.store.tx():  # writer A: its record's seq taken, not committed
+            ra = a.remember_many([{"data": "Ada repairs the basement pump whenever it floods.", "skill": "s"}])[0]
+            done: list[str] = []
+            writer = threading.Thread(target=lambda: done.append(b.remember("The cafeteria serves lasagna on Fridays.",
+                                                                            skill="s")))
+            writer.start()
+            time.sleep(0.5)
+            assert not done  # B waits for A's commit
+            assert [h.id for h in local.recall("lasagna", skill="s")] == [local.recall("deploys", skill="s")[0].id]
+        writer.join(10)
+        assert done
+        hits = [h.id for h in local.recall("who fixes water problems downstairs?", skill="s", top_k=3)]
+        assert ra in hits and done[0] in [h.id for h in local.recall("lasagna on Fridays", skill="s")]
+        assert len(local._records) == 3
+    finally:
+        for m in mems:
+            m.close()
+        drop_pg_schema(schema)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_lifetime_extended_by_remembering_again_reaches_a_running_mirror(backend, tmp_path, embedder):
+    import time
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = f"sqlite:///{tmp_path / 'm.db'}" if backend == "sqlite" else pg_schema_url(schema)
+    try:
+        with _open(url, embedder) as m:
+            rid = m.remember("Today's temporary door code is 4312.", skill="it", ttl=0.6)
+            assert m.recall("door code", skill="it")[0].id == rid  # the mirror holds it, with its expiry
+            assert m.remember("Today's temporary door code is 4312.", skill="it") == rid  # kept for good now
+            time.sleep(0.8)
+            # No word shared with the record: only the vector half can find it, so its mirror's expiry decides.
+            assert [h.id for h in m.recall("which number opens the entrance?", skill="it")] == [rid]
+    finally:
+        if backend == "postgres":
+            drop_pg_schema(schema)
+
+
+def test_two_threads_catching_up_at_once_leave_the_newest_vectors(graphs, embedder):
+    """A catch-up reads the store and then applies what it read: another thread's catch-up waits for it, so an older
+    read never lands on a newer mirror."""
+    import threading
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = pg_schema_url(schema)
+    try:
+        with _open(url, embedder) as w, _open(url, embedder, vector_search="local") as m:
+            rid = w.remember("Ada repairs the basement pump whenever it floods.", skill="s")
+            read, gate = threading.Event(), threading.Event()
+            real = m.store.pg_state_and_vectors
+
+            def slow(after):  # thread A: stops between reading the store and applying it
+                out = real(after)
+                if threading.current_thread().name == "A":
+                    read.set()
+                    gate.wait(10)
+                return out
+
+            m.store.pg_state_and_vectors = slow
+            first = threading.Thread(target=m._refresh, name="A")
+            first.start()
+            assert read.wait(10)
+            w.update(rid, "The cafeteria serves lasagna on Fridays.")  # a new vector: a new generation
+            second = threading.Thread(target=m._refresh, name="B")
+            second.start()
+            second.join(0.5)
+            assert second.is_alive()  # B waits for A's catch-up to finish
+            gate.set()
+            first.join(10)
+            second.join(10)
+            want = embedder.embed(["The cafeteria serves lasagna on Fridays."])[0]
+            assert np.allclose(m._records._mat[m._records._pos[rid]], want, atol=1e-3)
+    finally:
+        drop_pg_schema(schema)
+
+
+def test_a_server_told_pgvector_on_a_store_without_it_does_not_start(tmp_path):
+    from engrain._server import create_app
+
+    with pytest.raises(ConfigError, match="vector extension"):
+        create_app(f"sqlite:///{tmp_path / 's.db'}", routines_dir=tmp_path / "routines", vector_search="pgvector")

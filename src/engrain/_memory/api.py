@@ -58,8 +58,8 @@ class Memory:
     ``"auto"``): ``"auto"`` searches with pgvector
     in SQL where the PostgreSQL server has it, else in-process; ``"pgvector"``
     demands it; ``"local"`` searches an in-process mirror on PostgreSQL too, as on
-    SQLite: no statements after the embedding but the row reads, for the mirror's
-    memory (~1.5 kB a record) in each process; its graph is cached under
+    SQLite: after the embedding only the rows it scores and the recall event are
+    sent, for the mirror's memory (~1.5 kB a record) in each process; its graph is cached under
     ``$ENGRAIN_CACHE_DIR/graphs``. Either way the store is the same one.
     """
 
@@ -99,6 +99,7 @@ class Memory:
         self._qcache = QueryVectors()  # recent query vectors, per embedder object (:mod:`.query`)
         self._speakers = _voice.Speakers()  # per skill, its chat-log speakers (:mod:`.voice`)
         self._seen: tuple[int, int] | None = None  # the store's version() when the mirrors were last refreshed
+        self._catching = threading.Lock()
         self._records = VectorIndex(self.store, "record", ann_threshold=ann_threshold)
         self._articles = VectorIndex(self.store, "article", ann_threshold=ann_threshold)
 
@@ -361,7 +362,7 @@ class Memory:
 
     def _speakers_of(self, skill: str | None, now: float) -> frozenset[str]:
         """``skill``'s chat-log speakers (:func:`.voice.speakers_of` its newest records), read again when the
-        vector mirror changed (SQLite) or after ``voice.KEEP_SECONDS`` (PostgreSQL, whose store has no mirror)."""
+        vector mirror changed (SQLite) or after ``voice.KEEP_SECONDS`` (PostgreSQL, whose mirror, if any, cannot tell)."""
         if self.store.backend == "sqlite":  # the rows are only read when the mirror changed since
             return self._speakers.get(skill, self._records.state(), lambda: self.store.heads(
                 _voice.HEAD_CHARS, self._records.recent(skill, _voice.SAMPLE)))
@@ -369,8 +370,10 @@ class Memory:
             _voice.HEAD_CHARS, skill=skill, newest=_voice.SAMPLE))
 
     def _refresh(self) -> None:
-        """Bring the vector mirrors up to date (:func:`.mirrors.catch_up`)."""
-        self._seen = catch_up(self.store, self._records, self._articles, self._seen)
+        """Bring the vector mirrors up to date (:func:`.mirrors.catch_up`), one thread at a time: a catch-up reads
+        the store, then applies what it read, which another thread's must not come between."""
+        with self._catching:
+            self._seen = catch_up(self.store, self._records, self._articles, self._seen)
 
     def reembed(self, embedder: Embedder | str, *, base_url: str | None = None, api_key: str | None = None,
                 batch_size: int = 256, progress: Any = None) -> dict[str, Any]:

@@ -4,7 +4,9 @@ Recall searches an in-process mirror of each tier (:class:`~engrain._memory.inde
 on SQLite, and on PostgreSQL without pgvector or with ``Memory(vector_search="local")``.
 Before each search the mirrors catch up with the store (:func:`catch_up`): on SQLite only
 when the file changed since (``store.version``); on PostgreSQL, which cannot tell, every
-time, with the counters and both tiers' new rows read in one round trip.
+time, with the counters and both tiers' new rows read in one round trip (one more per
+``items.VECTOR_CHUNK`` rows, and after a deletion the live rows' seqs). That suffices because
+rows commit in seq order (``store._seqs_in_order``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ def catch_up(store: Any, records: Any, articles: Any, seen: Any) -> Any:
 
 def pg_graph_path(store: Any, tier: str) -> Path | None:
     """Where a PostgreSQL store's graph is cached on this machine: ``$ENGRAIN_CACHE_DIR/graphs`` (a private folder;
-    None, no cache, when it is not), named by a digest of the server's address and the store's identity, so
-    neither names a path and two stores (or two copies of one store on two servers) never share a file."""
+    None, no cache, when it is not), named by a digest of the server's address (password masked) and the store's
+    identity, so neither names a path and two stores never share a file. (Two copies of one store reached by the
+    same address would: the sidecar then checks which rows the graph holds, and hits are scored exactly.)"""
     from .._disk_cache import cache_dir
     from .._journal import redact_url
 

@@ -264,7 +264,8 @@ def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any,
     add stays under it is not read (~15 rows instead of ~60). Records folded into
     an article are always read (their article's score and ``via`` need them):
     on a store with articles, one narrow query says which those are. ``rows``: where the rows come from
-    (the store, or on PostgreSQL the rows the recall read already, :class:`.pgrows.RowPool`).
+    (the store, or on PostgreSQL the rows the recall read already, :class:`.pgrows.RowPool`: on a store
+    searched in-process, every candidate's, read in one round trip, so the floor only saves scoring).
     """
     read = (rows if rows is not None else mem.store).records
     ids = [i for t, i in cands if t == "record"]

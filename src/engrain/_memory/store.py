@@ -124,6 +124,7 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
         self._last_literal: tuple[np.ndarray, Any] | None = None
         self._lock = threading.RLock()
         self._events = 0  # rows this connection wrote as recall events (see version())
+        self._txs = self._seq_tx = 0  # PostgreSQL write transactions begun; the one holding the insert lock
         if backend == "sqlite":
             assert self.path is not None
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,8 +182,18 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
                     raise
                 self._db.execute("COMMIT")
             else:
+                self._txs += 1
                 with self._db.transaction():
                     yield
+
+    def _seqs_in_order(self) -> None:
+        """PostgreSQL, before a record or article takes its seq (inside :meth:`tx`): hold the store's insert lock
+        until the transaction ends, so rows commit in the order of their seqs. A mirror catches up with the rows
+        past the highest seq it holds; one committed after a higher seq would never be seen (two writers: A takes
+        n+1, B takes n+2 and commits, a recall reads up to n+2, A commits). Taken once per transaction."""
+        if self.backend != "sqlite" and self._seq_tx != self._txs:
+            self._x("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.engrain_mem_seq'))")
+            self._seq_tx = self._txs
 
     def close(self) -> None:
         """Close the connection."""
@@ -294,6 +305,8 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
                 if got is not None:
                     if got[1] is not None and (r["expires"] is None or r["expires"] > got[1]):
                         self._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (r["expires"], got[0]))
+                        # Mirrors hold each row's expiry: the deletions counter makes them read the live ones again.
+                        self._bump("records_del")
                         if self.backend != "sqlite":
                             self._x("UPDATE engrain_mem_text SET expires = ? WHERE id = ? AND rowid > 0",
                                     (r["expires"], got[0]))
@@ -305,6 +318,7 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
 
     def insert_record(self, r: dict[str, Any], now: float) -> int:
         """Insert one record row (inside :meth:`tx`); a deposit too unless ``r["article_id"]`` is set. Returns its seq."""
+        self._seqs_in_order()
         vcol, vmark, vval = self._vec_insert(r["embedding"])
         seq = int(self._x(
             "INSERT INTO engrain_mem_records (id, skill, content, hint, metadata, digest, created, expires,"
@@ -321,6 +335,7 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
     def put_article(self, a: Article) -> None:
         """Insert or replace one article (inside :meth:`tx`); a rewrite gets a new seq so index refreshes see it."""
         self.delete_article(a.id)
+        self._seqs_in_order()
         vcol, vmark, vval = self._vec_insert(a.embedding)
         a.seq = int(self._x(
             "INSERT INTO engrain_mem_articles (id, skill, title, content, sources, metadata, created, updated,"

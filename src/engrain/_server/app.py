@@ -308,6 +308,15 @@ def create_app(
     from .._memory.pgvector import check_vector_search
 
     state.vector_search = check_vector_search(vector_search)  # refused at start-up, not at the first recall
+    if state.vector_search == "pgvector":
+        from .._memory.pgvector import vector_search_of
+        from .._memory.store import open_store
+
+        probe = open_store(state.journal.url)
+        try:
+            vector_search_of(probe, "pgvector")  # a store without the extension: the ConfigError, now
+        finally:
+            probe.close()
     from .llm_agents import LLMAgents, build_tools
 
     state.llm_agents = LLMAgents(state, build_tools(tools, str(tools_dir) if tools_dir else None))
