@@ -104,6 +104,32 @@ def test_a_postgres_graph_is_kept_in_the_cache_folder_and_loaded_by_the_next_pro
         drop_pg_schema(schema)
 
 
+@pytest.mark.parametrize("spoil", ["group-writable", "symlink"])
+def test_a_cached_graph_that_is_not_a_private_file_is_rebuilt(spoil, tmp_path, graphs, embedder):
+    """The cache folder's files are checked as the other caches' are: a regular file of this user that nobody else
+    can write, not a link to somewhere else."""
+    import shutil
+
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = pg_schema_url(schema)
+    try:
+        with _open(url, embedder, ann_threshold=8) as a:
+            a.remember_many([{"data": t, "skill": "ops"} for t in MORE])
+            a.recall("the login service restarts", skill="ops")
+            graph = a._records.graph_path
+        if spoil == "group-writable":
+            os.chmod(graph, 0o660)
+        else:
+            elsewhere = tmp_path / "elsewhere.usearch"
+            shutil.move(graph, elsewhere)
+            os.symlink(elsewhere, graph)
+        with _open(url, embedder, ann_threshold=8) as b:
+            assert b.recall("the login service restarts", skill="ops")
+            assert (b._records.loads, b._records.builds) == (0, 1)
+    finally:
+        drop_pg_schema(schema)
+
+
 def test_another_store_never_takes_a_cached_graph(graphs, embedder):
     schemas = ["t_" + uuid.uuid4().hex[:12] for _ in range(2)]
     try:

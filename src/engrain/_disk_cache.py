@@ -28,7 +28,7 @@ except ImportError:
     except ImportError:
         from hashlib import sha256 as _sha256  # type: ignore[assignment]
 
-__all__ = ["cache_dir", "default_cache_dir", "digest", "is_private_dir", "private_file_digest", "read_private", "read_verified", "write_private", "write_verified"]
+__all__ = ["cache_dir", "default_cache_dir", "digest", "is_private_dir", "is_private_file", "private_file_digest", "read_private", "read_verified", "write_private", "write_verified"]
 
 _T = TypeVar("_T")
 
@@ -99,6 +99,11 @@ def _use_private(path: pathlib.Path, use: Callable[[BinaryIO], _T]) -> _T | None
 def read_private(path: pathlib.Path) -> bytes | None:
     """The bytes of ``path`` if it is a regular file (no symlink) owned by this user that others cannot write."""
     return _use_private(path, lambda f: f.read())
+
+
+def is_private_file(path: pathlib.Path) -> bool:
+    """Whether ``path`` is a regular file (no symlink) owned by this user that others cannot write."""
+    return _use_private(path, lambda f: True) is not None
 
 
 def private_file_digest(path: pathlib.Path) -> str | None:

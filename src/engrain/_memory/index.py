@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from .._disk_cache import is_private_file
 from .fusion import CROWDING_SAMPLE, crowding
 from .items import VECTOR_CHUNK
 from .mirrors import pg_graph_path
@@ -120,6 +121,7 @@ class VectorIndex:
             self.graph_path = path.with_name(f"{path.name}.{tier}.usearch")
         # PostgreSQL: the cache file is named once a graph is needed (a store searched with pgvector never asks).
         self._pg_cache = persist and store.backend != "sqlite"
+        self._in_cache = False  # the graph lives in the user's cache folder (checked as the other caches are)
         self._reset(-1)
 
     @property
@@ -180,6 +182,7 @@ class VectorIndex:
                 if self._pg_cache:
                     self._pg_cache = False
                     self.graph_path = pg_graph_path(self.store, self.tier)
+                    self._in_cache = self.graph_path is not None
                 embedder = next((k[9:] for k in state if k.startswith("embedder:")), "")
                 if self._ann is None and self.graph_path is not None:
                     self._load_ann(embedder)
@@ -279,6 +282,10 @@ class VectorIndex:
         """Adopt the saved graph when it covers a prefix of the mirror; otherwise leave it to a rebuild."""
         assert self.graph_path is not None and self.meta_path is not None
         if not self.meta_path.exists() or not self.graph_path.exists():
+            return
+        if self._in_cache and not all(is_private_file(p) for p in (self.meta_path, self.graph_path)):
+            log.warning("ignoring %s: in the cache folder, a graph and its sidecar must be regular files of this "
+                        "user that nobody else can write; rebuilding", self.graph_path)
             return
         try:
             meta = json.loads(self.meta_path.read_text())
