@@ -121,7 +121,6 @@ class VectorIndex:
             self.graph_path = path.with_name(f"{path.name}.{tier}.usearch")
         # PostgreSQL: the cache file is named once a graph is needed (a store searched with pgvector never asks).
         self._pg_cache = persist and store.backend != "sqlite"
-        self._in_cache = False  # the graph lives in the user's cache folder (checked as the other caches are)
         self._reset(-1)
 
     @property
@@ -182,7 +181,6 @@ class VectorIndex:
                 if self._pg_cache:
                     self._pg_cache = False
                     self.graph_path = pg_graph_path(self.store, self.tier)
-                    self._in_cache = self.graph_path is not None
                 embedder = next((k[9:] for k in state if k.startswith("embedder:")), "")
                 if self._ann is None and self.graph_path is not None:
                     self._load_ann(embedder)
@@ -283,7 +281,8 @@ class VectorIndex:
         assert self.graph_path is not None and self.meta_path is not None
         if not self.meta_path.exists() or not self.graph_path.exists():
             return
-        if self._in_cache and not all(is_private_file(p) for p in (self.meta_path, self.graph_path)):
+        in_cache = self.store.backend != "sqlite"  # (a SQLite store's graph sits beside its file, as the file does)
+        if in_cache and not all(is_private_file(p) for p in (self.meta_path, self.graph_path)):
             log.warning("ignoring %s: in the cache folder, a graph and its sidecar must be regular files of this "
                         "user that nobody else can write; rebuilding", self.graph_path)
             return

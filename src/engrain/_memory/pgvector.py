@@ -9,6 +9,7 @@ never starves the limit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from collections.abc import Sequence
@@ -344,7 +345,7 @@ class PgVectorSearch:
         pipeline): a mirror on PostgreSQL catches up before every recall, beside the query embedding."""
         with self._lock, self._db.pipeline():
             st = self._db.execute("SELECT name, value FROM engrain_mem_state")
-            curs = {t: self._db.execute(VECTORS_SQL[t].replace("?", "%s"), (a,), binary=True) for t, a in after.items()}
+            curs = {t: self._db.execute(self._sql(VECTORS_SQL[t]), (a,), binary=True) for t, a in after.items()}
             state = {n: int(v) for n, v in st.fetchall()}
             rows = {t: c.fetchall() for t, c in curs.items()}
         return state, {t: vector_rows(r) for t, r in rows.items()}
@@ -368,33 +369,22 @@ class PgVectorSearch:
         of the candidate records."""
         recs, arts, homes_of = pool.want
         pool.want = ([], [], [])
-        if sql is None and not arts:
-            if recs:
-                with self._lock:
-                    got = self._db.execute(f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = "
-                                           "ANY(%s)", (recs,), binary=True).fetchall()
-                pool.add_records(got, asked=recs)
-            return []
-        if not recs and not arts:  # nothing more to read (no pipeline: entering and leaving one costs a little)
-            with self._lock:
-                rows = self._db.execute(sql, params, binary=True).fetchall()
-            pool.add_records([r[1:] for r in rows])
-            return rows
-        with self._lock, self._db.pipeline():
-            main = self._db.execute(sql, params, binary=True) if sql is not None else None
-            by_id = (self._db.execute(f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = ANY(%s)",
-                                      (recs,), binary=True) if recs else None)
-            art = (self._db.execute(
-                f"SELECT {_ART_COLS} FROM engrain_mem_articles WHERE id = ANY(%s) OR id IN (SELECT article_id FROM "
-                "engrain_mem_records WHERE id = ANY(%s) AND article_id IS NOT NULL)", (arts, homes_of),
-                binary=True) if arts else None)
-            rows = main.fetchall() if main is not None else []
-            got = by_id.fetchall() if by_id is not None else []
-            got_arts = art.fetchall() if art is not None else None
+        asks = {"windows": (sql, params) if sql is not None else None,
+                "records": (f"SELECT {rec_cols(vectors=False)} FROM engrain_mem_records WHERE id = ANY(%s)", (recs,))
+                if recs else None,
+                "articles": (f"SELECT {_ART_COLS} FROM engrain_mem_articles WHERE id = ANY(%s) OR id IN (SELECT "
+                             "article_id FROM engrain_mem_records WHERE id = ANY(%s) AND article_id IS NOT NULL)",
+                             (arts, homes_of)) if arts else None}
+        asks = {k: q for k, q in asks.items() if q is not None}
+        # One statement goes alone: entering and leaving a pipeline costs a little.
+        with self._lock, (self._db.pipeline() if len(asks) > 1 else contextlib.nullcontext()):
+            curs = {k: self._db.execute(q, p, binary=True) for k, (q, p) in asks.items()}
+            got = {k: c.fetchall() for k, c in curs.items()}
+        rows = got.get("windows", [])
         pool.add_records([r[1:] for r in rows])
-        pool.add_records(got, asked=recs)
-        if got_arts is not None:
-            pool.add_articles(got_arts, arts, homes_of)
+        pool.add_records(got.get("records", []), asked=recs)
+        if "articles" in got:
+            pool.add_articles(got["articles"], arts, homes_of)
         return rows
 
     def _literal(self, vec: np.ndarray) -> PgVector:
