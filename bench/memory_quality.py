@@ -46,7 +46,7 @@ Methods, on the same store and the same embedder, in one run:
 * ``bm25``: the store's full-text search alone (SQLite FTS5 BM25);
 * ``dense``: the vector index alone (cosine);
 * ``fixed``: ``Memory.recall`` with the fixed 0.20 text weight it had before;
-* ``before``, ``no-context``, ``square``, ``no-when``, ``no-floor``, ``no-question``, ``no-voice``: the previous ranking
+* ``before``, ``no-context``, ``square``, ``no-when``, ``no-floor``, ``no-question``, ``no-voice``, ``no-cover``: the previous ranking
   (spread^-2, no context), and today's with one of its changes undone (``VARIANTS``);
 * ``engrain minilm-fp32``: ``Memory.recall`` with the shipped file computed in fp32 matmuls (the default
   before 2026-11-27; today's computes its int8 weights in integers, ``embed.block_model``), on a store of its
@@ -71,6 +71,20 @@ slice, 43 questions): dense any@10 .372 vs MiniLM .558, and ~110 ms per query em
 MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four in each
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
+
+Measured 2026-11-27 20:20 (load 3-5 beside a CI run; any@5 all@5 any@10 sess@1; --ideas rrf,expand --no-int8), a
+chat log's passage words (``ranking.add_cover``: a turn headed by one of the log's speakers gains 0.20 times the
+IDF share of the query's full-text words held by it or the turns within 3 of it), undone in ``no-cover``: LoCoMo
+dev .749 .616 .814 .723 against .703 .576 .814 .715 (per conversation any@5 / sess@1: 26 .780/.740 against
+.733/.747, 30 .778/.728 against .716/.741, 44 .691/.699 against .659/.659); chat .457 .278 .585 .611, FAQ sv .536
+.610, FAQ en .825 .901, each exactly as no-cover. With it, no-floor gives LoCoMo .749 .616 .822 .729 (the floor no
+longer lifts sess@1 there; kept for FAQ sv, .530 without it) and no-when .743 .610 .816 .720. Chosen on a
+post-hoc re-ranking of recall's top 30 (same day): radius 1/2/3/4 and weight 0.05-0.3 all gave LoCoMo any@5
+.715-.760; 2-3 and 0.15-0.25 .743-.760 with sess@1 .712-.732. Without the chat-log gate it cost FAQ sv -.004 to
+-.012 and FAQ en up to -.018 (a FAQ's neighbouring answers are no passage); variants tried the same day and not
+kept: the window's words beyond the turn's own (LoCoMo .712-.723), beyond the best single turn's in the window
+(.706-.734), the turn and its best neighbour only (.709-.749 but FAQ en -.03 to -.13 ungated), the turn's own
+words alone (.675-.701).
 
 Measured 2026-11-27 13:16 (load 1-2; any@5 all@5 any@10 sess@1; --ideas rrf,expand), the default embedder now
 computing the shipped int8 weights in integers (``embed.block_model``), the fp32 computation in its own row
@@ -660,7 +674,8 @@ def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: boo
 #: temporal prior's weight); None keeps today's.
 VARIANTS = {"fixed": (FIXED_TEXT_WEIGHT, 2, 0.0, 0.0), "before": (None, 2, 0.0, 0.0), "no-context": (None, 3, 0.0, None),
             "square": (None, 2, None, None), "no-when": (None, 3, None, 0.0), "no-floor": (None, 3, None, None),
-            "no-question": (None, 3, None, None), "no-voice": (None, 3, None, None)}
+            "no-question": (None, 3, None, None), "no-voice": (None, 3, None, None),
+            "no-cover": (None, 3, None, None)}
 
 
 @contextlib.contextmanager
@@ -683,7 +698,8 @@ def ranked_as(mem: Any, name: str) -> Any:
     saved, saved_power, saved_ref = mem.ranking, fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF
     mem.ranking = Ranking(text_weight=weight, **({} if context is None else {"context": context}),
                           **({} if when is None else {"when": when}), **({"question": 1.0} if name == "no-question" else {}),
-                          **({"voice": False} if name == "no-voice" else {}))
+                          **({"voice": False} if name == "no-voice" else {}),
+                          **({"cover": 0.0} if name == "no-cover" else {}))
     fusion.SPREAD_POWER, fusion.NULL_SPREAD_REF = power, null_ref
     if name == "no-floor":
         fusion.W_TEXT_FLOOR = 0.0
@@ -845,6 +861,7 @@ NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage
          "no-floor": "recall without the crowded skill's text-weight floor",
          "no-question": "recall without the discount of turns that only ask",
          "no-voice": "recall with the question as asked in the vector half (no speaker's voice)",
+         "no-cover": "recall without a chat-log turn's passage words (ranking.add_cover)",
          "rrf": "idea: RRF(dense, bm25), k=60",
          "unscaled": "recall, reference spread in MiniLM's cosine units (before)", "expand": "idea: recall(neighbours=True): turns beside each hit"}
 
@@ -890,7 +907,8 @@ def main(argv: list[str] | None = None) -> None:
                          "embeddinggemma-300m) on each set, on a store of its own; repeatable")
     ap.add_argument("--prompts", choices=("on", "off", "both"), default="both",
                     help="for a sentence-transformers --embedder: with its query/document prompts, without, or both")
-    ap.add_argument("--methods", default="engrain,bm25,dense,fixed,before,no-context,square,no-when,no-floor,no-question,no-voice",
+    ap.add_argument("--methods", default="engrain,bm25,dense,fixed,before,no-context,square,no-when,no-floor,no-question,"
+                    "no-voice,no-cover",
                     help="methods run with the default embedder (rrf and expand come with --ideas)")
     ap.add_argument("--embedder-methods", default="engrain,dense,unscaled,fixed,rrf",
                     help="methods run with each --embedder (engrain, dense, fixed, rrf, expand, before, ...)")

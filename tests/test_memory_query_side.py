@@ -199,7 +199,9 @@ def test_the_text_weight_is_set_in_the_embedder_own_cosine_scale(tmp_path, monke
     mean, std = _cluster.null_documents(squeezed)  # a skill's crowding too is read in MiniLM's units
     for crowd in (0.1, 0.3, 0.5):
         assert fusion.in_reference_units((0.25 * crowd + 1) / 1.25, mean, std) == pytest.approx(crowd, rel=1e-3)
-    assert fusion.in_reference_units(0.3, *_cluster.null_documents(default_embedder())) == pytest.approx(0.3)
+    # The identity for the default, to the precision its integer kernels keep across onnxruntime releases (the
+    # reference constants were measured on one; 1.32 reads 0.29996).
+    assert fusion.in_reference_units(0.3, *_cluster.null_documents(default_embedder())) == pytest.approx(0.3, rel=1e-3)
     assert fusion.text_weight((0.25 * cos + 1) / 1.25) > 10 * fusion.text_weight(cos)  # unscaled: words would rule
     weights: list[float] = []
 

@@ -212,7 +212,7 @@ class Memory:
                where: dict[str, Any] | None = None, neighbours: bool = False) -> list[SearchResult]:
         """Records and articles most relevant to ``query``, best first.
 
-        ``score = (match + context) / 2 + 0.05·recency + 0.05·importance + 0.05·label + 0.05·temporal``
+        ``score = (match + context) / 2 + 0.20·cover + 0.05·recency + 0.05·importance + 0.05·label + 0.05·temporal``
         with ``match = 0.70·cos + w·text``, where ``cos`` is the cosine between the query and item embeddings (floored
         at 0), ``text`` the item's full-text rank (BM25 on SQLite, summed IDF of
         the matched words on PostgreSQL) divided by the best rank of this query
@@ -228,7 +228,10 @@ class Memory:
         next turn answers). ``context`` is a record's
         passage score: the mean of the two best matches among the records of its
         skill stored within 4 of it, itself included (an article's: half its
-        match; see :mod:`engrain._memory.ranking`). ``recency`` is ``0.5 ** (age / half_life)`` (age since the
+        match; see :mod:`engrain._memory.ranking`). ``cover``, for the turns of a chat log (records headed
+        by its speakers, ``"Melanie (1:56 pm on 8 May, 2023): ..."``), is the IDF-weighted share of the
+        query's full-text words held by the turn or the turns within 3 of it: a question's words spread over
+        a few turns (0 elsewhere). ``recency`` is ``0.5 ** (age / half_life)`` (age since the
         record was stored or the article last rewritten), ``importance`` the
         item's ``hint`` from :meth:`remember` (an article's is its most
         important source's; 0.5 when none was given) and ``label`` is 1 when the
@@ -343,7 +346,9 @@ class Memory:
             return self._records.around(ids, radius, now, allow)
 
         _ranking.fill_cosines(cands, qv, around)
-        _ranking.add_context(cands, qv, w_text, rk, around, fetch)
+        windows = _ranking.add_context(cands, qv, w_text, rk, around, fetch)
+        _ranking.add_cover(cands, windows, lambda ids: self.store.passage_words(ids, query, _voice.HEAD_CHARS),
+                           lambda: self._speakers_of(skill, now), rk)
         prior = _temporal.prior(query, rk.when)
         cands = _ranking.prune(cands, w_text, rk.context, (4 if neighbours else 2) * k, prior.most if prior else 0.0)
         if read is None and self.backend != "sqlite":  # searched in-process: the rows scoring reads, in one trip

@@ -45,6 +45,7 @@ import numpy as np
 
 from .filters import matches
 from .temporal import Prior, body
+from .voice import speaker
 
 #: Weight of the cosine in an item's match (the text weight is per query, :mod:`.fusion`).
 W_VECTOR = 0.70
@@ -61,6 +62,12 @@ W_RECENCY, W_LABEL, W_IMPORTANCE = 0.05, 0.05, 0.05
 W_WHEN = 0.05
 #: Importance of items deposited without a ``hint`` (the middle of etchmem's 0..1 scale).
 DEFAULT_IMPORTANCE = 0.5
+#: Weight of a chat-log turn's passage words (:func:`add_cover`): the IDF share of the query's words found in it
+#: or in the turns within ``COVER_RADIUS`` of it.
+W_COVER = 0.20
+COVER_RADIUS = 3
+#: Least share of the records read around the candidates that must be the chat log's turns for passage words.
+COVER_TURNS = 0.5
 #: Share of its own match a record keeps when all it says is questions (:func:`only_asks`).
 QUESTION_KEEP = 0.6
 #: Sentence ends: the split :func:`only_asks` reads a record's sentences by.
@@ -116,6 +123,8 @@ class Ranking:
     (:func:`only_asks`; 1 turns that off). ``voice``: whether the vector half
     asks a question about a chat-log speaker in that speaker's voice
     (:mod:`.voice`); None leaves it to the embedder (its ``speaker_voice``).
+    ``cover`` is the weight of a chat-log turn's passage words and
+    ``cover_radius`` the turns either side that make its passage (:func:`add_cover`; 0 turns it off).
     """
 
     text_weight: float | None = None
@@ -124,6 +133,8 @@ class Ranking:
     when: float = W_WHEN
     question: float = QUESTION_KEEP
     voice: bool | None = None
+    cover: float = W_COVER
+    cover_radius: int = COVER_RADIUS
 
 
 def window_context(groups: np.ndarray, ordinals: np.ndarray, match: np.ndarray, radius: int,
@@ -185,7 +196,7 @@ def fill_cosines(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, a
 
 
 def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_text: float, ranking: Ranking,
-                around: Any, keep: int) -> None:
+                around: Any, keep: int) -> tuple[list[str], np.ndarray, np.ndarray] | None:
     """Give record candidates their ``ctx`` (see the module docstring), adding neighbours worth ranking.
 
     Windows are read around the best ``keep // 2`` record candidates by match
@@ -196,14 +207,16 @@ def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_
     them. Neighbours that are not candidates join ``cands`` when their score
     (match plus context) is among the best ``keep``; the rest only lend their
     match to the contexts of others. Candidates outside every window stand alone.
+    Returns the windows' ``(ids, groups, ordinals)`` (None when none was read): :func:`add_cover` reads its
+    passages from them.
     """
     rec = [(_match_of(c, w_text), i) for (t, i), c in cands.items() if t == "record" and c["cos"] is not None]
     if not rec or ranking.context <= 0:
-        return
+        return None
     seeds = [i for _, i in sorted(rec, reverse=True)[: max(1, keep // 2)]]
     ids, groups, ordinals, vecs = around(seeds, ranking.radius)
     if not len(ids):
-        return
+        return None
     cos = vecs @ qv
     text = np.array([cands[("record", i)]["text"] if ("record", i) in cands else 0.0 for i in ids])
     match = W_VECTOR * np.maximum(cos, 0.0) + w_text * text
@@ -218,6 +231,52 @@ def add_context(cands: dict[tuple[str, str], dict[str, Any]], qv: np.ndarray, w_
                 continue
             c = cands[("record", i)] = {"cos": cs, "text": 0.0}
         c["ctx"] = cx
+    return ids, np.asarray(groups), np.asarray(ordinals)
+
+
+def add_cover(cands: dict[tuple[str, str], dict[str, Any]], windows: tuple[list[str], Any, Any] | None,
+              words_of: Any, speakers: Any, ranking: Ranking) -> None:
+    """Give record candidates that are chat-log turns their passage words (``wcover``, added to their score).
+
+    A question's words are often spread over a few turns (one turn names the camping trip, the next what
+    was painted after it), so no one turn matches them well, and the passage context, which averages the
+    turns' own matches, does not add them up. A turn's *cover* is the IDF-weighted share of the query's
+    words (as full text matches them: stemmed) held by it or by the turns within ``cover_radius`` of it,
+    and ``ranking.cover`` times it adds to the turn's score. Only records headed by one of the chat log's
+    speakers (:mod:`.voice`) get it or lend their words, when such turns are at least ``COVER_TURNS`` of the
+    records read around the candidates, and only for queries of at least two such words:
+    records that are independent facts (a FAQ's answers, notes) have no passage whose words belong
+    together. ``words_of(ids)`` is :meth:`~.text.TextSearch.passage_words` for the query, ``speakers()``
+    the chat log's speakers; ``windows`` what :func:`add_context` read (a candidate outside them is a
+    passage of one).
+    """
+    if ranking.cover <= 0.0:
+        return
+    rec = [i for (t, i), c in cands.items() if t == "record" and c["cos"] is not None]
+    ids, groups, ordinals = windows if windows is not None else ([], np.zeros(0), np.zeros(0))
+    if not rec:
+        return
+    names = speakers()
+    if not names:
+        return
+    weights, held = words_of(sorted(set(rec) | set(ids)))
+    total = sum(weights.values())
+    if len(weights) < 2 or total <= 0.0:
+        return
+    turn = {i: words for i, (head, words) in held.items() if speaker(head) in names}
+    if len(turn) < COVER_TURNS * len(held):  # a few lines headed "Teacher:" in a joke are no chat log
+        return
+    place = dict(zip(ids, zip(groups.tolist(), ordinals.tolist())))
+    at = {p: i for i, p in place.items() if i in turn}
+    r = ranking.cover_radius
+    for i in rec:
+        words = turn.get(i)
+        if words is None:
+            continue
+        if i in place:
+            g, o = place[i]
+            words = words.union(*(turn[j] for d in range(-r, r + 1) if d and (j := at.get((g, o + d))) is not None))
+        cands[("record", i)]["wcover"] = ranking.cover * sum(weights[t] for t in words) / total
 
 
 def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: float, keep: int,
@@ -233,8 +292,7 @@ def prune(cands: dict[tuple[str, str], dict[str, Any]], w_text: float, context: 
     base: dict[tuple[str, str], float] = {}
     for key, c in cands.items():
         if c["cos"] is not None:
-            m = _match_of(c, w_text)
-            base[key] = (m + context * c.get("ctx", m / CONTEXT_TOP)) / (1.0 + context)
+            base[key] = _base(c, w_text, context)
     if len(base) <= keep:
         return cands
     bar = sorted(base.values(), reverse=True)[keep - 1] - (W_RECENCY + W_IMPORTANCE + W_LABEL + slack)
@@ -248,7 +306,7 @@ def _match_of(c: dict[str, Any], w_text: float) -> float:
 def _base(c: dict[str, Any], w_text: float, context: float) -> float:
     """Match and context on a match's scale: a candidate's score before the priors (as :func:`score` adds it)."""
     match = _match_of(c, w_text)
-    return (match + context * c.get("ctx", match / CONTEXT_TOP)) / (1.0 + context)
+    return (match + context * c.get("ctx", match / CONTEXT_TOP)) / (1.0 + context) + c.get("wcover", 0.0)
 
 
 def _fetch_best(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label: str | None, now: float,
@@ -320,7 +378,8 @@ def item_score(mem: Any, item: Any, c: dict[str, Any], label: str | None, now: f
     # Outside any window (articles, or context off): the item is its own passage, half its match.
     ctx = c.get("ctx", match / CONTEXT_TOP)
     # Divided back to a match's scale, so the priors weigh what they did against it.
-    out = (match + context * ctx) / (1.0 + context) + W_RECENCY * recency + W_LABEL * lab + W_IMPORTANCE * imp
+    out = ((match + context * ctx) / (1.0 + context) + c.get("wcover", 0.0) + W_RECENCY * recency + W_LABEL * lab
+           + W_IMPORTANCE * imp)
     if prior is not None:
         out += prior(item.content)
     return out

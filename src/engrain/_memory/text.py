@@ -78,6 +78,59 @@ class TextSearch:
             " LIMIT %s) r) FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, i) ORDER BY i", (cap + 1, terms)).fetchall()
         return [(t, int(n)) for t, n in rows]
 
+    def passage_words(self, ids: list[str], text: str, chars: int, max_df: int = 1000
+                      ) -> tuple[dict[str, float], dict[str, tuple[str, frozenset[str]]]]:
+        """What recall's passage words (:func:`.ranking.add_cover`) need, in one statement.
+
+        Returns the words of ``text`` worth a full-text match (those :meth:`text_search`
+        matches: stop words and words in more than ``max_df`` rows dropped) with their
+        BM25 IDF, and per live record of ``ids`` its first ``chars`` characters and
+        which of those words it holds, matched as the full text matches them (stemmed:
+        "painting" holds "paint"). Nothing is read when fewer than two words are left.
+        """
+        terms = query_terms(text)
+        out: dict[str, tuple[str, frozenset[str]]] = {}
+        with self._lock:
+            if len(terms) < 2 or not ids:
+                return {}, out
+            freq = dict(self._frequencies(terms, max_df))
+            terms = [t for t in terms if freq[t] <= max_df]
+            if len(terms) < 2:
+                return {}, out
+            if self.backend == "sqlite":
+                n = self._db.execute("SELECT max(seq) FROM engrain_mem_records").fetchone()[0] or 0
+                rows: list[tuple[str, int, str]] = []
+                for i in range(0, len(ids), 500):
+                    chunk = ids[i:i + 500]
+                    rows += self._db.execute(f"SELECT id, seq, substr(content, 1, ?) FROM engrain_mem_records WHERE id "
+                                             f"IN ({','.join('?' * len(chunk))})", (chars, *chunk)).fetchall()
+                seqs = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+                holds = []
+                for t in terms:  # a word's rows: kept by the text search once it came back twice, else read here
+                    kept = self._df[2].get(t)
+                    have = kept[0] if kept is not None else np.fromiter(
+                        (r for (r,) in self._db.execute("SELECT rowid FROM engrain_mem_fts WHERE engrain_mem_fts "
+                                                        "MATCH ?", (f'"{t}"',))), dtype=np.int64)
+                    holds.append(np.isin(seqs, have))
+                out = {rid: (head, frozenset(t for t, h in zip(terms, holds) if h[j]))
+                       for j, (rid, _, head) in enumerate(rows)}
+            else:
+                lex = self._lexemes(terms)
+                terms = [t for t in terms if lex.get(t)]  # PostgreSQL's stop words match nothing
+                if len(terms) < 2:
+                    return {}, {}
+                stats = self._pg_stats[1].get("engrain_mem_text") if self._pg_stats is not None else None
+                n = stats[2] if stats is not None else float(self._db.execute(
+                    "SELECT reltuples FROM pg_class WHERE oid = 'engrain_mem_text'::regclass").fetchone()[0])
+                # A stored tsvector's lexemes against the words' lexemes: no to_tsquery per row and word.
+                rows = self._db.execute(
+                    "SELECT r.id, substr(r.content, 1, %s), ARRAY(SELECT unnest(tsvector_to_array(x.tsv)) INTERSECT "
+                    "SELECT unnest(%s::text[])) FROM engrain_mem_records r JOIN engrain_mem_text x ON x.rowid = r.seq "
+                    "WHERE r.id = ANY(%s)", (chars, [lex[t] for t in terms], list(ids))).fetchall()
+                out = {rid: (h, frozenset(t for t in terms if lex[t] in got)) for rid, h, got in rows}
+        total = max(float(n), float(sum(freq[t] for t in terms)), 1.0)
+        return {t: math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms}, out
+
     def _pg_estimates(self, terms: list[str]) -> list[tuple[str, int]] | None:
         """Word frequencies from PostgreSQL's own statistics of the ``tsv`` columns, without touching a row.
 
