@@ -84,7 +84,10 @@ post-hoc re-ranking of recall's top 30 (same day): radius 1/2/3/4 and weight 0.0
 -.012 and FAQ en up to -.018 (a FAQ's neighbouring answers are no passage); variants tried the same day and not
 kept: the window's words beyond the turn's own (LoCoMo .712-.723), beyond the best single turn's in the window
 (.706-.734), the turn and its best neighbour only (.709-.749 but FAQ en -.03 to -.13 ungated), the turn's own
-words alone (.675-.701).
+words alone (.675-.701). EmbeddingGemma-300M (prompts on, ``--embedder``, LoCoMo only, 19:35): recall .788 .655
+.862 .777 against no-cover .763 .619 .856 .754 (per conversation any@5 / sess@1 26 .820/.773, 30 .778/.840, 44
+.756/.740); without the floor .802 .675 .873 .760, a trade of any@5 for sess@1 again (as before the passage words),
+so the floor stays; dense alone .771 .633 .831 .644.
 
 Measured 2026-11-27 13:16 (load 1-2; any@5 all@5 any@10 sess@1; --ideas rrf,expand), the default embedder now
 computing the shipped int8 weights in integers (``embed.block_model``), the fp32 computation in its own row

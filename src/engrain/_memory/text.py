@@ -80,7 +80,8 @@ class TextSearch:
 
     def passage_words(self, ids: list[str], text: str, chars: int, max_df: int = 1000
                       ) -> tuple[dict[str, float], dict[str, tuple[str, frozenset[str]]]]:
-        """What recall's passage words (:func:`.ranking.add_cover`) need, in one statement.
+        """What recall's passage words (:func:`.ranking.add_cover`) need: one round trip on PostgreSQL; on
+        SQLite the records' heads in one statement, and each word's rows from the text search's kept ones.
 
         Returns the words of ``text`` worth a full-text match (those :meth:`text_search`
         matches: stop words and words in more than ``max_df`` rows dropped) with their
@@ -105,15 +106,18 @@ class TextSearch:
                     rows += self._db.execute(f"SELECT id, seq, substr(content, 1, ?) FROM engrain_mem_records WHERE id "
                                              f"IN ({','.join('?' * len(chunk))})", (chars, *chunk)).fetchall()
                 seqs = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
-                holds = []
-                for t in terms:  # a word's rows: kept by the text search once it came back twice, else read here
+                masks = np.zeros(len(rows), dtype=np.int64)  # bit k: the record holds terms[k]
+                for k, t in enumerate(terms):  # a word's rows: kept by the text search when it has them, else read
                     kept = self._df[2].get(t)
-                    have = kept[0] if kept is not None else np.fromiter(
-                        (r for (r,) in self._db.execute("SELECT rowid FROM engrain_mem_fts WHERE engrain_mem_fts "
-                                                        "MATCH ?", (f'"{t}"',))), dtype=np.int64)
-                    holds.append(np.isin(seqs, have))
-                out = {rid: (head, frozenset(t for t, h in zip(terms, holds) if h[j]))
-                       for j, (rid, _, head) in enumerate(rows)}
+                    have = kept[0] if kept is not None else np.fromiter((r for (r,) in self._db.execute(
+                        "SELECT rowid FROM engrain_mem_fts WHERE engrain_mem_fts MATCH ?", (f'"{t}"',))), dtype=np.int64)
+                    masks |= np.isin(seqs, have).astype(np.int64) << k
+                sets: dict[int, frozenset[str]] = {}  # few distinct masks: one set each
+                for (rid, _, head), m in zip(rows, masks.tolist()):
+                    words = sets.get(m)
+                    if words is None:
+                        words = sets[m] = frozenset(t for k, t in enumerate(terms) if m >> k & 1)
+                    out[rid] = (head, words)
             else:
                 lex = self._lexemes(terms)
                 terms = [t for t in terms if lex.get(t)]  # PostgreSQL's stop words match nothing
@@ -122,12 +126,19 @@ class TextSearch:
                 stats = self._pg_stats[1].get("engrain_mem_text") if self._pg_stats is not None else None
                 n = stats[2] if stats is not None else float(self._db.execute(
                     "SELECT reltuples FROM pg_class WHERE oid = 'engrain_mem_text'::regclass").fetchone()[0])
-                # A stored tsvector's lexemes against the words' lexemes: no to_tsquery per row and word.
+                # One bit a word, each test folded to a constant tsquery (never a prepared statement, as in
+                # text_search: a generic plan would parse and stem every word for every row).
+                bits = " + ".join(f"(CASE WHEN x.tsv @@ to_tsquery('english', %s) THEN {1 << k} ELSE 0 END)"
+                                  for k in range(len(terms)))
                 rows = self._db.execute(
-                    "SELECT r.id, substr(r.content, 1, %s), ARRAY(SELECT unnest(tsvector_to_array(x.tsv)) INTERSECT "
-                    "SELECT unnest(%s::text[])) FROM engrain_mem_records r JOIN engrain_mem_text x ON x.rowid = r.seq "
-                    "WHERE r.id = ANY(%s)", (chars, [lex[t] for t in terms], list(ids))).fetchall()
-                out = {rid: (h, frozenset(t for t in terms if lex[t] in got)) for rid, h, got in rows}
+                    f"SELECT r.id, substr(r.content, 1, %s), {bits} FROM engrain_mem_records r JOIN engrain_mem_text x "
+                    "ON x.rowid = r.seq WHERE r.id = ANY(%s)", (chars, *terms, list(ids)), prepare=False).fetchall()
+                sets: dict[int, frozenset[str]] = {}
+                for rid, head, m in rows:
+                    words = sets.get(m)
+                    if words is None:
+                        words = sets[m] = frozenset(t for k, t in enumerate(terms) if m >> k & 1)
+                    out[rid] = (head, words)
         total = max(float(n), float(sum(freq[t] for t in terms)), 1.0)
         return {t: math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms}, out
 
