@@ -72,7 +72,7 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
-Measured 2026-11-27 20:20 (load 3-5 beside a CI run; any@5 all@5 any@10 sess@1; --ideas rrf,expand --no-int8), a
+Measured 2026-11-27 18:50 (load 3-5 beside a CI run; any@5 all@5 any@10 sess@1; --ideas rrf,expand --no-int8), a
 chat log's passage words (``ranking.add_cover``: a turn headed by one of the log's speakers gains 0.20 times the
 IDF share of the query's full-text words held by it or the turns within 3 of it), undone in ``no-cover``: LoCoMo
 dev .749 .616 .814 .723 against .703 .576 .814 .715 (per conversation any@5 / sess@1: 26 .780/.740 against
@@ -84,7 +84,7 @@ post-hoc re-ranking of recall's top 30 (same day): radius 1/2/3/4 and weight 0.0
 -.012 and FAQ en up to -.018 (a FAQ's neighbouring answers are no passage); variants tried the same day and not
 kept: the window's words beyond the turn's own (LoCoMo .712-.723), beyond the best single turn's in the window
 (.706-.734), the turn and its best neighbour only (.709-.749 but FAQ en -.03 to -.13 ungated), the turn's own
-words alone (.675-.701). EmbeddingGemma-300M (prompts on, ``--embedder``, LoCoMo only, 19:35): recall .788 .655
+words alone (.675-.701). EmbeddingGemma-300M (prompts on, ``--embedder``, LoCoMo only, 19:20): recall .788 .655
 .862 .777 against no-cover .763 .619 .856 .754 (per conversation any@5 / sess@1 26 .820/.773, 30 .778/.840, 44
 .756/.740); without the floor .802 .675 .873 .760, a trade of any@5 for sess@1 again (as before the passage words),
 so the floor stays; dense alone .771 .633 .831 .644.
