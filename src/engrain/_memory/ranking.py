@@ -253,12 +253,12 @@ def add_cover(cands: dict[tuple[str, str], dict[str, Any]], windows: tuple[list[
     if ranking.cover <= 0.0:
         return
     rec = [i for (t, i), c in cands.items() if t == "record" and c["cos"] is not None]
-    ids, groups, ordinals = windows if windows is not None else ([], np.zeros(0), np.zeros(0))
     if not rec:
         return
     names = speakers()
     if not names:
         return
+    ids, groups, ordinals = windows if windows is not None else ([], np.zeros(0), np.zeros(0))
     weights, held = words_of(sorted(set(rec) | set(ids)))
     total = sum(weights.values())
     if len(weights) < 2 or total <= 0.0:

@@ -28,6 +28,11 @@ _STOP = frozenset(
 
 
 
+def bm25_idf(df: int, total: float) -> float:
+    """BM25's IDF of a word found in ``df`` of ``total`` rows (the weight full text gives a matched word)."""
+    return math.log(1.0 + (total - df + 0.5) / (df + 0.5))
+
+
 def query_terms(text: str, limit: int = 16) -> list[str]:
     """The words of ``text`` worth a full-text match (lower case, stop words dropped, deduplicated)."""
     seen: dict[str, None] = {}
@@ -98,6 +103,7 @@ class TextSearch:
             terms = [t for t in terms if freq[t] <= max_df]
             if len(terms) < 2:
                 return {}, out
+            held: list[Any]  # (id, head, bit k set when the record holds terms[k])
             if self.backend == "sqlite":
                 n = self._db.execute("SELECT max(seq) FROM engrain_mem_records").fetchone()[0] or 0
                 rows: list[tuple[str, int, str]] = []
@@ -112,35 +118,35 @@ class TextSearch:
                     have = kept[0] if kept is not None else np.fromiter((r for (r,) in self._db.execute(
                         "SELECT rowid FROM engrain_mem_fts WHERE engrain_mem_fts MATCH ?", (f'"{t}"',))), dtype=np.int64)
                     masks |= np.isin(seqs, have).astype(np.int64) << k
-                sets: dict[int, frozenset[str]] = {}  # few distinct masks: one set each
-                for (rid, _, head), m in zip(rows, masks.tolist()):
-                    words = sets.get(m)
-                    if words is None:
-                        words = sets[m] = frozenset(t for k, t in enumerate(terms) if m >> k & 1)
-                    out[rid] = (head, words)
+                held = [(rid, head, m) for (rid, _, head), m in zip(rows, masks.tolist())]
             else:
                 lex = self._lexemes(terms)
                 terms = [t for t in terms if lex.get(t)]  # PostgreSQL's stop words match nothing
                 if len(terms) < 2:
                     return {}, {}
-                stats = self._pg_stats[1].get("engrain_mem_text") if self._pg_stats is not None else None
-                n = stats[2] if stats is not None else float(self._db.execute(
-                    "SELECT reltuples FROM pg_class WHERE oid = 'engrain_mem_text'::regclass").fetchone()[0])
+                n = self._pg_text_rows()
                 # One bit a word, each test folded to a constant tsquery (never a prepared statement, as in
                 # text_search: a generic plan would parse and stem every word for every row).
                 bits = " + ".join(f"(CASE WHEN x.tsv @@ to_tsquery('english', %s) THEN {1 << k} ELSE 0 END)"
                                   for k in range(len(terms)))
-                rows = self._db.execute(
+                held = self._db.execute(
                     f"SELECT r.id, substr(r.content, 1, %s), {bits} FROM engrain_mem_records r JOIN engrain_mem_text x "
                     "ON x.rowid = r.seq WHERE r.id = ANY(%s)", (chars, *terms, list(ids)), prepare=False).fetchall()
-                sets: dict[int, frozenset[str]] = {}
-                for rid, head, m in rows:
-                    words = sets.get(m)
-                    if words is None:
-                        words = sets[m] = frozenset(t for k, t in enumerate(terms) if m >> k & 1)
-                    out[rid] = (head, words)
+        sets: dict[int, frozenset[str]] = {}  # few distinct masks: one set each
+        for rid, head, m in held:
+            words = sets.get(m)
+            if words is None:
+                words = sets[m] = frozenset(t for k, t in enumerate(terms) if m >> k & 1)
+            out[rid] = (head, words)
         total = max(float(n), float(sum(freq[t] for t in terms)), 1.0)
-        return {t: math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms}, out
+        return {t: bm25_idf(freq[t], total) for t in terms}, out
+
+    def _pg_text_rows(self) -> float:
+        """The full-text table's row count the word counts were estimated with (read with them, kept as long:
+        one round trip less a search), or read now when they were counted exactly (no statistics)."""
+        stats = self._pg_stats[1].get("engrain_mem_text") if self._pg_stats is not None else None
+        return stats[2] if stats is not None else float(self._db.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = 'engrain_mem_text'::regclass").fetchone()[0])
 
     def _pg_estimates(self, terms: list[str]) -> list[tuple[str, int]] | None:
         """Word frequencies from PostgreSQL's own statistics of the ``tsv`` columns, without touching a row.
@@ -309,13 +315,8 @@ class TextSearch:
             terms = [t for t in terms if freq[t] < 1 << 62]  # words PostgreSQL drops as stop words
             if not terms:
                 return []
-            # The table's row count the word counts were estimated with (read with them, kept as long: one
-            # round trip less a search), or read now when they were counted exactly (no statistics).
-            stats = self._pg_stats[1].get("engrain_mem_text") if self._pg_stats is not None else None
-            rows = stats[2] if stats is not None else float(self._db.execute(
-                "SELECT reltuples FROM pg_class WHERE oid = 'engrain_mem_text'::regclass").fetchone()[0])
-            total = max(rows, 0.0, float(sum(freq.values())), 1.0)
-            weights = [math.log(1.0 + (total - freq[t] + 0.5) / (freq[t] + 0.5)) for t in terms]
+            total = max(self._pg_text_rows(), 0.0, float(sum(freq.values())), 1.0)
+            weights = [bm25_idf(freq[t], total) for t in terms]
             score = " + ".join("(CASE WHEN tsv @@ to_tsquery('english', %s) THEN %s ELSE 0 END)" for _ in terms)
             sparams = [x for t, w in zip(terms, weights) for x in (t, w)]
             sql = (f"SELECT rowid, id, {score} AS r FROM engrain_mem_text WHERE tsv @@ to_tsquery('english', %s) "
