@@ -100,7 +100,7 @@ def yaml_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
             pytest.fail("this PyYAML has no libyaml: install a wheel built with it to test the C parser")
         monkeypatch.setattr(yamlfile, "_loader", lambda: yaml.CSafeLoader)
     else:
-        monkeypatch.setattr(yamlfile, "_loader", lambda: yaml.SafeLoader)
+        monkeypatch.setattr(yamlfile, "_loader", yamlfile.pure_loader)
     return request.param
 
 

@@ -38,10 +38,45 @@ MAX_CHARS = 4 * MAX_BYTES
 REWORD_BYTES = 64 * 1024
 
 
+class _TooDeep(Exception):
+    """Raised by the pure-Python scanner at the ``MAX_DEPTH``-th open flow collection; carries its mark."""
+
+    def __init__(self, mark: Any) -> None:
+        super().__init__("too deep")
+        self.mark = mark
+
+
+_PURE: Any = None
+
+
+def pure_loader() -> Any:
+    """PyYAML's pure-Python safe loader, its scanner stopped at ``MAX_DEPTH`` open flow collections.
+
+    Why: in a flow collection every ``[``/``{`` may start a simple key, and
+    the pure-Python scanner reads up to 1,024 characters ahead while one may,
+    scanning its list of them on every token. ``[[[[...`` thus costs time
+    quadratic in the lookahead (~0.5 s of CPU for one hostile line) before the
+    parser's event reaches the depth check. Stopping the scanner itself keeps
+    that list at most ``MAX_DEPTH`` long.
+    """
+    global _PURE
+    if _PURE is None:
+        import yaml
+
+        class BoundedSafeLoader(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+            def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+                if self.flow_level >= MAX_DEPTH:
+                    raise _TooDeep(self.get_mark())
+                super().fetch_flow_collection_start(TokenClass)
+
+        _PURE = BoundedSafeLoader
+    return _PURE
+
+
 def _loader() -> Any:
     import yaml
 
-    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # safe loader only
+    return getattr(yaml, "CSafeLoader", None) or pure_loader()  # safe loaders only
 
 
 def _issue(file: str, where: str, message: str, shown: str | None = None) -> RoutineError:
@@ -66,7 +101,14 @@ def check_bounds(text: str, file: str, loader: Any = None) -> None:
     nodes = chars = 0
     sizes: dict[str, tuple[int, int]] = {}
     open_: list[tuple[str | None, int, int]] = []
-    for ev in yaml.parse(text, Loader=loader or _loader()):
+    events = yaml.parse(text, Loader=loader or _loader())
+    while True:
+        try:
+            ev = next(events)
+        except StopIteration:
+            return
+        except _TooDeep as e:
+            raise _issue(file, f"line {e.mark.line + 1}", f"nested deeper than {MAX_DEPTH} levels") from None
         if isinstance(ev, yaml.AliasEvent):
             size = sizes.get(ev.anchor)  # type: ignore[arg-type]
             if size is None:
@@ -114,7 +156,7 @@ def load_yaml_text(text: str, file: str) -> Any:
             check_bounds(text, file, loader)
             return yaml.load(text, Loader=loader)
         except yaml.YAMLError as e:
-            if loader is yaml.SafeLoader or isinstance(e, yaml.constructor.ConstructorError):
+            if loader is pure_loader() or isinstance(e, yaml.constructor.ConstructorError):
                 raise  # a constructor's error (a tag, a key) is Python's whichever parser read the text
             if "nesting depth" in str(getattr(e, "problem", "")):
                 # libyaml's own limit (1000 levels) is far past MAX_DEPTH: say so without re-parsing.
@@ -129,8 +171,8 @@ def load_yaml_text(text: str, file: str) -> Any:
         # message is the same whichever parser PyYAML was built with. Only for a
         # text it reads fast: it is ~50x slower than libyaml, and a large file
         # whose last line is wrong would cost a minute of CPU.
-        check_bounds(text, file, yaml.SafeLoader)
-        return yaml.load(text, Loader=yaml.SafeLoader)
+        check_bounds(text, file, pure_loader())
+        return yaml.load(text, Loader=pure_loader())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "yaml"
