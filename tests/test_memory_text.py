@@ -72,3 +72,36 @@ def test_a_write_drops_the_kept_word_scores(mem, tmp_path):
     other.close()
     hits = mem.store.text_search("zebra deploy", None, time.time(), 30)
     assert rid2 in [h[1] for h in hits] and hits == fts5_ranking(mem, "zebra deploy", None, 30)
+
+
+def test_postgres_stop_words_leave_the_other_words_weights_alone(pg_url):
+    """A word PostgreSQL drops as a stop word ("after", "she": not engrain's own stop words) matches nothing
+    and weighs nothing: the other words of the question keep the IDF they have without it.
+
+    Before, its "never matched" count (2**62) was summed into the row total every IDF is taken against, which
+    made all weights nearly equal on any question holding one, once the table had statistics.
+    """
+    from engrain._memory.text import bm25_idf
+
+    m = Memory(pg_url, synthesizer=ExtractiveSynthesizer())
+    try:
+        rng = random.Random(7)
+        data = [" ".join(rng.choice(WORDS[:6]) for _ in range(4)) + f" item{i}" + (" tokyo" if i % 25 == 0 else "")
+                for i in range(200)]
+        ids = m.remember_many([{"data": d, "skill": "a"} for d in data])
+        m.store._x("ANALYZE engrain_mem_text")  # word counts from the statistics, as a served store has them
+        now = time.time()
+        for q in ("tokyo deploy", "billing tokyo gateway", "item7 cache"):
+            plain = m.store.text_search(q, None, now, 30)
+            assert plain
+            for extra in (" after", " she", " after she about"):
+                assert m.store.text_search(q + extra, None, now, 30) == plain, (q, extra)
+        # Each row scores the BM25 IDF of the words it holds, against the table's 200 rows.
+        tokyo = sum("tokyo" in d for d in data)
+        deploy = sum("deploy" in d for d in data)
+        got = {i: r for _, i, r in m.store.text_search("tokyo deploy after", None, now, 300)}
+        for i, d in zip(ids, data):
+            want = bm25_idf(tokyo, 200.0) * ("tokyo" in d) + bm25_idf(deploy, 200.0) * ("deploy" in d)
+            assert got.get(i, 0.0) == pytest.approx(want, rel=0.05), d
+    finally:
+        m.close()

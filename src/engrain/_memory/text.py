@@ -25,9 +25,6 @@ _STOP = frozenset(
 )
 
 
-
-
-
 def bm25_idf(df: int, total: float) -> float:
     """BM25's IDF of a word found in ``df`` of ``total`` rows (the weight full text gives a matched word)."""
     return math.log(1.0 + (total - df + 0.5) / (df + 0.5))
@@ -315,7 +312,9 @@ class TextSearch:
             terms = [t for t in terms if freq[t] < 1 << 62]  # words PostgreSQL drops as stop words
             if not terms:
                 return []
-            total = max(self._pg_text_rows(), 0.0, float(sum(freq.values())), 1.0)
+            # Summed over the kept words only: a stop word's count (2**62, "never matched") taken into the
+            # total made every IDF nearly the same, on any question holding one ("after", "she", "her").
+            total = max(self._pg_text_rows(), float(sum(freq[t] for t in terms)), 1.0)
             weights = [bm25_idf(freq[t], total) for t in terms]
             score = " + ".join("(CASE WHEN tsv @@ to_tsquery('english', %s) THEN %s ELSE 0 END)" for _ in terms)
             sparams = [x for t, w in zip(terms, weights) for x in (t, w)]
