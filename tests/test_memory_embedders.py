@@ -388,6 +388,17 @@ def test_server_memory_uses_the_embedder_it_was_given(tmp_path, server, monkeypa
         hits = c.post("/api/memory/recall", json={"query": "when do we deploy?", "top_k": 1}).json()
         assert "Tuesday" in hits[0]["content"]
         assert c.get("/api/memory/stats").json()["embedder"] == "openai:minilm-remote"
+        # An LLM agent defined over the API with a memory recalls from the server's own (the same index, the
+        # same embedder and vector search), not from one opened again with the environment's settings.
+        assert c.post("/api/memory/remember", json={"data": TEXTS[0], "skill": "notes"}).status_code == 200
+        made = c.post("/api/agents", json={"name": "helper", "model": "openai:scripted", "memory": "notes"})
+        assert made.status_code in (200, 201), made.text
+        state = app.state.engrain
+        agent = state.llm_agents.get("helper")
+        assert agent._memory_for(state.journal) is state.memory()
+        asked = server.requests
+        assert agent._recall(state.journal, "which day do deploys go out?") == [TEXTS[0]]
+        assert server.requests == asked + 1  # the question embedded by the server's embedder
     assert server.texts >= len(TEXTS) + 1
 
 

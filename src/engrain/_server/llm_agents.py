@@ -92,9 +92,12 @@ class LLMAgents:
             raise ApiError(422, "UnknownToolError",
                            f"agent {d['name']!r}: no tool named {', '.join(map(repr, missing))} on this server "
                            f"(configured with --tools / --tools-dir: {known})")
+        # The server's own memory (its --embedder and --vector-search, one index mirror in the process), not one
+        # the agent would open on the same store with the environment's settings.
         agent = Agent(d["name"], d["model"], d.get("instructions", ""), d.get("tools", []), memory=d.get("memory"),
                       cache=d.get("cache", False), answers_ttl=d.get("answers_ttl"), max_turns=d.get("max_turns", 10),
-                      registry=self.tools, journal=self.state.journal, learn=d.get("learn", False))
+                      registry=self.tools, journal=self.state.journal, learn=d.get("learn", False),
+                      memory_store=self.state.memory() if d.get("memory") else None)
         agent._api = True  # its instructions are a client's: it never continues an in-process agent's runs
         return agent
 
