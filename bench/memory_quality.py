@@ -80,7 +80,12 @@ against .732 .602 .845 .729 (per conversation any@5 / sess@1: 26 .767/.767 again
 against .741/.728, 44 .732/.715 against .683/.691; no-cover .729 .585 .850 .732 against .709 .571 .825 .720),
 chat .455 .276 .583 .615 against .453 .274 .587 .615, FAQ sv .474 .560 both, FAQ en .813 .901 against .811 .897.
 Full text alone: LoCoMo .630 .497 .686 .669, chat .234, FAQ sv .434, FAQ en .620. FAQ sv stays below SQLite's
-.536: PostgreSQL's English stemmer, not FTS5's porter over unicode61 tokens, reads the Swedish words.
+.536: PostgreSQL's English stemmer, not FTS5's porter over unicode61 tokens, reads the Swedish words. Tried the
+same hour and not kept: BM25's length normalisation on PostgreSQL's text half (each row's IDF sum times
+2.2 / (1 + 1.2 (1 - b + b * lexemes / mean lexemes))), b 0.4 / 0.75: FAQ sv .492 / .504, FAQ en .815 / .815,
+chat .453 / .455, but LoCoMo .754 .619 .831 .737 / .749 .616 .822 .737. Nor, with EmbeddingGemma on SQLite, the
+passage words scaled to the embedder's cosine units like the text weight (x0.73): .782 .653 .864 .777 against
+.788 .655 .862 .777, or their weight x0.75 / x1.5: .780 / .788 any@5 (a plateau, as for MiniLM).
 
 Measured 2026-11-27 18:50 (load 3-5 beside a CI run; any@5 all@5 any@10 sess@1; --ideas rrf,expand --no-int8), a
 chat log's passage words (``ranking.add_cover``: a turn headed by one of the log's speakers gains 0.20 times the
