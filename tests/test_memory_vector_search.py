@@ -103,6 +103,40 @@ def test_a_postgres_graph_is_kept_in_the_cache_folder_and_loaded_by_the_next_pro
     finally:
         drop_pg_schema(schema)
 
+def test_graphs_unused_for_two_weeks_leave_the_cache_when_another_is_saved(graphs, embedder):
+    """A dropped store's graph (~800 MB at 1M rows) does not stay in the cache forever: saving a graph removes
+    the cached ones unused for ``GRAPH_CACHE_DAYS``; loading one marks it used. Other files are never touched."""
+    import time
+
+    from engrain._memory.graphfile import GRAPH_CACHE_DAYS
+
+    os.makedirs(graphs)
+    old = time.time() - (GRAPH_CACHE_DAYS + 1) * 86400
+    stale = ["pg-" + "a" * 32 + ".record.usearch", "pg-" + "a" * 32 + ".record.usearch.json",
+             "pg-" + "b" * 32 + ".article.usearch.x1_y.tmp"]
+    kept = ["pg-" + "c" * 32 + ".record.usearch", "notes.txt", "pg-short.record.usearch"]  # young, or not a graph
+    for name in stale + kept:
+        with open(os.path.join(graphs, name), "wb") as f:
+            f.write(b"x")
+        if name != kept[0]:
+            os.utime(os.path.join(graphs, name), (old, old))
+    schema = "t_" + uuid.uuid4().hex[:12]
+    url = pg_schema_url(schema)
+    try:
+        with _open(url, embedder, ann_threshold=8) as a:
+            a.remember_many([{"data": t, "skill": s} for t, s in FACTS + OTHERS])
+            assert a.recall("when do we deploy?") and a._records.builds == 1
+            mine = a._records.graph_path
+        left = set(os.listdir(graphs))
+        assert not left & set(stale) and set(kept) <= left and mine.name in left
+        os.utime(mine, (old, old))  # as if unused for weeks, then opened by the next process: used again
+        with _open(url, embedder, ann_threshold=8) as b:
+            assert b.recall("when do we deploy?") and b._records.loads == 1
+        assert os.stat(mine).st_mtime > old + 86400
+    finally:
+        drop_pg_schema(schema)
+
+
 
 @pytest.mark.parametrize("spoil", ["group-writable", "symlink"])
 def test_a_cached_graph_that_is_not_a_private_file_is_rebuilt(spoil, tmp_path, graphs, embedder):

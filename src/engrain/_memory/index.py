@@ -18,7 +18,7 @@ filter leaves too few hits it falls back to the exact scan of the matching rows.
 On SQLite the graph is persisted next to the database (``<db>.<tier>.usearch``
 plus a ``.json`` sidecar) so a new process loads it instead of rebuilding; a
 PostgreSQL store searched in-process (``Memory(vector_search="local")``) keeps
-it in this machine's cache folder instead (:func:`.mirrors.pg_graph_path`). The
+it in this machine's cache folder instead (:func:`.graphfile.pg_graph_path`). The
 sidecar records what the graph covers (the store's identity, embedder,
 dimension, the tier's generation, the last ``seq`` it holds) and a digest of
 the graph file itself; a file that does not match, or that lacks a live row
@@ -28,13 +28,10 @@ it was saved are marked deleted on load, rows added since are topped up.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.util
 import json
 import logging
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -43,8 +40,8 @@ import numpy as np
 
 from .._disk_cache import is_private_file
 from .fusion import CROWDING_SAMPLE, crowding
+from .graphfile import file_digest, mark_used, pg_graph_path, prune_graph_cache, write_graph
 from .items import VECTOR_CHUNK
-from .mirrors import pg_graph_path
 from .prefilter import Int8Rows, best
 from .seqrows import live_rows
 from .skillrows import SkillRows
@@ -88,16 +85,6 @@ def _usearch_index() -> Any:
     from usearch.index import Index
 
     return Index
-
-
-def _file_digest(path: Path) -> tuple[str, int]:
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
 
 
 class VectorIndex:
@@ -295,7 +282,7 @@ class VectorIndex:
                 log.info("ignoring %s: it was built for another store, generation or embedder; rebuilding",
                          self.graph_path)
                 return
-            digest, size = _file_digest(self.graph_path)
+            digest, size = file_digest(self.graph_path)
             if (digest, size) != (meta.get("graph_sha256"), meta.get("graph_bytes")):
                 log.warning("ignoring %s: the file does not match its sidecar (corrupt or half-written); "
                             "rebuilding", self.graph_path)
@@ -322,36 +309,23 @@ class VectorIndex:
         ann.expansion_search = _EF  # a loaded file keeps usearch's default, not ours
         self._ann, self._ann_n, self._ann_last, self._saved_n = ann, int(count), last, int(count)
         self.loads += 1
+        if in_cache:
+            mark_used(self.graph_path, self.meta_path)
 
     def _save_ann(self, embedder: str) -> None:
-        """Write graph and sidecar atomically (temp files + ``os.replace``); failures only cost a rebuild later."""
+        """Write graph and sidecar (:func:`.graphfile.write_graph`); failures only cost a rebuild later."""
         assert self.graph_path is not None and self.meta_path is not None
         meta = {**self._meta(embedder), "last_seq": self._ann_last, "elements": len(self._ann)}
-        tmps: list[str] = []
         try:
-            for _ in range(2):
-                fd, tmp = tempfile.mkstemp(dir=self.graph_path.parent, prefix=self.graph_path.name + ".",
-                                           suffix=".tmp")
-                os.close(fd)
-                tmps.append(tmp)
-                # mkstemp makes the file private; give it the database's permissions instead.
-                os.chmod(tmp, self.store.path.stat().st_mode & 0o777 if self.store.path is not None else 0o600)
-            self._ann.save(tmps[0])
-            meta["graph_sha256"], meta["graph_bytes"] = _file_digest(Path(tmps[0]))
-            Path(tmps[1]).write_text(json.dumps(meta))
-            # Graph first, sidecar second: a crash in between leaves a sidecar whose
-            # digest does not match the graph, which the next load detects.
-            os.replace(tmps[0], self.graph_path)
-            os.replace(tmps[1], self.meta_path)
-            self._saved_n = self._ann_n
+            # The database's permissions (mkstemp's would be private); a cached graph stays private.
+            write_graph(self._ann, self.graph_path, self.meta_path, meta,
+                        self.store.path.stat().st_mode & 0o777 if self.store.path is not None else 0o600)
+            if self.store.backend != "sqlite":  # in the cache folder: where dropped stores' graphs pile up
+                prune_graph_cache(self.graph_path.parent)
         except (OSError, RuntimeError) as e:
             log.warning("could not save the vector index to %s (%s); the next process will rebuild it",
                         self.graph_path, e)
-            self._saved_n = self._ann_n  # do not retry on every search
-        finally:
-            for tmp in tmps:
-                with contextlib.suppress(OSError):  # already renamed, or never written
-                    os.unlink(tmp)
+        self._saved_n = self._ann_n  # saved, or not retried on every search
 
     def search(self, vec: np.ndarray, k: int, skill: str | None, now: float,
                allow: set[str] | None = None) -> list[tuple[str, float]]:

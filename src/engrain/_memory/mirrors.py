@@ -1,4 +1,4 @@
-"""A memory's in-process vector mirrors: keeping them current, and where a PostgreSQL store's graph is cached.
+"""A memory's in-process vector mirrors: keeping them current (where their graphs are kept: :mod:`.graphfile`).
 
 Recall searches an in-process mirror of each tier (:class:`~engrain._memory.index.VectorIndex`)
 on SQLite, and on PostgreSQL without pgvector or with ``Memory(vector_search="local")``.
@@ -11,8 +11,6 @@ rows commit in seq order (``store._seqs_in_order``).
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 
@@ -30,18 +28,3 @@ def catch_up(store: Any, records: Any, articles: Any, seen: Any) -> Any:
         records.refresh(state)
         articles.refresh(state)
     return now
-
-
-def pg_graph_path(store: Any, tier: str) -> Path | None:
-    """Where a PostgreSQL store's graph is cached on this machine: ``$ENGRAIN_CACHE_DIR/graphs`` (a private folder;
-    None, no cache, when it is not), named by a digest of the server's address (password masked) and the store's
-    identity, so neither names a path and two stores never share a file. (Two copies of one store reached by the
-    same address would: the sidecar then checks which rows the graph holds, and hits are scored exactly.)"""
-    from .._disk_cache import cache_dir
-    from .._journal import redact_url
-
-    folder = cache_dir("graphs")
-    if folder is None:
-        return None
-    key = hashlib.sha256(f"{redact_url(store.url or '')}\0{store.identity()}".encode()).hexdigest()[:32]
-    return folder / f"pg-{key}.{tier}.usearch"
