@@ -5,8 +5,6 @@ Ranking lives in :mod:`.ranking`, storage in :mod:`.store`, vectors in :mod:`.in
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import threading
 import time
@@ -28,6 +26,7 @@ from .fusion import SPREAD_DEPTH, recall_text_weight
 from . import embedders as _embedders
 from .embed import Embedder, embed_queries
 from .index import ANN_THRESHOLD, VectorIndex
+from .inputs import check_hint, check_str, check_ttl, new_row
 from .items import Record
 from .mirrors import catch_up
 from .pgvector import VECTOR_SEARCH, check_vector_search, vector_search_of  # noqa: F401  (VECTOR_SEARCH: re-exported)
@@ -91,7 +90,7 @@ class Memory:
             raise
         self._pg = self.vector_search == "pgvector"
         self.synthesizer: Synthesizer = synthesizer or default_synthesizer()
-        self.ttl = self._check_ttl(ttl)
+        self.ttl = check_ttl(ttl)
         self.top_k = top_k
         self.half_life = half_life
         #: How recall ranks (the measured defaults; a benchmark may switch a part off).
@@ -112,61 +111,6 @@ class Memory:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- validation ------------------------------------------------------------
-
-    @staticmethod
-    def _check_ttl(ttl: float | None) -> float | None:
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0):
-            raise MemoryInputError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
-        return ttl
-
-    @staticmethod
-    def _check_str(value: Any, name: str, *, empty_ok: bool = False) -> str:
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise MemoryInputError(f"{name} must be a string, not {type(value).__name__}")
-        if not empty_ok and not value.strip():
-            raise MemoryInputError(f"{name} is empty")
-        return value
-
-    @staticmethod
-    def _check_hint(hint: Any, step: str) -> float | None:
-        if hint is None:
-            return None
-        if isinstance(hint, str):
-            raise MemoryInputError(f"{step}: hint is an importance from 0 to 1 (etchmem's meaning), not text "
-                                   f"{hint[:40]!r}; pass a text label as label=")
-        if isinstance(hint, bool) or not isinstance(hint, (int, float)) or not 0.0 <= float(hint) <= 1.0:
-            raise MemoryInputError(f"{step}: hint must be a number from 0 to 1, not {hint!r}")
-        return float(hint)
-
-    def _row(self, data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | None,
-             ttl: float | None, now: float, label: str | None = None) -> dict[str, Any]:
-        if isinstance(data, str):
-            content = data
-        else:
-            try:
-                content = json.dumps(data, sort_keys=True, ensure_ascii=False, allow_nan=False)
-            except (TypeError, ValueError) as e:
-                raise MemoryInputError(f"data must be a string or a JSON value: {e}") from None
-        if not content.strip():
-            raise MemoryInputError("data is empty")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise MemoryInputError(f"metadata must be a dict, not {type(metadata).__name__}")
-        try:
-            json.dumps(metadata or {}, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise MemoryInputError(f"metadata must be JSON: {e}") from None
-        life = self._check_ttl(ttl) if ttl is not None else self.ttl
-        return {
-            "id": "rec_" + os.urandom(10).hex(), "skill": self._check_str(skill, "skill", empty_ok=True),
-            "content": content, "hint": self._check_str(label, "label", empty_ok=True), "metadata": metadata or {},
-            "importance": self._check_hint(hint, "remember"),
-            "digest": hashlib.sha256(content.encode()).hexdigest(),
-            "expires": None if life is None else now + life,
-        }
 
     # -- API -------------------------------------------------------------------
 
@@ -198,8 +142,8 @@ class Memory:
                 it = {"data": it}
             if "data" not in it:
                 raise MemoryInputError(f"item {i} has no 'data'")
-            rows.append(self._row(it["data"], it.get("hint"), it.get("skill"), it.get("metadata"), it.get("ttl"), now,
-                                  it.get("label")))
+            rows.append(new_row(it["data"], it.get("hint"), it.get("skill"), it.get("metadata"), it.get("ttl"),
+                                self.ttl, now, it.get("label")))
         if not rows:
             return []
         vecs = self.embedder.embed([r["content"] for r in rows])
@@ -269,11 +213,11 @@ class Memory:
         the buffer, which the next :meth:`consolidate` uses to reconsolidate the
         articles returned.
         """
-        query = self._check_str(query, "query")
+        query = check_str(query, "query")
         if skill is not None:
-            self._check_str(skill, "skill", empty_ok=True)
-        label = self._check_str(label, "label", empty_ok=True) or None
-        importance = self._check_hint(hint, "recall")
+            check_str(skill, "skill", empty_ok=True)
+        label = check_str(label, "label", empty_ok=True) or None
+        importance = check_hint(hint, "recall")
         where = check_where(where)
         k = self.top_k if top_k is None else top_k
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:

@@ -23,6 +23,7 @@ from typing import Any
 
 from .._errors import EngrainError, MemoryInputError
 from .consolidate import write_article
+from .inputs import check_hint, new_row
 from .items import to_blob
 
 #: The Memory facade (typed loosely: this module must not import the package that imports it).
@@ -111,9 +112,9 @@ def update(mem: Memory, id: str, data: Any, hint: Any, label: str | None,
     st, now = mem.store, time.time()
     rec = st.records([id]).get(id)
     if rec is not None:
-        row = mem._row(data, hint if hint is not None else rec.importance, rec.skill,
-                       metadata if metadata is not None else rec.metadata, None, now,
-                       label if label is not None else rec.hint)
+        row = new_row(data, hint if hint is not None else rec.importance, rec.skill,
+                      metadata if metadata is not None else rec.metadata, None, mem.ttl, now,
+                      label if label is not None else rec.hint)
         vec = mem.embedder.embed([row["content"]])[0]
         with st.tx():
             clash = st._x("SELECT id FROM engrain_mem_records WHERE skill = ? AND digest = ? AND id <> ?",
@@ -144,7 +145,7 @@ def update(mem: Memory, id: str, data: Any, hint: Any, label: str | None,
     art.content = data
     art.embedding = mem.embedder.embed([f"{art.title}\n{data}"])[0]
     if hint is not None:
-        art.importance = mem._check_hint(hint, "update")
+        art.importance = check_hint(hint, "update")
     if metadata is not None:
         if not isinstance(metadata, dict):
             raise MemoryInputError(f"update: metadata must be a dict, not {type(metadata).__name__}")

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import MemoryInputError
+from .inputs import check_str, new_row
 from .items import Article
 
 #: The Memory facade (typed loosely: this module must not import the package that imports it).
@@ -140,7 +141,7 @@ def _one(mem: Memory, doc: dict[str, Any], where: str, origin: str, skill_map: d
     content = _text(doc, "content", where)
     orig_id = _text(doc, "id", where)
     skill = _target_skill(_text(doc, "skill", where, required=False), skill_map)
-    mem._check_str(skill, "skill", empty_ok=True)
+    check_str(skill, "skill", empty_ok=True)
     title = _text(doc, "title", where, required=False).strip()
     if not title:
         words = re.findall(r"\S+", content)
@@ -170,8 +171,8 @@ def _one(mem: Memory, doc: dict[str, Any], where: str, origin: str, skill_map: d
         rwhere = f"{where} sources[{i}]"
         text = _text(s, "content", rwhere)
         label = s.get("label", s.get("hint"))
-        row = mem._row(text, None, skill, s.get("metadata") if isinstance(s.get("metadata"), dict) else {},
-                       None, now, label if isinstance(label, str) else None)
+        row = new_row(text, None, skill, s.get("metadata") if isinstance(s.get("metadata"), dict) else {},
+                      None, mem.ttl, now, label if isinstance(label, str) else None)
         imp = _num(s.get("importance"), None)
         row["importance"] = imp if imp is not None and 0.0 <= imp <= 1.0 else None
         row["created"] = _num(s.get("created"), now)

@@ -1,0 +1,73 @@
+"""What a memory call accepts: its arguments checked, and a record's row built from them.
+
+Every check raises :class:`~engrain.MemoryInputError` naming the argument (and the
+call, for ``hint``), before anything is embedded or written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from .._errors import MemoryInputError
+
+
+def check_ttl(ttl: float | None) -> float | None:
+    """``ttl`` if it is None or a positive number of seconds."""
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0):
+        raise MemoryInputError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+    return ttl
+
+
+def check_str(value: Any, name: str, *, empty_ok: bool = False) -> str:
+    """``value`` as a string ("" for None); refused when not a string, or blank unless ``empty_ok``."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise MemoryInputError(f"{name} must be a string, not {type(value).__name__}")
+    if not empty_ok and not value.strip():
+        raise MemoryInputError(f"{name} is empty")
+    return value
+
+
+def check_hint(hint: Any, step: str) -> float | None:
+    """``hint`` as an importance from 0 to 1 (etchmem's meaning), or None; ``step`` names the call in errors."""
+    if hint is None:
+        return None
+    if isinstance(hint, str):
+        raise MemoryInputError(f"{step}: hint is an importance from 0 to 1 (etchmem's meaning), not text "
+                               f"{hint[:40]!r}; pass a text label as label=")
+    if isinstance(hint, bool) or not isinstance(hint, (int, float)) or not 0.0 <= float(hint) <= 1.0:
+        raise MemoryInputError(f"{step}: hint must be a number from 0 to 1, not {hint!r}")
+    return float(hint)
+
+
+def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | None, ttl: float | None,
+            default_ttl: float | None, now: float, label: str | None = None) -> dict[str, Any]:
+    """A new record's row (a fresh id, its content's digest, its expiry from ``ttl`` or ``default_ttl``) from
+    what ``remember`` was given: ``data`` a string or a JSON value, ``metadata`` a JSON object."""
+    if isinstance(data, str):
+        content = data
+    else:
+        try:
+            content = json.dumps(data, sort_keys=True, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise MemoryInputError(f"data must be a string or a JSON value: {e}") from None
+    if not content.strip():
+        raise MemoryInputError("data is empty")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise MemoryInputError(f"metadata must be a dict, not {type(metadata).__name__}")
+    try:
+        json.dumps(metadata or {}, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise MemoryInputError(f"metadata must be JSON: {e}") from None
+    life = check_ttl(ttl) if ttl is not None else default_ttl
+    return {
+        "id": "rec_" + os.urandom(10).hex(), "skill": check_str(skill, "skill", empty_ok=True),
+        "content": content, "hint": check_str(label, "label", empty_ok=True), "metadata": metadata or {},
+        "importance": check_hint(hint, "remember"),
+        "digest": hashlib.sha256(content.encode()).hexdigest(),
+        "expires": None if life is None else now + life,
+    }
