@@ -72,6 +72,11 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-27 21:50 (SQLite, LoCoMo and chat; any@5 all@5 any@10 sess@1): a skill is a chat log only
+when its speakers' turns are at least half of its newest records (``voice.MIN_SHARE``; a chat owner's joke in
+"Teacher:" and "Student:" lines had made it one): LoCoMo .749 .616 .814 .723, chat .457 .278 .585 .611, no-voice
+and no-cover rows as before, every figure unchanged.
+
 Measured 2026-11-27 21:30 on PostgreSQL (``--postgres``, PostgreSQL 16 local, each store analyzed once filled;
 any@5 all@5 any@10 sess@1; --ideas '' --no-int8), a fix to its full text: a word PostgreSQL drops as a stop word
 ("after", "she", "her": not engrain's own) was counted 2**62 rows in the total every word's IDF is taken against,

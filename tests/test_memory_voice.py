@@ -67,6 +67,12 @@ def test_a_chat_log_needs_two_speakers_with_several_turns_each():
     # a name heading one record only is not a speaker
     assert speakers_of(_chat() + ["Summary: two friends talk"]) == {"Melanie", "Caroline"}
     assert speakers_of([]) == set()
+    # a joke told in a few headed lines among a skill's notes is no chat log; a log with a few notes still is
+    notes = [f"The nightly backup of shard {i} finished in {i + 3} minutes." for i in range(12)]
+    joke = ["Teacher: why is your homework late?", "Student: the dog ate it.", "Teacher: you have no dog.",
+            "Student: it was a borrowed dog."]
+    assert speakers_of(notes + joke) == set()
+    assert speakers_of(_chat() + notes[:len(_chat()) - 1]) == {"Melanie", "Caroline"}
 
 
 def test_a_question_naming_one_speaker_is_asked_in_that_speaker_voice():

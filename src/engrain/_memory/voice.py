@@ -55,6 +55,9 @@ SAMPLE, HEAD_CHARS = 256, 128
 KEEP_SECONDS = 60
 #: Records a name must head in the sample to count as a speaker, and speakers a skill needs to be a chat log.
 MIN_TURNS, MIN_SPEAKERS = 2, 2
+#: The least share of the sample the speakers' turns must be: a few lines headed "Teacher:" and "Student:" in a
+#: joke among a skill's notes are no chat log.
+MIN_SHARE = 0.5
 #: An English wh-question (what the pronoun rewrite knows, and what the speaker's own turns answer in kind).
 _ENGLISH_QUESTION = re.compile(r"^\s*(what|what's|when|where|who|whom|whose|why|how|which)\b", re.IGNORECASE)
 #: Third-person words that stand for the one speaker a question names, and their first-person forms.
@@ -72,10 +75,14 @@ def speaker(text: str) -> str | None:
 
 def speakers_of(heads: Iterable[str]) -> frozenset[str]:
     """The speakers of a chat log whose records open with these texts: names heading at least ``MIN_TURNS`` of them,
-    when at least ``MIN_SPEAKERS`` names do (one name heading many records is a label such as "Note:", not a chat)."""
+    when at least ``MIN_SPEAKERS`` names do (one name heading many records is a label such as "Note:", not a chat)
+    and their turns are at least ``MIN_SHARE`` of the texts."""
+    heads = list(heads)
     counts = Counter(s for s in map(speaker, heads) if s is not None)
     names = frozenset(n for n, c in counts.items() if c >= MIN_TURNS)
-    return names if len(names) >= MIN_SPEAKERS else frozenset()
+    if len(names) < MIN_SPEAKERS or sum(counts[n] for n in names) < MIN_SHARE * len(heads):
+        return frozenset()
+    return names
 
 
 def in_voice(query: str, speakers: frozenset[str] | Callable[[], frozenset[str]]) -> str:
