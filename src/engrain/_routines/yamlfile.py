@@ -17,6 +17,7 @@ it again in pure Python would cost more CPU than the file is worth).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -46,9 +47,7 @@ class _TooDeep(Exception):
         self.mark = mark
 
 
-_PURE: Any = None
-
-
+@functools.cache
 def pure_loader() -> Any:
     """PyYAML's pure-Python safe loader, its scanner stopped at ``MAX_DEPTH`` open flow collections.
 
@@ -59,18 +58,15 @@ def pure_loader() -> Any:
     parser's event reaches the depth check. Stopping the scanner itself keeps
     that list at most ``MAX_DEPTH`` long.
     """
-    global _PURE
-    if _PURE is None:
-        import yaml
+    import yaml
 
-        class BoundedSafeLoader(yaml.SafeLoader):  # type: ignore[misc, name-defined]
-            def fetch_flow_collection_start(self, TokenClass: Any) -> None:
-                if self.flow_level >= MAX_DEPTH:
-                    raise _TooDeep(self.get_mark())
-                super().fetch_flow_collection_start(TokenClass)
+    class BoundedSafeLoader(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+        def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+            if self.flow_level >= MAX_DEPTH:
+                raise _TooDeep(self.get_mark())
+            super().fetch_flow_collection_start(TokenClass)
 
-        _PURE = BoundedSafeLoader
-    return _PURE
+    return BoundedSafeLoader
 
 
 def _loader() -> Any:
