@@ -90,7 +90,12 @@ same hour and not kept: BM25's length normalisation on PostgreSQL's text half (e
 2.2 / (1 + 1.2 (1 - b + b * lexemes / mean lexemes))), b 0.4 / 0.75: FAQ sv .492 / .504, FAQ en .815 / .815,
 chat .453 / .455, but LoCoMo .754 .619 .831 .737 / .749 .616 .822 .737. Nor, with EmbeddingGemma on SQLite, the
 passage words scaled to the embedder's cosine units like the text weight (x0.73): .782 .653 .864 .777 against
-.788 .655 .862 .777, or their weight x0.75 / x1.5: .780 / .788 any@5 (a plateau, as for MiniLM).
+.788 .655 .862 .777, or their weight x0.75 / x1.5: .780 / .788 any@5 (a plateau, as for MiniLM). Tried at
+21:55-22:25 on SQLite and not kept either: the text half scored as PostgreSQL's is (each matched word's IDF, no
+term frequency or length), LoCoMo .757 .627 .828 .720 but FAQ sv .486 and FAQ en .819; the Snowball English stop
+list (PostgreSQL's) in place of engrain's shorter one, LoCoMo .751 .613 .822 .740 (sess@1 up in each
+conversation), FAQ sv .536 .610, FAQ en .821 .899, chat .455 .278 .585 .613, but EmbeddingGemma's LoCoMo .785 .641
+.856 .785 against .788 .655 .862 .777: a trade between the measures, not a gain on every set.
 
 Measured 2026-11-27 18:50 (load 3-5 beside a CI run; any@5 all@5 any@10 sess@1; --ideas rrf,expand --no-int8), a
 chat log's passage words (``ranking.add_cover``: a turn headed by one of the log's speakers gains 0.20 times the
