@@ -88,6 +88,22 @@ def mem(store_url, embedder):
     m.close()
 
 
+def test_a_huge_text_is_embedded_from_its_head_in_bounded_cpu(embedder):
+    """The model reads 256 tokens: a 5 MB text embeds as its head does, without tokenizing the rest (which cost
+    9 s of CPU for a 5 MB recall query), alone and in a batch."""
+    import time
+
+    head = "Production deploys happen every Tuesday afternoon. " * 40  # ~320 tokens: past what the model reads
+    tail = "and then some more words about nothing in particular " * 100_000
+    t0 = time.thread_time()
+    alone = embedder.embed([head + tail])[0]
+    batch = embedder.embed([head + tail, "short", head + tail[:50_000]])
+    took = time.thread_time() - t0
+    want = embedder.embed([head])[0]
+    assert float(alone @ want) > 0.9999 and float(batch[0] @ want) > 0.9999 and float(batch[2] @ want) > 0.9999
+    assert took < 2.0, f"{took:.2f} s of CPU"
+
+
 def test_real_model_paraphrase_geometry(embedder):
     v = embedder.embed(["How do I reset my password?", "I forgot my login secret, how can I change it?",
                         "The train to Paris leaves at noon."])
