@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -301,7 +302,24 @@ def test_bad_input_is_typed(mem):
         mem.consolidate(method="RANDOM")
     with pytest.raises(eg.MemoryInputError, match="num_records"):
         mem.consolidate(num_records=-3)
+    deep: dict = {}
+    at = deep
+    for _ in range(5000):  # json.dumps would stop with a RecursionError
+        at["a"] = at = {}
+    looped: dict = {}
+    looped["self"] = looped
+    for call, where in [(lambda: mem.remember(deep), "remember: data.a.a"),
+                        (lambda: mem.remember("x", metadata=deep), "remember: metadata.a.a"),
+                        (lambda: mem.remember_many([{"data": looped}]), "remember: data.self.self")]:
+        with pytest.raises(eg.MemoryInputError, match=f"^{re.escape(where)}.*nested deeper than 100 levels"):
+            call()
     assert mem.stats()["records"] == 0
+    rid = mem.remember("Badges are printed at the front desk.")
+    with pytest.raises(eg.MemoryInputError, match=r"^update: metadata\.a.*nested deeper"):
+        mem.update(rid, "Badges are printed at the back desk.", metadata=deep)
+    with pytest.raises(eg.MemoryInputError, match="^update: hint must be a number"):
+        mem.update(rid, "Badges are printed at the back desk.", hint=7)
+    mem.forget(rid)
     mem.remember("Badges are renewed every January.", skill="office")
     assert mem.recall("when are badges renewed", top_k=10**20)[0].content.startswith("Badges")
     assert mem.consolidate(num_records=10**20).formed == 1  # beyond SQL's 64-bit LIMIT: every row

@@ -114,7 +114,7 @@ def update(mem: Memory, id: str, data: Any, hint: Any, label: str | None,
     if rec is not None:
         row = new_row(data, hint if hint is not None else rec.importance, rec.skill,
                       metadata if metadata is not None else rec.metadata, None, mem.ttl, now,
-                      label if label is not None else rec.hint)
+                      label if label is not None else rec.hint, step="update")
         vec = mem.embedder.embed([row["content"]])[0]
         with st.tx():
             clash = st._x("SELECT id FROM engrain_mem_records WHERE skill = ? AND digest = ? AND id <> ?",

@@ -11,7 +11,17 @@ import json
 import os
 from typing import Any
 
-from .._errors import MemoryInputError
+from .._errors import JSONTooDeepError, MemoryInputError
+from .._events import check_depth
+
+
+def check_nesting(value: Any, name: str, step: str = "remember") -> None:
+    """Refuse a value nested deeper than ``MAX_DEPTH`` levels (a deeper one would stop ``json.dumps`` with a
+    RecursionError, and every later reader walks it recursively)."""
+    try:
+        check_depth(value, step, name)
+    except JSONTooDeepError as e:
+        raise MemoryInputError(str(e)) from None
 
 
 def check_ttl(ttl: float | None) -> float | None:
@@ -45,12 +55,13 @@ def check_hint(hint: Any, step: str) -> float | None:
 
 
 def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | None, ttl: float | None,
-            default_ttl: float | None, now: float, label: str | None = None) -> dict[str, Any]:
+            default_ttl: float | None, now: float, label: str | None = None, step: str = "remember") -> dict[str, Any]:
     """A new record's row (a fresh id, its content's digest, its expiry from ``ttl`` or ``default_ttl``) from
-    what ``remember`` was given: ``data`` a string or a JSON value, ``metadata`` a JSON object."""
+    what ``remember`` (or ``step``) was given: ``data`` a string or a JSON value, ``metadata`` a JSON object."""
     if isinstance(data, str):
         content = data
     else:
+        check_nesting(data, "data", step)
         try:
             content = json.dumps(data, sort_keys=True, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as e:
@@ -59,6 +70,7 @@ def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | 
         raise MemoryInputError("data is empty")
     if metadata is not None and not isinstance(metadata, dict):
         raise MemoryInputError(f"metadata must be a dict, not {type(metadata).__name__}")
+    check_nesting(metadata, "metadata", step)
     try:
         json.dumps(metadata or {}, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -67,7 +79,7 @@ def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | 
     return {
         "id": "rec_" + os.urandom(10).hex(), "skill": check_str(skill, "skill", empty_ok=True),
         "content": content, "hint": check_str(label, "label", empty_ok=True), "metadata": metadata or {},
-        "importance": check_hint(hint, "remember"),
+        "importance": check_hint(hint, step),
         "digest": hashlib.sha256(content.encode()).hexdigest(),
         "expires": None if life is None else now + life,
     }

@@ -172,7 +172,7 @@ def _one(mem: Memory, doc: dict[str, Any], where: str, origin: str, skill_map: d
         text = _text(s, "content", rwhere)
         label = s.get("label", s.get("hint"))
         row = new_row(text, None, skill, s.get("metadata") if isinstance(s.get("metadata"), dict) else {},
-                      None, mem.ttl, now, label if isinstance(label, str) else None)
+                      None, mem.ttl, now, label if isinstance(label, str) else None, step="import")
         imp = _num(s.get("importance"), None)
         row["importance"] = imp if imp is not None and 0.0 <= imp <= 1.0 else None
         row["created"] = _num(s.get("created"), now)
