@@ -313,6 +313,21 @@ def test_bad_input_is_typed(mem):
                         (lambda: mem.remember_many([{"data": looped}]), "remember: data.self.self")]:
         with pytest.raises(eg.MemoryInputError, match=f"^{re.escape(where)}.*nested deeper than 100 levels"):
             call()
+    for call, message in [
+        (lambda: mem.remember("bad \ud800 text"), "data is not Unicode text: a lone surrogate .* at character 4"),
+        (lambda: mem.remember({"a": "\udfff"}), "data is not Unicode text"),
+        (lambda: mem.remember("ok", metadata={"a": "\ud800"}), "metadata is not Unicode text"),
+        (lambda: mem.remember("ok", skill="\ud800"), "skill is not Unicode text"),
+        (lambda: mem.recall("where \ud800?"), "query is not Unicode text"),
+        (lambda: mem.recall("x", where={"a": "\ud800"}), r"recall: where\['a'\] is not Unicode text"),
+        (lambda: mem.find({"a": 10**30}), r"find: where\['a'\] is an integer past 64 bits"),
+        (lambda: mem.remember("ok", skill="s" * 10_001), "skill is 10,001 characters long; at most 10,000"),
+        (lambda: mem.recall("x", label="l" * 10_001), "label is 10,001 characters long"),
+        (lambda: mem.remember("ok", ttl=float("inf")), "ttl must be a positive number of seconds up to 1e\\+15"),
+        (lambda: mem.remember("ok", ttl=10**5000), "not an integer of 16610 bits"),
+    ]:
+        with pytest.raises(eg.MemoryInputError, match=message):
+            call()
     assert mem.stats()["records"] == 0
     rid = mem.remember("Badges are printed at the front desk.")
     with pytest.raises(eg.MemoryInputError, match=r"^update: metadata\.a.*nested deeper"):

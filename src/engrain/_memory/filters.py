@@ -36,6 +36,14 @@ def check_where(where: Any, step: str = "recall") -> dict[str, Any] | None:
             raise MemoryInputError(f"{step}: where[{k!r}] is NaN")
         if isinstance(v, str) and len(v) > MAX_VALUE:
             raise MemoryInputError(f"{step}: where[{k!r}] is longer than {MAX_VALUE} chars")
+        if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+            raise MemoryInputError(f"{step}: where[{k!r}] is an integer past 64 bits, which no store compares")
+        try:
+            k.encode("utf-8")
+            if isinstance(v, str):
+                v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MemoryInputError(f"{step}: where[{k!r}] is not Unicode text (a lone surrogate)") from None
     return where or None
 
 

@@ -14,6 +14,11 @@ from typing import Any
 from .._errors import JSONTooDeepError, MemoryInputError
 from .._events import check_depth
 
+#: Longest ``skill`` or ``label``: names, not texts (a ``where`` value may be as long).
+MAX_NAME = 10_000
+#: Longest ``ttl`` in seconds (~31 million years): past it, use None; an expiry time stays a finite float.
+MAX_TTL = 1e15
+
 
 def check_nesting(value: Any, name: str, step: str = "remember") -> None:
     """Refuse a value nested deeper than ``MAX_DEPTH`` levels (a deeper one would stop ``json.dumps`` with a
@@ -25,20 +30,35 @@ def check_nesting(value: Any, name: str, step: str = "remember") -> None:
 
 
 def check_ttl(ttl: float | None) -> float | None:
-    """``ttl`` if it is None or a positive number of seconds."""
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0):
-        raise MemoryInputError(f"ttl must be a positive number of seconds or None, not {ttl!r}")
+    """``ttl`` if it is None or a positive number of seconds up to ``MAX_TTL`` (None is "never expires")."""
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL):
+        shown = repr(ttl) if not isinstance(ttl, int) or abs(ttl) < 10**30 else f"an integer of {ttl.bit_length()} bits"
+        raise MemoryInputError(f"ttl must be a positive number of seconds up to {MAX_TTL:.0e}, or None (never "
+                               f"expires), not {shown}")
     return ttl
 
 
+def check_text(value: str, name: str) -> None:
+    """Refuse text that is not Unicode (a lone surrogate such as ``"\\ud800"``): no store, digest or tokenizer takes it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MemoryInputError(f"{name} is not Unicode text: a lone surrogate {value[e.start]!r} at "
+                               f"character {e.start}") from None
+
+
 def check_str(value: Any, name: str, *, empty_ok: bool = False) -> str:
-    """``value`` as a string ("" for None); refused when not a string, or blank unless ``empty_ok``."""
+    """``value`` as a string ("" for None); refused when not a string, not Unicode, blank unless ``empty_ok``, or a
+    ``skill``/``label`` (a name, not a text) longer than ``MAX_NAME`` characters."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise MemoryInputError(f"{name} must be a string, not {type(value).__name__}")
     if not empty_ok and not value.strip():
         raise MemoryInputError(f"{name} is empty")
+    if name in ("skill", "label") and len(value) > MAX_NAME:
+        raise MemoryInputError(f"{name} is {len(value):,} characters long; at most {MAX_NAME:,}")
+    check_text(value, name)
     return value
 
 
@@ -68,13 +88,15 @@ def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | 
             raise MemoryInputError(f"data must be a string or a JSON value: {e}") from None
     if not content.strip():
         raise MemoryInputError("data is empty")
+    check_text(content, "data")
     if metadata is not None and not isinstance(metadata, dict):
         raise MemoryInputError(f"metadata must be a dict, not {type(metadata).__name__}")
     check_nesting(metadata, "metadata", step)
     try:
-        json.dumps(metadata or {}, allow_nan=False)
+        meta_text = json.dumps(metadata or {}, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise MemoryInputError(f"metadata must be JSON: {e}") from None
+    check_text(meta_text, "metadata")  # PostgreSQL's jsonb refuses a lone surrogate's escape too
     life = check_ttl(ttl) if ttl is not None else default_ttl
     return {
         "id": "rec_" + os.urandom(10).hex(), "skill": check_str(skill, "skill", empty_ok=True),
