@@ -195,6 +195,13 @@ def test_lone_surrogates_in_outputs_and_error_messages_still_end_the_run(store_u
     with pytest.raises(eg.NotJSONError, match="lone surrogate"):
         j.append("x", [NewEvent("run.started", "", {"task": "t\ud800"})], 0)
     assert j.get_run("x") is None
+    # A run id is refused by name before the store's driver sees it (it raised UnicodeEncodeError there).
+    for rid, message in [("run \ud800", "run_id 'run \\\\ud800' is not Unicode text: a lone surrogate at character 4"),
+                         ("r" * 201, "run_id is 201 characters long; at most 200 are allowed")]:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            eg.run(lambda task: 1, "t", run_id=rid, journal=j)
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            j.append(rid, [NewEvent("run.started", "", {"task": "t"})], 0)
     j.close()
 
 

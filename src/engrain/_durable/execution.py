@@ -23,7 +23,7 @@ from .._errors import (
     StorageError,
 )
 from .._events import check_json, is_json
-from .._journal import Journal
+from .._journal import Journal, check_run_id
 from . import observe
 from .context import (
     RunContext,
@@ -159,6 +159,8 @@ class _Execution:
         upgrade: bool,
     ):
         self.task = task
+        if run_id:
+            check_run_id(run_id)  # before any read: a bad id is refused by name, not by the store's driver
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         self.inputs = dict(inputs or {})

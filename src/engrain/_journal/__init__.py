@@ -23,12 +23,12 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from .._errors import StoreURLError
-from ._common import redact_url
+from ._common import check_run_id, redact_url
 from .base import Journal
 
 DEFAULT_URL = "sqlite:///.engrain/engrain.db"
 
-__all__ = ["DEFAULT_URL", "Journal", "default_url", "open_journal", "parse_url", "redact_url", "refuse_newer_store"]
+__all__ = ["DEFAULT_URL", "Journal", "check_run_id", "default_url", "open_journal", "parse_url", "redact_url", "refuse_newer_store"]
 
 
 def default_url() -> str:

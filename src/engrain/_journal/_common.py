@@ -52,11 +52,21 @@ class Batch:
     agent: str | None = None  # the agent name a run.started records (kept from the run's creation on)
 
 
-def _check_target(run_id: str, expected_seq: int) -> None:
+def check_run_id(run_id: Any) -> None:
+    """Raise ``ValueError`` unless ``run_id`` is a non-empty string of at most 200 characters of Unicode text (a
+    lone surrogate would fail in the store's driver, as an encoding error naming nothing)."""
     if not isinstance(run_id, str) or not run_id:
         raise ValueError("run_id must be a non-empty string")
     if len(run_id) > 200:
         raise ValueError(f"run_id is {len(run_id)} characters long; at most 200 are allowed")
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"run_id {run_id!r} is not Unicode text: a lone surrogate at character {e.start}") from None
+
+
+def _check_target(run_id: str, expected_seq: int) -> None:
+    check_run_id(run_id)
     if not isinstance(expected_seq, int) or expected_seq < 0:
         raise ValueError(f"expected_seq must be an int >= 0, got {expected_seq!r}")
 
@@ -98,8 +108,9 @@ def prepare_row(
 
     ``json_checked``: the caller found ``data`` strictly JSON (:func:`is_json`), so the fast encoder may write it.
     """
-    if type(run_id) is not str or not 0 < len(run_id) <= 200 or type(expected_seq) is not int or expected_seq < 0:
-        _check_target(run_id, expected_seq)  # raises, naming what is wrong (or accepts a str or int subclass)
+    if (type(run_id) is not str or not 0 < len(run_id) <= 200 or not run_id.isascii() or type(expected_seq) is not int
+            or expected_seq < 0):
+        _check_target(run_id, expected_seq)  # raises, naming what is wrong (or accepts a str or int subclass, non-ASCII)
     if json_checked and _fast_encode is not None and type(data) is dict and kind in KINDS:
         # Every step of a durable run: _row with dumps_checked, inline (two calls fewer per step).
         try:
