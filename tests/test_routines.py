@@ -220,6 +220,12 @@ def test_bad_inputs_raise_typed_error_naming_field(tmp_path):
         eg.run_routine(PACKAGE, {"source": "employees.csv"}, tools=agent.tools, journal=j)
     with pytest.raises(eg.RoutineInputError, match="inputs.source"):
         eg.run_routine(PACKAGE, {"source": 3, "title": "x"}, tools=agent.tools, journal=j)
+    deep: dict = {}
+    at = deep
+    for _ in range(5000):  # the schema validator would stop with a RecursionError
+        at["a"] = at = {}
+    with pytest.raises(eg.RoutineInputError, match=r"inputs\.extra\.a\.a.*…: is nested deeper than 100 levels"):
+        eg.run_routine(PACKAGE, {"source": "employees.csv", "title": "x", "extra": deep}, tools=agent.tools, journal=j)
     assert j.runs() == []  # nothing journaled for a run that never started
 
 

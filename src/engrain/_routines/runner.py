@@ -23,6 +23,7 @@ from .._durable.execution import run
 from .._errors import (
     ConflictError,
     EngrainError,
+    JSONTooDeepError,
     LeaseHeldError,
     NondeterminismError,
     RoutineInputError,
@@ -81,6 +82,11 @@ def resolve_tools(tools: Any) -> Any:
 
 def _schema_error(routine: Routine, key: str, schema: dict[str, Any], value: Any) -> tuple[str, str] | None:
     """``(field path, message)`` of the first schema violation, or ``None``."""
+    try:  # iteratively first: the schema validator walks values recursively (a RecursionError, naming nothing)
+        ev.check_depth(value, key, "")
+    except JSONTooDeepError as e:
+        at = e.path.lstrip(".") or "(root)"
+        return at if len(at) <= 120 else at[:120] + "…", f"is nested deeper than {e.limit} levels of lists/objects"
     err = routine.validator(key, schema)(value)
     if err is None:
         return None
