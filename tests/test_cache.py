@@ -541,6 +541,29 @@ def test_replayed_tools_see_keys_and_non_json_results_fail(store_url, durability
     assert not bad and bad.status == "failed" and "effect" in bad.error and "NotJSONError" in bad.error
 
 
+@pytest.mark.parametrize("durability", ["step", "off"])
+def test_a_key_that_is_not_unicode_text_is_refused_by_name_in_every_mode(store_url, durability):
+    """A task, tag or param holding a lone surrogate is a NotJSONError naming it before the agent runs: with
+    durability="off" no journal refused it, and storing the key stopped with a bare UnicodeEncodeError."""
+    engine = Engine(eg.open(store_url), durability=durability)
+    calls = []
+
+    @engine.function()
+    def note(task: object) -> str:
+        calls.append(task)
+        return "noted"
+
+    engine.set_agent(lambda task: note(task)).finalize()
+    for kw, path in [({"task": "fill \ud800"}, "task"), ({"task": ["fill", {"who": "\ud800"}]}, r"task\[1\]\['who'\]"),
+                     ({"task": "ok", "tags": ["\udfff"]}, r"tags\[0\]"),
+                     ({"task": "ok", "params": {"who": "\ud800"}}, r"params\['who'\]")]:
+        with pytest.raises(eg.NotJSONError, match=f"^engine call: {path} holds a lone surrogate"):
+            engine(**kw)
+    assert calls == []
+    first, again = engine("fill the form"), engine("fill the form")  # a good key still stores, then replays
+    assert (first.hit, first.agent_called, again.hit, again.agent_called) == (False, True, True, False)
+
+
 def test_cache_cli_lists_counts_and_evicts(store_url):
     import json
     import shutil

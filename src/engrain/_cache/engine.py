@@ -38,7 +38,7 @@ from .._durable.tools import (
     validate_tool_name,
 )
 from .._errors import CacheError
-from .._events import check_json
+from .._events import check_json, check_text
 from .._journal import Journal, open_journal
 from . import semantic
 from .binding import bind, entry_key, json_type, shape_key
@@ -394,6 +394,10 @@ class Engine:
         else:
             check_json(task, "engine call", "task")
             text = json.dumps(task, sort_keys=True)
+        # The key's text, tags and params are stored whatever the durability (with "off" no journal refuses them).
+        check_text(task if isinstance(task, str) else json.dumps(task, ensure_ascii=False), task, "engine call", "task")
+        check_text(json.dumps(tags_l, ensure_ascii=False), tags_l, "engine call", "tags")
+        check_text(json.dumps(params_d, ensure_ascii=False), params_d, "engine call", "params")
         key_tags = [*tags_l, f"engrain.namespace={self.namespace}"] if self.namespace else tags_l
         s = Session(self, "" if self.match == "tags" else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs)
         task = text
