@@ -586,7 +586,7 @@ PEER_SCRIPT = r"""
 import importlib.util, json, sys, time
 import chromadb
 spec = importlib.util.spec_from_file_location("engrain_embed", sys.argv[1])
-embed = importlib.util.module_from_spec(spec); spec.loader.exec_module(embed)
+embed = importlib.util.module_from_spec(spec); sys.modules["engrain_embed"] = embed; spec.loader.exec_module(embed)
 sys.path.insert(0, sys.argv[2])
 import memory_corpus as mc
 emb = embed.MiniLMEmbedder(compute="fp32"); emb.embed(["warm up"])  # fp32 matmuls, as ChromaDB's default computes

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -81,7 +82,10 @@ def pool(quantized: bool = False, compute: str | None = None) -> tuple[list[str]
     ``compute``: how the shipped MiniLM is computed (``engrain._memory.embed.MiniLMEmbedder``; default the
     default's, ``"fp32"`` as it ships, ``"dynamic"`` the opt-in ``"minilm-int8"``, as ``quantized=True``).
     """
-    from engrain._memory.embed import default_embedder
+    try:
+        from engrain._memory.embed import default_embedder
+    except ImportError:  # the ChromaDB peer's own venv: it loads embed.py by path, as engrain_embed (bench/memory.py)
+        default_embedder = sys.modules["engrain_embed"].default_embedder
 
     texts = sentences(POOL, 1)
     CACHE.mkdir(parents=True, exist_ok=True)
