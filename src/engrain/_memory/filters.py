@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from .._errors import MemoryInputError
+from .inputs import check_text
 
 #: Limits of one filter (keys, key length, string value length).
 MAX_KEYS, MAX_KEY, MAX_VALUE = 16, 200, 10_000
@@ -38,12 +39,8 @@ def check_where(where: Any, step: str = "recall") -> dict[str, Any] | None:
             raise MemoryInputError(f"{step}: where[{k!r}] is longer than {MAX_VALUE} chars")
         if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
             raise MemoryInputError(f"{step}: where[{k!r}] is an integer past 64 bits, which no store compares")
-        try:
-            k.encode("utf-8")
-            if isinstance(v, str):
-                v.encode("utf-8")
-        except UnicodeEncodeError:
-            raise MemoryInputError(f"{step}: where[{k!r}] is not Unicode text (a lone surrogate)") from None
+        for text in (k, v) if isinstance(v, str) else (k,):
+            check_text(text, f"{step}: where[{k!r}]")
     return where or None
 
 

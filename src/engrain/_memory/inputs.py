@@ -38,10 +38,11 @@ def check_ttl(ttl: float | None) -> float | None:
     return ttl
 
 
-def check_text(value: str, name: str) -> None:
-    """Refuse text that is not Unicode (a lone surrogate such as ``"\\ud800"``): no store, digest or tokenizer takes it."""
+def check_text(value: str, name: str) -> bytes:
+    """``value`` in UTF-8; refused if it is not Unicode text (a lone surrogate such as ``"\\ud800"``): no store, digest
+    or tokenizer takes it."""
     try:
-        value.encode("utf-8")
+        return value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise MemoryInputError(f"{name} is not Unicode text: a lone surrogate {value[e.start]!r} at "
                                f"character {e.start}") from None
@@ -88,7 +89,7 @@ def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | 
             raise MemoryInputError(f"data must be a string or a JSON value: {e}") from None
     if not content.strip():
         raise MemoryInputError("data is empty")
-    check_text(content, "data")
+    raw = check_text(content, "data")
     if metadata is not None and not isinstance(metadata, dict):
         raise MemoryInputError(f"metadata must be a dict, not {type(metadata).__name__}")
     check_nesting(metadata, "metadata", step)
@@ -102,6 +103,6 @@ def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | 
         "id": "rec_" + os.urandom(10).hex(), "skill": check_str(skill, "skill", empty_ok=True),
         "content": content, "hint": check_str(label, "label", empty_ok=True), "metadata": metadata or {},
         "importance": check_hint(hint, step),
-        "digest": hashlib.sha256(content.encode()).hexdigest(),
+        "digest": hashlib.sha256(raw).hexdigest(),
         "expires": None if life is None else now + life,
     }
