@@ -71,7 +71,7 @@ def forced(mem: Memory) -> Iterator[Memory]:
     yield mem
     for s in ("enable_seqscan", "enable_bitmapscan", "hnsw.iterative_scan", "hnsw.max_scan_tuples"):
         db.execute(f"RESET {s}")
-    mem.store._hnsw_session()
+    mem.store._pg_session(db)
 
 
 def _exact(mem: Memory, qv: np.ndarray, k: int, keep=lambda i: True) -> list[str]:

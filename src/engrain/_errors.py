@@ -34,10 +34,11 @@ class StorageError(EngrainError):
     is the driver's error.
     """
 
-    def __init__(self, store: str, cause: BaseException | str):
+    def __init__(self, store: str, cause: BaseException | str,
+                 advice: str = "the run is not marked failed; resume it once the store works again"):
         self.store = store
         self.cause = cause
-        super().__init__(f"store {store}: {cause} (the run is not marked failed; resume it once the store works again)")
+        super().__init__(f"store {store}: {cause} ({advice})")
 
 
 class StoreCorruptError(EngrainError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +24,21 @@ from .volatile import result_check
 _stores: dict[str, Any] = {}
 _memories: dict[str, Any] = {}
 _shared_lock = threading.Lock()
+
+
+@atexit.register
+def _close_shared() -> None:
+    """Close the memories and cache stores agents of this process shared (per store URL), at exit: their
+    batched cache counters are written and their connections end cleanly instead of being dropped."""
+    with _shared_lock:
+        shared = [*_memories.values(), *_stores.values()]
+        _memories.clear()
+        _stores.clear()
+    for x in shared:
+        try:
+            x.close()
+        except Exception:  # noqa: BLE001 - at exit, a store already gone has nothing left to lose
+            pass
 
 
 class Agent:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._journal import Journal, redact_url, refuse_newer_store
+from .._journal.pglink import RETRY_ADVICE, RevivingLock, is_broken, reconnect, storage_errors
 from .binding import canonical_task, key
 
 __all__ = ["SAVINGS", "STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
@@ -145,7 +146,8 @@ class CacheStore:
         """``lookup_on_journal``: on SQLite, :meth:`candidates` reads on ``journal``'s connection (for an
         owner that closes this store before the journal, as an :class:`Engine` does)."""
         self.backend = journal.backend
-        self._lock = threading.Lock()
+        self.url = journal.url
+        self._lock: Any = threading.Lock()
         # Parsed entries by id: a hit then costs one indexed query returning ids and counters.
         self._parsed: dict[str, Entry] = {}
         self._pinsets: dict[str, list[list[str]]] = {}
@@ -175,6 +177,8 @@ class CacheStore:
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     self._db.execute(stmt)
             self._p = "%s"
+            self._lock = RevivingLock()
+            self._lock.revive = self._revive
         self._candidates_sql = self._sql(
             "SELECT id, successes, divergences, last_used FROM engrain_cache_entries WHERE task_key = ? "
             "ORDER BY successes DESC, last_used DESC LIMIT ?"
@@ -190,14 +194,22 @@ class CacheStore:
             self._lookup = self._db.cursor().execute if self.backend == "sqlite" else self._db.execute
             self._lookup_lock = self._lock
 
+    def _revive(self) -> None:
+        """PostgreSQL: replace a connection the server dropped, on the lock's outermost entry (:mod:`.pglink`)."""
+        if is_broken(self._db):
+            self._db = reconnect(self.url, self._db, None, RETRY_ADVICE)
+            self._lookup = self._db.execute
+
     def _sql(self, sql: str) -> str:
         return sql if self._p == "?" else sql.replace("?", "%s")
 
+    @storage_errors
     def _exec(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
             cur = self._db.execute(self._sql(sql), params)
             return cur.fetchall() if cur.description else []
 
+    @storage_errors
     def candidates(self, task_key: str, limit: int = 10) -> list[Entry]:
         """Entries for ``task_key``, best first (most successes, then most recently used)."""
         with self._lookup_lock:  # every call's lookup: a kept cursor (SQLite) and the statement in the backend's spelling
@@ -382,6 +394,7 @@ class CacheStore:
         if self._pending >= 256 or time.monotonic() - self._flushed_at > 1.0:
             self.flush()
 
+    @storage_errors
     def flush(self) -> None:
         """Write batched counters and hit bookkeeping in one transaction."""
         with self._lock:
@@ -431,7 +444,11 @@ class CacheStore:
 
     def close(self) -> None:
         """Write what is batched and close the connection."""
-        self.flush()
-        with self._lock:
-            self._closed = True
-            self._db.close()
+        try:
+            self.flush()
+        finally:
+            if isinstance(self._lock, RevivingLock):
+                self._lock.revive = None  # closing a dropped connection needs no new one
+            with self._lock:
+                self._closed = True
+                self._db.close()

@@ -6,22 +6,24 @@ row lock makes a second concurrent writer re-check and fail. Recovery claims
 use ``FOR UPDATE SKIP LOCKED`` so workers never receive the same run. Lease
 times use the database clock so workers on machines with skewed clocks agree.
 A one-event append (every step) goes through :mod:`.postgres_wire`; with
-``wait=False`` its result is read by the journal's next call (``_settle``).
+``wait=False`` its result is read by the journal's next call (``_settle``). A
+connection the server dropped is replaced by the next call (:mod:`.pglink`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import struct
-import threading
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
 from .._events import Event, NewEvent, Row, RunInfo, events_of
 from ._common import _STATUS_KINDS, FINISHED, Agents, agents_filter, check_lease, prepare, prepare_row, run_filters, trust_sql
 from ._common import redact_url as _redact
 from .base import Journal
+from .pglink import RevivingLock, is_broken, reconnect
 from .postgres_schema import migrate
 from .postgres_wire import STEP_FORMATS, STEP_TYPES, Wire, float8, int4, int8, keep_sent_statements, text_params
 
@@ -129,7 +131,7 @@ class PostgresJournal(Journal):
             self._db = psycopg.connect(url, autocommit=True)
         except psycopg.OperationalError as e:
             raise ConfigError(f"cannot connect to PostgreSQL at {_redact(url)}: {e}") from e
-        self._lock = threading.RLock()
+        self._lock = RevivingLock()
         self._wire = Wire(self._db)
         # The append sent without waiting (append(wait=False)) whose result is unread:
         # (run_id, expected_seq, fence). Its failure waits in _late for that run's next append.
@@ -137,11 +139,7 @@ class PostgresJournal(Journal):
         self._late: dict[str, tuple[int, Exception]] = {}
         try:
             with self._lock:
-                # normal: commits return before the WAL is flushed (a server crash may
-                # lose the last few ms, never corrupt); full: the server default.
-                if durability == "normal":
-                    self._db.execute("SET synchronous_commit = off")
-                keep_sent_statements(self._db)
+                self._setup(self._db)
                 if not create and self._db.execute("SELECT to_regclass('engrain_runs')").fetchone()[0] is None:
                     raise StoreNotFoundError(_redact(url), "that database (and search_path) has no engrain tables")
                 # Concurrent CREATE ... IF NOT EXISTS can still race on the catalog;
@@ -150,6 +148,26 @@ class PostgresJournal(Journal):
         except BaseException:
             self._db.close()
             raise
+        self._lock.revive = self._revive
+
+    def _setup(self, db: Any) -> None:
+        # normal: commits return before the WAL is flushed (a server crash may
+        # lose the last few ms, never corrupt); full: the server default.
+        if self.durability == "normal":
+            db.execute("SET synchronous_commit = off")
+        keep_sent_statements(db)
+
+    def _revive(self) -> None:
+        """Replace a connection the server dropped (see :mod:`.pglink`), on the lock's outermost entry.
+
+        An append sent without waiting on the lost connection may or may not have
+        landed: reading its result fails, and that failure waits for the run's next
+        append, as any late failure does."""
+        if not is_broken(self._db):
+            return
+        self._settle()
+        self._db = reconnect(self.url, self._db, self._setup)
+        self._wire = Wire(self._db)
 
     def _storage(self, e: Exception) -> Exception:
         """A lost connection or a server that cannot write is the store's failure: :class:`StorageError`."""
@@ -402,6 +420,7 @@ class PostgresJournal(Journal):
         return [_run_info(r) for r in rows]
 
     def close(self) -> None:
+        self._lock.revive = None  # closing a dropped connection needs no new one
         with self._lock:
             try:
                 self._settle()  # an append sent without waiting is committed by the server anyway

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import MemoryInputError
+from .._journal.pglink import storage_errors
 from . import edit as _edit
 from . import transfer as _transfer
 from .consolidate import ConsolidationSummary
@@ -114,6 +115,7 @@ class Memory:
 
     # -- API -------------------------------------------------------------------
 
+    @storage_errors
     def remember(self, data: Any, hint: float | None = None, skill: str | None = None,
                  metadata: dict[str, Any] | None = None, *, label: str | None = None, ttl: float | None = None) -> str:
         """Store ``data`` (a string or JSON value) as a record and deposit it in the buffer.
@@ -129,6 +131,7 @@ class Memory:
         return self.remember_many([{"data": data, "hint": hint, "label": label, "skill": skill, "metadata": metadata,
                                     "ttl": ttl}])[0]
 
+    @storage_errors
     def remember_many(self, items: Iterable[Any]) -> list[str]:
         """``remember`` for many items at once (embedded in batches, one transaction).
 
@@ -151,6 +154,7 @@ class Memory:
             r["embedding"] = v
         return [rid for rid, _ in self.store.add_records(rows, now, self.embedder.name)]
 
+    @storage_errors
     def recall(self, query: str, skill: str | None = None, top_k: int | None = None,
                hint: float | None = None, *, label: str | None = None,
                where: dict[str, Any] | None = None, neighbours: bool = False) -> list[SearchResult]:
@@ -324,6 +328,7 @@ class Memory:
         with self._catching:
             self._seen = catch_up(self.store, self._records, self._articles, self._seen)
 
+    @storage_errors
     def reembed(self, embedder: Embedder | str, *, base_url: str | None = None, api_key: str | None = None,
                 batch_size: int = 256, progress: Any = None) -> dict[str, Any]:
         """Move this store to ``embedder`` (a model string or object): every record and article re-embedded.
@@ -341,6 +346,7 @@ class Memory:
         self.embedder = target
         return out
 
+    @storage_errors
     def consolidate(self, num_records: int | str = "all", method: str = "LIFO") -> ConsolidationSummary:
         """Process the buffer into articles (see :mod:`engrain._memory.consolidate`).
 
@@ -368,6 +374,7 @@ class Memory:
             return self.store.path.parent / "export"
         return Path(os.environ.get("ENGRAIN_HOME") or ".engrain") / "export"
 
+    @storage_errors
     def export(self) -> dict[str, Any]:
         """Write one JSON file per article (with its source records) under ``export/<UTC-timestamp>/``.
 
@@ -376,6 +383,7 @@ class Memory:
         """
         return _transfer.export(self)
 
+    @storage_errors
     def import_(self, source: str | os.PathLike[str] | dict[str, Any], *,
                 skill_map: dict[str, str] | str | None = None) -> dict[str, Any]:
         """Load another agent's export (a folder, or the dict :meth:`export` returned).
@@ -390,6 +398,7 @@ class Memory:
         """
         return _transfer.import_(self, source, skill_map)
 
+    @storage_errors
     def find(self, where: dict[str, Any], *, skill: str | None = None) -> list[Record]:
         """Live records whose metadata matches ``where`` (same rule as ``recall(where=)``), oldest first.
 
@@ -402,6 +411,7 @@ class Memory:
         ids = self.store.filtered_ids(where, skill, time.time())
         return sorted(self.store.records(sorted(ids)).values(), key=lambda r: (r.created, r.seq))
 
+    @storage_errors
     def forget(self, id: str | None = None, *, skill: str | None = None) -> dict[str, int]:
         """Delete a record or an article (with its source records) by ``id``, or everything of ``skill``.
 
@@ -412,6 +422,7 @@ class Memory:
         """
         return _edit.forget(self, id, skill)
 
+    @storage_errors
     def update(self, id: str, data: Any, *, hint: float | None = None, label: str | None = None,
                metadata: dict[str, Any] | None = None) -> dict[str, Any]:
         """Replace the content of a record (re-embedded; its article is rewritten) or the text of an article.
@@ -420,6 +431,7 @@ class Memory:
         """
         return _edit.update(self, id, data, hint, label, metadata)
 
+    @storage_errors
     def stats(self) -> dict[str, Any]:
         """Counts per tier: etchmem's ``relational``, ``buffer``, ``injected`` and engrain's names.
 

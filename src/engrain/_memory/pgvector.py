@@ -110,6 +110,7 @@ class PgVectorSearch:
     backend: str
     _db: Any
     _lock: Any
+    _vector_oid: int | None
     _vtype: str
     _vdist: str
     _ns: str
@@ -134,7 +135,7 @@ class PgVectorSearch:
         # search_path (a store per schema): name its type and operator explicitly.
         ns = '"' + have[0].replace('"', '""') + '"'
         self._vtype, self._vdist = f"{ns}.vector", f"OPERATOR({ns}.<=>)"
-        register_vector_dumper(self._db, self._db.execute(f"SELECT '{ns}.vector'::regtype::oid").fetchone()[0])
+        self._vector_oid = self._db.execute(f"SELECT '{ns}.vector'::regtype::oid").fetchone()[0]
         for table in ("engrain_mem_records", "engrain_mem_articles"):
             if not self._db.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = current_schema()"
                                     " AND table_name = %s AND column_name = 'vec'", (table,)).fetchone():
@@ -145,7 +146,7 @@ class PgVectorSearch:
                     cur.executemany(f"UPDATE {table} SET vec = %s::{self._vtype} WHERE seq = %s", [
                         (_vec_literal(from_blob(e)), q) for q, e in cur.execute(f"SELECT seq, embedding FROM {table}")])
         self._ns = ns
-        self._hnsw_session()
+        self._pg_session(self._db)
         return True
 
     def _pg_vector_index(self, dim: int) -> None:
@@ -159,14 +160,18 @@ class PgVectorSearch:
             self._x(f"CREATE INDEX IF NOT EXISTS {table}_vec ON {table} USING hnsw (vec {self._ns}.vector_cosine_ops)"
                     f" WITH (m = {HNSW_M}, ef_construction = {HNSW_EF_CONSTRUCTION})")
 
-    def _hnsw_session(self) -> None:
-        """Search settings of this connection: the in-process ef, and filtered scans that keep going."""
+    def _pg_session(self, db: Any) -> None:
+        """The settings of connection ``db`` (the first, or one replacing a dropped one) with pgvector: how
+        :class:`PgVector` values travel, the in-process ef, and filtered scans that keep going."""
         import psycopg
 
-        self._db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
+        if self._vector_oid is None:
+            return
+        register_vector_dumper(db, self._vector_oid)
+        db.execute(f"SET hnsw.ef_search = {HNSW_EF}")
         try:  # pgvector >= 0.8: a filter (skill, TTL, metadata) does not starve the LIMIT
-            with self._db.transaction():
-                self._db.execute("SET hnsw.iterative_scan = relaxed_order")
+            with db.transaction():
+                db.execute("SET hnsw.iterative_scan = relaxed_order")
         except psycopg.Error:
             pass
 

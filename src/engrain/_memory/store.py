@@ -38,68 +38,14 @@ from typing import Any
 import numpy as np
 
 from .._journal import redact_url, refuse_newer_store
+from .._journal.pglink import RETRY_ADVICE, RevivingLock, is_broken, reconnect
 from . import filters as _filters
 from .buffer import ConsolidationTables
 from .items import _ART_COLS, _REC_COLS, VECTORS_SQL, Article, Record, _article, _record, to_blob, vector_rows
 from .pgvector import (  # noqa: F401  (constants and _vec_literal: re-exported)
     HNSW_EF, HNSW_EF_CONSTRUCTION, HNSW_M, PG_EXACT_ROWS, PgVectorSearch, _vec_literal)
+from .schema import pg_tables, sqlite_tables
 from .text import TextSearch, query_terms  # noqa: F401  (query_terms: re-exported)
-
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS engrain_mem_records (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
-    metadata TEXT NOT NULL, digest TEXT NOT NULL, created REAL NOT NULL, expires REAL,
-    article_id TEXT, embedding BLOB NOT NULL, importance REAL, UNIQUE (skill, digest));
--- A metadata filter (recall/find where=) reads every record's metadata: this covering index holds just what that
--- scan reads, not the rows with their content and 1.5 kB vectors (10k records: 8.0 against 2.3 ms).
-CREATE INDEX IF NOT EXISTS engrain_mem_records_meta ON engrain_mem_records (metadata, expires, skill, id);
-CREATE TABLE IF NOT EXISTS engrain_mem_articles (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
-    sources TEXT NOT NULL, metadata TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
-    version INTEGER NOT NULL, synthesizer TEXT NOT NULL, embedding BLOB NOT NULL, importance REAL);
-CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created REAL NOT NULL,
-    claim TEXT, claimed_at REAL);
-CREATE TABLE IF NOT EXISTS engrain_mem_state (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE VIRTUAL TABLE IF NOT EXISTS engrain_mem_fts USING fts5(
-    text, skill UNINDEXED, tokenize = 'porter unicode61');
-"""
-
-_PG_SCHEMA = """
-CREATE TABLE IF NOT EXISTS engrain_mem_records (
-    seq BIGSERIAL PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, content TEXT NOT NULL, hint TEXT NOT NULL,
-    metadata TEXT NOT NULL, digest TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
-    expires DOUBLE PRECISION, article_id TEXT, embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
-    tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', hint || ' ' || content)) STORED,
-    UNIQUE (skill, digest));
-DROP INDEX IF EXISTS engrain_mem_records_tsv;
-CREATE INDEX IF NOT EXISTS engrain_mem_records_skill_seq ON engrain_mem_records (skill, seq);
-CREATE INDEX IF NOT EXISTS engrain_mem_records_meta ON engrain_mem_records USING GIN ((metadata::jsonb) jsonb_path_ops);
--- Which of a recall's candidates are folded into an article (folded_records): read from this index alone,
--- not from ~150 wide heap rows (0.4 ms a recall at 10k), as it holds folded records only.
-CREATE INDEX IF NOT EXISTS engrain_mem_records_folded ON engrain_mem_records (id) WHERE article_id IS NOT NULL;
-CREATE TABLE IF NOT EXISTS engrain_mem_articles (
-    seq BIGSERIAL PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE, skill TEXT NOT NULL, title TEXT NOT NULL, content TEXT NOT NULL,
-    sources TEXT NOT NULL, metadata TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
-    updated DOUBLE PRECISION NOT NULL, version INTEGER NOT NULL, synthesizer TEXT NOT NULL,
-    embedding BYTEA NOT NULL, importance DOUBLE PRECISION,
-    tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', title || ' ' || content)) STORED);
-DROP INDEX IF EXISTS engrain_mem_articles_tsv;
-CREATE TABLE IF NOT EXISTS engrain_mem_buffer (
-    seq BIGSERIAL PRIMARY KEY,
-    kind TEXT NOT NULL, skill TEXT, ref TEXT, data TEXT NOT NULL, created DOUBLE PRECISION NOT NULL,
-    claim TEXT, claimed_at DOUBLE PRECISION);
-CREATE TABLE IF NOT EXISTS engrain_mem_state (name TEXT PRIMARY KEY, value BIGINT NOT NULL);
-CREATE TABLE IF NOT EXISTS engrain_mem_text (
-    rowid BIGINT PRIMARY KEY, id TEXT NOT NULL, skill TEXT NOT NULL, expires DOUBLE PRECISION,
-    tsv tsvector NOT NULL);
-CREATE INDEX IF NOT EXISTS engrain_mem_text_tsv ON engrain_mem_text USING GIN (tsv);
-"""
 
 def open_store(url: str) -> MemoryStore:
     """Memory's tables in the database of the journal URL ``url``."""
@@ -122,7 +68,8 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
         self._pg_stats: tuple[float, dict[str, tuple[dict[str, float], float, float]]] | None = None
         self._lex: dict[str, str] = {}
         self._last_literal: tuple[np.ndarray, Any] | None = None
-        self._lock = threading.RLock()
+        self._vector_oid: int | None = None  # pgvector's type on the server, once found
+        self._lock: Any = threading.RLock()
         self._events = 0  # rows this connection wrote as recall events (see version())
         self._txs = self._seq_tx = 0  # PostgreSQL write transactions begun; the one holding the insert lock
         if backend == "sqlite":
@@ -131,30 +78,17 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
             self._db: Any = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
                                             check_same_thread=False)
             refuse_newer_store(self._db, "sqlite", str(self.path))
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SQLITE_SCHEMA)
-            for table in ("engrain_mem_records", "engrain_mem_articles"):  # stores made before importance existed
-                if "importance" not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN importance REAL")
+            sqlite_tables(self._db)
         else:
             import psycopg
 
             self._db = psycopg.connect(url, autocommit=True)
             refuse_newer_store(self._db, "postgres", redact_url(url))
             with self._db.transaction():
-                # Concurrent first opens race on CREATE TABLE IF NOT EXISTS; a lock serialises them.
-                self._db.execute("SELECT pg_advisory_xact_lock(hashtext('engrain_mem_schema'))")
-                for stmt in _PG_SCHEMA.split(";"):
-                    if stmt.strip():
-                        self._db.execute(stmt)
-                for table in ("engrain_mem_records", "engrain_mem_articles"):  # stores made before importance
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS importance DOUBLE PRECISION")
-                if not self._db.execute("SELECT 1 FROM engrain_mem_text LIMIT 1").fetchone():  # stores made before it
-                    self._db.execute(
-                        "INSERT INTO engrain_mem_text (rowid, id, skill, expires, tsv) SELECT seq, id, skill, expires, "
-                        "tsv FROM engrain_mem_records UNION ALL SELECT -seq, id, skill, NULL, tsv FROM engrain_mem_articles")
+                pg_tables(self._db)
                 self.pgvector = self._setup_pgvector()
+            self._lock = RevivingLock()
+            self._lock.revive = self._revive
 
     # -- plumbing -------------------------------------------------------------
 
@@ -197,8 +131,16 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
 
     def close(self) -> None:
         """Close the connection."""
+        if isinstance(self._lock, RevivingLock):
+            self._lock.revive = None  # closing a dropped connection needs no new one
         with self._lock:
             self._db.close()
+
+    def _revive(self) -> None:
+        """PostgreSQL: replace a connection the server dropped, on the lock's outermost entry (:mod:`.pglink`)."""
+        if is_broken(self._db):
+            assert self.url is not None
+            self._db = reconnect(self.url, self._db, self._pg_session, RETRY_ADVICE)
 
     def _bump(self, name: str, by: int = 1) -> None:
         self._x("INSERT INTO engrain_mem_state (name, value) VALUES (?, ?) "

@@ -27,6 +27,8 @@ from .._errors import (
     LeaseHeldError,
     NotJSONError,
     RunNotFoundError,
+    StorageError,
+    StoreCorruptError,
     TraceError,
 )
 from .._journal import open_journal
@@ -119,6 +121,9 @@ _STATUS: list[tuple[type[BaseException], int]] = [
     (NotJSONError, 422),
     (TraceError, 422),
     (ConfigError, 400),
+    # The store, not the request, failed: retry later (the journal, memory and cache connect anew).
+    (StorageError, 503),
+    (StoreCorruptError, 500),
 ]
 
 

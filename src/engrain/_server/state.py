@@ -41,7 +41,9 @@ _ERRORS = {
     413: "Request body larger than the server's limit, or a client run past its event budget (RunTooLargeError)",
     421: "Host header is not this machine (DNS-rebinding guard of a loopback server)",
     422: "The request does not match the schema, or the data is invalid (fields names each problem)",
+    500: "The store is corrupt (StoreCorruptError), or the server failed (InternalError)",
     501: "A feature (the routine engine) is not installed in this engrain",
+    503: "The store could not be read or written (StorageError: a lost database, a full disk); retry later",
 }
 #: The error responses every operation may answer, all with :class:`ErrorBody` (OpenAPI ``responses``).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {

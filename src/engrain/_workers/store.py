@@ -72,10 +72,14 @@ class QueueStore:
     def __init__(self, journal: Journal):
         self.journal = journal
         self.pg = journal.backend == "postgres"
-        self._db = journal._db  # type: ignore[attr-defined]  # same connection: same file/database, same lock
-        self._lock = journal._lock  # type: ignore[attr-defined]
+        self._lock = journal._lock  # type: ignore[attr-defined]  # same connection: same file/database, same lock
         self.ph = "%s" if self.pg else "?"
         self.runs = "engrain_runs" if self.pg else "runs"
+
+    @property
+    def _db(self) -> Any:
+        # Read under the lock, each time: a PostgreSQL journal replaces a connection the server dropped.
+        return self.journal._db  # type: ignore[attr-defined]
 
     # -- transactions --------------------------------------------------------------
 

@@ -20,6 +20,7 @@ client created is never claimed.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 import time
@@ -36,8 +37,14 @@ from .._durable.lease import DEFAULT_TTL, owner_id
 from .._durable.recovery import unmatched
 from .._errors import EngrainError
 from .._journal import Journal
+from .._journal.pglink import is_outage
 from .queues import store_of
 from .store import Claimed, check_queue_name
+
+
+_log = logging.getLogger("engrain.worker")
+#: Longest wait (seconds) between claim passes while the store is unavailable; the waits double up to it.
+OUTAGE_WAIT = 30.0
 
 
 @dataclass(slots=True)
@@ -151,21 +158,26 @@ class Worker:
         """
         grace = self.grace if grace is None else _check_grace(grace)
         owner = owner_id()
+        outages = 0  # passes in a row the store failed
         try:
             while not self._stop.is_set():
-                claimed = 0
-                for queue in self.queues:
-                    free = self.concurrency - self._busy()
-                    if free <= 0:
-                        break
-                    for c in self.store.claim(queue, owner, self.ttl, free, agents=self.codes):
-                        self._start(c)
-                        claimed += 1
-                # Runs started with engrain.run (not queued) whose process died, if we have their agent.
-                for c in self.store.claim_orphans(owner, self.ttl, self.concurrency - self._busy(), self.codes):
-                    self._start(c)
-                    claimed += 1
-                if until_idle and not claimed and not self._busy() and not self._waiting():
+                try:
+                    claimed = self._claim_pass(owner)
+                    idle = until_idle and not claimed and not self._busy() and not self._waiting()
+                except Exception as e:
+                    if not is_outage(e):
+                        raise
+                    # The database went away (a restart, a failover): wait, and try again on a new connection.
+                    outages += 1
+                    if outages == 1:
+                        _log.warning("engrain worker: the store is unavailable, retrying: %s", e)
+                        self._error(f"store unavailable: {type(e).__name__}: {e}")
+                    self._stop.wait(min(OUTAGE_WAIT, self.poll * 2 ** min(outages, 12)))
+                    continue
+                if outages:
+                    _log.warning("engrain worker: the store is back after %d failed passes", outages)
+                    outages = 0
+                if idle:
                     break
                 self._stop.wait(self.poll if not claimed else 0.01)
         finally:
@@ -176,6 +188,26 @@ class Worker:
             except Exception as e:  # noqa: BLE001 - a listing must not hide how the worker stopped
                 self.stats.errors.append(f"listing unmatched runs: {type(e).__name__}: {e}")
         return self.stats
+
+    def _claim_pass(self, owner: str) -> int:
+        """Claim what each queue allows now, then orphaned runs of our agents; the number claimed."""
+        claimed = 0
+        for queue in self.queues:
+            free = self.concurrency - self._busy()
+            if free <= 0:
+                break
+            for c in self.store.claim(queue, owner, self.ttl, free, agents=self.codes):
+                self._start(c)
+                claimed += 1
+        # Runs started with engrain.run (not queued) whose process died, if we have their agent.
+        for c in self.store.claim_orphans(owner, self.ttl, self.concurrency - self._busy(), self.codes):
+            self._start(c)
+            claimed += 1
+        return claimed
+
+    def _error(self, text: str) -> None:
+        if len(self.stats.errors) < 1000:  # a long-lived worker keeps the first ones, not an unbounded list
+            self.stats.errors.append(text)
 
     def _waiting(self) -> bool:
         """Runs of our queues and agents still queued, parked or executing elsewhere (for ``until_idle``)."""
@@ -213,8 +245,7 @@ class Worker:
                 self.stats.parked += 1
         except Exception as e:  # noqa: BLE001 - one bad run must not stop the worker; the run stays resumable
             with self._lock:
-                if len(self.stats.errors) < 1000:  # a long-lived worker keeps the first ones, not an unbounded list
-                    self.stats.errors.append(f"{c.run_id}: {type(e).__name__}: {e}")
+                self._error(f"{c.run_id}: {type(e).__name__}: {e}")
                 again = self._failed.get(c.run_id, 0)
                 if len(self._failed) < 10000:
                     self._failed[c.run_id] = again + 1

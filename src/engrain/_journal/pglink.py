@@ -1,0 +1,119 @@
+"""A PostgreSQL connection that comes back after the server dropped it.
+
+The journal, the memory store and the behavior cache each own one psycopg
+connection, used only while holding the owner's lock. When the server goes
+away (a restart, a failover, a killed backend), the call that meets the
+dead connection fails with :class:`~engrain.StorageError`, as before: whether
+its write landed is unknown, so it is never retried here. What changes is
+the next call: it opens a new connection first, so a worker, a server or an
+agent that keeps running heals once the database is back, instead of failing
+every call until the process restarts.
+
+The connection is replaced only on the lock's outermost entry, never inside a
+call: a transaction (or a pipeline) stays on the connection it began on and
+fails whole when that connection is lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import StorageError
+from ._common import redact_url
+
+
+#: What a :class:`~engrain.StorageError` of memory or the behavior cache advises.
+RETRY_ADVICE = "retry once the store works again: the next call connects anew"
+
+
+class RevivingLock:
+    """A re-entrant lock whose outermost entry first calls ``revive`` (set by the connection's owner).
+
+    ``revive`` checks the connection (a flag read: ``psycopg.Connection.broken``)
+    and replaces it when broken; it is called with the lock held.
+    """
+
+    __slots__ = ("_lock", "_depth", "revive")
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # entries by the holding thread: only the holder reads or writes it
+        self.revive: Callable[[], None] | None = None
+
+    def __enter__(self) -> RevivingLock:
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1 and self.revive is not None:
+            try:
+                self.revive()
+            except BaseException:
+                self._depth -= 1
+                self._lock.release()
+                raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        self._lock.release()
+
+
+def reconnect(url: str, old: Any, setup: Callable[[Any], None] | None = None, advice: str | None = None) -> Any:
+    """A new autocommit connection to ``url`` in place of the broken ``old`` (closed here), after ``setup``.
+
+    A server still unreachable is a :class:`~engrain.StorageError` naming the store;
+    the caller keeps ``old`` and the next call tries again.
+    """
+    import psycopg
+
+    try:
+        db = psycopg.connect(url, autocommit=True)
+    except psycopg.Error as e:
+        raise _lost(url, e, advice) from e
+    try:
+        if setup is not None:
+            setup(db)
+    except BaseException as e:
+        db.close()
+        if isinstance(e, psycopg.Error):
+            raise _lost(url, e, advice) from e
+        raise
+    old.close()
+    return db
+
+
+def _lost(url: str, e: Exception, advice: str | None) -> StorageError:
+    return StorageError(redact_url(url), e) if advice is None else StorageError(redact_url(url), e, advice)
+
+
+def is_broken(db: Any) -> bool:
+    """True when the server dropped ``db`` (a psycopg connection; a closed one is not broken)."""
+    return bool(db.broken)
+
+
+def is_outage(e: BaseException) -> bool:
+    """True when ``e`` says the store is unavailable (a :class:`~engrain.StorageError`, or psycopg's
+    ``OperationalError`` from code that does not wrap it): worth waiting for, unlike a bad request."""
+    if isinstance(e, StorageError):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(e, psycopg.OperationalError)
+
+
+def storage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A method of an object with a store ``url`` whose lost PostgreSQL connection (psycopg's
+    ``OperationalError``) is a :class:`~engrain.StorageError` naming the store, as the journal's is."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            if is_outage(e) and not isinstance(e, StorageError):
+                raise StorageError(redact_url(self.url), e, RETRY_ADVICE) from e
+            raise
+
+    return call
