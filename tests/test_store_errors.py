@@ -162,6 +162,26 @@ def test_real_full_disk_leaves_every_run_resumable(tiny_tmpfs):
     j.close()
 
 
+def test_memory_on_a_full_disk_is_a_storage_error_and_loses_nothing(tiny_tmpfs):
+    """Memory's SQLite errors are typed as the journal's are: a full disk is a StorageError naming the
+    file, the failed remember leaves nothing half-written, and memory works again once there is room."""
+    path = tiny_tmpfs / "engrain.db"
+    m = eg.Memory(f"sqlite:///{path}")
+    kept = []
+    with pytest.raises(eg.StorageError) as err:
+        for i in range(5000):
+            m.remember(f"note {i}: " + "the quarterly report lists every invoice " * 40, skill="s")
+            kept.append(i)
+    assert str(path) in str(err.value) and "retry once the store works again" in str(err.value)
+    assert isinstance(err.value.cause, sqlite3.Error)
+    assert m.stats()["records"] == len(kept) > 0
+    subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_tmpfs)], check=True)
+    m.remember("the last note, after the disk grew", skill="s")
+    assert m.stats()["records"] == len(kept) + 1
+    assert m.recall("the last note after the disk grew", skill="s")[0].content == "the last note, after the disk grew"
+    m.close()
+
+
 def test_lost_postgres_connection_is_a_storage_error(pg_url):
     """PostgreSQL's storage failure: the server ends our connection mid-run."""
     store_url = pg_url

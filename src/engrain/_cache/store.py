@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._journal import Journal, redact_url, refuse_newer_store
-from .._journal.pglink import RETRY_ADVICE, RevivingLock, is_broken, reconnect, storage_errors
+from .._journal.failures import RETRY_ADVICE, storage_errors
+from .._journal.pglink import RevivingLock, is_broken, reconnect
 from .binding import canonical_task, key
 
 __all__ = ["SAVINGS", "STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]

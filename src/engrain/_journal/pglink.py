@@ -11,23 +11,18 @@ every call until the process restarts.
 
 The connection is replaced only on the lock's outermost entry, never inside a
 call: a transaction (or a pipeline) stays on the connection it began on and
-fails whole when that connection is lost.
+fails whole when that connection is lost. Which driver errors are the store's
+failure is :mod:`.failures`'s to say.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from .._errors import StorageError
 from ._common import redact_url
-
-
-#: What a :class:`~engrain.StorageError` of memory or the behavior cache advises.
-RETRY_ADVICE = "retry once the store works again: the next call connects anew"
 
 
 class RevivingLock:
@@ -92,28 +87,3 @@ def _lost(url: str, e: Exception, advice: str | None) -> StorageError:
 def is_broken(db: Any) -> bool:
     """True when the server dropped ``db`` (a psycopg connection; a closed one is not broken)."""
     return bool(db.broken)
-
-
-def is_outage(e: BaseException) -> bool:
-    """True when ``e`` says the store is unavailable (a :class:`~engrain.StorageError`, or psycopg's
-    ``OperationalError`` from code that does not wrap it): worth waiting for, unlike a bad request."""
-    if isinstance(e, StorageError):
-        return True
-    psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(e, psycopg.OperationalError)
-
-
-def storage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A method of an object with a store ``url`` whose lost PostgreSQL connection (psycopg's
-    ``OperationalError``) is a :class:`~engrain.StorageError` naming the store, as the journal's is."""
-
-    @functools.wraps(method)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as e:
-            if is_outage(e) and not isinstance(e, StorageError):
-                raise StorageError(redact_url(self.url), e, RETRY_ADVICE) from e
-            raise
-
-    return call

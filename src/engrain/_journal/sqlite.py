@@ -39,6 +39,7 @@ from ._common import (
     trust_sql,
 )
 from .base import Journal
+from .failures import sqlite_failure
 from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
 from .sqlite_schema import migrate
 
@@ -76,8 +77,6 @@ _RUN_COLS = (
 
 # Primary result codes (the low byte of an extended code) that mean the store
 # itself failed, not the caller: the disk, the file, the lock, memory.
-_STORAGE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})  # BUSY LOCKED NOMEM READONLY IOERR FULL CANTOPEN PROTOCOL
-_CORRUPT_CODES = frozenset({11, 26})  # CORRUPT NOTADB
 
 
 def _to_wal(db: sqlite3.Connection, timeout: float) -> None:
@@ -179,17 +178,7 @@ class SQLiteJournal(Journal):
 
     def _translate(self, e: sqlite3.Error) -> Exception:
         """The typed error for a driver error: the store is corrupt, or failed (disk, I/O, lock), or neither."""
-        code = getattr(e, "sqlite_errorcode", None)
-        code = None if code is None else code & 0xFF
-        text = str(e)
-        if code in _CORRUPT_CODES or "not a database" in text or "malformed" in text:
-            return StoreCorruptError(str(self.path), e)
-        if "Could not decode to UTF-8" in text:  # damaged pages: the driver's message quotes the garbage
-            column = text.split("column ", 1)[1].split(" ", 1)[0] if "column " in text else "a text"
-            return StoreCorruptError(str(self.path), f"column {column} holds bytes that are not UTF-8 text")
-        if code in _STORAGE_CODES or "disk" in text or "I/O" in text:
-            return StorageError(str(self.path), e)
-        return e
+        return sqlite_failure(str(self.path), e)
 
     # -- writes ------------------------------------------------------------------
 

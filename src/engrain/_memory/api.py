@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import MemoryInputError
-from .._journal.pglink import storage_errors
+from .._journal.failures import storage_errors
 from . import edit as _edit
 from . import transfer as _transfer
 from .consolidate import ConsolidationSummary

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from .._journal import redact_url, refuse_newer_store
-from .._journal.pglink import RETRY_ADVICE, RevivingLock, is_broken, reconnect
+from .._journal.failures import RETRY_ADVICE
+from .._journal.pglink import RevivingLock, is_broken, reconnect
 from . import filters as _filters
 from .buffer import ConsolidationTables
 from .items import _ART_COLS, _REC_COLS, VECTORS_SQL, Article, Record, _article, _record, to_blob, vector_rows

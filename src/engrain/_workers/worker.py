@@ -37,7 +37,7 @@ from .._durable.lease import DEFAULT_TTL, owner_id
 from .._durable.recovery import unmatched
 from .._errors import EngrainError
 from .._journal import Journal
-from .._journal.pglink import is_outage
+from .._journal.failures import is_outage
 from .queues import store_of
 from .store import Claimed, check_queue_name
 
