@@ -91,6 +91,10 @@ def test_closing_a_dropped_journal_opens_no_new_connection(pg_url, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(psycopg, "connect", lambda *a, **k: pytest.fail("close() connected"))
         j.close()
+        # A closed journal stays closed: no new connection, and an error no wait would mend (not a StorageError).
+        with pytest.raises(eg.EngrainError, match="was closed") as err:
+            j.get_run("x")
+        assert not isinstance(err.value, eg.StorageError)
     assert j._db.closed
 
 
@@ -178,7 +182,38 @@ def test_cache_store_connects_anew_after_the_server_dropped_it(pg_url):
         store.candidates("k")
     assert [c.id for c in store.candidates("k")] == ["e1"]
     assert store.get("e1") is not None
+    store.record_hit("e1")  # batched, written by close
     store.close()
+    again = CacheStore(j)
+    assert again.get("e1").successes == 2
+    again.close()
+    j.close()
+
+
+def test_closing_a_dropped_cache_store_opens_no_new_connection(pg_url, monkeypatch):
+    """Its batched counters are advisory: lost with the connection, and the store still closes."""
+    j = eg.open(pg_url)
+    store = CacheStore(j)
+    store.bump("lookups")
+    _drop(pg_url, store._db)
+    with monkeypatch.context() as m:
+        m.setattr(psycopg, "connect", lambda *a, **k: pytest.fail("close() connected"))
+        store.close()
+    assert store._db.closed
+    with pytest.raises(eg.EngrainError, match="was closed"):
+        store.candidates("k")
+    j.close()
+
+
+def test_queue_tables_read_the_journal_s_append_in_flight_first(pg_url):
+    """A worker claims on the journal's connection while an agent's append sent without waiting is unread:
+    the queue tables settle it first instead of failing with "another command is already in progress"."""
+    j = eg.open(pg_url)
+    queues = QueueStore(j)
+    j.append("r", [eg.NewEvent("run.started", "", {"task": "t"})], 0)
+    j.append_one("r", "step.completed", "a", {"result": 1}, 1, durable=False, wait=False)
+    assert queues.queues() == []
+    assert [e.name for e in j.read("r")] == ["", "a"]
     j.close()
 
 
@@ -257,4 +292,22 @@ def test_a_worker_waits_out_a_lost_store_and_goes_on(pg_url):
     assert stats.finished == {"ok": 1}, stats
     assert stats.errors and stats.errors[0].startswith("store unavailable: ") and "engrain:engrain@" not in stats.errors[0]
     assert j.get_run(rid).status == "ok"
+    j.close()
+
+
+def test_a_worker_run_until_idle_gives_up_on_a_store_that_stays_down(pg_url, monkeypatch):
+    from engrain._workers import worker as worker_mod
+
+    j = eg.open(pg_url)
+    w = worker_mod.Worker(j, {"agent": lambda task: task}, ["jobs"], poll=0.001)
+    tries = []
+
+    def down(*a, **k):
+        tries.append(1)
+        raise eg.StorageError("db", "the server is down")
+
+    monkeypatch.setattr(w.store, "claim", down)
+    with pytest.raises(eg.StorageError, match="the server is down"):
+        w.run(until_idle=True)
+    assert len(tries) == worker_mod.IDLE_OUTAGE_TRIES + 1
     j.close()

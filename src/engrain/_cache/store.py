@@ -19,6 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._errors import StorageError
 from .._journal import Journal, redact_url, refuse_newer_store
 from .._journal.failures import RETRY_ADVICE, storage_errors
 from .._journal.pglink import RevivingLock, is_broken, reconnect
@@ -445,11 +446,15 @@ class CacheStore:
 
     def close(self) -> None:
         """Write what is batched and close the connection."""
+        if isinstance(self._lock, RevivingLock):
+            self._lock.revive = None  # closing a dropped connection needs no new one
         try:
             self.flush()
+        except StorageError:
+            pass  # the counters are advisory: lost with a store that is gone, the store still closes
         finally:
-            if isinstance(self._lock, RevivingLock):
-                self._lock.revive = None  # closing a dropped connection needs no new one
             with self._lock:
                 self._closed = True
                 self._db.close()
+                if isinstance(self._lock, RevivingLock):
+                    self._lock.closed(f"the cache store on {redact_url(self.url)}")

@@ -21,8 +21,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import StorageError
+from .._errors import EngrainError, StorageError
 from ._common import redact_url
+
+#: Seconds a new connection may take (unless the store URL sets ``connect_timeout``).
+CONNECT_TIMEOUT = 10
 
 
 class RevivingLock:
@@ -42,9 +45,10 @@ class RevivingLock:
     def __enter__(self) -> RevivingLock:
         self._lock.acquire()
         self._depth += 1
-        if self._depth == 1 and self.revive is not None:
+        revive = self.revive  # read once: the owner's close may clear it meanwhile
+        if self._depth == 1 and revive is not None:
             try:
-                self.revive()
+                revive()
             except BaseException:
                 self._depth -= 1
                 self._lock.release()
@@ -55,6 +59,14 @@ class RevivingLock:
         self._depth -= 1
         self._lock.release()
 
+    def closed(self, what: str) -> None:
+        """The owner closed its connection (called holding the lock): from now on, entering raises
+        :class:`~engrain.EngrainError` saying so. Not a :class:`~engrain.StorageError`: no wait mends it."""
+        def refuse() -> None:
+            raise EngrainError(f"{what} was closed; open it again to use it")
+
+        self.revive = refuse
+
 
 def reconnect(url: str, old: Any, setup: Callable[[Any], None] | None = None, advice: str | None = None) -> Any:
     """A new autocommit connection to ``url`` in place of the broken ``old`` (closed here), after ``setup``.
@@ -64,8 +76,10 @@ def reconnect(url: str, old: Any, setup: Callable[[Any], None] | None = None, ad
     """
     import psycopg
 
+    # A host that drops packets would hold the owner's lock for the system's TCP timeout (minutes).
+    timeout = {} if "connect_timeout" in url else {"connect_timeout": CONNECT_TIMEOUT}
     try:
-        db = psycopg.connect(url, autocommit=True)
+        db = psycopg.connect(url, autocommit=True, **timeout)
     except psycopg.Error as e:
         raise _lost(url, e, advice) from e
     try:

@@ -333,12 +333,15 @@ class PostgresJournal(Journal):
         return None
 
     def release_lease(self, run_id: str, owner: str) -> None:
-        with self._lock:
-            self._settle()
-            self._db.execute(
-                "UPDATE engrain_runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = %s AND lease_owner = %s",
-                (run_id, owner),
-            )
+        try:
+            with self._lock:
+                self._settle()
+                self._db.execute(
+                    "UPDATE engrain_runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = %s AND lease_owner = %s",
+                    (run_id, owner),
+                )
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
 
     def claim_runs(
         self, owner: str, ttl: float, limit: int = 10, *, agents: Agents | None = None
@@ -347,23 +350,29 @@ class PostgresJournal(Journal):
         which, names = (not_client, []) if agents is None else agents_filter(agents, "agent", "%s", code)
         if agents is not None:
             which = f"{which} AND {not_client}"
-        with self._lock:
-            self._settle()
-            rows = self._db.execute(
-                f"UPDATE engrain_runs SET {_TAKE}"
-                " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
-                f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}) AND {which}"
-                " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
-                f" RETURNING {_RUN_COLS}",
-                (owner, owner, ttl, *names, limit),
-            ).fetchall()
+        try:
+            with self._lock:
+                self._settle()
+                rows = self._db.execute(
+                    f"UPDATE engrain_runs SET {_TAKE}"
+                    " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
+                    f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}) AND {which}"
+                    " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
+                    f" RETURNING {_RUN_COLS}",
+                    (owner, owner, ttl, *names, limit),
+                ).fetchall()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
         return sorted((_run_info(r) for r in rows), key=lambda r: r.updated)
 
     def delete_run(self, run_id: str) -> None:
-        with self._settled(), self._db.transaction():
-            self._db.execute("DELETE FROM engrain_events WHERE run_id = %s", (run_id,))
-            self._db.execute("DELETE FROM engrain_queue WHERE run_id = %s", (run_id,))  # a queued run's row (schema v6)
-            self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
+        try:
+            with self._settled(), self._db.transaction():
+                self._db.execute("DELETE FROM engrain_events WHERE run_id = %s", (run_id,))
+                self._db.execute("DELETE FROM engrain_queue WHERE run_id = %s", (run_id,))  # a queued run's row (v6)
+                self._db.execute("DELETE FROM engrain_runs WHERE run_id = %s", (run_id,))
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
 
     def read(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Event]:
         return events_of(run_id, self.read_raw(run_id, after, limit))
@@ -426,3 +435,4 @@ class PostgresJournal(Journal):
                 self._settle()  # an append sent without waiting is committed by the server anyway
             finally:
                 self._db.close()
+                self._lock.closed(f"the journal on {_redact(self.url)}")

@@ -75,9 +75,6 @@ _RUN_COLS = (
     " lease_epoch, agent"
 )
 
-# Primary result codes (the low byte of an extended code) that mean the store
-# itself failed, not the caller: the disk, the file, the lock, memory.
-
 
 def _to_wal(db: sqlite3.Connection, timeout: float) -> None:
     """Put the file in WAL mode, waiting up to ``timeout`` seconds for other openers.

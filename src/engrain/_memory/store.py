@@ -136,6 +136,8 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
             self._lock.revive = None  # closing a dropped connection needs no new one
         with self._lock:
             self._db.close()
+            if isinstance(self._lock, RevivingLock):
+                self._lock.closed(f"memory on {redact_url(self.url or '')}")
 
     def _revive(self) -> None:
         """PostgreSQL: replace a connection the server dropped, on the lock's outermost entry (:mod:`.pglink`)."""

@@ -30,6 +30,7 @@ from .._errors import EngrainError
 from .._events import NewEvent, check_json
 from .._journal import Journal
 from .._journal._common import Agents, agents_filter, trust_sql
+from .._journal.failures import storage_errors
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
@@ -73,6 +74,7 @@ class QueueStore:
         self.journal = journal
         self.pg = journal.backend == "postgres"
         self._lock = journal._lock  # type: ignore[attr-defined]  # same connection: same file/database, same lock
+        self.url = journal.url  # names the store in a StorageError
         self.ph = "%s" if self.pg else "?"
         self.runs = "engrain_runs" if self.pg else "runs"
 
@@ -83,8 +85,15 @@ class QueueStore:
 
     # -- transactions --------------------------------------------------------------
 
+    def _held(self) -> Any:
+        """The journal's lock, held; on PostgreSQL also with the journal's append sent without waiting read first:
+        a statement sent while its result is unread is refused ("another command is already in progress")."""
+        settled = getattr(self.journal, "_settled", None)
+        return settled() if settled is not None else self._lock
+
+    @storage_errors
     def _tx(self, fn: Any, queue_lock: str | None = None) -> Any:
-        with self._lock:
+        with self._held():
             db = self._db
             if self.pg:
                 with db.transaction():
@@ -130,10 +139,11 @@ class QueueStore:
         self._tx(write)
         return QueueInfo(name, concurrency, rate)
 
+    @storage_errors
     def queues(self) -> list[QueueInfo]:
         """Every declared or used queue with its limits and counts."""
         r = self.runs
-        with self._lock:
+        with self._held():
             limits = {row[0]: row[1:] for row in self._db.execute("SELECT name, concurrency, rate_limit, rate_period FROM engrain_queues").fetchall()}
             counts = self._db.execute(
                 f"SELECT q.queue, SUM(CASE WHEN r.status = 'queued' THEN 1 ELSE 0 END),"
@@ -281,12 +291,13 @@ class QueueStore:
 
         self._tx(write)
 
+    @storage_errors
     def pending(self, queues: list[str], agents: list[str]) -> int:
         """Runs of ``agents`` on ``queues`` still queued (or parked) or executing."""
         if not queues or not agents:
             return 0
         p, r = self.ph, self.runs
-        with self._lock:
+        with self._held():
             row = self._db.execute(
                 f"SELECT COUNT(*) FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
                 f" WHERE q.queue IN ({', '.join([p] * len(queues))}) AND q.agent IN ({', '.join([p] * len(agents))})"
@@ -295,8 +306,9 @@ class QueueStore:
             ).fetchone()
         return int(row[0])
 
+    @storage_errors
     def queue_of(self, run_id: str) -> str | None:
         """The queue ``run_id`` was enqueued on, or ``None``."""
-        with self._lock:
+        with self._held():
             row = self._db.execute(f"SELECT queue FROM engrain_queue WHERE run_id = {self.ph}", (run_id,)).fetchone()
         return row[0] if row else None

@@ -45,6 +45,8 @@ from .store import Claimed, check_queue_name
 _log = logging.getLogger("engrain.worker")
 #: Longest wait (seconds) between claim passes while the store is unavailable; the waits double up to it.
 OUTAGE_WAIT = 30.0
+#: Failed passes in a row after which ``run(until_idle=True)`` raises the store's error instead (~1.5 min at poll 0.2).
+IDLE_OUTAGE_TRIES = 8
 
 
 @dataclass(slots=True)
@@ -165,7 +167,8 @@ class Worker:
                     claimed = self._claim_pass(owner)
                     idle = until_idle and not claimed and not self._busy() and not self._waiting()
                 except Exception as e:
-                    if not is_outage(e):
+                    # A worker run until idle (a batch job, a test) gives up: someone waits for it to end.
+                    if not is_outage(e) or (until_idle and outages >= IDLE_OUTAGE_TRIES):
                         raise
                     # The database went away (a restart, a failover): wait, and try again on a new connection.
                     outages += 1
