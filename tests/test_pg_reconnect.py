@@ -270,6 +270,7 @@ def test_server_answers_503_while_the_store_is_lost_then_serves_again(pg_url, tm
             _drop(pg_url, db)
         r = c.post("/api/memory/recall", json={"query": "which VPN gateway", "skill": "it"})
         assert r.status_code == 503 and r.json()["error"] == "StorageError", r.text
+        assert r.headers["retry-after"] == "1"
         assert "engrain:engrain@" not in r.text
         r = c.post("/api/memory/recall", json={"query": "which VPN gateway", "skill": "it"})
         assert r.status_code == 200 and "vpn2" in r.text

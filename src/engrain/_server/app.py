@@ -35,6 +35,8 @@ from .._journal import open_journal
 from .._version import __version__
 from .state import ERROR_RESPONSES, ApiError, ServerState
 
+#: Seconds a 503 (the store unavailable) asks a client to wait before retrying.
+RETRY_AFTER = 1
 #: Largest request body accepted (bytes); bigger ones get 413.
 MAX_BODY = 2 * 1024 * 1024
 UI_DIR = Path(__file__).with_name("ui")
@@ -356,7 +358,10 @@ def create_app(
 
     @app.exception_handler(EngrainError)
     async def _engrain_error(_: Request, exc: EngrainError) -> JSONResponse:
-        return _error(status_of(exc), type(exc).__name__, str(exc))
+        resp = _error(status_of(exc), type(exc).__name__, str(exc))
+        if resp.status_code == 503:
+            resp.headers["Retry-After"] = str(RETRY_AFTER)  # the next request connects anew
+        return resp
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
