@@ -312,3 +312,10 @@ def test_a_worker_run_until_idle_gives_up_on_a_store_that_stays_down(pg_url, mon
         w.run(until_idle=True)
     assert len(tries) == worker_mod.IDLE_OUTAGE_TRIES + 1
     j.close()
+
+
+@pytest.mark.parametrize("open_", [eg.open, eg.Memory], ids=["journal", "memory"])
+def test_a_server_that_cannot_be_reached_at_open_is_a_config_error(open_):
+    with pytest.raises(eg.ConfigError, match="cannot connect to PostgreSQL at") as err:
+        open_("postgresql://engrain:hunter2@127.0.0.1:1/engrain")
+    assert "hunter2" not in str(err.value)

@@ -22,7 +22,7 @@ from typing import Any
 from .._errors import StorageError
 from .._journal import Journal, redact_url, refuse_newer_store
 from .._journal.failures import RETRY_ADVICE, storage_errors
-from .._journal.pglink import RevivingLock, is_broken, reconnect
+from .._journal.pglink import RevivingLock, connect, is_broken, reconnect
 from .binding import canonical_task, key
 
 __all__ = ["SAVINGS", "STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
@@ -169,9 +169,7 @@ class CacheStore:
             self._db.executescript(_SCHEMA)
             self._p = "?"
         else:
-            import psycopg
-
-            self._db = psycopg.connect(journal.url, autocommit=True)
+            self._db = connect(journal.url)
             refuse_newer_store(self._db, "postgres", redact_url(journal.url))
             with self._db.transaction():
                 # Serialize first-time creation across processes starting together.

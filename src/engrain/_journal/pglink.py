@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import EngrainError, StorageError
+from .._errors import ConfigError, EngrainError, StorageError
 from ._common import redact_url
 
 #: Seconds a new connection may take (unless the store URL sets ``connect_timeout``).
@@ -66,6 +66,17 @@ class RevivingLock:
             raise EngrainError(f"{what} was closed; open it again to use it")
 
         self.revive = refuse
+
+
+def connect(url: str) -> Any:
+    """A first autocommit connection to ``url``; a server that cannot be reached is a
+    :class:`~engrain.ConfigError` naming the store (password redacted), before anything was used."""
+    import psycopg
+
+    try:
+        return psycopg.connect(url, autocommit=True)
+    except psycopg.OperationalError as e:
+        raise ConfigError(f"cannot connect to PostgreSQL at {redact_url(url)}: {e}") from e
 
 
 def reconnect(url: str, old: Any, setup: Callable[[Any], None] | None = None, advice: str | None = None) -> Any:

@@ -23,7 +23,7 @@ from .._events import Event, NewEvent, Row, RunInfo, events_of
 from ._common import _STATUS_KINDS, FINISHED, Agents, agents_filter, check_lease, prepare, prepare_row, run_filters, trust_sql
 from ._common import redact_url as _redact
 from .base import Journal
-from .pglink import RevivingLock, is_broken, reconnect
+from .pglink import RevivingLock, connect, is_broken, reconnect
 from .postgres_schema import migrate
 from .postgres_wire import STEP_FORMATS, STEP_TYPES, Wire, float8, int4, int8, keep_sent_statements, text_params
 
@@ -127,10 +127,7 @@ class PostgresJournal(Journal):
         self.url = url
         self.durability = durability
         self._psycopg = psycopg
-        try:
-            self._db = psycopg.connect(url, autocommit=True)
-        except psycopg.OperationalError as e:
-            raise ConfigError(f"cannot connect to PostgreSQL at {_redact(url)}: {e}") from e
+        self._db = connect(url)
         self._lock = RevivingLock()
         self._wire = Wire(self._db)
         # The append sent without waiting (append(wait=False)) whose result is unread:

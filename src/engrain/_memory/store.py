@@ -39,7 +39,7 @@ import numpy as np
 
 from .._journal import redact_url, refuse_newer_store
 from .._journal.failures import RETRY_ADVICE
-from .._journal.pglink import RevivingLock, is_broken, reconnect
+from .._journal.pglink import RevivingLock, connect, is_broken, reconnect
 from . import filters as _filters
 from .buffer import ConsolidationTables
 from .items import _ART_COLS, _REC_COLS, VECTORS_SQL, Article, Record, _article, _record, to_blob, vector_rows
@@ -81,9 +81,8 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
             refuse_newer_store(self._db, "sqlite", str(self.path))
             sqlite_tables(self._db)
         else:
-            import psycopg
-
-            self._db = psycopg.connect(url, autocommit=True)
+            assert url is not None
+            self._db = connect(url)
             refuse_newer_store(self._db, "postgres", redact_url(url))
             with self._db.transaction():
                 pg_tables(self._db)
