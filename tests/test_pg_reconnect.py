@@ -319,3 +319,30 @@ def test_a_server_that_cannot_be_reached_at_open_is_a_config_error(open_):
     with pytest.raises(eg.ConfigError, match="cannot connect to PostgreSQL at") as err:
         open_("postgresql://engrain:hunter2@127.0.0.1:1/engrain")
     assert "hunter2" not in str(err.value)
+
+
+def test_the_python_client_retries_a_read_the_store_could_not_serve(pg_url, tmp_path):
+    """eg.Client tries a GET answered 503 again after its Retry-After: the server connected anew meanwhile."""
+    from fastapi.testclient import TestClient
+
+    from engrain._server import create_app
+
+    import httpx
+
+    app = create_app(pg_url, routines_dir=tmp_path / "routines")
+    with TestClient(app, base_url="http://127.0.0.1") as tc:
+        def forward(request: httpx.Request) -> httpx.Response:  # eg.Client's requests, served in process
+            r = tc.request(request.method, str(request.url), headers=dict(request.headers), content=request.content)
+            return httpx.Response(r.status_code, headers=dict(r.headers), content=r.content)
+
+        transport = httpx.MockTransport(forward)
+        client = eg.Client("http://127.0.0.1", transport=transport)
+        assert client.runs() == []
+        _drop(pg_url, app.state.engrain.journal._db)
+        assert client.runs() == []  # 503 once, then served
+        _drop(pg_url, app.state.engrain.journal._db)
+        with pytest.raises(eg.RemoteError) as err:
+            eg.Client("http://127.0.0.1", transport=transport, max_retries=0).runs()
+        assert err.value.status == 503 and err.value.error == "StorageError"
+    with pytest.raises(eg.ConfigError, match="max_retries"):
+        eg.Client(max_retries=-1)

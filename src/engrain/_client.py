@@ -15,6 +15,7 @@ reached is a :class:`~engrain.ServerUnreachableError` naming the URL.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -55,6 +56,15 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
+def _retry_wait(resp: httpx.Response, attempt: int) -> float:
+    """Seconds before retrying ``resp``: its ``Retry-After`` (seconds; capped), else 0.5 s doubling."""
+    try:
+        wait = float(resp.headers["retry-after"])
+    except (KeyError, ValueError):  # absent, or an HTTP date: back off on our own
+        return 0.5 * 2 ** attempt
+    return min(wait, MAX_RETRY_WAIT) if wait >= 0 else 0.0  # (NaN is not >= 0)
+
+
 def _run_info(d: dict[str, Any]) -> RunInfo:
     return RunInfo(d["run_id"], STATUS_ALIASES.get(d["status"], d["status"]), d["task"], list(d.get("tags") or []),
                    d["created"], d["updated"], d["events"], d.get("lease_owner"), d.get("lease_until"),
@@ -67,14 +77,27 @@ def _run_result(d: dict[str, Any]) -> RunResult:
                      d.get("step_id"), d.get("error_type"), d.get("message"))
 
 
+#: Longest wait (seconds) a retry takes from a ``Retry-After`` header.
+MAX_RETRY_WAIT = 30.0
+
+
 class Client:
-    """A client of an engrain server at ``base_url`` (``token``: its bearer token, if any)."""
+    """A client of an engrain server at ``base_url`` (``token``: its bearer token, if any).
+
+    A read (GET) answered 503 (the server's store unavailable, or its connections full)
+    or 429 is tried again up to ``max_retries`` times, after the ``Retry-After`` the
+    server sent (at most 30 s; else 0.5 s, doubling). A write is never repeated: whether
+    it took effect is the server's to say.
+    """
 
     def __init__(self, base_url: str = "http://127.0.0.1:8765", token: str | None = None, *,
-                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
+                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None, max_retries: int = 2):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"Client base_url {base_url!r}: write it as http://HOST:PORT (engrain serve prints it)")
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 10:
+            raise ConfigError(f"Client max_retries must be an integer from 0 to 10, got {max_retries!r}")
+        self.max_retries = max_retries
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
 
@@ -113,8 +136,12 @@ class Client:
         raise RemoteError(resp.status_code, error, detail)
 
     def _call(self, method: str, path: str, *, run_id: str | None = None, **kw: Any) -> Any:
-        with self._reaching():
-            resp = self._http.request(method, "/api" + path, **kw)
+        for attempt in range(self.max_retries + 1):
+            with self._reaching():
+                resp = self._http.request(method, "/api" + path, **kw)
+            if resp.status_code not in (429, 503) or method != "GET" or attempt == self.max_retries:
+                break
+            time.sleep(_retry_wait(resp, attempt))
         if resp.status_code >= 400:
             self._raise(resp, run_id)
         return resp.json()
