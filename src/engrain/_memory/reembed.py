@@ -65,7 +65,8 @@ def reembed(store: Any, target: Embedder, *, batch_size: int = BATCH,
     move had already staged). A store already on ``target`` is left alone.
     """
     source = store.bound_embedder()
-    counts = {t: int(store._x(f"SELECT count(*) FROM {tb}").fetchone()[0]) for t, tb in _TABLES.items()}
+    with store._lock:  # every use of the store's connection holds its lock (a PostgreSQL one may be replaced)
+        counts = {t: int(store._x(f"SELECT count(*) FROM {tb}").fetchone()[0]) for t, tb in _TABLES.items()}
     out: dict[str, Any] = {"from": source, "to": target.name, "records": counts["record"],
                            "articles": counts["article"], "embedded": 0, "resumed": 0}
     if source == target.name:
