@@ -56,6 +56,10 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
+#: Longest wait (seconds) a retry takes from a ``Retry-After`` header.
+MAX_RETRY_WAIT = 30.0
+
+
 def _retry_wait(resp: httpx.Response, attempt: int) -> float:
     """Seconds before retrying ``resp``: its ``Retry-After`` (seconds; capped), else 0.5 s doubling."""
     try:
@@ -75,10 +79,6 @@ def _run_result(d: dict[str, Any]) -> RunResult:
     return RunResult(d["run_id"], d["status"], d.get("output"), d.get("error"), d.get("prompt"),
                      d.get("replayed", 0), d.get("executed", 0),
                      d.get("step_id"), d.get("error_type"), d.get("message"))
-
-
-#: Longest wait (seconds) a retry takes from a ``Retry-After`` header.
-MAX_RETRY_WAIT = 30.0
 
 
 class Client:

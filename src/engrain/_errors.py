@@ -34,11 +34,13 @@ class StorageError(EngrainError):
     is the driver's error.
     """
 
-    def __init__(self, store: str, cause: BaseException | str,
-                 advice: str = "the run is not marked failed; resume it once the store works again"):
+    #: What the message advises when the caller gives no ``advice`` (the journal's case).
+    RUN_ADVICE = "the run is not marked failed; resume it once the store works again"
+
+    def __init__(self, store: str, cause: BaseException | str, advice: str | None = None):
         self.store = store
         self.cause = cause
-        super().__init__(f"store {store}: {cause} ({advice})")
+        super().__init__(f"store {store}: {cause} ({advice or self.RUN_ADVICE})")
 
 
 class StoreCorruptError(EngrainError):

@@ -38,15 +38,18 @@ def sqlite_failure(path: str, e: sqlite3.Error, advice: str | None = None) -> Ex
         column = text.split("column ", 1)[1].split(" ", 1)[0] if "column " in text else "a text"
         return StoreCorruptError(path, f"column {column} holds bytes that are not UTF-8 text")
     if code in _STORAGE_CODES or "disk" in text or "I/O" in text:
-        return StorageError(path, e) if advice is None else StorageError(path, e, advice)
+        return StorageError(path, e, advice)
     return e
 
 
 def is_outage(e: BaseException) -> bool:
     """True when ``e`` says the store is unavailable (a :class:`~engrain.StorageError`, or psycopg's
     ``OperationalError`` from code that does not wrap it): worth waiting for, unlike a bad request."""
-    if isinstance(e, StorageError):
-        return True
+    return isinstance(e, StorageError) or _lost_connection(e)
+
+
+def _lost_connection(e: BaseException) -> bool:
+    """psycopg's ``OperationalError`` (without importing psycopg where nothing used it)."""
     psycopg = sys.modules.get("psycopg")
     return psycopg is not None and isinstance(e, psycopg.OperationalError)
 
@@ -66,7 +69,7 @@ def storage_errors(method: Callable[..., Any]) -> Callable[..., Any]:
                 raise
             raise typed from e
         except Exception as e:
-            if is_outage(e) and not isinstance(e, StorageError):
+            if _lost_connection(e):
                 raise StorageError(redact_url(self.url), e, RETRY_ADVICE) from e
             raise
 

@@ -92,21 +92,17 @@ def reconnect(url: str, old: Any, setup: Callable[[Any], None] | None = None, ad
     try:
         db = psycopg.connect(url, autocommit=True, **timeout)
     except psycopg.Error as e:
-        raise _lost(url, e, advice) from e
+        raise StorageError(redact_url(url), e, advice) from e
     try:
         if setup is not None:
             setup(db)
     except BaseException as e:
         db.close()
         if isinstance(e, psycopg.Error):
-            raise _lost(url, e, advice) from e
+            raise StorageError(redact_url(url), e, advice) from e
         raise
     old.close()
     return db
-
-
-def _lost(url: str, e: Exception, advice: str | None) -> StorageError:
-    return StorageError(redact_url(url), e) if advice is None else StorageError(redact_url(url), e, advice)
 
 
 def is_broken(db: Any) -> bool:
