@@ -182,8 +182,12 @@ def test_memory_on_a_full_disk_is_a_storage_error_and_loses_nothing(tiny_tmpfs):
     m.close()
 
 
-def test_lost_postgres_connection_is_a_storage_error(pg_url):
-    """PostgreSQL's storage failure: the server ends our connection mid-run."""
+def test_lost_postgres_connection_is_a_storage_error(pg_url, monkeypatch):
+    """PostgreSQL's storage failure: our connection is lost mid-run, in a way the socket does not show
+    before the next call (a network partition; a restart's farewell is seen: test_pg_reconnect.py)."""
+    from engrain._journal import pglink
+
+    monkeypatch.setattr(pglink, "_readable", lambda fd: False)
     store_url = pg_url
     j = eg.open(store_url)
     backend_pid = j._db.info.backend_pid

@@ -22,7 +22,7 @@ from typing import Any
 from .._errors import StorageError
 from .._journal import Journal, redact_url, refuse_newer_store
 from .._journal.failures import RETRY_ADVICE, storage_errors
-from .._journal.pglink import RevivingLock, connect, is_broken, reconnect
+from .._journal.pglink import RevivingLock, connect, dropped, reconnect
 from .binding import canonical_task, key
 
 __all__ = ["SAVINGS", "STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
@@ -196,7 +196,7 @@ class CacheStore:
 
     def _revive(self) -> None:
         """PostgreSQL: replace a connection the server dropped, on the lock's outermost entry (:mod:`.pglink`)."""
-        if is_broken(self._db):
+        if dropped(self._db):
             self._db = reconnect(self.url, self._db, None, RETRY_ADVICE)
             self._lookup = self._db.execute
 

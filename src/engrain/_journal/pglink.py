@@ -2,12 +2,20 @@
 
 The journal, the memory store and the behavior cache each own one psycopg
 connection, used only while holding the owner's lock. When the server goes
-away (a restart, a failover, a killed backend), the call that meets the
-dead connection fails with :class:`~engrain.StorageError`, as before: whether
-its write landed is unknown, so it is never retried here. What changes is
-the next call: it opens a new connection first, so a worker, a server or an
-agent that keeps running heals once the database is back, instead of failing
-every call until the process restarts.
+away (a restart, a failover, a killed backend), the lock's next outermost
+entry opens a new connection first, so a worker, a server or an agent that
+keeps running heals once the database is back, instead of failing every call
+until the process restarts.
+
+Two kinds of loss are told apart. A server that ends a session it is not
+serving (a restart, ``pg_terminate_backend``, a crash of another backend)
+says so on the socket before it closes it; an idle connection whose socket
+has something to read is checked before the call is sent (:func:`dropped`),
+so that call goes to the new connection and nothing fails. A loss the socket
+does not show (a network partition, a host gone without a word) or one in the
+middle of a call fails that call with :class:`~engrain.StorageError`: whether
+its write landed is unknown, so it is never retried here; the next call
+connects anew.
 
 The connection is replaced only on the lock's outermost entry, never inside a
 call: a transaction (or a pipeline) stays on the connection it began on and
@@ -17,6 +25,7 @@ failure is :mod:`.failures`'s to say.
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -105,6 +114,30 @@ def reconnect(url: str, old: Any, setup: Callable[[Any], None] | None = None, ad
     return db
 
 
-def is_broken(db: Any) -> bool:
-    """True when the server dropped ``db`` (a psycopg connection; a closed one is not broken)."""
+def dropped(db: Any, idle: bool = True) -> bool:
+    """True when the server dropped ``db`` (a psycopg connection; a closed one is not dropped).
+
+    Either a call already met the loss (psycopg's ``broken``: a flag read), or
+    ``db`` is ``idle`` (no statement's result left unread) and its socket has
+    something to read: with nothing asked, that is the server's farewell (or a
+    notice), so one ``SELECT 1`` tells which. A poll without waiting costs about
+    a microsecond, beside a round trip's hundreds.
+    """
+    if db.broken:
+        return True
+    if not idle or db.closed or not _readable(db.fileno()):
+        return False
+    try:
+        db.execute("SELECT 1")
+    except Exception:  # a loss sets broken; any other failure is the next call's to report
+        pass
     return bool(db.broken)
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has bytes to read (or was closed by the peer), without waiting."""
+    if hasattr(select, "poll"):
+        poller = select.poll()  # not select(): no limit on the descriptor's number
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([fd], [], [], 0)[0])  # pragma: no cover - Windows

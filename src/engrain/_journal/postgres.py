@@ -23,7 +23,7 @@ from .._events import Event, NewEvent, Row, RunInfo, events_of
 from ._common import _STATUS_KINDS, FINISHED, Agents, agents_filter, check_lease, prepare, prepare_row, run_filters, trust_sql
 from ._common import redact_url as _redact
 from .base import Journal
-from .pglink import RevivingLock, connect, is_broken, reconnect
+from .pglink import RevivingLock, connect, dropped, reconnect
 from .postgres_schema import migrate
 from .postgres_wire import STEP_FORMATS, STEP_TYPES, Wire, float8, int4, int8, keep_sent_statements, text_params
 
@@ -159,8 +159,9 @@ class PostgresJournal(Journal):
 
         An append sent without waiting on the lost connection may or may not have
         landed: reading its result fails, and that failure waits for the run's next
-        append, as any late failure does."""
-        if not is_broken(self._db):
+        append, as any late failure does. With such an append in flight, the socket
+        is readable anyway (its result), so only a call that met the loss tells."""
+        if not dropped(self._db, idle=self._inflight is None and not self._wire.busy):
             return
         self._settle()
         self._db = reconnect(self.url, self._db, self._setup)

@@ -39,7 +39,7 @@ import numpy as np
 
 from .._journal import redact_url, refuse_newer_store
 from .._journal.failures import RETRY_ADVICE
-from .._journal.pglink import RevivingLock, connect, is_broken, reconnect
+from .._journal.pglink import RevivingLock, connect, dropped, reconnect
 from . import filters as _filters
 from .buffer import ConsolidationTables
 from .items import _ART_COLS, _REC_COLS, VECTORS_SQL, Article, Record, _article, _record, to_blob, vector_rows
@@ -140,7 +140,7 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
 
     def _revive(self) -> None:
         """PostgreSQL: replace a connection the server dropped, on the lock's outermost entry (:mod:`.pglink`)."""
-        if is_broken(self._db):
+        if dropped(self._db):
             assert self.url is not None
             self._db = reconnect(self.url, self._db, self._pg_session, RETRY_ADVICE)
 
