@@ -224,3 +224,11 @@ def test_a_json_file_too_deep_or_not_utf8_is_one_line_naming_it_and_exit_2(tmp_p
         out = subprocess.run([ENGRAIN, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert out.returncode == 2 and "Traceback" not in out.stderr, (args, out.stderr[-500:])
         assert len(out.stderr.strip().splitlines()) == 1 and message in out.stderr and str(bad) in out.stderr, out.stderr
+
+
+def test_a_pathlib_path_opens_as_the_bare_file_path_and_a_number_says_what_it_is(tmp_path):
+    j = eg.open(tmp_path / "runs.db")
+    j.close()
+    assert (tmp_path / "runs.db").is_file()
+    with pytest.raises(eg.StoreURLError, match="a store URL is a string or a path, not int"):
+        eg.open(5)

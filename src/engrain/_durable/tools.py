@@ -145,6 +145,7 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     names = tuple(p.name for p in params)
     positional = sum(1 for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    star = next((p.name for p in params if p.kind is p.VAR_POSITIONAL), None)
 
     def bind(args: tuple, kwargs: dict) -> dict[str, Any]:
         # On every journaled call, and Signature.bind costs several µs: plain
@@ -169,6 +170,8 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
             out = dict(bound.arguments)
+            if star is not None:  # Python hands *args over as a tuple; JSON (the record) holds it as a list,
+                out[star] = list(out[star])  # which a replay (the cache, a routine) spreads back into the call
         if skip is not None:
             out.pop(skip, None)
         return out

@@ -57,14 +57,18 @@ def _libpq_keywords() -> set[str] | None:
         return None
 
 
-def parse_url(url: str) -> tuple[str, str, dict[str, str]]:
+def parse_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:
     """Split a store URL into ``(backend, target, options)``.
 
     ``target`` is a file path for SQLite and a libpq URL (options removed) for
     PostgreSQL. Unknown schemes, malformed URLs (a missing ``:`` or ``//``) and
     unknown query parameters are a :class:`~engrain.StoreURLError` (a ConfigError) listing the forms accepted.
     """
-    if not isinstance(url, str) or not url.strip():
+    if isinstance(url, os.PathLike):  # a pathlib.Path is a bare file path
+        url = os.fspath(url)
+    if not isinstance(url, str):
+        raise StoreURLError(f"a store URL is a string or a path, not {type(url).__name__}; use {FORMS}")
+    if not url.strip():
         raise StoreURLError(f"store URL is empty; use {FORMS}")
     parts = urlsplit(url)
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
@@ -109,7 +113,7 @@ def _sqlite_options(url: str, options: dict[str, str]) -> None:
         raise _bad(url, f"has unknown query parameter(s) {', '.join(unknown)} (a SQLite store reads {', '.join(OPTIONS)})")
 
 
-def open_journal(url: str | None = None, *, durability: str | None = None, create: bool = True) -> Journal:
+def open_journal(url: str | os.PathLike[str] | None = None, *, durability: str | None = None, create: bool = True) -> Journal:
     """Open the journal at ``url`` (default: :func:`default_url`).
 
     ``create=False`` refuses a store that does not exist yet with
