@@ -5,19 +5,25 @@ current ``params``. That is only right when every place a param's value went
 into an argument is a placeholder; a value left literal would replay the old
 value under a new param. So when a trajectory is stored each param is either
 
-* **bound**: every use of its value in the arguments and output (a whole
-  value of the same type, or text at word boundaries inside a string) is a
-  placeholder, so a hit re-binds all of them; or
-* **pinned**: some use cannot be bound (inside a word, in a dict key, as
-  another type, overlapping another param's value), so its value becomes part
-  of the key and only a call with the same value can hit.
+* **bound**: its value is used (a whole value of the same type, or text at
+  word boundaries inside a string) and every use in the arguments and output
+  is a placeholder, so a hit re-binds all of them; or
+* **pinned**: its value becomes part of the key and only a call with the same
+  value can hit. A param is pinned when some use cannot be bound (inside a
+  word, in a dict key, as another type, overlapping another param's value),
+  when its value is not found at all (the agent may have derived what it
+  passed from it: 1000 dollars sent as 100000 cents), and when it is a list or
+  dict some part of which (an element, a key, a nested value or its text) is
+  found outside a whole use (files deleted one by one).
 
 The task text of a call is canonicalized at lookup, before any trajectory is
 known: a *strong* param value (text of 3+ characters, a number with |v| >= 2)
 found at word boundaries in the task is replaced by its placeholder, so
 "order 3 boxes" and "order 7 boxes" share a shape. Weak values (0, 1,
 booleans, short text) stay literal in the key, since such values are also
-common constants an agent did not take from the task. The entry's key is the
+common constants an agent did not take from the task. Whitespace inside the
+task is kept as given (indentation can be meaning); only line endings and the
+whitespace around the text are tidied (:func:`tidy`). The entry's key is the
 shape plus its pinned values; each shape remembers which sets of names were
 pinned under it, so a lookup tries exactly those keys.
 """
@@ -29,12 +35,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Binding", "bind", "canonical_task", "entry_key", "json_type", "key", "shape_key", "strong", "text_of", "usable"]
+__all__ = ["Binding", "bind", "canonical_task", "entry_key", "json_type", "key", "shape_key", "strong", "text_of", "tidy", "usable"]
 
 
 #: Past these, a trajectory binds no param (each is pinned into the key instead).
 MAX_PARAMS = 64
 MAX_SCAN_BYTES = 1 << 20
+#: A list or dict param with more parts than this is pinned without looking for them.
+MAX_PARTS = 256
 
 
 def key(*parts: Any) -> str:
@@ -105,9 +113,25 @@ def _occurrences(s: str, needle: str) -> list[tuple[int, int]]:
     return out
 
 
+def tidy(task: str) -> str:
+    """The task text a key holds: line endings as ``\\n``, leading blank lines and trailing whitespace dropped.
+
+    Inside the text every whitespace character stays as given: two tasks that
+    differ in indentation or in a no-break space may mean different things
+    (a Python script, an amount), and sharing their entry would replay one's
+    calls for the other. A single-line task also loses its leading blanks; a
+    longer one keeps its first line's indent, which later lines are read against.
+    """
+    text = task.replace("\r\n", "\n").rstrip()
+    body = text.lstrip()
+    if "\n" not in body:
+        return body
+    return text[text.rfind("\n", 0, len(text) - len(body)) + 1 :]
+
+
 def canonical_task(task: str, params: dict[str, Any]) -> str:
-    """The task with strong param values replaced by placeholders and whitespace collapsed (the lookup shape)."""
-    text = " ".join(task.split())
+    """The tidied task (:func:`tidy`) with strong param values replaced by placeholders (the lookup shape)."""
+    text = tidy(task)
     if not params or "{{" in text or "}}" in text:
         # No params: nothing to replace. Placeholders: one could not be told from the text; the key says "no placeholders".
         return text
@@ -173,7 +197,7 @@ def _shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str,
     canon = canonical_task(task, params)
     if not params:
         return canon, key(canon, tags)  # no params: the key entries have always had
-    text = " ".join(task.split())
+    text = tidy(task)
     placed = [] if "{{" in text or "}}" in text else sorted(_in_text(text, params))
     return canon, key(canon, tags, sorted(params), placed)
 
@@ -216,6 +240,52 @@ class Binding:
     bound: list[str]
 
 
+def _parts(v: Any) -> list[Any] | None:
+    """Every key and value nested in a list or dict (``None``: more than :data:`MAX_PARTS`)."""
+    out: list[Any] = []
+    todo = [v]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            out.extend(x)
+            kids = list(x.values())
+        elif isinstance(x, list):
+            kids = x
+        else:
+            continue
+        out.extend(kids)
+        todo.extend(kids)
+        if len(out) > MAX_PARTS:
+            return None
+    return out
+
+
+def _canon(x: Any) -> str:
+    return json.dumps(x, sort_keys=True, default=str)
+
+
+class _Parts:
+    """The parts of a list or dict param: a value equal to one, or a string holding one's text, is a use of the param."""
+
+    __slots__ = ("containers", "scalars", "texts")
+
+    def __init__(self, parts: list[Any]):
+        scalars = [p for p in parts if not isinstance(p, (dict, list))]
+        self.scalars = set(scalars)
+        self.containers = {_canon(p) for p in parts if isinstance(p, (dict, list))}
+        self.texts = {f for p in scalars for f in (({p} - {""}) if isinstance(p, str) else _forms(p))}
+
+    def found(self, x: Any) -> bool:
+        if isinstance(x, str):
+            return x in self.scalars or any(f in x for f in self.texts)
+        if isinstance(x, (dict, list)):
+            return bool(self.containers) and _canon(x) in self.containers
+        try:
+            return x in self.scalars  # by ==, so True, 1 and 1.0 all count: a use in another type is still a use
+        except TypeError:
+            return True
+
+
 class _Scan:
     """One pass over the values: every use of each param, and whether it can be bound."""
 
@@ -224,6 +294,22 @@ class _Scan:
         self.forms = {n: ({v} if isinstance(v, str) else _forms(v)) - {""} for n, v in self.params.items()}
         self.texts = {n: text_of(v) for n, v in self.params.items()}
         self.bad: set[str] = set()
+        # Placeholders re-bind a list or dict only where it is used whole; an element used on its own would
+        # replay the recorded element under a new list, so any such use pins the param.
+        self.parts: dict[str, _Parts] = {}
+        for n, v in self.params.items():
+            if isinstance(v, (dict, list)):
+                parts = _parts(v)
+                if parts is None:
+                    self.bad.add(n)
+                elif parts:
+                    self.parts[n] = _Parts(parts)
+
+    def part_uses(self, x: Any, within: frozenset[str]) -> None:
+        """Mark list and dict params a part of which ``x`` is or holds (not inside ``within``: their whole values)."""
+        for n, parts in self.parts.items():
+            if n not in within and n not in self.bad and parts.found(x):
+                self.bad.add(n)
 
     def whole(self, x: Any) -> set[str]:
         """Params whose value ``x`` is as a whole (same type); a cross-type equal value is a bad use."""
@@ -256,24 +342,29 @@ class _Scan:
                     self.bad.update((a[2], b[2]))
         return used
 
-    def visit(self, x: Any) -> set[str]:
-        """Mark the uses in ``x``; returns the params used in it."""
+    def visit(self, x: Any, within: frozenset[str] = frozenset()) -> set[str]:
+        """Mark the uses in ``x`` (``within``: params whose whole value holds it); returns the params used in it."""
         if isinstance(x, str):
+            self.part_uses(x, within)
             return self.spans(x)
+        whole = self.whole(x)
+        if self.parts:
+            self.part_uses(x, within | whole)
         if isinstance(x, (dict, list)):
-            whole = self.whole(x)
             inner: set[str] = set()
+            inside = within | whole
             for k, v in (x.items() if isinstance(x, dict) else enumerate(x)):
                 if isinstance(x, dict):
+                    self.part_uses(k, inside)
                     for n, forms in self.forms.items():
                         if k == self.params[n] or any(f in str(k) for f in forms):
                             self.bad.add(n)  # keys are never templated
                             inner.add(n)
-                inner |= self.visit(v)
+                inner |= self.visit(v, inside)
             if whole and inner - whole:
                 self.bad |= whole | inner  # a bound container holding another param's value: ambiguous
             return whole | inner
-        return self.whole(x)
+        return whole
 
 
 def _templatize(x: Any, params: dict[str, Any]) -> tuple[Any, bool]:
@@ -310,16 +401,18 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def bind(values: list[Any], params: dict[str, Any]) -> Binding:
-    """Bind the params whose every use in ``values`` can be a placeholder; pin the others."""
+    """Bind the params used in ``values`` whose every use can be a placeholder; pin the others."""
     from .._routines.template import render
 
     if len(params) > MAX_PARAMS or len(json.dumps(values, default=str)) > MAX_SCAN_BYTES:
         # Scanning is quadratic-ish in text and params: past these bounds every param is pinned (always safe).
         return Binding(list(values), [False] * len(values), sorted(params), [])
     scan = _Scan(params)
+    used: set[str] = set()
     for v in values:
-        scan.visit(v)
-    bound = {n: v for n, v in scan.params.items() if n not in scan.bad}
+        used |= scan.visit(v)
+    # A param found nowhere is pinned: what the agent passed may still come from it (derived, reformatted).
+    bound = {n: v for n, v in scan.params.items() if n in used and n not in scan.bad}
     out, flags = [], []
     for v in values:
         t, changed = _templatize(v, bound) if bound else (v, False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +29,8 @@ class Check:
     method) and returns a snapshot of what matters in the environment (JSON,
     a dataclass or a pydantic model). ``compare(current, candidate)`` returns
     a bool, or a score in ``[0, 1]`` that passes at ``threshold`` or above
-    (a float is never taken as truthy).
+    (a float is never taken as truthy; numpy's bools and numbers count as
+    Python's, see :meth:`verdict`).
     """
 
     def __init__(self, capture: Callable[..., Any], compare: Callable[[Any, Any], bool | float], threshold: float = 0.5):
@@ -53,9 +55,20 @@ class Check:
         return self.verdict(r)
 
     def verdict(self, r: Any) -> bool:
-        """Whether ``compare``'s answer ``r`` (any but ``True`` or ``False``: see :meth:`passes`) is a pass."""
-        if isinstance(r, bool) or type(r).__name__ == "bool_":
-            return bool(r)
+        """Whether ``compare``'s answer ``r`` (any but ``True`` or ``False``: see :meth:`passes`) is a pass.
+
+        numpy's booleans (``(a == b).all()``) count as bools, and its integers and
+        floats as Python's do: scores, so ``1`` passes and ``0`` fails as ``1.0``
+        and ``0.0`` would. Anything else (``None``, text, a list, NaN) is an error.
+        """
+        if isinstance(r, bool):
+            return r
+        np = sys.modules.get("numpy")  # a numpy value means numpy is imported already: never import it here
+        if np is not None:
+            if isinstance(r, np.bool_):  # named bool_ in numpy 1, bool in numpy 2
+                return bool(r)
+            if isinstance(r, (np.integer, np.floating)):
+                r = r.item()
         if isinstance(r, (int, float)):
             if not 0.0 <= float(r) <= 1.0:
                 raise CacheError(f"Check compare returned the score {r!r}: a score must be in [0, 1]")

@@ -29,7 +29,8 @@ from typing import Any
 
 from .._durable.batched import arun_batched, run_batched
 from .._durable.context import current, default_journal, new_run_id
-from .._durable.execution import run_async, run_sync
+from .._durable.execution import run_async_as, run_sync
+from .._durable.steps import same_json
 from .._durable.tools import (
     ToolRegistry,
     _binder,
@@ -54,6 +55,8 @@ __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 #: ``Engine.__call__`` runs, spelled once so that no call derives it again (and no refactoring
 #: of that closure renames the agent of runs in flight, which their resumption must match).
 _STEP_AGENT = f"{__name__}:Engine.__call__.<locals>.agent"
+#: The same for an async agent's calls (the name ``run_async`` gave them before it was spelled here).
+_ASYNC_AGENT = f"{__name__}:Engine._acall.<locals>.agent"
 
 
 @dataclass(slots=True)
@@ -290,7 +293,8 @@ class Engine:
         trajectory = s.recorded()
         if not trajectory and not self.store_empty:
             return None
-        producers = [i for i, t in enumerate(trajectory) if t["result"] == output and output not in (None, True, False, "")]
+        # Type-exact: a tool's 2 does not produce an output of 2.0 (a hit would return the tool's int).
+        producers = [i for i, t in enumerate(trajectory) if same_json(t["result"], output) and output not in (None, True, False, "")]
         values = [t["args"] for t in trajectory]
         if not producers:
             values.append(output)
@@ -402,8 +406,11 @@ class Engine:
         s = Session(self, "" if self.match == "tags" else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs)
         task = text
         run_tags = ["engrain.cache", *tags_l]
+        # The lookup is a journaled step replayed on resume: a resume with other params or tags would get
+        # the entry chosen for the first ones, so the run records both and a resume must give them again.
+        same = {"params": params_d, "tags": run_tags}
         if self._agent_async:
-            return self._acall(s, task, run_id, run_tags)
+            return self._acall(s, task, run_id, run_tags, same)
 
         def agent(task: str) -> Any:
             token = current_session.set(s)
@@ -415,12 +422,13 @@ class Engine:
         if self.durability == "step":
             # A run id made here is new: run() then creates the run without first reading it back.
             # The closure is engrain's code, which records no fingerprint (see identity.fingerprint).
-            res = run_sync(agent, task, run_id, None, run_tags, self.journal, _STEP_AGENT, None)
+            res = run_sync(agent, task, run_id, None, run_tags, self.journal, _STEP_AGENT, None, False, same)
         else:
-            res = run_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal, write=self.durability == "run")
+            res = run_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal, write=self.durability == "run",
+                              same=same)
         return self._outcome(s, res)
 
-    async def _acall(self, s: Session, task: str, run_id: str | None, run_tags: list[str]) -> Outcome:
+    async def _acall(self, s: Session, task: str, run_id: str | None, run_tags: list[str], same: dict[str, Any]) -> Outcome:
         async def agent(task: str) -> Any:
             token = current_session.set(s)
             try:
@@ -429,9 +437,10 @@ class Engine:
                 current_session.reset(token)
 
         if self.durability == "step":
-            res = await run_async(agent, task, run_id=run_id, tags=run_tags, journal=self.journal)
+            res = await run_async_as(agent, task, run_id, None, run_tags, self.journal, _ASYNC_AGENT, None, False, same)
         else:
-            res = await arun_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal, write=self.durability == "run")
+            res = await arun_batched(agent, task, run_id=run_id or new_run_id(), tags=run_tags, journal=self.journal,
+                                     write=self.durability == "run", same=same)
         return self._outcome(s, res)
 
     def _outcome(self, s: Session, res: Any) -> Outcome:

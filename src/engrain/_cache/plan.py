@@ -8,6 +8,7 @@ change, so plans are memoized per engine). :func:`fits` says whether a call's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -87,6 +88,8 @@ _PARAM_RE = re.compile(r"\{\{ params\.(\w+) \}\}")
 _WHOLE_RE = re.compile(r"\{\{ params\.\w+ \}\}")
 _param_names: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
 _UNSET: Any = object()
+#: The pre-check of a step whose tool has a check it recorded no snapshot for (see PlannedStep.of).
+_UNRECORDED = Check(capture=lambda *args, **kwargs: None, compare=lambda current, candidate: False)
 
 
 def _strings(x: Any) -> list[str]:
@@ -114,18 +117,27 @@ def param_names(e: Entry) -> tuple[frozenset[str], frozenset[str]]:
 def fits(e: Entry, params: dict[str, Any]) -> bool:
     """Whether ``params`` can fill ``e``'s templates: every name given, and text-bound ones as the same text Python's str() gives."""
     names, inline = param_names(e)
+    types = e.output.get("param_types")
+    if types is None:
+        # Recorded before bound params were listed: which params it left out of its key is unknown.
+        return not params
+    if not types.keys() <= names:
+        # A param counted bound with no placeholder (the rule before unused params were pinned): its value
+        # is in no key and no template, so another value would replay what the old one made.
+        return False
     if not names:  # no templates (most entries): any params fit
         return True
     if not names <= params.keys() or not all(text_of(params[n]) is not None for n in inline):
         return False
-    types = e.output.get("param_types")
-    return types is None or all(json_type(params[n]) == types.get(n) for n in names)
+    return all(json_type(params[n]) == types.get(n) for n in names)
 
 
 def _decoded(stored: dict[str, Any] | None) -> Any:
     # A plain JSON snapshot decodes to the same value whatever the fresh one is,
     # so it is decoded once; a dataclass or model one needs the fresh type each time.
-    if stored is None or "dataclass" in stored or "model" in stored or stored.get("tagged"):
+    if stored is None:  # compared only by _UNRECORDED's check, which fails whatever it gets
+        return None
+    if "dataclass" in stored or "model" in stored or stored.get("tagged"):
         return _UNSET
     return stored.get("value")
 
@@ -166,9 +178,14 @@ class PlannedStep:
     def of(i: int, step: dict[str, Any], spec: ToolSpec | None) -> PlannedStep:
         templated = bool(step.get("templated"))
         pre, post = step.get("pre"), step.get("post")
+        if spec is not None and (spec.pre is not None and pre is None or spec.post is not None and post is None):
+            # The tool has a check this step recorded no snapshot for (added since): the step cannot be checked, so it
+            # must not run unchecked. A pre-check that never passes makes the lookup skip the entry (step 0) or the
+            # replay diverge before the step runs, handing over to the agent as any failed pre-check does.
+            spec = dataclasses.replace(spec, pre=_UNRECORDED)
         return PlannedStep(
             i, step["name"], spec, step["args"], templated, pre, post,
-            spec is not None and spec.pre is not None and pre is not None,
+            spec is not None and (spec.pre is _UNRECORDED or spec.pre is not None and pre is not None),
             spec is not None and spec.post is not None and post is not None,
             _decoded(pre), _decoded(post), None if templated else _seen_key(step["name"], step["args"]),
             spec is not None and not templated and not spec.is_method and spec.split is None,

@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import _events as ev
 from .._durable.context import RunContext
+from .._durable.steps import same_json
 from .._routines.template import render
 from .binding import entry_key, shape_key
 from .plan import _UNSET, Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
@@ -72,6 +73,7 @@ class Diverged(Exception):
 
 
 _NO_ARGS: tuple[Any, ...] = ()
+_LOOKUP = "engrain.cache.lookup"
 _FILTER_CAPTURE, _FILTER_COMPARE = ("filter", "capture"), ("filter", "compare")
 _PRE_CAPTURE, _PRE_COMPARE = ("runtime", "precheck", "capture"), ("runtime", "precheck", "compare")
 _POST_CAPTURE, _POST_COMPARE = ("runtime", "postcheck", "capture"), ("runtime", "postcheck", "compare")
@@ -209,7 +211,13 @@ class Session:
             self.canon, self.shape = shape_key(self.task, self.tags, self.params)
         else:
             self.canon = canonical_task(self.task, self.params)
-        choice = ctx.call("engrain.cache.lookup", "cache", {"task": self.canon, "tags": self.tags}, self.lookup)
+        args = {"task": self.canon, "tags": self.tags, "params": self.params}
+        rec = ctx.steps.get(ctx.cursor) if ctx.steps else None
+        if rec is not None and rec.name == _LOOKUP and not same_json(rec.args, args):
+            # A "cache" step's arguments are not checked by the run (ARGS_CHECKED): its recorded choice
+            # was made for another lookup (params, tags, namespace, match mode) and must not be replayed.
+            raise ctx._args_mismatch(ctx.cursor, rec, args)
+        choice = ctx.call(_LOOKUP, "cache", args, self.lookup)
         self.reason = choice["reason"]
         self.alternatives = list(choice.get("alternatives", []))
         self.suggest = choice.get("suggest")
@@ -301,7 +309,7 @@ class Session:
                 continue
             steps = plan(self.engine, alt)
             same = all(
-                steps[j].name == self.done[j][0] and steps[j].render(self.params) == self.done[j][1] for j in range(d.at)
+                steps[j].name == self.done[j][0] and same_json(steps[j].render(self.params), self.done[j][1]) for j in range(d.at)
             )
             if same and self._pre_passes(steps[d.at], seen):
                 self.alternatives.remove(alt_id)
@@ -429,7 +437,8 @@ class Session:
         if not self.agent_called:
             return None
         for i, (name, args, result) in enumerate(self.done):
-            if i not in self.used and name == spec.name and args == args_d:
+            # Type-exact: set_flag(True) is not the replayed set_flag(1), though Python's == says so.
+            if i not in self.used and name == spec.name and same_json(args, args_d):
                 self.used.add(i)
                 self.steps.append({"name": name, "args": args, "result": result, "source": "continued"})
                 return StepDone(name, args, result)

@@ -107,13 +107,16 @@ def _compact(events: list[NewEvent]) -> list[NewEvent]:
     return [events[0], NewEvent(ev.REPLAY_COMPLETED, replay.name, data), events[-1]]
 
 
-def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool, agent: Callable[..., Any]) -> BufferedContext:
+def _open(journal: Journal, run_id: str, task: str, tags: list[str], write: bool, agent: Callable[..., Any],
+          same: dict[str, Any] | None) -> BufferedContext:
     ctx = BufferedContext(journal, run_id, write)
     if write:  # the run's record is built only when it is kept
         data = {"task": task, "inputs": {}, "tags": tags, "agent": agent_name(agent)}
         code = fingerprint(agent)
         if code is not None:  # as a durable run records it
             data["agent_code"] = code
+        if same:  # as a durable run records them (see execution._start): a call with its run id checks them
+            data.update(same)
         ctx.append(ev.RUN_STARTED, "", data, json_checked=ev.is_json(data))
     return ctx
 
@@ -126,9 +129,10 @@ def _result(ctx: BufferedContext, ok: bool, value: Any) -> RunResult:
     return _finish_error(ctx, value)
 
 
-def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
+def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True,
+                same: dict[str, Any] | None = None) -> RunResult:
     """Run ``agent(task)`` with its events appended in one transaction at the end (or not at all)."""
-    ctx = _open(journal, run_id, task, tags, write, agent)
+    ctx = _open(journal, run_id, task, tags, write, agent, same)
     token = _current.set(ctx)
     try:
         try:
@@ -142,9 +146,10 @@ def run_batched(agent: Callable[[str], Any], task: str, *, run_id: str, tags: li
     return res
 
 
-async def arun_batched(agent: Callable[[str], Awaitable[Any]], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True) -> RunResult:
+async def arun_batched(agent: Callable[[str], Awaitable[Any]], task: str, *, run_id: str, tags: list[str], journal: Journal, write: bool = True,
+                       same: dict[str, Any] | None = None) -> RunResult:
     """Async :func:`run_batched`."""
-    ctx = _open(journal, run_id, task, tags, write, agent)
+    ctx = _open(journal, run_id, task, tags, write, agent, same)
     token = _current.set(ctx)
     try:
         try:

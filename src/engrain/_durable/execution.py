@@ -39,7 +39,7 @@ from .identity import fingerprint, refusal
 from .lease import Lease
 from .outcome import agent_name as _name_of
 from .outcome import check_agent_name, failure, failure_report
-from .steps import replayed_steps, steps_of_rows
+from .steps import replayed_steps, same_json, steps_of_rows
 
 _FINISHED_KINDS = frozenset({ev.RUN_COMPLETED, ev.RUN_FAILED, ev.RUN_CANCELLED})
 
@@ -55,6 +55,7 @@ def _start(
     fresh: bool = False,
     code: str | None = None,
     upgrade: bool = False,
+    same: dict[str, Any] | None = None,
 ) -> tuple[list[ev.Row] | None, RunResult | None]:
     """Read the run's journal rows (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
 
@@ -64,6 +65,9 @@ def _start(
     otherwise; ``upgrade``: another version of the code may resume it).
     ``fresh``: ``run_id`` was just made by :func:`new_run_id`, so there is nothing to read
     (were it taken after all, creating the run raises :class:`ConflictError`).
+    ``same``: more fields of ``run.started`` that, like the task, a resume must give again, with
+    the same JSON kinds (the cache's params and tags: its journaled lookup is replayed, so a call
+    with other params would otherwise get the entry chosen for the first ones).
     """
     rows = [] if fresh else journal.read_raw(run_id)
     if not rows:
@@ -72,6 +76,8 @@ def _start(
             data["agent"] = agent
         if code is not None:
             data["agent_code"] = code
+        if same:
+            data.update(same)
         if not is_json(data):  # check_json's own test first: its message is made only for a refusal
             check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
@@ -92,6 +98,8 @@ def _start(
     recorded = first.get("task")
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
+    if same:
+        _check_same(run_id, first, same)
     if not finished:
         return rows, None  # resumable: the common case, so nothing below is paid for it
     events = ev.events_of(run_id, rows)
@@ -109,6 +117,14 @@ def _start(
         )
     # run.cancelled: never resumed
     return rows, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
+
+
+def _check_same(run_id: str, first: dict[str, Any], same: dict[str, Any]) -> None:
+    for k, v in same.items():
+        if k not in first:  # started by an engrain that did not record it: what it was is unknown
+            raise EngrainError(f"run {run_id!r} was started without a recorded {k}, so it cannot be resumed with {k} {v!r}")
+        if not same_json(first[k], v):
+            raise EngrainError(f"run {run_id!r} was started with {k} {first[k]!r}, not {v!r}")
 
 
 def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
@@ -157,6 +173,7 @@ class _Execution:
         agent: str,
         code: str | None,
         upgrade: bool,
+        same: dict[str, Any] | None = None,
     ):
         self.task = task
         if run_id:
@@ -166,7 +183,7 @@ class _Execution:
         self.inputs = dict(inputs or {})
         self._lease = lease = Lease(self.journal, self.run_id)
         rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
-                                 fresh=not run_id, code=code, upgrade=upgrade)
+                                 fresh=not run_id, code=code, upgrade=upgrade, same=same)
         if rows is not None and self.done is None and not lease.held:
             # Resuming: take the lease, then read again. A dead executor's last
             # append may have landed after the first read (PostgreSQL finishes
@@ -176,7 +193,7 @@ class _Execution:
             more = self.journal.read_raw(self.run_id, after=len(rows) - 1)
             if more:
                 rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
-                                         code=code, upgrade=upgrade)
+                                         code=code, upgrade=upgrade, same=same)
                 if self.done is not None:
                     lease.__exit__(None, None, None)
         if rows is None:
@@ -302,11 +319,12 @@ def run(
 
 def run_sync(
     agent: Callable[..., Any], task: str, run_id: str | None, inputs: dict[str, Any] | None, tags: list[str] | None,
-    journal: Journal | None, name: str, code: str | None, upgrade: bool = False,
+    journal: Journal | None, name: str, code: str | None, upgrade: bool = False, same: dict[str, Any] | None = None,
 ) -> RunResult:
     """:func:`run` of a plain (not async) ``agent`` that records the valid agent name ``name`` and code
-    fingerprint ``code``: for engrain's own runners (a cache call), which know both without working them out."""
-    ex = _Execution(task, run_id, inputs, tags, journal, name, code, upgrade)
+    fingerprint ``code``: for engrain's own runners (a cache call), which know both without working them out.
+    ``same``: see :func:`_start`."""
+    ex = _Execution(task, run_id, inputs, tags, journal, name, code, upgrade, same)
     if ex.done is not None:
         return ex.done
     with ex:
@@ -330,7 +348,16 @@ async def run_async(
 ) -> RunResult:
     """Async :func:`run` for coroutine agents."""
     name = _name_of(agent) if agent_name is None else check_agent_name(agent_name)
-    ex = _Execution(task, run_id, inputs, tags, journal, name, fingerprint(agent), upgrade)
+    return await run_async_as(agent, task, run_id, inputs, tags, journal, name, fingerprint(agent), upgrade)
+
+
+async def run_async_as(
+    agent: Callable[..., Awaitable[Any]], task: str, run_id: str | None, inputs: dict[str, Any] | None,
+    tags: list[str] | None, journal: Journal | None, name: str, code: str | None, upgrade: bool = False,
+    same: dict[str, Any] | None = None,
+) -> RunResult:
+    """Async :func:`run_sync`."""
+    ex = _Execution(task, run_id, inputs, tags, journal, name, code, upgrade, same)
     if ex.done is not None:
         return ex.done
     with ex:
