@@ -98,7 +98,9 @@ def yaml_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     if request.param == "libyaml":
         if not getattr(yaml, "__with_libyaml__", False):
             pytest.fail("this PyYAML has no libyaml: install a wheel built with it to test the C parser")
-        monkeypatch.setattr(yamlfile, "_loader", lambda: yaml.CSafeLoader)
+        c_loader = yamlfile._loader()  # engrain's JSON-only loader on the C parser (checked above it exists)
+        assert issubclass(c_loader, yaml.CSafeLoader)
+        monkeypatch.setattr(yamlfile, "_loader", lambda: c_loader)
     else:
         monkeypatch.setattr(yamlfile, "_loader", yamlfile.pure_loader)
     return request.param

@@ -602,8 +602,8 @@ def test_parsed_routine_yaml_is_cached_by_content_and_verified(tmp_path, monkeyp
     pkg = tmp_path / "pkg"
     shutil.copytree(PACKAGE, pkg)
     first = _fresh_load(pkg)
-    (entry,) = (cache / "routines").iterdir()
-    assert oct((cache / "routines").stat().st_mode & 0o777) == "0o700" and oct(entry.stat().st_mode & 0o777) == "0o600"
+    (entry,) = (cache / "routines-2").iterdir()
+    assert oct((cache / "routines-2").stat().st_mode & 0o777) == "0o700" and oct(entry.stat().st_mode & 0o777) == "0o600"
     assert entry.name == f"{__import__('hashlib').sha256((pkg / 'routine.yaml').read_bytes()).hexdigest()}.json"
     assert _fresh_load(pkg).raw == first.raw and first.trusted is False
 
@@ -629,10 +629,10 @@ def test_routine_yaml_that_json_cannot_hold_exactly_is_not_cached(tmp_path, monk
     cache = tmp_path / "cache"
     monkeypatch.setenv("ENGRAIN_CACHE_DIR", str(cache))
     pkg = write(tmp_path / "p", "name: p\ninputs: {type: object}\nsteps:\n- {id: r, type: return, value: {1: 2024-01-01}}\n")
-    routine = _fresh_load(pkg)
-    assert routine.steps[0].spec["value"] == {1: __import__("datetime").date(2024, 1, 1)}
-    assert list((cache / "routines").iterdir()) == []  # a date is not JSON: parsed again each time
-    (cache / "routines").chmod(0o777)  # a directory others can write is not used at all
+    with pytest.raises(eg.RoutineError, match=r"steps\[0\]\.value: line 4: key 1 is not a string"):
+        _fresh_load(pkg)
+    assert list((cache / "routines-2").iterdir()) == []  # refused, and nothing kept
+    (cache / "routines-2").chmod(0o777)  # a directory others can write is not used at all
     pkg2 = write(tmp_path / "q", "name: q\ninputs: {type: object}\nsteps:\n- {id: r, type: return, value: 1}\n")
     assert _fresh_load(pkg2).name == "q"
-    assert list((cache / "routines").iterdir()) == []
+    assert list((cache / "routines-2").iterdir()) == []

@@ -108,7 +108,8 @@ def test_resume_ignores_recorded_sandbox_off(tmp_path, store_url):
     j = eg.open(store_url)
     events = forged_start(folder)
     j.append("forged", [eg.NewEvent(e["kind"], e.get("name", ""), e["data"]) for e in events], 0)
-    res = eg.resume_routine("forged", {"ok": "y"}, tools=eg.ToolRegistry(), journal=j)
+    # upgrade=True: the forged start records no file digests; the test is that sandbox=false is not obeyed
+    res = eg.resume_routine("forged", {"ok": "y"}, tools=eg.ToolRegistry(), journal=j, upgrade=True)
     assert res.status == "failed" and "touch" in res.error
     assert not marker.exists()
     started = j.read("forged")[0].data

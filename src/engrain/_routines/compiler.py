@@ -12,6 +12,7 @@ value becomes ``{{ inputs.x }}`` / ``{{ stepN.path }}`` only when it equals a
 
 from __future__ import annotations
 
+import ast
 import json
 import keyword
 import os
@@ -358,6 +359,7 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     recorded: dict[str, dict[str, Any]] = {}
     reasons: dict[str, str] = {}
     taken: set[str] = set()
+    sigs: dict[str, ast.arguments | None] = {}
     for call in t.calls:
         sid = f"step{len(steps) + 1}"
         if call.kind == "tool":
@@ -365,10 +367,11 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
             steps.append({"id": sid, "type": "tool.call", "tool": call.name, "args": {k: prov.param(v, ph) for k, v in call.args.items()}})
         elif call.kind == "udf":
             fname = udf_names.get(call.name) or udf_names.setdefault(call.name, _ident(call.name, taken))
+            call.args = _as_keywords(call.args, _params(call.udf, sigs))
             records = udfs.setdefault(fname, [])
             if not any(_key(a) == _key(call.args) for a, _ in records):
                 records.append((call.args, call.result))
-            _note_source(fname, call.udf, recorded, reasons)
+            _note_source(fname, call.udf, recorded, reasons, _params(call.udf, sigs))
             steps.append({"id": sid, "type": "udf.call", "function": fname, "args": {k: prov.param(v, ph) for k, v in call.args.items()}})
         else:
             fields, answers = _prompt_fields(call)
@@ -400,7 +403,7 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "routine.yaml").write_text(
-        yaml.safe_dump(routine, sort_keys=False, allow_unicode=True, width=100), encoding="utf-8"
+        yaml.dump(routine, Dumper=_dumper(), sort_keys=False, allow_unicode=True, width=100), encoding="utf-8"
     )
     report: list[UdfReport] = []
     if udfs:
@@ -416,11 +419,64 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     return done
 
 
-def _note_source(fname: str, info: Any, recorded: dict[str, dict[str, Any]], reasons: dict[str, str]) -> None:
+# YAML reads NEL, LS and PS as line breaks (folded to a space in quoted and plain scalars);
+# PyYAML's emitter with allow_unicode writes them raw. Double quotes escape them (and every
+# control, BOM or surrogate) as \N, \L, \P, \x.., \u.... Matched on keys too.
+_UNSAFE_TEXT = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
+
+
+def _dumper() -> Any:
+    """A SafeDumper writing every string holding such a character double-quoted."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):  # type: ignore[misc, name-defined]
+        pass
+
+    def text(dumper: Any, data: str) -> Any:
+        style = '"' if _UNSAFE_TEXT.search(data) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    _Dumper.add_representer(str, text)
+    return _Dumper
+
+
+def _params(info: Any, sigs: dict[str, ast.arguments | None]) -> ast.arguments | None:
+    """The parameters of a UDF's recorded source, if usable (parsed once per source)."""
+    src = info.get("source") if isinstance(info, dict) else None
+    if not isinstance(src, str):
+        return None
+    if src not in sigs:
+        node = ast.parse(src).body[0] if check_recorded(info) is None else None
+        sigs[src] = node.args if isinstance(node, ast.FunctionDef) else None
+    return sigs[src]
+
+
+def _as_keywords(args: dict[str, Any], params: ast.arguments | None) -> dict[str, Any]:
+    """Recorded UDF arguments as the keywords the runner calls it with.
+
+    The journal records ``**extra`` as one argument named ``extra``; the runner
+    calls ``fn(**args)``, which would pass that mapping as a keyword ``extra``.
+    """
+    kw = params.kwarg.arg if params is not None and params.kwarg is not None else None
+    extra = args.get(kw) if kw is not None else None
+    if not isinstance(extra, dict):
+        return args
+    named = {p.arg for p in params.posonlyargs + params.args + params.kwonlyargs}  # type: ignore[union-attr]
+    if any(k in named for k in extra):
+        return args  # only reachable through positional-only names; left as recorded
+    return {**{k: v for k, v in args.items() if k != kw}, **extra}
+
+
+def _note_source(
+    fname: str, info: Any, recorded: dict[str, dict[str, Any]], reasons: dict[str, str], params: ast.arguments | None = None
+) -> None:
     """Keep the recorded source of UDF ``fname`` if it is usable, else the reason it is a stub."""
     if fname in reasons:
         return
     problem = check_recorded(info)
+    if problem is None and params is not None and (params.posonlyargs or params.vararg):
+        # The runner calls a UDF by keyword only; the stub replays by keyword too.
+        problem = "its positional-only or *args parameters cannot be called by keyword"
     if problem is not None:
         recorded.pop(fname, None)
         reasons[fname] = problem

@@ -52,7 +52,8 @@ _MISS = object()
 
 
 def _yaml_cache_file(text: str) -> pathlib.Path | None:
-    folder = cache_dir("routines")
+    # -2: parses cached before duplicate keys and values JSON cannot hold were refused must not be reused
+    folder = cache_dir("routines-2")
     return None if folder is None else folder / f"{digest(text.encode('utf-8'))}.json"
 
 
@@ -182,18 +183,28 @@ def validate_routine(path: str | os.PathLike[str], tools: Any = None) -> list[Ro
         return list(e.issues)
 
 
-_cache: dict[str, tuple[tuple[float, ...], Routine]] = {}
+_cache: dict[str, tuple[tuple[tuple[int, ...] | None, ...], Routine]] = {}
 _cache_lock = threading.Lock()
 
+#: Every file of a package the loader reads: the cache key stats them, and a run records their digests.
+PACKAGE_FILES = (ROUTINE_FILE, UDFS_FILE, "udf.py", "schemas/input.schema.json", "schemas/output.schema.json")
 
-def _mtimes(root: pathlib.Path) -> tuple[float, ...]:
-    out = []
-    for name in (ROUTINE_FILE, UDFS_FILE, "udf.py", "schemas/input.schema.json", "schemas/output.schema.json"):
+
+def _mtimes(root: pathlib.Path) -> tuple[tuple[int, ...] | None, ...]:
+    """The cache key of the package at ``root``: exact integers per file (``None``: missing).
+
+    Integers, not a sum in a float, which cannot tell sizes apart at today's
+    nanosecond mtimes. The ctime is there because ``cp -p``, ``rsync -t`` and
+    ``touch -r`` put an old mtime back, but any write moves the ctime; the inode
+    tells a file renamed over the old one (an atomic save) from the old one.
+    """
+    out: list[tuple[int, ...] | None] = []
+    for name in PACKAGE_FILES:
         try:
             st = os.stat(root / name)
-            out.append(st.st_mtime_ns + st.st_size * 1e-3)
-        except FileNotFoundError:
-            out.append(-1.0)
+            out.append((st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev))
+        except (FileNotFoundError, NotADirectoryError):
+            out.append(None)
     return tuple(out)
 
 
@@ -217,7 +228,8 @@ def load_routine(path: str | os.PathLike[str]) -> Routine:
     for st in steps:
         value = st.spec.get("args", {}) if st.type in ("tool.call", "udf.call") else st.spec.get("value")
         if st.type in ("tool.call", "udf.call", "return"):
-            st.dynamic = bool(_template.variables(value))
+            # Escaped literals name no variable but still render to other text.
+            st.dynamic = _template.needs_render(value)
     r = Routine(
         path=root,
         name=data["name"],

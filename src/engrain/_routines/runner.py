@@ -7,6 +7,8 @@ the run with status ``needs_input``, and :func:`resume_routine` records the
 answers and continues from the journal. ``when`` and ``assert`` are evaluated
 by the sandboxed expression evaluator; nothing in the routine text is ever
 passed to ``eval``.
+
+A run goes on only with the files it started with (:mod:`.pinning`).
 """
 
 from __future__ import annotations
@@ -34,9 +36,7 @@ from .answers import Answers, coerce_answers, parse_answers
 from .expr import Budget
 from .loader import load_routine
 from .model import Routine, Step
-
-#: Tag on every routine run; the run's recorded inputs name the routine folder.
-ROUTINE_TAG = "routine"
+from .pinning import ROUTINE_TAG, check_resumable, load_pinned, refuse_changed  # noqa: F401  (ROUTINE_TAG: re-exported)
 _PROPAGATE = (NondeterminismError, ConflictError, LeaseHeldError)
 
 _lock = threading.Lock()
@@ -190,9 +190,40 @@ class _RoutineRun:
         inner = getattr(fn, "__wrapped__", fn) if meta else fn
         kind = meta["type"] if meta else "tool"
         result_schema = decl.get("result")
+        pos: list[Any] = []
+        kw = args
+        code = getattr(inner, "__code__", None)
+        emcore = not hasattr(self.registry, "get") and hasattr(self.registry, "call") and hasattr(self.registry, "has")
+        if not emcore and (code is None or code.co_flags & 0x0C or code.co_posonlyargcount):  # 0x0C: *args, **kwargs
+            # The journal records a call by parameter: *args as one list, **kwargs as one mapping,
+            # positional-only ones by name. A compiled routine holds that record, so it is spread
+            # back; a key naming no parameter goes in as a keyword (hand-written routines' **kwargs).
+            import inspect
+
+            try:
+                params = list(inspect.signature(inner).parameters.values())
+            except (TypeError, ValueError):
+                params = []
+            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
+                names = {p.name for p in params}
+                kw, gap = {k: v for k, v in args.items() if k not in names}, False
+                spread = any(p.kind is p.VAR_POSITIONAL for p in params)
+                for p in params:
+                    if p.name not in args:
+                        gap = gap or p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                        continue
+                    v = args[p.name]
+                    if p.kind is p.VAR_POSITIONAL and isinstance(v, list) and not gap:
+                        pos.extend(v)
+                    elif p.kind is p.VAR_KEYWORD and isinstance(v, dict):
+                        kw.update(v)
+                    elif not gap and (p.kind is p.POSITIONAL_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD and spread):
+                        pos.append(v)
+                    else:
+                        kw[p.name] = v
 
         def thunk() -> Any:
-            out = inner(**args)
+            out = inner(*pos, **kw)
             if hasattr(out, "__await__"):
                 import asyncio
 
@@ -302,6 +333,7 @@ def run_routine(
     routine_dir: str | os.PathLike[str] | None = None,
     input_data: dict[str, Any] | None = None,
     tool_registry: Any = None,
+    upgrade: bool = False,
 ) -> RunResult:
     """Run the routine package at ``path`` durably with ``inputs``; return its :class:`~engrain.RunResult`.
 
@@ -316,16 +348,23 @@ def run_routine(
     (``step_id``, ``error_type``, ``message`` say where and why); a prompt ends
     it with ``needs_input``. em-core's keyword names are accepted as aliases:
     ``routine_dir=``, ``input_data=``, ``tool_registry=``.
+
+    An existing unfinished ``run_id`` is continued only if the package's files
+    are the ones it started with (:class:`~engrain.AgentMismatchError`
+    otherwise, nothing written); ``upgrade=True`` continues it anyway.
     """
     path = _alias(path, routine_dir, "path", "routine_dir")
     if path is None:
         raise TypeError("run_routine() needs the routine folder (path= or routine_dir=)")
     inputs = _alias(inputs, input_data, "inputs", "input_data")
     tools = _alias(tools, tool_registry, "tools", "tool_registry")
-    routine = load_routine(path)
+    routine, files = load_pinned(path)
     inputs = {} if inputs is None else inputs
     check_inputs(routine, inputs)
     given = parse_answers(answers, prompts_of(routine))
+    if run_id is not None and not upgrade:
+        journal = journal or default_journal()
+        check_resumable(journal, run_id, files)
     registry = resolve_tools(tools)
     use_sandbox = (not routine.trusted) if sandbox is None else bool(sandbox)
     execution = _RoutineRun(routine, registry, use_sandbox, given)
@@ -334,6 +373,7 @@ def run_routine(
         "inputs": inputs,
         "sandbox": use_sandbox,
         "tools": _portable(tools) if isinstance(tools, str) else None,
+        "files": files,
     }
     result = run(execution, f"routine {routine.name}", run_id=run_id, inputs=recorded, tags=[ROUTINE_TAG], journal=journal)
     if result.status == "needs_input" and result.prompt is not None:
@@ -353,6 +393,8 @@ def resume_routine(
     tools: Any = None,
     journal: Any = None,
     sandbox: bool | None = None,
+    *,
+    upgrade: bool = False,
 ) -> RunResult:
     """Answer the prompt a ``needs_input`` routine run waits for, and continue it from the journal.
 
@@ -365,7 +407,9 @@ def resume_routine(
     ``tools`` is the caller's (a run started with a ``--tools`` spec must be
     resumed with one: no module named in the journal is imported). Answers are
     validated against the prompt's fields (:class:`~engrain.RoutineInputError`
-    naming the step and field).
+    naming the step and field). Files changed since the run started (or a run
+    older than the digests that tell) raise :class:`~engrain.AgentMismatchError`
+    and record no answer; ``upgrade=True`` lets the current files continue it.
     """
     from .._durable.context import steps_of
     from .._durable.human import answer
@@ -392,7 +436,10 @@ def resume_routine(
         )
     fields = step.args.get("fields") or []
     root = pathlib.Path(rec["routine"])
-    given = parse_answers(answers, prompts_of(load_routine(root)))
+    routine, files = load_pinned(root)
+    if not upgrade:  # before the answer is recorded: it answers the prompt the old files showed
+        refuse_changed(run_id, rec, files)
+    given = parse_answers(answers, prompts_of(routine))
     if given.by_step and step.name not in given.by_step:
         raise RoutineInputError(
             "answers", "(root)", f"the run waits at step {step.name!r}, but the answers name {', '.join(sorted(given.by_step))}"
@@ -408,4 +455,5 @@ def resume_routine(
         answers=given.by_step or None,
         # Only the caller may switch the sandbox off; a recorded True merely keeps it on.
         sandbox=sandbox if sandbox is not None else (True if rec.get("sandbox") is True else None),
+        upgrade=upgrade,
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._errors import TemplateError
 
-__all__ = ["escape", "parse_path", "placeholder", "render", "variables"]
+__all__ = ["escape", "needs_render", "parse_path", "placeholder", "render", "variables"]
 
 Segment = str | int
 Path = tuple[Segment, ...]
@@ -116,6 +116,26 @@ def variables(value: Any, where: str | None = None) -> set[str]:
         elif isinstance(v, list):
             stack.extend(v)
     return names
+
+
+def needs_render(value: Any) -> bool:
+    """Whether :func:`render` may return something other than ``value`` itself.
+
+    Not the same as having :func:`variables`: an escaped literal (``{{ '{{' }}``)
+    names no variable yet renders to other text, so any string holding ``{{``
+    counts.
+    """
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _OPEN in v:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def _render_str(text: str, scope: Mapping[str, Any], where: str | None) -> Any:

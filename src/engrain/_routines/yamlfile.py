@@ -13,11 +13,22 @@ libyaml's own nesting limit and than what the pure-Python composer's recursion
 allows, and a syntax error from libyaml in a file of up to ``REWORD_BYTES`` is
 worded by the pure-Python parser (a larger one keeps libyaml's words: reading
 it again in pure Python would cost more CPU than the file is worth).
+
+What is built is JSON and nothing else, since everything downstream (templates,
+the journal, the API) is JSON: a mapping that repeats a key is refused (PyYAML
+would keep the last value silently, so a reviewer could read one ``args`` block
+while another runs), and so is a value JSON cannot hold (``!!binary``,
+``!!set``, ``!!omap``/``!!pairs``, ``.nan``/``.inf``, a key that is not a
+string, and a bare date such as ``2024-01-01``, which YAML 1.1 makes a
+``datetime.date``). Dates are refused rather than read as strings because
+other YAML tools read that same text as a date: the error says to quote it.
+Each refusal names the file and the line, and a non-JSON value its path.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Any
 
@@ -60,19 +71,159 @@ def pure_loader() -> Any:
     """
     import yaml
 
-    class BoundedSafeLoader(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+    class BoundedSafeLoader(_json_only(), yaml.SafeLoader):  # type: ignore[misc, name-defined]
         def fetch_flow_collection_start(self, TokenClass: Any) -> None:
             if self.flow_level >= MAX_DEPTH:
                 raise _TooDeep(self.get_mark())
             super().fetch_flow_collection_start(TokenClass)
 
-    return BoundedSafeLoader
+    return _register(BoundedSafeLoader)
 
 
+@functools.cache
 def _loader() -> Any:
     import yaml
 
-    return getattr(yaml, "CSafeLoader", None) or pure_loader()  # safe loaders only
+    base = getattr(yaml, "CSafeLoader", None)  # safe loaders only
+    if base is None:
+        return pure_loader()
+
+    class JSONSafeLoader(_json_only(), base):  # type: ignore[misc, valid-type]
+        pass
+
+    return _register(JSONSafeLoader)
+
+
+class _Duplicate(Exception):
+    """A mapping repeats a key; raised while constructing, caught by :func:`load_yaml_text`."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _NotJSON:
+    """Stands in for a value JSON cannot hold until the whole document is built and its path can be named."""
+
+    __slots__ = ("line", "what")
+
+    def __init__(self, line: int, what: str) -> None:
+        self.line, self.what = line, what
+
+
+_TAG = "tag:yaml.org,2002:"
+#: Tags whose values JSON has no form for, and what to write instead.
+_REFUSED = {
+    "binary": "!!binary data is not JSON; write it as a string (base64 text)",
+    "set": "a !!set is not JSON; write a list",
+    "omap": "an !!omap is not JSON; write a mapping or a list of mappings",
+    "pairs": "!!pairs are not JSON; write a list of mappings",
+}
+
+
+@functools.cache
+def _json_only() -> type:
+    """A constructor mixin: duplicate keys raise :class:`_Duplicate`, non-JSON values become :class:`_NotJSON`."""
+    import yaml
+
+    class JSONOnly:
+        def __init__(self, stream: Any) -> None:
+            super().__init__(stream)  # type: ignore[call-arg]
+            self.refused: list[_NotJSON] = []
+
+        def _refuse(self, node: Any, what: str) -> _NotJSON:
+            bad = _NotJSON(node.start_mark.line + 1, what)
+            self.refused.append(bad)
+            return bad
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                # Before merges are flattened: a key a ``<<`` merge brings in may be overridden, by YAML's design.
+                seen: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == _TAG + "merge":
+                        continue
+                    key = self.construct_object(key_node, deep=deep)  # type: ignore[attr-defined]
+                    try:
+                        first = seen.setdefault(key, key_node)
+                    except TypeError:
+                        continue  # unhashable: PyYAML's own error names it below
+                    if first is not key_node:
+                        raise _Duplicate(key, key_node.start_mark.line + 1, first.start_mark.line + 1)
+            mapping = super().construct_mapping(node, deep=deep)  # type: ignore[misc]
+            if all(type(k) is str for k in mapping):
+                return mapping
+            nodes = {self.construct_object(k): k for k, _ in node.value}  # type: ignore[attr-defined]
+
+            def refused(key: Any) -> Any:
+                text = nodes[key].value
+                return self._refuse(nodes[key], f"key {text} is not a string (JSON keys are strings); quote it: '{text}'")
+
+            return {k if type(k) is str or isinstance(k, _NotJSON) else refused(k): v for k, v in mapping.items()}
+
+        def construct_yaml_float(self, node: Any) -> Any:
+            value = super().construct_yaml_float(node)  # type: ignore[misc]
+            return value if math.isfinite(value) else self._refuse(node, f"{node.value} is not a JSON number")
+
+        def construct_yaml_timestamp(self, node: Any) -> Any:
+            return self._refuse(node, f"{node.value} is a date, and JSON has no dates; quote it: '{node.value}'")
+
+        def construct_refused(self, node: Any) -> Any:
+            return self._refuse(node, _REFUSED[node.tag.removeprefix(_TAG)])
+
+    return JSONOnly
+
+
+def _register(cls: Any) -> Any:
+    """``cls`` with the JSON-only constructors in its own table (PyYAML's tables hold functions, not method names)."""
+    cls.add_constructor(_TAG + "float", cls.construct_yaml_float)
+    cls.add_constructor(_TAG + "timestamp", cls.construct_yaml_timestamp)
+    for tag in _REFUSED:
+        cls.add_constructor(_TAG + tag, cls.construct_refused)
+    return cls
+
+
+def _path(parent: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if isinstance(key, str) and key.isidentifier():
+        return f"{parent}.{key}" if parent else key
+    return f"{parent}[{key!r}]"
+
+
+def _not_json_issues(data: Any, file: str) -> list[RoutineIssue]:
+    """One issue per refused value, with its path; walked only when something was refused."""
+    found: dict[int, tuple[int, RoutineIssue]] = {}
+
+    def note(bad: _NotJSON, at: str) -> None:
+        found.setdefault(id(bad), (bad.line, RoutineIssue(file, None, at or "(top)", f"line {bad.line}: {bad.what}")))
+
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, _NotJSON):
+            note(value, at)
+        elif isinstance(value, (dict, list)) and id(value) not in seen:
+            seen.add(id(value))  # an alias shares the object: one visit names it
+            # Reversed onto the stack, so a value reached twice is named by its first path in the file.
+            for k, v in reversed(list(value.items() if isinstance(value, dict) else enumerate(value))):
+                if isinstance(k, _NotJSON):
+                    note(k, at)
+                stack.append((v, at if isinstance(k, _NotJSON) else _path(at, k)))
+    return [issue for _, issue in sorted(found.values(), key=lambda f: f[0])]
+
+
+def _construct(text: str, loader: Any, file: str) -> Any:
+    ld = loader(text)
+    try:
+        data = ld.get_single_data()
+        refused = ld.refused
+    finally:
+        ld.dispose()
+    if refused:
+        raise RoutineError(file, _not_json_issues(data, file))
+    return data
 
 
 def _issue(file: str, where: str, message: str, shown: str | None = None) -> RoutineError:
@@ -137,10 +288,11 @@ def check_bounds(text: str, file: str, loader: Any = None) -> None:
 
 
 def load_yaml_text(text: str, file: str) -> Any:
-    """The data of YAML ``text`` (safe types only), bounded as :func:`check_bounds` says.
+    """The data of YAML ``text`` (JSON types only, no key repeated), bounded as :func:`check_bounds` says.
 
-    ``file`` names the file in errors. Syntax errors become a
-    :class:`~engrain.RoutineError` naming the line.
+    ``file`` names the file in errors. Syntax errors, a repeated key and a
+    value JSON cannot hold become a :class:`~engrain.RoutineError` naming the
+    line (and the value's path).
     """
     import yaml
 
@@ -150,7 +302,7 @@ def load_yaml_text(text: str, file: str) -> Any:
     try:
         try:
             check_bounds(text, file, loader)
-            return yaml.load(text, Loader=loader)
+            return _construct(text, loader, file)
         except yaml.YAMLError as e:
             if loader is pure_loader() or isinstance(e, yaml.constructor.ConstructorError):
                 raise  # a constructor's error (a tag, a key) is Python's whichever parser read the text
@@ -168,7 +320,10 @@ def load_yaml_text(text: str, file: str) -> Any:
         # text it reads fast: it is ~50x slower than libyaml, and a large file
         # whose last line is wrong would cost a minute of CPU.
         check_bounds(text, file, pure_loader())
-        return yaml.load(text, Loader=pure_loader())
+        return _construct(text, pure_loader(), file)
+    except _Duplicate as e:
+        raise _issue(file, f"line {e.line}", f"duplicate key {e.key!r} (first at line {e.first}): "
+                     "YAML would keep only the last value; write each key once") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "yaml"
