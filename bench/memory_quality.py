@@ -72,6 +72,15 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-28 04:10-04:20 (load 2-4 beside other work; any@5 all@5 any@10 sess@1; --ideas '' --no-int8),
+tried and not kept: no crowding floor on a chat-log skill (``voice.speakers_of`` non-empty), on the reasoning that
+its records crowd because of the shared speaker-and-date header, which the passage words already read, while the
+floor is for a language the embedder does not know. SQLite: LoCoMo .749 .616 .822 .729 against .749 .616 .814
+.723, chat, FAQ sv (.536) and FAQ en (.825) unchanged; but PostgreSQL: LoCoMo .760 .621 .842 .743 against .757
+.624 .847 .749 (three of four lower, by one or two questions each), and EmbeddingGemma (the no-floor row of
+2026-11-27 19:20) trades sess@1 .777 -> .760 for any@5 .788 -> .802. A trade between backends and measures, not a
+gain on every set.
+
 Measured 2026-11-27 21:50 (SQLite, LoCoMo and chat; any@5 all@5 any@10 sess@1): a skill is a chat log only
 when its speakers' turns are at least half of its newest records (``voice.MIN_SHARE``; a chat owner's joke in
 "Teacher:" and "Student:" lines had made it one): LoCoMo .749 .616 .814 .723, chat .457 .278 .585 .611, no-voice
