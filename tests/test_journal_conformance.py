@@ -229,6 +229,50 @@ def test_leases(journal):
         journal.acquire_lease("missing", "w1", ttl=1)
 
 
+@pytest.mark.parametrize("fallback", [False, True], ids=["backend", "base-fallback"])
+def test_lease_renewal_holds_only_at_the_epoch_taken(journal, fallback):
+    from engrain._journal import Journal
+
+    # The base class's renewal (for journals without their own) must keep the same promise.
+    renew = (lambda *a: Journal.renew_lease(journal, *a)) if fallback else journal.renew_lease
+    journal.append("r", [started()], 0, lease=("w1", 30))  # epoch 1
+    until = journal.get_run("r").lease_until
+    time.sleep(0.02)
+    assert renew("r", "w1", 60, 1)
+    assert journal.get_run("r").lease_until > until and journal.get_run("r").lease_epoch == 1
+    assert not renew("r", "w2", 60, 1)  # not the holder
+    assert not renew("r", "w1", 60, 2)  # not its epoch
+    # Released, then free: a renewal does not take it back, unlike take_lease.
+    journal.release_lease("r", "w1")
+    assert not renew("r", "w1", 60, 1)
+    assert journal.get_run("r").lease_owner is None
+    # Taken over and released by another owner, then taken again by w1: only the new epoch renews.
+    assert journal.take_lease("r", "w2", 30) == 2
+    assert not renew("r", "w1", 60, 1) and journal.get_run("r").lease_owner == "w2"
+    journal.release_lease("r", "w2")
+    assert journal.take_lease("r", "w1", 30) == 3
+    assert not renew("r", "w1", 60, 1) and renew("r", "w1", 60, 3)
+    # A lapsed lease nobody took is still its owner's: renewed, and then live again.
+    journal.append("x", [started()], 0, lease=("w1", 0.05))
+    time.sleep(0.15)
+    assert renew("x", "w1", 30, 1)
+    assert not journal.acquire_lease("x", "w2", ttl=30)
+    # A finish drops the lease: nothing left to renew.
+    journal.append("x", [NewEvent("run.completed", "", {"output": 1})], 1)
+    assert not renew("x", "w1", 30, 1) and journal.get_run("x").lease_owner is None
+    assert not renew("missing", "w1", 30, 1)
+
+
+def test_lease_release_at_an_epoch_spares_a_later_one(journal):
+    journal.append("r", [started()], 0, lease=("w1", 30))
+    journal.release_lease("r", "w1")
+    assert journal.take_lease("r", "w1", 30) == 2  # the same owner's lease again, at a new epoch
+    journal.release_lease("r", "w1", 1)  # the first one's release: not this lease
+    assert journal.get_run("r").lease_owner == "w1"
+    journal.release_lease("r", "w1", 2)
+    assert journal.get_run("r").lease_owner is None
+
+
 def test_append_creates_a_leased_run(journal):
     journal.append("r", [started()], 0, lease=("w1", 30))
     assert journal.get_run("r").lease_owner == "w1"

@@ -223,10 +223,14 @@ class LeaseLostError(LeaseHeldError):
         self.run_id = run_id
         self.owner = owner
         self.epoch = epoch
+        # ``owner`` is the lease's holder now: None once the executor that took over released it (it paused
+        # the run at a question, or finished it), which says nothing of who took it.
+        held = (
+            f"taken over by {owner!r}; the run continues with the new holder" if owner
+            else "another executor took the run over and has since released the lease"
+        )
         Exception.__init__(
-            self,
-            f"run {run_id!r}: lease epoch {epoch} is no longer current (taken over by {owner!r}); "
-            "this executor's append was refused and the run continues with the new holder",
+            self, f"run {run_id!r}: lease epoch {epoch} is no longer current ({held}); this executor's append was refused"
         )
 
 

@@ -11,6 +11,13 @@ its last event (``Journal.append``), so a short run writes nothing for its
 lease. One daemon thread per process renews the leases of runs that have
 lived past a third of their ttl; a run only registers with it, so it pays no
 thread start or join.
+
+The owner id is the process's, so the store cannot tell two executors of one
+process apart: a process-wide registry of the runs being executed refuses a
+second executor of a run (two threads resuming it at once) before it executes
+anything. A renewal extends only the lease taken at the executor's epoch: once
+the lease was released or changed hands, the executor has lost it for good,
+even if the lease is free again.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from .._errors import LeaseHeldError
@@ -77,6 +85,32 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
+def _store_key(journal: Journal) -> object:
+    """What names ``journal``'s store, so two journal objects on one store count as one."""
+    key = getattr(journal, "_engrain_store_key", None)
+    if key is not None:
+        return key
+    path = getattr(journal, "path", None)
+    url = getattr(journal, "url", None)
+    if path is not None and str(path) != ":memory:":
+        key = ("path", os.path.realpath(path))
+    elif isinstance(url, str) and not url.startswith("sqlite:"):
+        key = ("url", url)
+    else:
+        key = ("journal", id(journal))
+    try:
+        journal._engrain_store_key = key  # type: ignore[attr-defined]  # realpath's syscalls once, not per run
+    except AttributeError:
+        pass
+    return key
+
+
+# (store, run id) -> the executor's lease. Weak: an executor abandoned without
+# reaching __exit__ (its setup raised) must not keep the run blocked in this process.
+_executing: dict[tuple[object, str], weakref.ref[Lease]] = {}
+_executing_lock = threading.Lock()
+
+
 class Lease:
     """The lease of one run while it executes (a context manager).
 
@@ -97,11 +131,43 @@ class Lease:
         self.epoch: int | None = None
         self.due = 0.0  # monotonic time of the next renewal
         self.renewing = False  # a renewal is in flight (guarded by the renewer's lock)
+        #: A renewal found the lease released or taken at another epoch: never renewed again.
+        self.lost = False
         self._registered = False
+        self._key = (_store_key(journal), run_id)
+        self._claimed = False
+
+    def _claim(self) -> None:
+        """Become the process's one executor of the run, or raise :class:`LeaseHeldError`."""
+        if self._claimed:
+            return
+        with _executing_lock:
+            ref = _executing.get(self._key)
+            other = ref() if ref is not None else None
+            # One whose renewal found the lease lost is fenced off, as if another process had taken
+            # the run over: it must not keep the run from its next executor.
+            if other is not None and other is not self and not other.lost:
+                raise LeaseHeldError(self.run_id, self.owner)
+            _executing[self._key] = weakref.ref(self)
+            self._claimed = True
+
+    def _unclaim(self) -> None:
+        if self._claimed:
+            self._claimed = False
+            with _executing_lock:
+                ref = _executing.get(self._key)
+                if ref is not None and ref() in (self, None):
+                    del _executing[self._key]
 
     def take(self, epoch: int = 1) -> None:
-        """Record that the lease is held: taken by the append that created the run with ``lease=(owner, ttl)``."""
+        """Record that the lease is held: taken by the append that created the run with ``lease=(owner, ttl)``.
+
+        Raises :class:`LeaseHeldError` when another executor of this process got the run first (it
+        resumed the run between its creation and this call): that one executes it, this one must not.
+        """
+        self._claim()
         self.held = True
+        self.lost = False
         self.epoch = epoch
         self.due = time.monotonic() + self.ttl / 3
 
@@ -114,27 +180,41 @@ class Lease:
 
     def acquire(self) -> None:
         """Take the lease of an existing run (a dead local holder's at once), or raise :class:`LeaseHeldError`."""
-        j = self.journal
-        epoch = j.take_lease(self.run_id, self.owner, self.ttl)
-        if epoch is None:
-            info = j.get_run(self.run_id)
-            holder = info.lease_owner if info else None
-            if not _dead_local_owner(holder):
-                raise LeaseHeldError(self.run_id, holder)
-            j.release_lease(self.run_id, holder)  # type: ignore[arg-type]
+        # Claimed before the store is asked: the store would let this process's owner id take its own
+        # lease again, epoch unchanged, so two executors of one process would both run the agent.
+        self._claim()
+        try:
+            j = self.journal
             epoch = j.take_lease(self.run_id, self.owner, self.ttl)
             if epoch is None:
                 info = j.get_run(self.run_id)
-                raise LeaseHeldError(self.run_id, info.lease_owner if info else None)
+                holder = info.lease_owner if info else None
+                if not _dead_local_owner(holder):
+                    raise LeaseHeldError(self.run_id, holder)
+                j.release_lease(self.run_id, holder)  # type: ignore[arg-type]
+                epoch = j.take_lease(self.run_id, self.owner, self.ttl)
+                if epoch is None:
+                    info = j.get_run(self.run_id)
+                    raise LeaseHeldError(self.run_id, info.lease_owner if info else None)
+        except BaseException:
+            self._unclaim()
+            raise
         self.take(epoch)
 
     def renew(self) -> None:
-        """Extend the lease by ``ttl`` from now (called by the renewal thread)."""
+        """Extend the lease by ``ttl`` from now (called by the renewal thread); mark it :attr:`lost` if it is gone."""
         self.due = time.monotonic() + self.ttl / 3
+        if self.epoch is None:
+            return
         try:
-            self.journal.acquire_lease(self.run_id, self.owner, self.ttl)
+            kept = self.journal.renew_lease(self.run_id, self.owner, self.ttl, self.epoch)
         except Exception:  # noqa: BLE001 - a failed renewal must not kill the run; the next try may succeed
-            pass
+            return
+        if not kept:
+            # Taking the lease again would hand a fenced-off executor (its appends are refused) a
+            # lease the run's next executor then waits on for as long as this one's step lasts.
+            self.lost = True
+            self.held = False
 
     def stop(self) -> None:
         """Stop renewing (waiting out a renewal in flight); the lease stays held until it expires or is released."""
@@ -147,13 +227,17 @@ class Lease:
         self.held = False
 
     def __exit__(self, *exc: Any) -> None:
-        self.stop()
-        if self.held:
-            self.held = False
-            try:
-                self.journal.release_lease(self.run_id, self.owner)
-            except Exception:  # noqa: BLE001 - the lease expires by itself; never mask the run's own outcome
-                pass
+        try:
+            self.stop()
+            if self.held:
+                self.held = False
+                try:
+                    # At its epoch: a lease this process's owner id took since (a worker's claim) is not this one's.
+                    self.journal.release_lease(self.run_id, self.owner, self.epoch)
+                except Exception:  # noqa: BLE001 - the lease expires by itself; never mask the run's own outcome
+                    pass
+        finally:
+            self._unclaim()
 
 
 #: How long the renewal thread sleeps with no lease to renew (see ``_Renewer._loop``).
@@ -218,6 +302,8 @@ class _Renewer:
                     cond.acquire()
                     for lease in due:
                         lease.renewing = False
+                        if lease.lost:
+                            self._leases.pop(id(lease), None)
                     cond.notify_all()
 
 
@@ -225,9 +311,11 @@ _renewer = _Renewer()
 
 
 def _after_fork() -> None:
-    # The child has no renewal thread, and the parent's leases are not its own.
-    global _renewer
+    # The child has no renewal thread, and the parent's leases (and executions) are not its own.
+    global _renewer, _executing_lock
     _renewer = _Renewer()
+    _executing.clear()
+    _executing_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork)

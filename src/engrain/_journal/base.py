@@ -168,9 +168,28 @@ class Journal(abc.ABC):
         """:meth:`take_lease` without the epoch: ``True`` when ``owner`` now holds the lease."""
         return self.take_lease(run_id, owner, ttl) is not None
 
+    def renew_lease(self, run_id: str, owner: str, ttl: float, epoch: int) -> bool:
+        """Extend ``owner``'s lease on ``run_id`` to ``now + ttl`` if it still holds it at ``epoch``.
+
+        Unlike :meth:`take_lease`, never takes a lease that was released or
+        changed hands since ``epoch`` (even one free again): an executor fenced
+        off at ``epoch`` would otherwise hold the lease its run's next executor
+        needs. ``False`` when the lease is lost; a lapsed lease nobody took is
+        still the owner's and is extended. A backend overrides this with one
+        conditional update; this fallback, for journals that do not, re-reads.
+        """
+        info = self.get_run(run_id)
+        if info is None or info.lease_owner != owner or info.lease_epoch != epoch:
+            return False
+        got = self.take_lease(run_id, owner, ttl)
+        if got is not None and got != epoch:  # lost between the read and the take: give back what was taken
+            self.release_lease(run_id, owner, got)
+            return False
+        return got is not None
+
     @abc.abstractmethod
-    def release_lease(self, run_id: str, owner: str) -> None:
-        """Drop ``owner``'s lease on ``run_id``; a no-op if ``owner`` does not hold it."""
+    def release_lease(self, run_id: str, owner: str, epoch: int | None = None) -> None:
+        """Drop ``owner``'s lease on ``run_id``; a no-op if ``owner`` does not hold it (at ``epoch``, if given)."""
 
     @abc.abstractmethod
     def claim_runs(

@@ -330,13 +330,28 @@ class PostgresJournal(Journal):
             raise RunNotFoundError(run_id)
         return None
 
-    def release_lease(self, run_id: str, owner: str) -> None:
+    def renew_lease(self, run_id: str, owner: str, ttl: float, epoch: int) -> bool:
+        try:
+            with self._lock:
+                self._settle()
+                row = self._db.execute(
+                    f"UPDATE engrain_runs SET lease_until = {_DB_NOW} + %s"
+                    " WHERE run_id = %s AND lease_owner = %s AND lease_epoch = %s RETURNING 1",
+                    (ttl, run_id, owner, epoch),
+                ).fetchone()
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
+        return row is not None
+
+    def release_lease(self, run_id: str, owner: str, epoch: int | None = None) -> None:
+        at = "" if epoch is None else " AND lease_epoch = %s"
         try:
             with self._lock:
                 self._settle()
                 self._db.execute(
-                    "UPDATE engrain_runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = %s AND lease_owner = %s",
-                    (run_id, owner),
+                    "UPDATE engrain_runs SET lease_owner = NULL, lease_until = NULL"
+                    f" WHERE run_id = %s AND lease_owner = %s{at}",
+                    (run_id, owner) if epoch is None else (run_id, owner, epoch),
                 )
         except self._psycopg.Error as e:
             raise self._storage(e) from e

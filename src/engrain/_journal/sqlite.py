@@ -354,12 +354,27 @@ class SQLiteJournal(Journal):
             raise RunNotFoundError(run_id)
         return None
 
-    def release_lease(self, run_id: str, owner: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = ? AND lease_owner = ?",
-                (run_id, owner),
-            )
+    def renew_lease(self, run_id: str, owner: str, ttl: float, epoch: int) -> bool:
+        try:
+            with self._lock:
+                row = self._db.execute(
+                    "UPDATE runs SET lease_until = ? WHERE run_id = ? AND lease_owner = ? AND lease_epoch = ? RETURNING 1",
+                    (self._now() + ttl, run_id, owner, epoch),
+                ).fetchone()
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
+        return row is not None
+
+    def release_lease(self, run_id: str, owner: str, epoch: int | None = None) -> None:
+        at = "" if epoch is None else " AND lease_epoch = ?"
+        try:
+            with self._lock:
+                self._db.execute(
+                    f"UPDATE runs SET lease_owner = NULL, lease_until = NULL WHERE run_id = ? AND lease_owner = ?{at}",
+                    (run_id, owner) if epoch is None else (run_id, owner, epoch),
+                )
+        except sqlite3.Error as e:
+            raise self._translate(e) from e
 
     def claim_runs(
         self, owner: str, ttl: float, limit: int = 10, *, agents: Agents | None = None
