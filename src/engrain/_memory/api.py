@@ -347,23 +347,26 @@ class Memory:
         return out
 
     @storage_errors
-    def consolidate(self, num_records: int | str = "all", method: str = "LIFO") -> ConsolidationSummary:
+    def consolidate(self, num_records: int | str | None = "all", method: str | None = "LIFO") -> ConsolidationSummary:
         """Process the buffer into articles (see :mod:`engrain._memory.consolidate`).
 
         ``num_records`` is how many buffer rows to take (``"all"`` for every
         row); ``method`` takes the newest (``"LIFO"``) or oldest (``"FIFO"``)
-        first. Each row is processed exactly once across calls and processes.
+        first. None means the default of either (etchmem's signature).
+        Each row is processed exactly once across calls and processes.
         Failures are listed in ``summary.errors``, never swallowed.
         """
         from . import consolidate as _c
 
-        if num_records == "all":
+        if num_records is None or num_records == "all":
             limit = None
         elif isinstance(num_records, int) and not isinstance(num_records, bool) and num_records > 0:
             # Past SQL's 64-bit LIMIT a count means every row; SQLite would refuse it as a type mismatch.
             limit = num_records if num_records < 2**62 else None
         else:
             raise MemoryInputError(f"num_records must be 'all' or a positive integer, not {num_records!r}")
+        if method is None:
+            method = "LIFO"
         if not isinstance(method, str) or method.upper() not in ("LIFO", "FIFO"):
             raise MemoryInputError(f"method must be 'LIFO' or 'FIFO', not {method!r}")
         return _c.run(self, limit, method.upper() == "LIFO")

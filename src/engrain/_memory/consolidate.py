@@ -30,6 +30,7 @@ length of the longest imaginable pass.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -182,6 +183,23 @@ class _Lease:
         self._thread.join()
 
 
+def citing(mem: Memory, ids: list[str], homes: set[str] | None = None) -> set[str]:
+    """Ids of the articles whose sources hold any of the record ids ``ids``, plus ``homes``."""
+    st, want = mem.store, set(ids)
+    out = set(homes or ())
+    for i in range(0, len(ids), 50):
+        # A record id is quoted in the sources' JSON: the LIKE narrows the read, the JSON decides.
+        chunk = ids[i:i + 50]
+        cond = " OR ".join("sources LIKE ?" for _ in chunk)
+        with st._lock:
+            rows = st._x(f"SELECT id, sources FROM engrain_mem_articles WHERE {cond}",
+                         [f'%"{r}"%' for r in chunk]).fetchall()
+        for aid, srcs in rows:
+            if want.intersection(json.loads(srcs)):
+                out.add(aid)
+    return out
+
+
 def _pass(mem: Memory, summary: ConsolidationSummary, token: str, items: list[BufferItem],
           expired: list[tuple[int, str, str | None]], now: float) -> ConsolidationSummary:
     store = mem.store
@@ -189,8 +207,10 @@ def _pass(mem: Memory, summary: ConsolidationSummary, token: str, items: list[Bu
     recs = store.records([i.ref for i in items if i.kind == "deposit" and i.ref])
     recs = {k: r for k, r in recs.items() if k not in gone}
     skills: dict[str, _Skill] = {}
-    # Articles built on expired records are rewritten without them (or removed).
-    for a in store.articles(ids=sorted({aid for _, _, aid in expired if aid})):
+    # Articles built on expired records are rewritten without them (or removed): their homes, and the
+    # articles that cite one homed elsewhere (an import's), which would otherwise keep the text.
+    stale = citing(mem, sorted(gone), {aid for _, _, aid in expired if aid}) if gone else set()
+    for a in store.articles(ids=sorted(stale)):
         skills.setdefault(a.skill, _Skill()).stale.add(a.id)
     done: list[int] = []
     for it in items:

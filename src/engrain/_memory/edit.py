@@ -8,7 +8,14 @@ too: the article *is* their knowledge. ``forget(skill=...)`` clears a skill's
 records, articles and buffer rows.
 
 ``update`` rewrites one record (new content, re-embedded; its article is
-rewritten like after a forget) or one article (its text replaced by hand).
+rewritten like after a forget) or one article (its text, and with ``label``
+its title, replaced by hand; checked as ``remember`` checks its arguments).
+
+A record has one home article (``article_id``: the one consolidation grows and
+recall returns in its place), but other articles may cite it too: an import
+whose article states a fact the receiving agent already knew cites that
+agent's record. So the articles a record's change reaches are found by their
+``sources``, never by ``article_id`` alone (:func:`citing`).
 
 Every write is one transaction and bumps the tier's deletion counter (rows
 gone: indexes reload their mirror, keep their graph) or generation (a vector
@@ -22,8 +29,8 @@ import time
 from typing import Any
 
 from .._errors import EngrainError, MemoryInputError
-from .consolidate import write_article
-from .inputs import check_hint, new_row
+from .consolidate import citing, write_article
+from .inputs import check_hint, check_metadata, check_str, new_row
 from .items import to_blob
 
 #: The Memory facade (typed loosely: this module must not import the package that imports it).
@@ -87,20 +94,26 @@ def forget(mem: Memory, id: str | None, skill: str | None) -> dict[str, int]:
         raise MemoryInputError(f"forget: id must be a record or article id, not {id!r}")
     rec = st.records([id]).get(id)
     if rec is not None:
+        aids = citing(mem, [id], {rec.article_id} if rec.article_id else set())
         with st.tx():
             out["records"] = _delete_records(mem, [id])
             st._bump("records_del")
-        if rec.article_id:
-            out["rewritten"], out["articles"] = _rewrite(mem, {rec.article_id}, now)
+        if aids:
+            out["rewritten"], out["articles"] = _rewrite(mem, aids, now)
         return out
     arts = st.articles(ids=[id])
     if not arts:
         raise MemoryInputError(f"forget: no record or article with id {id!r}")
+    # Its sources may be cited by other articles (an import's): those lose them as after forgetting each.
+    others = citing(mem, arts[0].sources) - {id}
     with st.tx():
         out["records"] = _delete_records(mem, arts[0].sources)
         out["articles"] = int(st.delete_article(id))
         st._bump("records_del")
         st._bump("articles_gen")
+    if others:
+        out["rewritten"], gone = _rewrite(mem, others, now)
+        out["articles"] += gone
     return out
 
 
@@ -133,23 +146,27 @@ def update(mem: Memory, id: str, data: Any, hint: Any, label: str | None,
             st._fts_put(rec.seq, f"{row['hint']} {row['content']}", rec.skill, id, rec.expires)
             st._bump("records_gen")
         out: dict[str, Any] = {"id": id, "tier": "record", "rewritten": 0}
-        if rec.article_id:
-            out["rewritten"], _ = _rewrite(mem, {rec.article_id}, now)
+        aids = citing(mem, [id], {rec.article_id} if rec.article_id else set())
+        if aids:
+            out["rewritten"], _ = _rewrite(mem, aids, now)
         return out
     arts = st.articles(ids=[id])
     if not arts:
         raise MemoryInputError(f"update: no record or article with id {id!r}")
     art = arts[0]
-    if not isinstance(data, str) or not data.strip():
-        raise MemoryInputError("update: an article's new content must be non-empty text")
+    # The same checks as remember, all before anything is embedded or written.
+    if not isinstance(data, str):
+        raise MemoryInputError(f"update: an article's new content (data) must be non-empty text, "
+                               f"not {type(data).__name__}")
+    check_str(data, "data")
+    importance = check_hint(hint, "update") if hint is not None else art.importance
+    meta = check_metadata(metadata, "update") if metadata is not None else art.metadata
+    if label is not None:  # an article's title is its label: recall's label= matches it
+        art.title = check_str(label, "label").strip()
     art.content = data
     art.embedding = mem.embedder.embed([f"{art.title}\n{data}"])[0]
-    if hint is not None:
-        art.importance = check_hint(hint, "update")
-    if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise MemoryInputError(f"update: metadata must be a dict, not {type(metadata).__name__}")
-        art.metadata = metadata
+    art.importance = importance
+    art.metadata = meta
     art.version += 1
     art.updated = now
     art.synthesizer = "edited by hand"

@@ -10,6 +10,7 @@ shows an article that also speaks of someone else's facts.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from .._errors import MemoryInputError
@@ -17,6 +18,8 @@ from .inputs import check_text
 
 #: Limits of one filter (keys, key length, string value length).
 MAX_KEYS, MAX_KEY, MAX_VALUE = 16, 200, 10_000
+#: Keys SQLite's JSON path reads literally, whatever escaping the stored text has.
+_PLAIN_KEY = re.compile(r'[\x20\x21\x23-\x5b\x5d-\x7e]+')
 
 
 def check_where(where: Any, step: str = "recall") -> dict[str, Any] | None:
@@ -41,6 +44,10 @@ def check_where(where: Any, step: str = "recall") -> dict[str, Any] | None:
             raise MemoryInputError(f"{step}: where[{k!r}] is an integer past 64 bits, which no store compares")
         for text in (k, v) if isinstance(v, str) else (k,):
             check_text(text, f"{step}: where[{k!r}]")
+            if "\x00" in text:
+                # PostgreSQL's jsonb holds no NUL and SQLite's JSON functions cut text at one: no store could
+                # answer this filter as matches() would, so it is refused rather than answered differently.
+                raise MemoryInputError(f"{step}: where[{k!r}] holds a NUL character, which no store's JSON compares")
     return where or None
 
 
@@ -71,17 +78,28 @@ def sql(backend: str, where: dict[str, Any] | None, column: str = "metadata") ->
         return f" AND {column}::jsonb @> ?::jsonb", [json.dumps(where)]
     parts, params = [], []
     for k, v in where.items():
-        path = "$." + json.dumps(k)  # a quoted path element: any key text is literal
-        if v is None:
-            parts.append(f"json_type({column}, ?) = 'null'")
-            params.append(path)
-        elif isinstance(v, bool):
-            parts.append(f"json_type({column}, ?) = ?")
-            params += [path, "true" if v else "false"]
-        elif isinstance(v, (int, float)):
-            parts.append(f"json_type({column}, ?) IN ('integer', 'real') AND json_extract({column}, ?) = ?")
-            params += [path, path, v]
+        if _PLAIN_KEY.fullmatch(k):
+            # Printable ASCII without '"' or '\\' reads the same in any writer's escaping and any SQLite's path
+            # grammar: a quoted path label, json_extract's one parse of the row shared by both calls.
+            path = "$." + json.dumps(k)
+            typ, val, kp = f"json_type({column}, ?)", f"json_extract({column}, ?)", [path]
         else:
-            parts.append(f"json_type({column}, ?) = 'text' AND json_extract({column}, ?) = ?")
-            params += [path, path, v]
+            # Any other key is a bound value compared with json_each's decoded label: SQLite's path grammar has no
+            # escape for '"' in a quoted label, and older versions compare a path's label with the key as escaped
+            # in the stored text (which writers escape differently). The scalar subquery stops at the key's entry.
+            typ = f"(SELECT type FROM json_each({column}) WHERE key = ?)"
+            val = f"(SELECT atom FROM json_each({column}) WHERE key = ?)"
+            kp = [k]
+        if v is None:
+            parts.append(f"{typ} = 'null'")
+            params += kp
+        elif isinstance(v, bool):
+            parts.append(f"{typ} = ?")
+            params += [*kp, "true" if v else "false"]
+        elif isinstance(v, (int, float)):
+            parts.append(f"{typ} IN ('integer', 'real') AND {val} = ?")
+            params += [*kp, *kp, v]
+        else:
+            parts.append(f"{typ} = 'text' AND {val} = ?")
+            params += [*kp, *kp, v]
     return " AND " + " AND ".join(parts), params

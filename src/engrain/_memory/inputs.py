@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from typing import Any
 
 from .._errors import JSONTooDeepError, MemoryInputError
@@ -40,12 +41,17 @@ def check_ttl(ttl: float | None) -> float | None:
 
 def check_text(value: str, name: str) -> bytes:
     """``value`` in UTF-8; refused if it is not Unicode text (a lone surrogate such as ``"\\ud800"``): no store, digest
-    or tokenizer takes it."""
+    or tokenizer takes it; or, unless it is a query, if it holds a NUL character."""
     try:
-        return value.encode("utf-8")
+        raw = value.encode("utf-8")
     except UnicodeEncodeError as e:
         raise MemoryInputError(f"{name} is not Unicode text: a lone surrogate {value[e.start]!r} at "
                                f"character {e.start}") from None
+    if "\x00" in value and name != "query":  # a query is only read: a NUL in it matches nothing, harmlessly
+        # PostgreSQL's text and jsonb cannot hold it: refused on every backend, so a store can move between them.
+        raise MemoryInputError(f"{name} holds a NUL character (U+0000) at character {value.index(chr(0))}; "
+                               "no store keeps it (PostgreSQL cannot), so remove it")
+    return raw
 
 
 def check_str(value: Any, name: str, *, empty_ok: bool = False) -> str:
@@ -75,6 +81,29 @@ def check_hint(hint: Any, step: str) -> float | None:
     return float(hint)
 
 
+#: A NUL's escape in JSON text (\u0000 after an even run of backslashes, not an escaped backslash's text).
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_metadata(metadata: Any, step: str = "remember", name: str = "metadata") -> dict[str, Any]:
+    """``metadata`` (``{}`` for None) if it is a JSON object every store and export can hold: a dict, nested at
+    most ``MAX_DEPTH`` levels, no NaN or infinity (not JSON), no lone surrogate, no set or other object."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise MemoryInputError(f"{name} must be a dict, not {type(metadata).__name__}")
+    check_nesting(metadata, name, step)
+    try:
+        text = json.dumps(metadata, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise MemoryInputError(f"{name} must be JSON: {e}") from None
+    check_text(text, name)  # PostgreSQL's jsonb refuses a lone surrogate's escape too, and an export's UTF-8 file
+    if _NUL_ESCAPE.search(text):  # json.dumps wrote a NUL as \u0000, which jsonb refuses as well
+        raise MemoryInputError(f"{name} holds a NUL character (U+0000); no store keeps it (PostgreSQL cannot), "
+                               "so remove it")
+    return metadata
+
+
 def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | None, ttl: float | None,
             default_ttl: float | None, now: float, label: str | None = None, step: str = "remember") -> dict[str, Any]:
     """A new record's row (a fresh id, its content's digest, its expiry from ``ttl`` or ``default_ttl``) from
@@ -90,14 +119,7 @@ def new_row(data: Any, hint: Any, skill: str | None, metadata: dict[str, Any] | 
     if not content.strip():
         raise MemoryInputError("data is empty")
     raw = check_text(content, "data")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise MemoryInputError(f"metadata must be a dict, not {type(metadata).__name__}")
-    check_nesting(metadata, "metadata", step)
-    try:
-        meta_text = json.dumps(metadata or {}, allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as e:
-        raise MemoryInputError(f"metadata must be JSON: {e}") from None
-    check_text(meta_text, "metadata")  # PostgreSQL's jsonb refuses a lone surrogate's escape too
+    check_metadata(metadata, step)
     life = check_ttl(ttl) if ttl is not None else default_ttl
     return {
         "id": "rec_" + os.urandom(10).hex(), "skill": check_str(skill, "skill", empty_ok=True),

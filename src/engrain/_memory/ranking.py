@@ -85,6 +85,7 @@ class SearchResult:
     from (a record's creation time, label, importance and the article it was
     folded into; an article's source record ids, version and synthesizer, and
     under ``via`` the ids of its records that matched the query).
+    ``source`` is etchmem's name for the same facts.
     """
 
     score: float
@@ -94,6 +95,18 @@ class SearchResult:
     skill: str | None
     metadata: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        """etchmem's ``SearchResult.source``: ``"relational"`` a record, ``"injected"`` an article, ``"blended"``
+        an article that records of its own also matched (``provenance["via"]``).
+
+        Derived from ``tier`` and ``provenance`` rather than stored, so it cannot disagree with them; etchmem
+        blends an article with a raw hit of the same id, which in engrain is a record folded into it.
+        """
+        if self.tier != "article":
+            return "relational"
+        return "blended" if self.provenance.get("via") else "injected"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready view."""
@@ -410,6 +423,7 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
         srcs = mem.store.records([s for a in arts.values() for s in a.sources])
         arts = {aid: a for aid, a in arts.items()
                 if all(matches(srcs[s].metadata, where) for s in a.sources if s in srcs)}
+    arts = _live_articles(src, arts, recs, now)
     for aid in arts:
         cands.setdefault(("article", aid), {"cos": None, "text": 0.0})
     scored: dict[tuple[str, str], SearchResult] = {}
@@ -444,6 +458,18 @@ def score(mem: Any, cands: dict[tuple[str, str], dict[str, Any]], qv: Any, label
         r.score = round(r.score, 6)
     out.sort(key=lambda r: -r.score)
     return out
+
+def _live_articles(src: Any, arts: dict[str, Any], recs: dict[str, Any], now: float) -> dict[str, Any]:
+    """Those of ``arts`` with a live source: an article lives as long as its sources, so once every one has
+    expired (or is gone) it is not returned, though consolidation removes it only on its next pass. The sources
+    a recall read already decide most; the others' rows are read once, without vectors."""
+    live = {i for i, r in recs.items() if r.expires is None or r.expires > now}
+    unsure = [a for a in arts.values() if live.isdisjoint(a.sources)]
+    if unsure:
+        more = src.records([s for a in unsure for s in a.sources], vectors=False)
+        live.update(i for i, r in more.items() if r.expires is None or r.expires > now)
+    return {aid: a for aid, a in arts.items() if not live.isdisjoint(a.sources)}
+
 
 def add_neighbours(mem: Any, results: list[SearchResult], k: int, now: float,
                    where: dict[str, Any] | None) -> list[SearchResult]:

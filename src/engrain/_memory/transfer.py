@@ -26,16 +26,18 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._errors import MemoryInputError
-from .inputs import check_str, new_row
+from .._errors import EngrainError, MemoryInputError
+from .inputs import check_metadata, check_str, check_text, new_row
 from .items import Article
 
 #: The Memory facade (typed loosely: this module must not import the package that imports it).
@@ -47,24 +49,51 @@ MAX_DOCS, MAX_FILE, MAX_SOURCES, MAX_TEXT = 100_000, 10 << 20, 10_000, 1_000_000
 
 
 def export(mem: Memory) -> dict[str, Any]:
-    """Write every article as ``<id>.json`` in a new timestamped folder; etchmem's result dict."""
+    """Write every article as ``<id>.json`` in a new timestamped folder; etchmem's result dict.
+
+    A source record past its TTL is written as ``{"id", "expired": true}`` without its text, a live one with
+    its ``expires`` (so an import keeps its lifetime), and an article none of whose sources is live is left
+    out (recall no longer returns it; the next consolidation removes it). The folder appears whole or not
+    at all: every document is encoded first, written in a hidden folder, then renamed into place.
+    """
+    now = time.time()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
-    out = mem.export_dir() / stamp
-    out.mkdir(parents=True, exist_ok=False)
-    docs = []
+    root = mem.export_dir()
+    out = root / stamp
+    docs, files = [], []
     for a in mem.store.articles():
-        srcs = mem.store.records(a.sources)
+        srcs = {k: r for k, r in mem.store.records(a.sources).items() if r.expires is None or r.expires > now}
+        if not srcs:
+            continue
         doc = {
             "format": FORMAT, "id": a.id, "skill": a.skill, "title": a.title, "content": a.content,
             "version": a.version, "created": a.created, "updated": a.updated, "synthesizer": a.synthesizer,
             "importance": a.importance, "metadata": a.metadata,
             "sources": [{"id": s, **({"content": srcs[s].content, "hint": srcs[s].hint, "label": srcs[s].hint,
                                       "importance": srcs[s].importance, "created": srcs[s].created,
-                                      "metadata": srcs[s].metadata} if s in srcs else {"expired": True})}
+                                      "expires": srcs[s].expires, "metadata": srcs[s].metadata}
+                                     if s in srcs else {"expired": True})}
                         for s in a.sources],
         }
-        (out / f"{a.id}.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        try:
+            data = (json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        except (ValueError, UnicodeEncodeError) as e:  # stored before its metadata was checked on the way in
+            raise EngrainError(f"export: article {a.id!r} holds a value JSON cannot carry ({e}); fix it with "
+                               "update(id, ..., metadata=) or forget it, then export again") from None
+        files.append((f"{a.id}.json", data))
         docs.append(doc)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{stamp}.partial"
+    tmp.mkdir()
+    try:
+        for name, data in files:
+            (tmp / name).write_bytes(data)
+        if out.exists():
+            raise EngrainError(f"export: {out} exists already")
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return {"export_dir": str(out.resolve()), "count": len(docs), "documents": docs}
 
 
@@ -105,11 +134,19 @@ def _text(doc: dict[str, Any], key: str, where: str, *, required: bool = True) -
         raise MemoryInputError(f"import: {where}: field {key!r} must be non-empty text")
     if len(v) > MAX_TEXT:
         raise MemoryInputError(f"import: {where}: field {key!r} is longer than {MAX_TEXT} characters")
+    check_text(v, f"import: {where}: field {key!r}")
     return v
 
 
 def _num(v: Any, default: float | None) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else default
+    """``v`` as a finite float, else ``default`` (an infinite time would reach the export as non-JSON)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return default
+    try:
+        f = float(v)
+    except OverflowError:  # an integer past a float's range
+        return default
+    return f if math.isfinite(f) else default
 
 
 def _target_skill(skill: str, skill_map: dict[str, str] | str | None) -> str:
@@ -121,7 +158,11 @@ def _target_skill(skill: str, skill_map: dict[str, str] | str | None) -> str:
 
 
 def import_(mem: Memory, source: Any, skill_map: dict[str, str] | str | None) -> dict[str, Any]:
-    """Load an export into ``mem``; returns ``{"imported", "updated", "unchanged", "records", "articles"}``."""
+    """Load an export into ``mem``; returns ``{"imported", "updated", "unchanged", "records", "articles"}``.
+
+    Every document is checked (and its rows built) before the first is written, so a bad one anywhere
+    refuses the whole import with a :class:`MemoryInputError` naming it and its field.
+    """
     if skill_map is not None and not isinstance(skill_map, (str, dict)):
         raise MemoryInputError(f"import: skill_map must be a dict or a skill name, not {type(skill_map).__name__}")
     if isinstance(skill_map, dict) and not all(isinstance(k, str) and isinstance(v, str) for k, v in skill_map.items()):
@@ -129,82 +170,127 @@ def import_(mem: Memory, source: Any, skill_map: dict[str, str] | str | None) ->
     docs, origin = _load(source)
     summary: dict[str, Any] = {"imported": 0, "updated": 0, "unchanged": 0, "records": 0, "articles": []}
     now = time.time()
+    ready = []
     for where, doc in docs:
         if not isinstance(doc, dict):
             raise MemoryInputError(f"import: {where} is not a JSON object")
-        _one(mem, doc, where, origin, skill_map, now, summary)
+        ready.append(_check(mem, doc, where, origin, skill_map, now))
+    for one in ready:
+        if one is not None:
+            _write(mem, one, now, summary)
     return summary
 
 
-def _one(mem: Memory, doc: dict[str, Any], where: str, origin: str, skill_map: dict[str, str] | str | None,
-         now: float, summary: dict[str, Any]) -> None:
-    content = _text(doc, "content", where)
+def _check(mem: Memory, doc: dict[str, Any], where: str, origin: str, skill_map: dict[str, str] | str | None,
+           now: float) -> dict[str, Any] | None:
+    """One document checked as ``remember`` checks its arguments: its article and rows, not yet embedded (None:
+    every source it carried has expired since the export)."""
     orig_id = _text(doc, "id", where)
+    where = f"{where} (id {orig_id!r})"
+    content = _text(doc, "content", where)
     skill = _target_skill(_text(doc, "skill", where, required=False), skill_map)
-    check_str(skill, "skill", empty_ok=True)
+    try:
+        check_str(skill, "skill", empty_ok=True)
+    except MemoryInputError as e:
+        raise MemoryInputError(f"import: {where}: field 'skill': {e}") from None
     title = _text(doc, "title", where, required=False).strip()
     if not title:
         words = re.findall(r"\S+", content)
         title = " ".join(words[:8]) + ("…" if len(words) > 8 else "")
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    version = doc.get("version") if isinstance(doc.get("version"), int) else 1
-    aid = "art_" + hashlib.sha256(f"import\0{orig_id}\0{skill}".encode()).hexdigest()[:20]
+    meta = doc.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise MemoryInputError(f"import: {where}: field 'metadata' must be an object, not {type(meta).__name__}")
+    meta = dict(meta or {})
+    if doc.get("tags") not in (None, [], {}) and "tags" not in meta:  # etchmem's tags: kept as metadata
+        meta["tags"] = doc["tags"]
+    version = doc.get("version")
+    version = version if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < 2**63 else 1
+    # etchmem names it created_at
+    created = _num(doc.get("created"), None) if doc.get("created") is not None else _num(doc.get("created_at"), None)
+    synth = doc.get("synthesizer") if isinstance(doc.get("synthesizer"), str) else None
     srcs = doc.get("sources")
     if srcs is None:  # etchmem's export: the article text is all there is
         srcs = [{"id": h, "expired": True} for h in doc.get("source_hashes") or [] if isinstance(h, str)]
     if not isinstance(srcs, list) or len(srcs) > MAX_SOURCES:
         raise MemoryInputError(f"import: {where}: sources must be a list of at most {MAX_SOURCES}")
-    live = [s for s in srcs if isinstance(s, dict) and isinstance(s.get("content"), str) and s["content"].strip()]
-    provenance = {"from_id": orig_id, "from_skill": doc.get("skill"), "from_version": version, "origin": origin,
-                  "from_synthesizer": doc.get("synthesizer"), "from_created": doc.get("created"),
-                  "source_ids": [s.get("id") for s in srcs if isinstance(s, dict)], "imported_at": now}
-    old = {a.id: a for a in mem.store.articles(ids=[aid])}.get(aid)
-    if old is not None and old.metadata.get("imported", {}).get("from_version") == version \
-            and old.content == content:
-        summary["unchanged"] += 1
-        summary["articles"].append(aid)
-        return
+    texts = [(i, s) for i, s in enumerate(srcs)
+             if isinstance(s, dict) and isinstance(s.get("content"), str) and s["content"].strip()]
+    # A source whose TTL ran out after the export stays expired here: its text is not brought back.
+    live = [(i, s) for i, s in texts if _num(s.get("expires"), math.inf) > now]  # type: ignore[operator]
+    if texts and not live:
+        return None
+    provenance = {"from_id": orig_id, "from_skill": doc.get("skill") if isinstance(doc.get("skill"), str) else None,
+                  "from_version": version, "origin": origin, "from_synthesizer": synth, "from_created": created,
+                  "source_ids": [s["id"] for s in srcs if isinstance(s, dict) and isinstance(s.get("id"), str)],
+                  "imported_at": now}
+    try:
+        meta = check_metadata({**meta, "imported": provenance}, "import")
+    except MemoryInputError as e:
+        raise MemoryInputError(f"import: {where}: field 'metadata': {e}") from None
     if not live:  # no source text survived (expired, or an etchmem export): the article's text stands for them
-        live = [{"content": content, "created": doc.get("created"), "metadata": {}}]
+        live = [(0, {"content": content, "created": created, "metadata": {}})]
     rows = []
-    for i, s in enumerate(live):
+    for i, s in live:
         rwhere = f"{where} sources[{i}]"
         text = _text(s, "content", rwhere)
         label = s.get("label", s.get("hint"))
-        row = new_row(text, None, skill, s.get("metadata") if isinstance(s.get("metadata"), dict) else {},
-                      None, mem.ttl, now, label if isinstance(label, str) else None, step="import")
+        try:
+            row = new_row(text, None, skill, s.get("metadata") if isinstance(s.get("metadata"), dict) else {},
+                          None, mem.ttl, now, label if isinstance(label, str) else None, step="import")
+        except MemoryInputError as e:
+            raise MemoryInputError(f"import: {rwhere}: {e}") from None
         imp = _num(s.get("importance"), None)
         row["importance"] = imp if imp is not None and 0.0 <= imp <= 1.0 else None
         row["created"] = _num(s.get("created"), now)
-        row["expires"] = None
-        row["article_id"] = aid
+        row["expires"] = _num(s.get("expires"), None)
         rows.append(row)
-    vecs = mem.embedder.embed([r["content"] for r in rows] + [f"{title}\n{content}"])
+    imp = _num(doc.get("importance"), None)
+    aid = "art_" + hashlib.sha256(f"import\0{orig_id}\0{skill}".encode()).hexdigest()[:20]
+    art = Article(seq=0, id=aid, skill=skill, title=title, content=content, sources=[], metadata=meta,
+                  created=now if created is None else created, updated=now, version=1,
+                  synthesizer=f"imported ({synth or 'unknown'})",
+                  embedding=np.zeros(0, dtype=np.float32),
+                  importance=imp if imp is not None and 0.0 <= imp <= 1.0 else None)
+    return {"article": art, "rows": rows, "version": version}
+
+
+def _write(mem: Memory, one: dict[str, Any], now: float, summary: dict[str, Any]) -> None:
+    """Embed and store one checked document (one transaction); an unchanged re-import writes nothing."""
+    art, rows = one["article"], one["rows"]
+    aid = art.id
+    old = {a.id: a for a in mem.store.articles(ids=[aid])}.get(aid)
+    if old is not None and old.metadata.get("imported", {}).get("from_version") == one["version"] \
+            and old.content == art.content:
+        summary["unchanged"] += 1
+        summary["articles"].append(aid)
+        return
+    vecs = mem.embedder.embed([r["content"] for r in rows] + [f"{art.title}\n{art.content}"])
     for r, v in zip(rows, vecs):
         r["embedding"] = v
     centre = np.mean(vecs[:-1], axis=0)
     vec = centre / max(float(np.linalg.norm(centre)), 1e-12) + vecs[-1]
-    imp = _num(doc.get("importance"), None)
-    art = Article(seq=0, id=aid, skill=skill, title=title, content=content, sources=[],
-                  metadata={**meta, "imported": provenance}, created=_num(doc.get("created"), now) or now,
-                  updated=now, version=(old.version + 1) if old else 1,
-                  synthesizer=f"imported ({doc.get('synthesizer') or 'unknown'})",
-                  embedding=(vec / max(float(np.linalg.norm(vec)), 1e-12)).astype(np.float32),
-                  importance=imp if imp is not None and 0.0 <= imp <= 1.0 else None)
+    art.embedding = (vec / max(float(np.linalg.norm(vec)), 1e-12)).astype(np.float32)
+    art.version = (old.version + 1) if old else 1
     st = mem.store
     with st.tx():
         for r in rows:
+            r["article_id"] = aid
             got = st._x("SELECT id, article_id FROM engrain_mem_records WHERE skill = ? AND digest = ?",
                         (r["skill"], r["digest"])).fetchone()
             if got is None:
                 st.insert_record(r, now)
                 summary["records"] += 1
-                art.sources.append(r["id"])
-            else:  # the receiving agent already knew this fact: the article cites its record
+                rid = r["id"]
+            else:
+                # The receiving agent already knew this fact: the article cites its record. A record has one home
+                # article (its article_id), which this one becomes only if it has none; forget and update find
+                # every article citing it by their sources.
+                rid = got[0]
                 if got[1] is None or got[1] == aid:
-                    st._x("UPDATE engrain_mem_records SET article_id = ? WHERE id = ?", (aid, got[0]))
-                    st._x("DELETE FROM engrain_mem_buffer WHERE kind = 'deposit' AND ref = ?", (got[0],))
-                art.sources.append(got[0])
+                    st._x("UPDATE engrain_mem_records SET article_id = ? WHERE id = ?", (aid, rid))
+                    st._x("DELETE FROM engrain_mem_buffer WHERE kind = 'deposit' AND ref = ?", (rid,))
+            if rid not in art.sources:
+                art.sources.append(rid)
         st.put_article(art)
         st._bump("articles_gen")
     summary["updated" if old is not None else "imported"] += 1

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from .._errors import (
     ConfigError,
     ConflictError,
     EngrainError,
+    JSONTooDeepError,
     LeaseHeldError,
     NotJSONError,
     RunNotFoundError,
@@ -31,6 +34,7 @@ from .._errors import (
     StoreCorruptError,
     TraceError,
 )
+from .._events import MAX_DEPTH
 from .._journal import open_journal
 from .._version import __version__
 from .state import ERROR_RESPONSES, ApiError, ServerState
@@ -140,6 +144,46 @@ def status_of(exc: BaseException) -> int:
     if name.endswith("NotFoundError"):
         return 404
     return 400
+
+
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},:]', re.S)
+
+
+def _too_deep_at(raw: bytes, limit: int) -> str | None:
+    """Where the JSON text ``raw`` first nests deeper than ``limit``, in ``check_depth``'s words (``body.a[0]``).
+
+    A scan of strings and brackets only, without recursion: it answers for text no parser can read.
+    None when ``raw`` is not that deep (or not UTF-8 JSON this scan can follow).
+    """
+    open_: list[tuple[str, list[int] | None]] = []  # per open container: its path, a list's index
+    last = key = ""
+    for m in _JSON_TOKEN.finditer(raw):
+        t = m.group()
+        if t in (b"{", b"["):
+            if not open_:
+                at = "body"
+            elif open_[-1][1] is not None:
+                at = f"{open_[-1][0]}[{open_[-1][1][0]}]"
+            else:
+                at = f"{open_[-1][0]}.{key}" if key.isidentifier() else f"{open_[-1][0]}[{key!r}]"
+            if len(open_) + 1 > limit:
+                return at
+            open_.append((at, [0] if t == b"[" else None))
+        elif t in (b"}", b"]"):
+            if not open_:
+                return None
+            open_.pop()
+        elif t == b",":
+            if open_ and open_[-1][1] is not None:
+                open_[-1][1][0] += 1
+        elif t == b":":
+            key = last
+        else:
+            try:
+                last = json.loads(t)
+            except ValueError:
+                last = t[1:-1].decode("utf-8", "replace")
+    return None
 
 
 def allowed_methods(app: Any, scope: Scope) -> list[str]:
@@ -374,6 +418,13 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+            # FastAPI's json.loads ran out of stack (~1000 levels) before Body's depth check could run:
+            # the same 422 as a body nested 101..999 deep, naming where it first goes past the limit.
+            # The handler gets the route's own Request, so the body it read is still there.
+            at = _too_deep_at(getattr(request, "_body", b""), MAX_DEPTH) or "body"
+            msg = str(JSONTooDeepError("request body", at, MAX_DEPTH))
+            return _error(422, "ValidationError", f"body: {msg}", fields=[{"field": "body", "message": msg}])
         names = {404: "NotFound", 405: "MethodNotAllowed", 401: "Unauthorized"}
         resp = _error(exc.status_code, names.get(exc.status_code, "HTTPError"), str(exc.detail))
         for name, value in (exc.headers or {}).items():  # WWW-Authenticate on a 401

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -45,14 +46,31 @@ class Recall(Body):
         default=None, max_length=MAX_KEYS, description="Only items whose metadata has these exact values.")
 
 
-class Document(Body):
-    """One article of an export (engrain's or etchmem's)."""
+#: A time in seconds since the epoch: finite (an infinite one would be written into exports as non-JSON).
+Time = Annotated[float, Field(allow_inf_nan=False)]
 
+
+class Document(Body):
+    """One article of an export (engrain's or etchmem's): every field ``export()`` writes, and etchmem's names.
+
+    A field left out here would be dropped before the import sees it (the body is passed on as parsed).
+    """
+
+    format: str | None = Field(default=None, max_length=200)
     id: Text
     content: Text
     skill: str | None = Field(default=None, max_length=200)
     title: str | None = Field(default=None, max_length=MAX_TEXT)
+    version: int | None = Field(default=None, ge=1, le=2**63 - 1)
+    created: Time | None = None
+    updated: Time | None = None
+    synthesizer: str | None = Field(default=None, max_length=10_000)
+    importance: float | None = Field(default=None, ge=0, le=1)
+    metadata: dict[str, Any] | None = None
     sources: list[Any] | None = Field(default=None, max_length=MAX_SOURCES)
+    created_at: Time | None = Field(default=None, description="etchmem's name for created.")
+    tags: list[Any] | dict[str, Any] | None = Field(default=None, description="etchmem's tags (kept in metadata).")
+    source_hashes: list[str] | None = Field(default=None, max_length=MAX_SOURCES, description="etchmem's sources.")
 
 
 class Import(Body):
@@ -81,7 +99,7 @@ class Update(Body):
     id: str = Field(min_length=1, max_length=200)
     data: Data = Field(description="Text (not blank) or any other JSON value but null (an article takes text only).")
     hint: float | None = Field(default=None, ge=0, le=1)
-    label: str | None = Field(default=None, max_length=10_000)
+    label: str | None = Field(default=None, max_length=10_000, description="A record's label; an article's title.")
     metadata: dict[str, Any] | None = None
 
 
@@ -135,10 +153,11 @@ def stats(request: Request) -> dict[str, Any]:
 
 
 def article_dicts(mem: Any, skill: str | None = None) -> list[dict[str, Any]]:
-    """Articles with their source records (provenance)."""
-    out = []
+    """Articles with their source records (provenance); a source past its TTL is shown expired, without its
+    text, as an export writes it."""
+    out, now = [], time.time()
     for a in mem.store.articles(skill=skill):
-        srcs = mem.store.records(a.sources)
+        srcs = {k: r for k, r in mem.store.records(a.sources).items() if r.expires is None or r.expires > now}
         out.append({
             "id": a.id, "skill": a.skill, "title": a.title, "content": a.content, "version": a.version,
             "created": a.created, "updated": a.updated, "synthesizer": a.synthesizer, "metadata": a.metadata,

@@ -39,7 +39,9 @@ _REMEMBERED = 4096
 
 
 def _size(name: str, data_text: str) -> int:
-    return len(name.encode()) + len(data_text.encode())
+    # The budget is checked before the journal validates the text: a lone surrogate must reach the
+    # journal's typed refusal (422 NotJSONError), not fail the count here (it is one code point of 3 bytes).
+    return len(name.encode("utf-8", "surrogatepass")) + len(data_text.encode("utf-8", "surrogatepass"))
 
 
 class RunBudget:
