@@ -195,6 +195,19 @@ def test_upgrade_continues_a_changed_routine_on_purpose(tmp_path, j, tools, paid
     assert done.status == "ok" and done.output == "done: paid 10 to ann"
 
 
+def test_a_waiting_run_continued_with_other_inputs_is_refused_and_without_inputs_uses_its_own(tmp_path, j, tools, paid):
+    """The approval was given for 10 EUR to ann: a run_routine of the same run id with other inputs is refused
+    (it would have replayed the approval and paid mallory), and one without inputs goes on with ann's."""
+    pkg = _package(tmp_path, PAY)
+    _waiting(j, tools, pkg)
+    with pytest.raises(eg.EngrainError, match="was started with inputs"):
+        eg.run_routine(pkg, {"to": "mallory", "amount": 10000}, tools=tools, run_id="pay-1", journal=j)
+    again = eg.run_routine(pkg, tools=tools, run_id="pay-1", journal=j)
+    assert again.status == "needs_input" and again.prompt["prompt"] == "Pay 10 EUR to ann?"
+    done = eg.resume_routine("pay-1", {"approved": True}, tools=tools, journal=j)
+    assert done.status == "ok" and paid == [("ann", 10)]
+
+
 # --- bug 4: a repeated key is refused, naming the file, the line and the key ---------------------
 
 

@@ -235,7 +235,9 @@ def test_run_cut_off_by_a_server_stop_resumes_on_the_next_server(tmp_path, agent
     j.close()
     gate.write_text("reopened")
     with serve(url, tmp_path, token=TOKEN, agents=spec, name="second") as base, eg.Client(base, token=TOKEN) as c:
-        done = c.start_agent("slow", "outlive the server", {"gate": str(gate)}, run_id=rid)
+        with pytest.raises(eg.RemoteError, match="was started with inputs"):  # approved for those, not these
+            c.start_agent("slow", "outlive the server", {"gate": str(tmp_path / "elsewhere")}, run_id=rid)
+        done = c.start_agent("slow", "outlive the server", run_id=rid)  # no inputs: the recorded ones
         assert done.status == "ok" and done.output == "gate says reopened"
         steps = c.show(rid)["steps"]
         # The cut-off call left nothing (a step journals only its completion): it ran again, once more.

@@ -230,7 +230,8 @@ class Client:
         The server waits up to ``wait`` seconds (its default: 5) for the run to end or
         ask for input; a run still going then has ``status == "running"`` (see :meth:`wait_run`).
         """
-        body: dict[str, Any] = {"agent": agent, "task": task, "inputs": inputs or {}, "run_id": run_id}
+        # No inputs: none for a new run, the recorded ones for a run_id to continue.
+        body: dict[str, Any] = {"agent": agent, "task": task, "inputs": inputs, "run_id": run_id}
         if wait is not None:
             body["wait"] = wait
         return _run_result(self._call("POST", "/runs", json=body, run_id=run_id))
@@ -327,7 +328,7 @@ class Client:
 
     def run_routine(self, name: str, inputs: dict[str, Any] | None = None, *, run_id: str | None = None) -> RunResult:
         """Run a routine on the server."""
-        body = {"inputs": inputs or {}, "run_id": run_id}
+        body = {"inputs": inputs, "run_id": run_id}  # None: none for a new run, the recorded ones to continue
         return _run_result(self._call("POST", f"/routines/{_seg(name)}/run", json=body))
 
     def compile_trace(self, name: str, trace: dict[str, Any], *, overwrite: bool = False) -> dict[str, Any]:

@@ -116,6 +116,21 @@ class RunNotFoundError(EngrainError, KeyError):
         return f"no run with id {self.run_id!r} in the journal"
 
 
+class RunFinishedError(EngrainError):
+    """Answers were given to a run that has ended (``ok``, ``failed`` or ``cancelled``); ``status`` says how.
+
+    A finished run is never resumed, so an answer to a question it left pending would
+    only make it look alive again.
+    """
+
+    def __init__(self, run_id: str, status: str):
+        self.run_id = run_id
+        self.status = status
+        # "not waiting for input" as before this class: callers match that text.
+        super().__init__(f"run {run_id!r} is not waiting for input: it has ended {status}, and a finished run"
+                         " takes no answers and is never resumed")
+
+
 class NondeterminismError(EngrainError):
     """A replayed run called a different step than the journal recorded at that position."""
 

@@ -33,18 +33,22 @@ from .._journal import Journal, default_url, open_journal
 from . import observe
 from .attempts import StepWriter, _Pending, _question
 from .result import RunResult
+from .unwind import _Cancelled, _Park, _Suspend  # noqa: F401  (re-exported: execution and sleep import them here)
 from .steps import (
     ARGS_CHECKED,
     DEFAULT_POLICY,
+    LOOSE_IN_ORDER,
     SCALARS,
+    RecordedCalls,
     StepPolicy,
     StepRecord,
-    mutable_args_digest,
+    call_digest,
     replay,
-    same_args,
+    same_call,
     same_json,
     same_kinds,
     steps_of,
+    steps_together,
 )
 
 # StepRecord, steps_of and _Pending are re-exported: callers import them from here.
@@ -72,27 +76,6 @@ def default_journal() -> Journal:
 def new_run_id() -> str:
     """A fresh run id that sorts by creation time."""
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(6).hex()}"
-
-
-class _Cancelled(BaseException):
-    """Unwinds the agent of a run cancelled elsewhere (``run.cancelled`` took its next seq)."""
-
-
-class _Park(BaseException):
-    """Unwinds the agent of a run that sleeps past ``RunContext.park_after``: a worker claims it again at ``until``."""
-
-    def __init__(self, until: float):
-        self.until = until
-
-
-class _Suspend(BaseException):
-    """Unwinds the agent when it waits for human input.
-
-    A BaseException so an agent's ``except Exception`` cannot swallow it.
-    """
-
-    def __init__(self, prompt: dict[str, Any]):
-        self.prompt = prompt
 
 
 def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
@@ -126,7 +109,12 @@ class RunContext(StepWriter):
         self.run_id = run_id
         self.seq = seq
         self.steps = steps
-        self.cursor = 0
+        self.cursor = 0  # the lowest step number no call of this execution has taken
+        # The highest recorded step number: a cursor past it meets only new steps (checked without the lock).
+        self._last = max(steps) if steps else -1
+        self._taken: set[int] = set()  # numbers above the cursor already taken (concurrent branches)
+        self._recorded: RecordedCalls | None = None  # built on the first call the cursor's step is not
+        self._together: set[int] | None = None  # steps recorded in flight together (see ``steps_together``)
         self.replayed = 0
         self.executed = 0
         self.unpatched: list[str] = []  # patches this run replays the old branch of (see patching.py)
@@ -192,7 +180,8 @@ class RunContext(StepWriter):
             raise _Cancelled() from None
         raise e
 
-    def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None) -> StepRecord | None:
+    def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None,
+                    type_: str = "tool") -> StepRecord | None:
         """The next step's record when the journal completed it as ``name``: a tool call's replay fast path.
 
         ``args``: the call's arguments, compared with the recorded ones: a dict
@@ -206,7 +195,7 @@ class RunContext(StepWriter):
             return None  # a new step: the executed path pays one dict lookup for this fast path, no lock
         with self._lock:
             rec = self.steps.get(self.cursor)
-            if rec is None or rec.state != "completed" or rec.name != name:
+            if rec is None or rec.state != "completed" or rec.name != name or rec.type != type_:
                 return None
             if args is not None:
                 recorded = tuple(rec.args.values()) if type(args) is tuple else rec.args
@@ -223,26 +212,78 @@ class RunContext(StepWriter):
                         return None
                 elif not same_kinds(recorded, args):
                     return None
-            self.cursor += 1
+            self._advance()
             self.replayed += 1
         if observe.observers:
             _observe_replay(self, rec)
         return rec
 
+    def _advance(self) -> None:
+        """Move the cursor past the step it names and past the numbers concurrent branches took (lock held)."""
+        self.cursor += 1
+        taken = self._taken
+        while taken and self.cursor in taken:
+            taken.discard(self.cursor)
+            self.cursor += 1
+
+    def _claim(self, type_: str, name: str, args: dict[str, Any]) -> tuple[int, StepRecord | None]:
+        """This call's step number and the record answering it, checked and taken at once (lock held).
+
+        A record goes only to the call it recorded (:func:`same_call`), wherever it is among the steps not
+        taken yet, so concurrent branches replay in any interleaving (see ``LOOSE_IN_ORDER`` for the one
+        allowance; an LLM step journaled before LLM arguments had a digest stays unchecked).
+        """
+        cid = self.cursor
+        rec = self.steps.get(cid)
+        if rec is not None and same_call(rec, type_, name, args):
+            self._advance()
+            return cid, rec
+        if rec is None and cid > self._last:
+            self._advance()
+            return cid, None
+        if self._together is None:  # read once, and only by a resume whose calls leave the recorded order
+            self._together = steps_together(self.steps, self.journal.read(self.run_id))
+        # Concurrent branches begin their calls in another order on every execution; in sequence, another
+        # call where a step ran alone is a change.
+        concurrent = rec is None or cid in self._together
+        taken = self._taken
+        if concurrent:
+            if self._recorded is None:
+                self._recorded = RecordedCalls(self.steps)
+            own = self._recorded.find(self.steps, type_, name, args, lambda c: c > cid and c not in taken)
+            if own is not None:
+                taken.add(own.call_id)
+                return own.call_id, own
+            if rec is None:  # it runs again under its number
+                self._advance()
+                return cid, None
+        if rec.name == name and rec.type == type_ and type_ in LOOSE_IN_ORDER and (
+                not concurrent or (type_ == "llm" and rec.digest is None)):
+            self._advance()
+            return cid, rec
+        if concurrent:
+            # Another branch's step, still to come: this call is new, under a number no record or call holds.
+            new = cid + 1
+            while new in self.steps or new in taken:
+                new += 1
+            taken.add(new)
+            return new, None
+        self._advance()
+        # Its recorded outcome is another call's: never hand it to this one.
+        err = self._mismatch(cid, rec, name) if rec.name != name or rec.type != type_ else \
+            self._args_mismatch(cid, rec, args)
+        if self._together:
+            err.args = (f"{err.args[0]} (or, as steps of this run ran concurrently, concurrent steps began in"
+                        f" another order than recorded, after step {cid}, which ran alone)",)
+        raise err
+
     def _begin(
         self, name: str, type_: str, args: dict[str, Any], policy: StepPolicy = DEFAULT_POLICY
     ) -> StepRecord | _Pending:
         with self._lock:
-            call_id = self.cursor
-            self.cursor += 1
-        rec = self.steps.get(call_id)
+            call_id, rec = self._claim(type_, name, args)
         attempt = 1
         if rec is not None:
-            if rec.name != name:
-                raise self._mismatch(call_id, rec, name)
-            if type_ in ARGS_CHECKED and not same_args(rec, args):
-                # Its recorded outcome is another call's: never hand it to this one.
-                raise self._args_mismatch(call_id, rec, args)
             state = rec.state
             if state == "completed" or state == "failed":
                 self.replayed += 1
@@ -268,7 +309,7 @@ class RunContext(StepWriter):
             check_args(type_, name, args)
         p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, attempt)
         if type_ in ARGS_CHECKED:
-            p.digest = mutable_args_digest(args)  # now: the call may change what it was given
+            p.digest = call_digest(type_, args)  # now: the call may change what it was given
         if rec is not None and rec.errors:
             p.errors = list(rec.errors)
         if policy.at_most_once:
@@ -297,7 +338,7 @@ class RunContext(StepWriter):
         before the run's next durable append. ``wait=False`` (only with ``durable=False``) returns
         once the completion is sent: see :meth:`append`.
         """
-        if policy is DEFAULT_POLICY and meta is None and durable is True and self.cursor not in self.steps:
+        if policy is DEFAULT_POLICY and meta is None and durable is True and self.cursor > self._last:
             return self._call_new(name, type_, args, thunk, (), _NO_KW)
         step = self._begin(name, type_, args, policy)
         if isinstance(step, StepRecord):
@@ -335,9 +376,14 @@ class RunContext(StepWriter):
         """
         with self._lock:
             call_id = self.cursor
-            if call_id in self.steps:  # another thread of this run took the new step meanwhile
-                return self.call(name, type_, args, lambda: fn(*pos, **kw))
-            self.cursor = call_id + 1
+            fresh = call_id > self._last
+            if fresh:
+                if self._taken:
+                    self._advance()
+                else:
+                    self.cursor = call_id + 1  # every step of a first execution: no call
+        if not fresh:  # the journal may answer it (a resumed run's thread got here first): with the lock released
+            return self.call(name, type_, args, lambda: fn(*pos, **kw))
         digest = None
         if known == 0:
             for k, v in args.items():
@@ -346,10 +392,13 @@ class RunContext(StepWriter):
                 if type(k) is not str or type(v) not in _PLAIN:
                     if not is_json(args):
                         check_args(type_, name, args)
-                    digest = mutable_args_digest(args) if type_ in ARGS_CHECKED else None
+                    digest = call_digest(type_, args)
                     break
+            else:
+                if type_ == "llm":
+                    digest = call_digest(type_, args)
         elif known == 1:
-            digest = mutable_args_digest(args)
+            digest = call_digest(type_, args)
         started = time.time()
         self.executed += 1
         token = _step_key.set(f"{self.run_id}:{call_id}")
@@ -392,7 +441,7 @@ class RunContext(StepWriter):
         anything else (a step the journal answers, a concurrent taker) goes through :meth:`call`.
         ``scalars``: every value in ``args`` is a JSON scalar, so the call cannot change them (no digest).
         """
-        if self.cursor in self.steps:
+        if self.cursor <= self._last:
             return self.call(name, "tool", args, lambda: fn(*pos, **kw))
         return self._call_new(name, "tool", args, fn, pos, kw, 2 if scalars else 1)
 
@@ -436,16 +485,12 @@ class RunContext(StepWriter):
     def ask(self, prompt: str, fields: list[dict[str, Any]] | None, name: str = "engrain.ask") -> Any:
         """Return the recorded answers to this request, or journal the request and suspend."""
         with self._lock:
-            call_id = self.cursor
-            self.cursor += 1
-        rec = self.steps.get(call_id)
+            call_id, rec = self._claim("input", name, {"prompt": prompt, "fields": fields or []})
         request = {"call_id": call_id, "prompt": prompt, "fields": fields or []}
         if rec is None:
             check_json(request, f"input request {name!r}", "prompt")
             self.append(ev.INPUT_REQUESTED, name, request)
             raise _Suspend(request)
-        if rec.name != name:
-            raise self._mismatch(call_id, rec, name)
         if rec.state == "answered":
             self.replayed += 1
             return rec.result

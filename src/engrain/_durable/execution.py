@@ -11,6 +11,7 @@ that say another executor has the run) or ``needs_input``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 from typing import Any
 
 from .. import _events as ev
@@ -48,7 +49,7 @@ def _start(
     journal: Journal,
     run_id: str,
     task: str,
-    inputs: dict[str, Any],
+    inputs: dict[str, Any] | None,
     tags: list[str],
     lease: Lease | None = None,
     agent: str | None = None,
@@ -68,10 +69,13 @@ def _start(
     ``same``: more fields of ``run.started`` that, like the task, a resume must give again, with
     the same JSON kinds (the cache's params and tags: its journaled lookup is replayed, so a call
     with other params would otherwise get the entry chosen for the first ones).
+    ``inputs``: the same JSON values as recorded, kinds included, for an existing run
+    (:class:`EngrainError` otherwise); ``None`` takes the recorded ones (see :func:`_recorded_inputs`).
+    A run with a finishing event anywhere is finished: its first such event is its outcome.
     """
     rows = [] if fresh else journal.read_raw(run_id)
     if not rows:
-        data: dict[str, Any] = {"task": task, "inputs": inputs, "tags": tags}
+        data: dict[str, Any] = {"task": task, "inputs": {} if inputs is None else inputs, "tags": tags}
         if agent is not None:
             data["agent"] = agent
         if code is not None:
@@ -91,18 +95,26 @@ def _start(
         return None, None
     first = ev.loads_many([rows[0][4]])[0]
     first = first if isinstance(first, dict) else {}
-    finished = rows[-1][2] in _FINISHED_KINDS
+    end = _end_of(rows)
+    finished = end is not None
     why = refusal(first, agent, code, upgrade=upgrade, finished=finished)
     if why is not None:  # first: another program's run is not this one's, whatever its task
         raise AgentMismatchError(run_id, why)
     recorded = first.get("task")
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
+    # The agent replays its recorded steps (LLM calls, a human's approval) and executes the rest on
+    # the inputs given: what was approved for the recorded ones would be done with others. Not for
+    # engrain's own runners (no code fingerprint): their inputs hold what they check themselves (a
+    # routine's files, which upgrade= may change).
+    if inputs is not None and code is not None and not same_json(first.get("inputs", {}), inputs):
+        raise EngrainError(f"run {run_id!r} was started with inputs {_shown(first.get('inputs', {}))},"
+                           f" not {_shown(inputs)} (resume it with the recorded inputs, or without inputs=)")
     if same:
         _check_same(run_id, first, same)
     if not finished:
         return rows, None  # resumable: the common case, so nothing below is paid for it
-    events = ev.events_of(run_id, rows)
+    events = ev.events_of(run_id, rows[: end + 1])  # what follows the end is not the run's
     last = events[-1]
     ids = {e.data.get("call_id") for e in events if e.kind == ev.STEP_COMPLETED or e.kind == ev.STEP_FAILED}
     ids.update(cid for e in events if e.kind == ev.REPLAY_COMPLETED for cid, _ in replayed_steps(e.data))
@@ -117,6 +129,36 @@ def _start(
         )
     # run.cancelled: never resumed
     return rows, RunResult(run_id, ev.CANCELLED, error=last.data.get("reason") or "cancelled", replayed=steps)
+
+
+_kind_of = itemgetter(2)
+
+
+def _end_of(rows: list[ev.Row]) -> int | None:
+    """The index of the run's first finishing row, or None.
+
+    Not just the last row: a row appended after the end (an answer an older engrain accepted
+    after a cancel, a forged one) must not make a finished run resumable. Every resume pays
+    the test, so it is one pass in C (``isdisjoint`` over ``map``); only a finished run's
+    rows are walked in Python, to find where it ended.
+    """
+    if _FINISHED_KINDS.isdisjoint(map(_kind_of, rows)):
+        return None
+    return next(i for i, r in enumerate(rows) if r[2] in _FINISHED_KINDS)
+
+
+def _recorded_inputs(run_id: str, rows: list[ev.Row]) -> dict[str, Any]:
+    """The inputs ``run.started`` recorded, for a resume that gave none (as ``recover()`` and workers do)."""
+    first = ev.loads_many([rows[0][4]])[0]
+    inputs = first.get("inputs", {}) if isinstance(first, dict) else None
+    if not isinstance(inputs, dict):
+        raise EngrainError(f"run {run_id!r}: run.started records inputs {_shown(inputs)}, which are not an object")
+    return inputs
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 300 else text[:300] + "…"
 
 
 def _check_same(run_id: str, first: dict[str, Any], same: dict[str, Any]) -> None:
@@ -180,9 +222,9 @@ class _Execution:
             check_run_id(run_id)  # before any read: a bad id is refused by name, not by the store's driver
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
-        self.inputs = dict(inputs or {})
+        given = None if inputs is None else dict(inputs)
         self._lease = lease = Lease(self.journal, self.run_id)
-        rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
+        rows, self.done = _start(self.journal, self.run_id, task, given, list(tags or []), lease, agent,
                                  fresh=not run_id, code=code, upgrade=upgrade, same=same)
         if rows is not None and self.done is None and not lease.held:
             # Resuming: take the lease, then read again. A dead executor's last
@@ -192,10 +234,13 @@ class _Execution:
             lease.acquire()
             more = self.journal.read_raw(self.run_id, after=len(rows) - 1)
             if more:
-                rows, self.done = _start(self.journal, self.run_id, task, self.inputs, list(tags or []), lease, agent,
+                rows, self.done = _start(self.journal, self.run_id, task, given, list(tags or []), lease, agent,
                                          code=code, upgrade=upgrade, same=same)
                 if self.done is not None:
                     lease.__exit__(None, None, None)
+        if given is None and rows is not None and self.done is None:
+            given = _recorded_inputs(self.run_id, rows)
+        self.inputs = {} if given is None else given
         if rows is None:
             self.ctx = RunContext(self.journal, self.run_id, 1, {})
         else:
@@ -279,8 +324,12 @@ def run(
     """Run ``agent(task, **inputs)`` durably and return its :class:`RunResult`.
 
     Start again with the same ``run_id`` after a crash to resume: journaled
-    steps return their recorded results. A finished run returns its recorded
-    outcome without calling the agent. While it executes, the run holds a
+    steps return their recorded results. A resume gives the same ``task`` and
+    either the same ``inputs`` (as JSON values: ``5.0`` is not ``5``) or none,
+    which runs on the recorded ones; another task or other inputs raise
+    :class:`~engrain.EngrainError` and write nothing. A finished run (ended ok,
+    failed or cancelled) returns its recorded outcome without calling the
+    agent, whatever was written after its end. While it executes, the run holds a
     lease (:class:`~engrain.LeaseHeldError` if another live process runs it).
     Async agents are run with :func:`asyncio.run`; inside an event loop use
     :func:`run_async`.

@@ -12,8 +12,8 @@ import datetime as _dt
 from typing import Any
 
 from .. import _events as ev
-from .._errors import EngrainError
-from .._events import NewEvent, check_json
+from .._errors import EngrainError, RunFinishedError
+from .._events import Event, NewEvent, check_json
 from .._journal import Journal
 from .context import _current, default_journal
 from .steps import check_at_most_once_answer, steps_of
@@ -40,12 +40,27 @@ def ask(prompt: str, fields: list[dict[str, Any]] | None = None) -> Any:
     return ctx.ask(prompt, fields)
 
 
+#: The status each event that finishes a run gives it.
+_ENDED = {ev.RUN_COMPLETED: ev.OK, ev.RUN_FAILED: ev.FAILED, ev.RUN_CANCELLED: ev.CANCELLED}
+
+
+def ended(events: list[Event]) -> str | None:
+    """The status the first finishing event of ``events`` gave the run, or None while it has none.
+
+    The first one, not the last: anything after it (an answer an older engrain accepted, a
+    forged row) is not part of the run.
+    """
+    return next((_ENDED[e.kind] for e in events if e.kind in _ENDED), None)
+
+
 def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = None) -> None:
     """Record ``answers`` for the input a ``needs_input`` run waits for.
 
     An at-most-once step found started but unfinished asks "did this step
     happen?": answer ``{"result": value}`` (it happened and returned ``value``),
     ``{"retry": True}`` (call it again) or ``{"error": "message"}`` (fail it).
+    A run that has ended (completed, failed or cancelled, even with a question
+    left pending) raises :class:`RunFinishedError` and is left as it is.
     """
     from .._errors import RunNotFoundError
 
@@ -53,10 +68,14 @@ def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = No
     events = j.read(run_id)
     if not events:
         raise RunNotFoundError(run_id)
+    status = ended(events)
+    if status is not None:
+        raise RunFinishedError(run_id, status)
     waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
     if not waiting:
         raise EngrainError(f"run {run_id!r} is not waiting for input")
     check_json(answers, f"answers to run {run_id!r}", "answers")
     if waiting[-1].at_most_once:
         check_at_most_once_answer(waiting[-1].name, answers)
+    # At the seq read above: an end appended since makes this a ConflictError, not an answer to a finished run.
     j.append(run_id, [NewEvent(ev.INPUT_RECEIVED, waiting[-1].name, {"call_id": waiting[-1].call_id, "answers": answers})], len(events))

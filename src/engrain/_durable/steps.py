@@ -25,6 +25,24 @@ import msgspec
 from .. import _events as ev
 from .._errors import EngrainError, RetriesExhaustedError, StepFailedError
 
+# Which recorded step answers a call (re-exported: callers import these from here).
+from .matching import (  # noqa: F401
+    _SCALARS,
+    ARGS_CHECKED,
+    LOOSE_IN_ORDER,
+    SCALARS,
+    RecordedCalls,
+    args_digest,
+    call_digest,
+    mutable_args_digest,
+    same_args,
+    same_call,
+    same_json,
+    same_kinds,
+    steps_together,
+)
+
+
 #: The question an at-most-once step asks when its run resumes after a crash mid-call.
 AT_MOST_ONCE_PROMPT = (
     "did this step happen? step {call_id} ({name}) was started and the process stopped before it finished;"
@@ -298,89 +316,6 @@ def check_at_most_once_answer(name: str, answers: Any) -> None:
         )
 
 
-#: Step types whose arguments identify the call: a replayed one called with other arguments is another step.
-#: LLM calls, clock reads, sleeps and patch markers are matched by name only: their arguments carry
-#: conversation state that frameworks rebuild with fresh timestamps and ids on every run.
-ARGS_CHECKED = frozenset({"tool", "udf"})
-
-
-_blake2b: Any = None
-
-
-def args_digest(args: dict[str, Any]) -> str:
-    """A digest of strictly JSON ``args`` (recorded as ``ad``, taken before the call can change them)."""
-    global _blake2b
-    if _blake2b is None:
-        from hashlib import blake2b  # lazily: hashlib (OpenSSL) costs ~20 ms of start-up
-
-        _blake2b = blake2b
-    return _blake2b(ev.dumps_checked(args).encode(), digest_size=8).hexdigest()
-
-
-#: The types of JSON's scalars (strict JSON has exact types: see ``check_json``).
-SCALARS = _SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def mutable_args_digest(args: dict[str, Any]) -> str | None:
-    """:func:`args_digest` when the call could change ``args`` (a list or dict among them), else None.
-
-    The digest exists because the recorded arguments are written after the call; arguments that
-    are all scalars cannot have been changed by it, so the recorded ones are the call's and
-    :func:`same_args` compares them directly. Most tool calls pass scalars: this spares each the
-    encoding and hashing.
-    """
-    for v in args.values():
-        if type(v) not in _SCALARS:
-            return args_digest(args)
-    return None
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """True when ``a`` and ``b`` are the same JSON value, kinds included: ``True``, ``1`` and ``1.0`` differ.
-
-    Python's ``==`` says ``True == 1 == 1.0``, but a tool given ``True`` is not the call that
-    recorded ``1``. The journal keeps the difference (its text holds ``true``, ``1``, ``1.0``, and
-    decodes each back to its own type), so a faithful replay always passes the recorded kinds and
-    this never flags it. Strict JSON has exact types (``check_json``), so ``type() is`` suffices.
-    """
-    t = type(a)
-    if t is not type(b):
-        return False
-    if t is dict:
-        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
-    if t is list:
-        return len(a) == len(b) and all(map(same_json, a, b))
-    return a == b
-
-
-def same_kinds(recorded: Any, given: Any) -> bool:
-    """For values already found ``==``: True when each pair is also the same JSON kind (see :func:`same_json`).
-
-    The replay fast path's check, after its tuple comparison: a type lookup per argument
-    (a plain loop: ~3x cheaper than building lists of types), the deep walk only for a list or dict.
-    """
-    scalars = _SCALARS
-    for r, g in zip(recorded, given):
-        t = type(r)
-        if t is not type(g) or (t not in scalars and not same_json(r, g)):
-            return False
-    return True
-
-
-def same_args(rec: StepRecord, args: dict[str, Any]) -> bool:
-    """True when a call with ``args`` is the call ``rec`` recorded (the same JSON values, see :func:`same_json`)."""
-    if same_json(args, rec.args):
-        return True  # the common case: no encoding
-    if rec.digest is None:
-        return False
-    try:
-        # The recorded arguments may have been changed by the call itself (recorded after it): the
-        # digest was taken before.
-        return args_digest(args) == rec.digest
-    except (TypeError, ValueError):  # not JSON: not what was recorded
-        return False
-
-
 def replay(rec: StepRecord) -> Any:
     """The recorded outcome of a finished step: its result, or its error raised again."""
     if rec.state == "completed":
@@ -390,6 +325,8 @@ def replay(rec: StepRecord) -> Any:
             raise RetriesExhaustedError(rec.name, rec.errors or [])
         if rec.error_type == "StepFailedError":  # an operator's answer to the at-most-once question
             raise StepFailedError(rec.name, "error", rec.message)
+        # Never the generic path below: these constructors take other arguments than a message.
+        raise _own_error(rec.error_type, rec.message) or StepFailedError(rec.name, rec.error_type, rec.message)
     # Re-raise the original type only when it is already loaded: importing a
     # module named by journal data would run code chosen by whoever wrote it.
     mod = sys.modules.get(rec.error_module) if rec.error_module else None
@@ -402,3 +339,32 @@ def replay(rec: StepRecord) -> Any:
         if exc is not None:
             raise exc
     raise StepFailedError(rec.name, rec.error_type, rec.message)
+
+
+def _own_error(name: str, message: str) -> EngrainError | None:
+    """Engrain's error class ``name`` holding ``message``, or None when it cannot be rebuilt faithfully.
+
+    An agent that caught, say, ``NotJSONError`` on its first execution must catch the same
+    type on a resume, but most of these classes build their message from arguments the
+    journal does not keep, so the message is set without calling their ``__init__``. Only
+    classes defined in ``engrain._errors`` qualify: the name comes from journal data, and
+    that module holds no class whose creation has an effect.
+    """
+    from .. import _errors
+
+    cls = getattr(_errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, EngrainError) and cls.__module__ == _errors.__name__):
+        return None
+    # A StepFailedError's fields (the inner error type) are read by the run's failure report and
+    # are not in the message; the others say the store or another executor has the run, which a
+    # replayed step must not claim (they leave a run resumable, and every resume would replay them).
+    if issubclass(cls, (_errors.StepFailedError, _errors.ConflictError, _errors.LeaseHeldError, _errors.StorageError)):
+        return None
+    try:
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        if str(exc) != message:  # a class whose __str__ reads fields __init__ would have set
+            return None
+    except Exception:
+        return None
+    return exc

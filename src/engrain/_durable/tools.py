@@ -266,9 +266,9 @@ def tool(
             """The step's record if the journal completed this call given otherwise than positionally (and its
             bound arguments, if bound)."""
             if not checked:
-                return ctx.replay_next(step_name), None
+                return ctx.replay_next(step_name, None, type), None
             bound = bind(args, kwargs)
-            return ctx.replay_next(step_name, bound), bound
+            return ctx.replay_next(step_name, bound, type), bound
 
         if inspect.iscoroutinefunction(f):
 
@@ -278,7 +278,7 @@ def tool(
                 if ctx is None:
                     return await f(*args, **kwargs)
                 if checked and not kwargs and len(args) == full:  # the common call, without a helper's call
-                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args), None
+                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args, type), None
                 else:
                     rec, bound = replayed(ctx, args, kwargs)
                 if rec is not None:
@@ -297,17 +297,17 @@ def tool(
                 ctx = _current.get()
                 if ctx is None:
                     return f(*args, **kwargs)
-                if new_step and ctx.cursor not in ctx.steps:
-                    # A step the journal has no record of (every step of a first execution): nothing to
-                    # replay, so straight to the context's new-step path, without a thunk (it re-checks the
-                    # cursor under the run's lock, and goes through call() if another thread took the step).
+                if new_step and ctx.cursor > ctx._last:
+                    # Past the journal's last step (every step of a first execution): nothing to replay, so
+                    # straight to the context's new-step path, without a thunk (it takes the step number
+                    # under the run's lock).
                     if plain is not None and not kwargs and len(args) == plain[1]:
                         bound = dict(zip(plain[0], args[1:] if plain[2] else args))
                     else:
                         bound = bind(args, kwargs)
                     return ctx._call_new(step_name, type, bound, f, args, kwargs)
                 if checked and not kwargs and len(args) == full:  # the common call, without a helper's call
-                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args), None
+                    rec, bound = ctx.replay_next(step_name, args[1:] if method else args, type), None
                 else:
                     rec, bound = replayed(ctx, args, kwargs)
                 if rec is not None:  # a resumed run: no thunk

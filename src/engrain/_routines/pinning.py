@@ -54,8 +54,13 @@ def refuse_changed(run_id: str, rec: dict[str, Any], files: dict[str, str]) -> N
             " upgrade=True once this version replays the steps done so far"))
 
 
-def check_resumable(j: Any, run_id: str, files: dict[str, str]) -> None:
-    """Refuse to continue the unfinished routine run ``run_id`` with other files than it started with."""
+def check_resumable(j: Any, run_id: str, files: dict[str, str], inputs: dict[str, Any] | None = None,
+                    upgrade: bool = False) -> dict[str, Any] | None:
+    """Refuse to continue the unfinished routine run ``run_id`` with other files than it started with (unless
+    ``upgrade``) or with other ``inputs`` (None: whatever it recorded); returns the inputs it recorded (None
+    when ``run_id`` is no routine run yet)."""
+    from .._durable.steps import same_json
+    from .._errors import EngrainError
     from .._journal._common import check_run_id
 
     check_run_id(run_id)  # before the store reads it, as run() does
@@ -63,7 +68,15 @@ def check_resumable(j: Any, run_id: str, files: dict[str, str]) -> None:
     started = first[0].data if first and first[0].kind == ev.RUN_STARTED else {}
     tags, rec = started.get("tags") or [], started.get("inputs")
     if not isinstance(tags, list) or ROUTINE_TAG not in tags or not isinstance(rec, dict):
-        return  # a new run, or no routine's: run() refuses it as another task or agent
+        return None  # a new run, or no routine's: run() refuses it as another task or agent
     info = j.get_run(run_id)
     if info is None or info.status not in (ev.OK, ev.FAILED, ev.CANCELLED):  # a finished one only reports its outcome
-        refuse_changed(run_id, rec, files)
+        if not upgrade:
+            refuse_changed(run_id, rec, files)
+        then = rec.get("inputs") if isinstance(rec.get("inputs"), dict) else {}
+        # Its recorded steps (an approval among them) were taken for the recorded inputs, not for others.
+        if inputs is not None and not same_json(then, inputs):
+            raise EngrainError(f"run {run_id!r} was started with inputs {then!r}, not {inputs!r} (resume it with"
+                               " the recorded inputs, or without inputs=)")
+        return then
+    return None

@@ -359,12 +359,14 @@ def run_routine(
     inputs = _alias(inputs, input_data, "inputs", "input_data")
     tools = _alias(tools, tool_registry, "tools", "tool_registry")
     routine, files = load_pinned(path)
+    if run_id is not None:
+        journal = journal or default_journal()
+        recorded_inputs = check_resumable(journal, run_id, files, inputs, upgrade)
+        if inputs is None:
+            inputs = recorded_inputs  # a resume without inputs goes on with the run's own
     inputs = {} if inputs is None else inputs
     check_inputs(routine, inputs)
     given = parse_answers(answers, prompts_of(routine))
-    if run_id is not None and not upgrade:
-        journal = journal or default_journal()
-        check_resumable(journal, run_id, files)
     registry = resolve_tools(tools)
     use_sandbox = (not routine.trusted) if sandbox is None else bool(sandbox)
     execution = _RoutineRun(routine, registry, use_sandbox, given)

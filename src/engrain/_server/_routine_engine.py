@@ -21,7 +21,7 @@ def validate(path: Path, tools: Any = None) -> list[dict[str, Any]]:
     return [{"severity": "error", **i.to_dict()} for i in validate_routine(path, tools)]
 
 
-def run(path: Path, inputs: dict[str, Any], journal: Any, run_id: str | None, tools: Any = None) -> dict[str, Any]:
+def run(path: Path, inputs: dict[str, Any] | None, journal: Any, run_id: str | None, tools: Any = None) -> dict[str, Any]:
     """Run the routine at ``path``; the RunResult as a dict."""
     from .._routines.runner import resolve_tools, run_routine
 

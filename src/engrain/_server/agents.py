@@ -118,7 +118,7 @@ class AgentRunner:
             raise ApiError(404, "AgentNotFoundError", f"no agent named {name!r} on this server (registered: {known})")
         return fn
 
-    def start(self, name: str, task: str, inputs: dict[str, Any], run_id: str | None, wait: float) -> dict[str, Any]:
+    def start(self, name: str, task: str, inputs: dict[str, Any] | None, run_id: str | None, wait: float) -> dict[str, Any]:
         """Start (or continue, for an unfinished ``run_id``) a run of agent ``name``."""
         from .._durable.context import new_run_id
         from .._durable.execution import _start
@@ -187,7 +187,7 @@ class AgentRunner:
         if fut is not None and not fut.done():
             fut.cancel()
 
-    def _execute(self, fut: Future[Any], agent: Callable[..., Any], name: str, task: str, inputs: dict[str, Any],
+    def _execute(self, fut: Future[Any], agent: Callable[..., Any], name: str, task: str, inputs: dict[str, Any] | None,
                  run_id: str, wait: float) -> dict[str, Any]:
         journal = self.state.journal
 

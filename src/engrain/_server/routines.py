@@ -32,7 +32,8 @@ _CORE = ("_routines.model", "_routines.loader", "_routines.validator", "_routine
 class RunBody(Body):
     """Inputs of a routine run."""
 
-    inputs: dict[str, Any] = Field(default_factory=dict)
+    inputs: dict[str, Any] | None = Field(default=None, description=(
+        "The routine's inputs (omitted: none for a new run, the recorded ones when run_id names a run to continue)."))
     run_id: str | None = Field(default=None, max_length=200)
 
 
@@ -223,7 +224,7 @@ def validate_path(path: Path, tools: Any = None) -> list[dict[str, Any]]:
     return eng.validate(path, tools)
 
 
-def run_routine(state: ServerState, name: str, inputs: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+def run_routine(state: ServerState, name: str, inputs: dict[str, Any] | None, run_id: str | None) -> dict[str, Any]:
     """Run routine ``name`` on the server's journal; the RunResult as a dict."""
     path = routine_dir(state, name)
     _engine()

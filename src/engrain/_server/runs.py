@@ -50,7 +50,9 @@ class StartRun(Body):
                                 description="Routine name (a folder under the routines dir).")
     agent: str | None = Field(default=None, max_length=200, description="Registered agent name (instead of routine).")
     task: str | None = Field(default=None, max_length=20_000, description="The agent's task (required with agent).")
-    inputs: dict[str, Any] = Field(default_factory=dict, description="The routine's inputs, or the agent's keyword arguments.")
+    inputs: dict[str, Any] | None = Field(default=None, description=(
+        "The routine's inputs, or the agent's keyword arguments (omitted: none for a new run, the recorded ones "
+        "when run_id names a run to continue; given, they must be the recorded ones)."))
     run_id: str | None = Field(default=None, max_length=200, pattern=RUN_ID_PATTERN,
                                description="Run id to use (default: a new one).")
     wait: float = Field(default=DEFAULT_WAIT, ge=0, le=MAX_WAIT,
@@ -382,11 +384,15 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
 
     A resumed agent run is waited for up to ``body.wait`` seconds (then ``status: "running"``).
     """
-    from .._durable.human import answer
+    from .._durable.human import answer, ended
+    from .._errors import RunFinishedError
 
     state = state_of(request)
     _require(request, run_id)
     events = state.journal.read(run_id)
+    status = ended(events)
+    if status is not None:  # a question it left pending still looks open to pending_prompt
+        raise ApiError(409, "NotWaitingForInput", str(RunFinishedError(run_id, status)))
     if pending_prompt(events) is None:
         raise ApiError(409, "NotWaitingForInput", f"run {run_id!r} is not waiting for input")
     check_json(body.answers, f"answers to run {run_id!r}", "answers")
@@ -405,7 +411,7 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
     except (ConflictError, RunNotFoundError):
         raise
     except EngrainError as e:
-        if "not waiting for input" in str(e):  # answered by someone else between our read and our append
+        if "not waiting for input" in str(e):  # answered, or ended (RunFinishedError), since our read
             raise ApiError(409, "NotWaitingForInput", str(e)) from None
         raise
     info = state.journal.get_run(run_id)
