@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._durable.steps import SCALARS
+from .._durable.tools import _spreader
 from .._routines.template import render
 from .binding import json_type, text_of
 from .checks import Check, decode_snapshot
@@ -44,44 +45,11 @@ class ToolSpec:
         # Where a snapshot that is not JSON is reported (built once, not per step).
         self.pre_where = f"tool {self.name!r} pre_check"
         self.post_where = f"tool {self.name!r} post_check"
-        self.split = _splitter(self.fn)
+        self.split = _spreader(self.fn)
 
     def arguments(self, args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The recorded ``{name: value}`` arguments as a call's ``(*args, **kwargs)``."""
         return ((), args) if self.split is None else self.split(args)
-
-
-def _splitter(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None:
-    """``None`` for a plain signature (record == keywords); else how to rebuild ``*args``/``**kwargs``/positional-only."""
-    import inspect
-
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return None
-    if all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
-        return None
-    if params and params[0].name in ("self", "cls"):
-        params = params[1:]
-
-    def split(args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        pos: list[Any] = []
-        kw: dict[str, Any] = {}
-        for p in params:
-            if p.name not in args:
-                continue
-            v = args[p.name]
-            if p.kind is p.VAR_POSITIONAL:
-                pos.extend(v)
-            elif p.kind is p.VAR_KEYWORD:
-                kw.update(v)
-            elif p.kind is p.POSITIONAL_ONLY or (p.kind is p.POSITIONAL_OR_KEYWORD and any(q.kind is q.VAR_POSITIONAL for q in params)):
-                pos.append(v)
-            else:
-                kw[p.name] = v
-        return tuple(pos), kw
-
-    return split
 
 
 _PARAM_RE = re.compile(r"\{\{ params\.(\w+) \}\}")

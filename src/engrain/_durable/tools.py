@@ -184,6 +184,50 @@ def _binder(fn: Callable[..., Any]) -> Callable[[tuple, dict], dict[str, Any]]:
     return bind
 
 
+def _spreader(fn: Callable[..., Any]) -> Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None:
+    """How a recorded call (:func:`_binder`'s ``{name: value}``) becomes ``fn``'s ``(*args, **kwargs)`` again, for
+    a replay that calls the tool (the cache, a routine); ``None`` for a plain signature: the record is the keywords.
+
+    ``*args`` is spread from its recorded list, ``**kwargs`` from its mapping; positional-only
+    parameters, and before a ``*args`` any positional one, go by position. A key naming no
+    parameter goes in as a keyword (a hand-written routine's ``**kwargs``), and after a missing
+    positional parameter the rest go by keyword, where their position is no longer known.
+    """
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+        return None
+    if params and params[0].name in ("self", "cls"):  # never recorded (see _binder)
+        params = params[1:]
+    names = {p.name for p in params}
+    spread = any(p.kind is p.VAR_POSITIONAL for p in params)
+
+    def split(args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        pos: list[Any] = []
+        kw = {k: v for k, v in args.items() if k not in names}
+        gap = False
+        for p in params:
+            if p.name not in args:
+                gap = gap or p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                continue
+            v = args[p.name]
+            if p.kind is p.VAR_POSITIONAL and isinstance(v, list) and not gap:
+                pos.extend(v)
+            elif p.kind is p.VAR_KEYWORD and isinstance(v, dict):
+                kw.update(v)
+            elif not gap and (p.kind is p.POSITIONAL_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD and spread):
+                pos.append(v)
+            else:
+                kw[p.name] = v
+        return tuple(pos), kw
+
+    return split
+
+
 @overload
 def tool(fn: F) -> F: ...
 @overload

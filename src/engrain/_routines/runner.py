@@ -22,6 +22,7 @@ from typing import Any
 from .. import _events as ev
 from .._durable.context import RunResult, _current, default_journal
 from .._durable.execution import run
+from .._durable.tools import _spreader
 from .._errors import (
     ConflictError,
     EngrainError,
@@ -190,37 +191,16 @@ class _RoutineRun:
         inner = getattr(fn, "__wrapped__", fn) if meta else fn
         kind = meta["type"] if meta else "tool"
         result_schema = decl.get("result")
-        pos: list[Any] = []
+        pos: tuple[Any, ...] = ()
         kw = args
         code = getattr(inner, "__code__", None)
         emcore = not hasattr(self.registry, "get") and hasattr(self.registry, "call") and hasattr(self.registry, "has")
         if not emcore and (code is None or code.co_flags & 0x0C or code.co_posonlyargcount):  # 0x0C: *args, **kwargs
-            # The journal records a call by parameter: *args as one list, **kwargs as one mapping,
-            # positional-only ones by name. A compiled routine holds that record, so it is spread
-            # back; a key naming no parameter goes in as a keyword (hand-written routines' **kwargs).
-            import inspect
-
-            try:
-                params = list(inspect.signature(inner).parameters.values())
-            except (TypeError, ValueError):
-                params = []
-            if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
-                names = {p.name for p in params}
-                kw, gap = {k: v for k, v in args.items() if k not in names}, False
-                spread = any(p.kind is p.VAR_POSITIONAL for p in params)
-                for p in params:
-                    if p.name not in args:
-                        gap = gap or p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                        continue
-                    v = args[p.name]
-                    if p.kind is p.VAR_POSITIONAL and isinstance(v, list) and not gap:
-                        pos.extend(v)
-                    elif p.kind is p.VAR_KEYWORD and isinstance(v, dict):
-                        kw.update(v)
-                    elif not gap and (p.kind is p.POSITIONAL_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD and spread):
-                        pos.append(v)
-                    else:
-                        kw[p.name] = v
+            # The journal records a call by parameter (*args as one list, **kwargs as one mapping): a
+            # compiled routine holds that record, so it is spread back as the cache's replay does.
+            split = _spreader(inner)
+            if split is not None:
+                pos, kw = split(args)
 
         def thunk() -> Any:
             out = inner(*pos, **kw)
