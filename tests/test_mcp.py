@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
 import sys
 from pathlib import Path
@@ -147,3 +149,44 @@ def test_tool_descriptions_have_no_docstring_markup(store):
     assert descriptions["recall"] == "Records and articles most relevant to 'query', best first."
     for name, text in descriptions.items():
         assert "``" not in text and ":class:" not in text, (name, text)
+
+
+def test_every_request_line_is_answered(store, tmp_path):
+    """A line the SDK cannot take is answered (with its id when readable), so no client waits for ever."""
+    import subprocess
+
+    url, _ = store
+    exe_path = Path(sys.executable).with_name("engrain")
+    exe = str(exe_path) if exe_path.exists() else shutil.which("engrain") or "engrain"
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    lines = [
+        json.dumps(init),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        '{"jsonrpc":"2.0","id":2,',                                                    # cut short
+        '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"recall","arguments":{"query":"\\ud800"}}}',
+        '{"jsonrpc":"2.0","id":4,"method":"tools/list","params":' + "[" * 3000 + "]" * 3000 + "}",
+        '{"jsonrpc":"2.0","id":"five","method":123}',                                  # JSON, not JSON-RPC
+        "[1,2,3]",
+        '{"jsonrpc":"2.0","id":6,"method":"tools/list","params":{"x":"' + "a" * 3_000_000 + '"}}',
+        json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}),
+    ]
+    proc = subprocess.Popen([exe, "mcp", "--url", url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, cwd=str(tmp_path), env={**os.environ, "ENGRAIN_HOME": str(tmp_path / "home")})
+    replies = []
+    try:
+        for line in lines:
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            if "notifications/" in line:  # answered by nothing, as JSON-RPC says
+                continue
+            ready, _, _ = select.select([proc.stdout], [], [], 30)
+            assert ready, f"no reply to {line[:80]!r}"
+            replies.append(json.loads(proc.stdout.readline()))
+    finally:
+        proc.kill()
+        proc.wait()
+    errors = [(r["id"], r["error"]["code"]) for r in replies[1:-1]]
+    assert errors == [(None, -32700), (3, -32700), (None, -32700), ("five", -32600), (None, -32600), (None, -32600)]
+    assert "limited to" in replies[-2]["error"]["message"]
+    assert replies[-1]["id"] == 7 and "remember" in {t["name"] for t in replies[-1]["result"]["tools"]}

@@ -10,11 +10,18 @@ behave the same on the same store.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
+import anyio
+import anyio.to_thread
+import mcp_types
 from mcp.server.mcpserver import MCPServer
+from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
 from mcp.server.mcpserver.exceptions import ToolError
 
 from ._journal import open_journal
@@ -124,3 +131,90 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
         return [r.to_dict() for r in state.journal.runs(status=status, limit=max(1, min(limit, 500)))]
 
     return server
+
+
+# As the HTTP API's body limit: a request line longer than this is answered, not buffered.
+MAX_LINE = 2 * 1024 * 1024
+
+
+class _AnsweringStdin:
+    """stdin for the SDK's stdio transport, answering each line the SDK could not take.
+
+    The SDK hands a line it cannot parse to the server as a bare exception, which answers
+    nothing, so a client waiting on that request's id waits for ever. This reader checks each
+    line first and answers a bad one itself: with the request's id when one can be read
+    (``-32700`` parse error, ``-32600`` invalid request), else with ``id: null``, as JSON-RPC asks.
+    A line over ``MAX_LINE`` bytes is skipped to its end and answered the same way.
+    """
+
+    def __init__(self, source: BinaryIO, limit: int = MAX_LINE) -> None:
+        self._source = source
+        self._limit = limit
+        self._replies: Any = None
+        self._ready = anyio.Event()
+
+    def answer_on(self, write_stream: Any) -> None:
+        self._replies = write_stream
+        self._ready.set()
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        while True:
+            raw = await anyio.to_thread.run_sync(self._source.readline, self._limit + 1)
+            if not raw:
+                return
+            if len(raw) > self._limit and not raw.endswith(b"\n"):
+                while (rest := await anyio.to_thread.run_sync(self._source.readline, self._limit)) and not rest.endswith(b"\n"):
+                    pass
+                await self._answer(None, -32600, f"Invalid Request: a message is limited to {self._limit} bytes")
+                continue
+            line = raw.decode("utf-8", errors="replace")
+            if not line.strip():
+                continue
+            try:
+                mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            except Exception as e:  # pydantic's ValidationError: the SDK would drop it unanswered
+                await self._answer(_request_id(line), *_verdict(e))
+                continue
+            yield line
+
+    async def _answer(self, request_id: str | int | None, code: int, message: str) -> None:
+        await self._ready.wait()
+        error = mcp_types.JSONRPCError(
+            jsonrpc="2.0", id=request_id, error=mcp_types.ErrorData(code=code, message=message)
+        )
+        await self._replies.send(SessionMessage(error))
+
+
+def _request_id(line: str) -> str | int | None:
+    """The id of a request that failed validation, when the line still reads as a JSON object."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    rid = message.get("id") if isinstance(message, dict) else None
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        return None
+    return rid if not isinstance(rid, str) or len(rid) <= 256 else None
+
+
+def _verdict(error: Exception) -> tuple[int, str]:
+    errors = getattr(error, "errors", lambda: [])()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return -32700, f"Parse error: {str(first.get('msg', error))[:200]}"
+    return -32600, "Invalid Request: not a JSON-RPC 2.0 request, notification or response"
+
+
+async def serve_stdio(server: MCPServer) -> None:
+    """Serve ``server`` over this process's stdin and stdout, answering every request line."""
+    low = getattr(server, "_lowlevel_server", None)  # the SDK's own run_stdio_async drives this
+    if low is None:  # an SDK that moved it: serve as the SDK does, bad lines unanswered
+        await server.run_stdio_async()
+        return
+    stdin = _AnsweringStdin(sys.stdin.buffer)
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+        stdin.answer_on(write_stream)
+        await low.run(read_stream, write_stream, low.create_initialization_options())

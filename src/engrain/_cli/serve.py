@@ -135,4 +135,8 @@ def mcp(
         from .._mcp import build_server
 
         server = build_server(url, routines, tools)
-    server.run("stdio")
+    import anyio
+
+    from .._mcp import serve_stdio
+
+    anyio.run(serve_stdio, server)
