@@ -15,7 +15,6 @@ not finished is never called again blindly: the run asks a human (see
 from __future__ import annotations
 
 import contextvars
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -29,9 +28,10 @@ from .._errors import (
     StorageError,
 )
 from .._events import check_json, is_json
-from .._journal import Journal, default_url, open_journal
+from .._journal import Journal
 from . import observe
 from .attempts import StepWriter, _Pending, _question
+from .journals import check_args, default_journal, new_run_id  # noqa: F401  (re-exported: callers import them here)
 from .result import RunResult
 from .unwind import _Cancelled, _Park, _Suspend  # noqa: F401  (re-exported: execution and sleep import them here)
 from .steps import (
@@ -58,33 +58,6 @@ _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("en
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
 # Set by a worker around engrain.run: sleeps longer than this park the run (see sleep.py).
 _park_after: contextvars.ContextVar[float | None] = contextvars.ContextVar("engrain_park_after", default=None)
-
-_default_journals: dict[str, Journal] = {}
-_default_lock = threading.Lock()
-
-
-def default_journal() -> Journal:
-    """The process-wide journal at :func:`engrain.default_url`, opened on first use."""
-    url = default_url()
-    with _default_lock:
-        j = _default_journals.get(url)
-        if j is None:
-            j = _default_journals[url] = open_journal(url)
-        return j
-
-
-def new_run_id() -> str:
-    """A fresh run id that sorts by creation time."""
-    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(6).hex()}"
-
-
-def check_args(type_: str, name: str, args: dict[str, Any]) -> None:
-    """Raise :class:`~engrain.NotJSONError` naming the step and argument when ``args`` is not JSON."""
-    if not is_json(args):  # the slow walk only to name the culprit
-        for k, v in args.items():
-            check_json(v, f"{type_} {name!r}", f"argument {k!r}")
-        check_json(args, f"{type_} {name!r}", "arguments")
-
 
 #: JSON scalars whose every value is strictly JSON (a float may not be finite), checked by type alone.
 _PLAIN = frozenset({str, int, bool, type(None)})
