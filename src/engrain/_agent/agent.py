@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
+import json
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .. import _events as ev
 from .._durable.context import RunResult, current, default_journal
-from .._durable.execution import run as _run
+from .._durable.execution import run_sync
 from .._durable.tools import ToolRegistry, validate_tool_name
 from .._durable.tools import tools as _default_tools
-from .._errors import ConfigError
+from .._errors import AgentMismatchError, ConfigError, ConflictError, EngrainError, LeaseHeldError
 from .._events import API_AGENT_TAG
 from .._journal import Journal
 from . import sessions
@@ -20,6 +24,9 @@ from .loop import EVICT_AFTER, converse
 from .providers import Provider, make_provider, parse_model
 from .toolspec import AgentTool, from_function, from_registry
 from .volatile import result_check
+
+#: The ``run.started`` field holding :meth:`Agent.definition`, which a resume must give again.
+DEFINITION = "agent_def"
 
 _stores: dict[str, Any] = {}
 _memories: dict[str, Any] = {}
@@ -61,6 +68,15 @@ class Agent:
     routines to the model as tools (see :mod:`engrain._agent.learn`);
     ``last_learned`` says what the last run taught. ``memory_store`` is the :class:`engrain.Memory` to use (default: one on
     the run's store); ``client`` an SDK client you configured yourself.
+
+    A run (and a chat turn) records the agent's definition (:meth:`definition`:
+    model, instructions, tools), and only an agent of that definition resumes
+    it: the recorded model replies were chosen under it, so an agent told other
+    instructions, given another model or other tools gets
+    :class:`~engrain.AgentMismatchError` and the run is left as it is. The
+    order the tools are given in is not part of it. An ``@engrain.tool``'s
+    ``at_most_once`` and ``retries`` apply to the agent's calls of it as to a
+    durable run's.
 
     The cache keys on the agent (name, model, instructions, tools), the
     session's earlier messages, recalled memory and the task text with
@@ -176,6 +192,48 @@ class Agent:
                 "tools": [t.spec() for t in self.tools.values()], "memory": self.memory, "cache": self.cache,
                 "answers_ttl": self.answers_ttl, "max_turns": self.max_turns, "learn": self.learn}
 
+    def definition(self) -> str:
+        """A digest of what the model's replies depend on: the model, the instructions and the tools
+        (each one's name and argument schema; not their order, nor their descriptions).
+
+        A run records it and a resume must give it again (see :meth:`run`). The tools are sorted by
+        name: a definition listing the same tools in another order shows them to the model in that
+        order, but every call a recorded reply makes means the same thing, so it resumes the run.
+        """
+        tools = sorted([t.name, t.parameters] for t in self.tools.values())
+        text = json.dumps({"model": self.model, "instructions": self.instructions, "tools": tools},
+                          sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+    def _opening(self, j: Journal, run_id: str | None, task: str | None = None) -> dict[str, Any] | None:
+        """The ``same=`` fields of the run this agent opens (its definition, recorded by a new run), after
+        refusing an existing run this agent must not continue. ``None``: the run was recorded without a
+        definition (by an engrain from before it was recorded), so there is nothing to compare.
+
+        ``task``: the message of the chat turn ``run_id``; a turn found holding another message was
+        taken by another process since the session was read (:class:`ConflictError`: the message
+        takes the next turn).
+        """
+        same = {DEFINITION: self.definition()}
+        if run_id is None:
+            return same
+        info = j.get_run(run_id)
+        if info is None:
+            return same
+        sessions.check_origin(run_id, info.tags, self.name, self._api)
+        if task is not None and info.task != task and ev.CLIENT_TAG not in info.tags:
+            raise ConflictError(run_id, 0, info.next_seq)
+        first = j.read(run_id, limit=1)
+        data = first[0].data if first else {}
+        if DEFINITION not in data:
+            return None
+        if data[DEFINITION] != same[DEFINITION]:
+            raise AgentMismatchError(run_id, (
+                f"was started by the agent {self.name!r} with another definition (model, instructions or tools):"
+                " the model replies it recorded were chosen under that one, so this agent does not continue it;"
+                " resume it with the definition it was started with, or cancel it (engrain.cancel) to leave it"))
+        return same
+
     # -- runs ------------------------------------------------------------------
 
     def run(self, task: str, *, run_id: str | None = None, journal: Journal | None = None,
@@ -183,8 +241,9 @@ class Agent:
         """Do ``task`` as a durable run; its output is the final answer's text.
 
         After a crash, call again with the same ``run_id``: recorded model
-        replies and tool results are replayed. A run that ran out of
-        ``max_turns`` fails with a ``TurnLimitError``.
+        replies and tool results are replayed, by an agent of the same
+        :meth:`definition` only (another raises :class:`~engrain.AgentMismatchError`).
+        A run that ran out of ``max_turns`` fails with a ``TurnLimitError``.
         """
         if not isinstance(task, str) or not task.strip():
             raise ConfigError(f"agent {self.name!r}: the task must be a non-empty string")
@@ -197,11 +256,11 @@ class Agent:
 
         agent_fn.__name__ = self.name
         j = journal or self._journal()
-        if run_id is not None:
-            self._check_origin(j, run_id)
-        # Named after this agent, so another agent's run is never continued by this one (see eg.agent_name).
-        res = _run(agent_fn, task, run_id=run_id, journal=j, tags=[*self._tags(), *(tags or [])],
-                   agent_name=f"llm-agent:{self.name}")
+        same = self._opening(j, run_id)
+        # Named after this agent, so another agent's run is never continued by this one (see eg.agent_name),
+        # and recording its definition, so neither is a run it was started with another definition of.
+        res = run_sync(agent_fn, task, run_id, None, [*self._tags(), *(tags or [])], j, f"llm-agent:{self.name}",
+                       None, same=same)
         self._learn_after(j, res, emit)
         return res
 
@@ -269,22 +328,64 @@ class Agent:
 
         turn_fn.__name__ = self.name
         rid = sessions.turn_id(self.name, session, n)
-        self._check_origin(j, rid)
-        res = _run(turn_fn, message, run_id=rid, journal=j, tags=[*self._tags(), f"session:{session}"],
-                   agent_name=f"llm-agent:{self.name}")
+        same = self._opening(j, rid, message)
+        try:
+            res = run_sync(turn_fn, message, rid, None, [*self._tags(), sessions.session_tag(session)], j,
+                           f"llm-agent:{self.name}", None, same=same)
+        except EngrainError as e:
+            if isinstance(e, (ConflictError, LeaseHeldError, AgentMismatchError)):
+                raise
+            # Another process created this turn with its message since _opening looked: the run refuses
+            # this message as another task, and the message takes the turn after that one.
+            info = j.get_run(rid)
+            if info is not None and info.task != message and ev.CLIENT_TAG not in info.tags:
+                raise ConflictError(rid, 0, info.next_seq) from e
+            raise
         self._learn_after(j, res, emit)
         return res
 
+    def _send(self, j: Journal, session: str, message: str, put: Callable[[Any], None]) -> tuple[int, RunResult]:
+        """Play ``message`` as the session's next turn; returns the turn's number and result.
+
+        The caller holds the session in this process (:func:`sessions.serial`). Another process may
+        write it too: a turn number it took first, or a turn it is still running, is waited for (up to
+        :data:`sessions.BUSY_WAIT` seconds) and the message becomes the turn after it.
+        """
+        deadline = time.monotonic() + sessions.BUSY_WAIT
+        pause = 0.05
+        finished: set[int] = set()  # earlier turns this call saw end
+        while True:
+            state = sessions.load(j, self.name, session, self._api)
+            try:
+                if state.unfinished is not None and state.unfinished[1] != message:
+                    # an earlier message whose turn a crash cut short: finish it first, quietly
+                    n, earlier = state.unfinished
+                    if n in finished:  # never twice: the session would read it unfinished forever
+                        raise EngrainError(f"session {session!r}: turn {n} ({sessions.turn_id(self.name, session, n)})"
+                                           " ended, yet the session reads it as unfinished; cancel it (engrain.cancel)")
+                    res = self._turn(j, session, n, earlier, state.messages, lambda e: None)
+                    if res.status == "needs_input":
+                        raise EngrainError(
+                            f"session {session!r}: turn {n} ({res.run_id}) waits for an answer to"
+                            f" {(res.prompt or {}).get('prompt', 'its question')!r}; answer it (engrain.answer)"
+                            " or cancel it (engrain.cancel) before the session goes on")
+                    finished.add(n)
+                    continue  # read the session again: this message follows that turn
+                n = state.next_turn
+                return n, self._turn(j, session, n, message, state.messages, put)
+            except (ConflictError, LeaseHeldError):
+                # Another process took this turn's number or is running the turn: once it is done,
+                # the message is the turn after it. Only a turn that outlasts the wait is an error.
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
     def _chat_worker(self, j: Journal, session: str, message: str, put: Callable[[Any], None]) -> None:
         try:
-            state = sessions.load(j, self.name, session, self._api)
-            n = state.next_turn
-            if state.unfinished is not None and state.unfinished[1] != message:
-                # an earlier message whose turn a crash cut short: finish it first, quietly
-                res = self._turn(j, session, n, state.unfinished[1], state.messages, lambda e: None)
-                state = sessions.load(j, self.name, session, self._api)
-                n = state.next_turn
-            res = self._turn(j, session, n, message, state.messages, put)
+            # One message of a session at a time: both of two sent at once land, each as its own turn.
+            with sessions.serial(j.url, self.name, session, self._api):
+                n, res = self._send(j, session, message, put)
             if not res:
                 put({"type": "error", "error": res.error or res.status})
             out = res.output if isinstance(res.output, dict) else {}
@@ -311,11 +412,6 @@ class Agent:
 
     def _tags(self) -> list[str]:
         return [f"llm-agent:{self.name}", API_AGENT_TAG] if self._api else [f"llm-agent:{self.name}"]
-
-    def _check_origin(self, j: Journal, run_id: str) -> None:
-        info = j.get_run(run_id)
-        if info is not None:
-            sessions.check_origin(run_id, info.tags, self.name, self._api)
 
     # -- memory and cache (called inside journaled steps) ----------------------
 

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._durable.context import RunContext, StepRecord, _current, _step_key
-from .._errors import NotJSONError
+from .._errors import NotJSONError, RetriesExhaustedError
 from . import cache
 from .providers import system_text, utc_iso
 from .volatile import Replayer
@@ -118,7 +118,10 @@ def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: st
         except ValueError as e:
             msg.update(content=f"error: bad arguments for tool {tool.name!r}: {e}", error=True)
             continue
-        step = ctx._begin(tool.name, "tool", args)
+        # The tool's own policy: an at_most_once tool journals a durable start first, so a resume
+        # after a crash mid-call asks whether it happened (the run pauses needs_input) instead of
+        # calling it again; retries= re-calls it here as its @engrain.tool wrapper would.
+        step = ctx._begin(tool.name, "tool", args, tool.policy)
         if isinstance(step, StepRecord):  # recorded: its result (or error) comes from the journal
             if step.state == "completed":
                 msg["content"] = _content(step.result)
@@ -129,12 +132,23 @@ def run_tools(agent: Agent, ctx: RunContext, calls: list[dict[str, Any]], ts: st
 
     def execute(item: tuple[int, Any, Any, dict[str, Any]]) -> None:
         i, tool, step, args = item
-        try:
-            result = _run_thunk(step.key, lambda: tool.invoke(args))
-        except Exception as e:
-            ctx._fail(step, e)
-            out[i].update(content=_error(type(e).__name__, str(e)), error=True)
-            return
+        policy = tool.policy
+        while True:
+            try:
+                result = _run_thunk(step.key, lambda: tool.invoke(args))
+            except Exception as e:
+                try:
+                    delay = ctx._failed(step, e, policy)  # journals the attempt (the step's failure, if last)
+                except RetriesExhaustedError as final:  # the step's journaled outcome names every attempt
+                    out[i].update(content=_error(final.error_type, final.message), error=True)
+                    return
+                if delay is None:
+                    out[i].update(content=_error(type(e).__name__, str(e)), error=True)
+                    return
+                time.sleep(delay)
+                ctx._next_attempt(step, policy, e)
+                continue
+            break
         try:
             # Not flushed on its own: the next model call's step (flushed before its reply is
             # used) or the run's end flushes it too, one disk flush per turn on a "full" store.

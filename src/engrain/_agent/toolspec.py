@@ -6,6 +6,9 @@ description from the docstring's first paragraph. A registered WASM tool
 (``engrain.tools.load_dir``) takes one JSON value, offered to the model as ``args``.
 Arguments the model sends are checked against the schema before the tool runs;
 a mismatch becomes an error message for the model, never a call.
+
+An ``@engrain.tool`` keeps its step policy (``at_most_once``, ``retries``): the
+agent journals its calls as a plain durable run journals them (see ``loop.run_tools``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._durable.steps import DEFAULT_POLICY, StepPolicy
 from .._errors import ConfigError
 from .volatile import DEFAULT as DEFAULT_CHECK
 from .volatile import ResultCheck, result_check
@@ -88,6 +92,9 @@ class AgentTool:
     wasm: bool = False
     quick: Any = None  # a plain-Python check for flat schemas (see _quick_check); False: none applies
     result_check: ResultCheck = DEFAULT_CHECK  # how a replayed result is compared (see volatile.py)
+    # An @engrain.tool's at_most_once and retries: unwrapped, the tool is journaled by the agent's
+    # loop, which must journal it as the tool's own wrapper would (a payment is never retried blind).
+    policy: StepPolicy = DEFAULT_POLICY
 
     def spec(self) -> dict[str, Any]:
         """The provider-neutral declaration sent to the model."""
@@ -151,7 +158,14 @@ def from_function(fn: Callable[..., Any]) -> AgentTool:
             props[p.name]["default"] = p.default
     params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
     check = result_check(name, step.get("volatile"), step.get("same_result")) if step else DEFAULT_CHECK
-    return AgentTool(name, inner, _description(inner) or name, params, result_check=check)
+    return AgentTool(name, inner, _description(inner) or name, params, result_check=check, policy=_policy(fn))
+
+
+def _policy(fn: Callable[..., Any]) -> StepPolicy:
+    """The step policy an ``@engrain.tool`` was declared with (the default for a plain function)."""
+    step = getattr(fn, "__engrain_step__", None)
+    policy = step.get("policy") if isinstance(step, dict) else None
+    return policy if isinstance(policy, StepPolicy) else DEFAULT_POLICY
 
 
 def from_registry(name: str, fn: Callable[..., Any]) -> AgentTool:
@@ -164,7 +178,8 @@ def from_registry(name: str, fn: Callable[..., Any]) -> AgentTool:
     if sig is not None and list(sig.parameters) == ["args"]:  # engrain.tools.load_dir's WASM caller
         params = {"type": "object", "properties": {"args": {"description": "the tool's JSON input"}},
                   "required": [], "additionalProperties": False}
-        return AgentTool(name, inner, f"WASM tool {name}: takes one JSON value as 'args'", params, wasm=True)
+        return AgentTool(name, inner, f"WASM tool {name}: takes one JSON value as 'args'", params, wasm=True,
+                         policy=_policy(fn))
     t = from_function(fn)
     t.name = name
     return t
