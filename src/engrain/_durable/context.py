@@ -58,6 +58,14 @@ _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("en
 _step_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("engrain_step_key", default=None)
 # Set by a worker around engrain.run: sleeps longer than this park the run (see sleep.py).
 _park_after: contextvars.ContextVar[float | None] = contextvars.ContextVar("engrain_park_after", default=None)
+# Set by a worker with ``_park_after``: ``park(run_id, until, lease_epoch) -> parked``, called by a sleep that parks
+# the run while its executor still holds the lease (see ``RunContext.park``).
+_parker: contextvars.ContextVar[Callable[[str, float, int | None], bool] | None] = contextvars.ContextVar(
+    "engrain_parker", default=None)
+
+#: Longest stretch (seconds) a wait inside a run (a retry's backoff, a durable sleep) goes without
+#: looking whether the run was cancelled: one summary-row read per stretch, and only while waiting.
+CANCEL_POLL = 1.0
 
 #: JSON scalars whose every value is strictly JSON (a float may not be finite), checked by type alone.
 _PLAIN = frozenset({str, int, bool, type(None)})
@@ -92,6 +100,7 @@ class RunContext(StepWriter):
         self.executed = 0
         self.unpatched: list[str] = []  # patches this run replays the old branch of (see patching.py)
         self.park_after: float | None = _park_after.get()  # sleeps longer than this park the run (workers)
+        self._parker = _parker.get() if self.park_after is not None else None
         # An existing run executed again (after a crash, an answer, a park): the first event this
         # execution appends says when it resumed, so timelines can mark the boundary at no extra commit.
         self._resumed: float | None = time.time() if seq > 1 else None
@@ -152,6 +161,47 @@ class RunContext(StepWriter):
         if any(x.kind == ev.RUN_CANCELLED for x in self.journal.read(self.run_id, after=seen)):
             raise _Cancelled() from None
         raise e
+
+    def cancelled(self) -> bool:
+        """Whether ``run.cancelled`` ended this run (read from its summary row).
+
+        Appends notice a cancel for free (their ``seq`` is taken); a run that waits appends
+        nothing, so a wait asks this before the run's next step or attempt begins.
+        """
+        info = self.journal.get_run(self.run_id)
+        return info is not None and info.status == ev.CANCELLED
+
+    def wait(self, seconds: float) -> None:
+        """Block ``seconds`` before this run's next step or attempt (a retry's backoff), in stretches of at
+        most :data:`CANCEL_POLL`; raise ``_Cancelled`` once the run is found cancelled, so nothing begins
+        after a cancel. A run that does not wait pays nothing."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, CANCEL_POLL))
+            if self.cancelled():
+                raise _Cancelled()
+
+    async def await_wait(self, seconds: float) -> None:
+        """Async :meth:`wait`."""
+        import asyncio  # lazily: see run()
+
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, CANCEL_POLL))
+            if self.cancelled():
+                raise _Cancelled()
+
+    def park(self, until: float) -> None:
+        """Unwind the run as parked until ``until`` (a worker's long sleep): raise ``_Park``.
+
+        The worker's parker puts the run back in its queue here, while this executor still holds
+        the lease, fenced on it (owner and epoch): parked after the lease was dropped, the run could
+        already be another worker's, which it would then take from under it (a step run twice).
+        ``_Park.parked`` says whether it was parked (``False``: the lease was lost, or it was cancelled).
+        """
+        exc = _Park(until)
+        exc.parked = self._parker(self.run_id, until, self.fence) if self._parker is not None else None  # type: ignore[attr-defined]
+        raise exc
 
     def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None,
                     type_: str = "tool") -> StepRecord | None:
@@ -276,7 +326,7 @@ class RunContext(StepWriter):
             if state == "retrying":
                 wait = rec.retry_at - time.time()
                 if wait > 0:
-                    time.sleep(wait)
+                    self.wait(wait)  # what is left of the backoff: a cancel meanwhile stops the retry
             attempt = rec.attempts + 1
         elif not is_json(args):  # check_args' own first test, inline: every new step passes it
             check_args(type_, name, args)
@@ -334,7 +384,7 @@ class RunContext(StepWriter):
                 return self._complete(step, result, meta, durable=flush, wait=wait or flush)
             finally:
                 _step_key.reset(token)
-            time.sleep(delay)
+            self.wait(delay)  # the backoff: a cancel meanwhile raises before the next attempt
             self._next_attempt(step, policy, err)
 
     def _call_new(self, name: str, type_: str, args: dict[str, Any], fn: Callable[..., Any], pos: tuple[Any, ...],
@@ -450,9 +500,7 @@ class RunContext(StepWriter):
                 return self._complete(step, result)
             finally:
                 _step_key.reset(token)
-            import asyncio  # lazily: see run()
-
-            await asyncio.sleep(delay)
+            await self.await_wait(delay)  # the backoff: a cancel meanwhile raises before the next attempt
             self._next_attempt(step, policy, err)
 
     def ask(self, prompt: str, fields: list[dict[str, Any]] | None, name: str = "engrain.ask") -> Any:

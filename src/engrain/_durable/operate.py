@@ -6,7 +6,8 @@
   resumed again.
 * :func:`fork` starts a new run whose journal is a copy of the source run's
   first N steps: resumed with the same agent, it returns their recorded
-  results and executes from step N.
+  results and executes from step N. A fork of a queued run is queued on the
+  source's queue, so that queue's limits apply to it.
 * :func:`gc` deletes finished runs older than a cut-off, one short transaction
   per run, so writers are never blocked for long; it never touches a running,
   queued or waiting run.
@@ -24,8 +25,10 @@ from .. import _events as ev
 from .._errors import ConfigError, ConflictError, EngrainError, RunNotFoundError
 from .._events import NewEvent
 from .._journal import Journal
+from .._journal.failures import storage_errors
 from .._progress import task
 from .context import default_journal, new_run_id
+from .lease import owner_id
 from .steps import steps_of
 
 #: Statuses gc may delete: finished runs only (``ok`` is the store's name for completed once it switches).
@@ -63,7 +66,9 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
     Returns the new run's id. Resume it with the same agent (``engrain.run(agent,
     task, run_id=new_id, inputs=...)``, or a worker's recovery): the first
     ``at_step`` steps replay from the copy and execution continues at step
-    ``at_step``, e.g. with a fixed tool. The source run is not changed.
+    ``at_step``, e.g. with a fixed tool. The source run is not changed. A fork
+    of a run that was enqueued (``engrain.enqueue``) is ``queued`` on the
+    source's queue (same agent and priority), for the workers serving it.
     """
     j = journal or default_journal()
     if not isinstance(at_step, int) or isinstance(at_step, bool) or at_step < 0:
@@ -88,9 +93,71 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
             copied.append(NewEvent(e.kind, e.name, e.data))
     if j.get_run(new_id) is not None:
         raise ConfigError(f"run {new_id!r} already exists; choose another id for the fork")
+    queued = _queue_row(j, source_run_id)
+    # A fork of a queued run is created leased to us, so no worker takes it as a run never queued (outside
+    # its queue's limits) before it has its queue row.
+    owner = owner_id()
     for k in range(0, len(copied), 1000):
-        j.append(new_id, copied[k : k + 1000], k)
+        j.append(new_id, copied[k : k + 1000], k, lease=(owner, 60.0) if queued and k == 0 else None)
+    if queued:
+        _queue_fork(j, new_id, queued, owner)
     return new_id
+
+
+def _queue_sql(j: Journal, fn: Any) -> Any:
+    """``fn(q)`` in one transaction on ``j``'s own connection, as ``_workers.store.QueueStore`` runs its own.
+
+    The queue tables are the store schema's (journal migration 6); a fork, below ``_workers`` in the
+    layers, reads and writes the one queue row it needs here. ``None`` for a journal with no SQL connection.
+    """
+    if getattr(j, "backend", None) not in ("sqlite", "postgres") or not hasattr(j, "_db"):
+        return None
+    pg = j.backend == "postgres"
+
+    @storage_errors
+    def tx(journal: Journal) -> Any:
+        settled = getattr(journal, "_settled", None)  # PostgreSQL: no append left in flight on the connection
+        with settled() if settled is not None else journal._lock:  # type: ignore[attr-defined]
+            db = journal._db  # type: ignore[attr-defined]
+
+            def q(sql: str, args: tuple[Any, ...] = ()) -> Any:
+                return db.execute(sql.replace("?", "%s") if pg else sql, args)
+
+            if pg:
+                with db.transaction():
+                    return fn(q)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                out = fn(q)
+                db.execute("COMMIT")
+                return out
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    return tx(j)
+
+
+def _queue_row(j: Journal, run_id: str) -> tuple[str, str, int] | None:
+    """``(queue, agent, priority)`` of ``run_id`` if it was enqueued, else ``None``."""
+    row = _queue_sql(j, lambda q: q("SELECT queue, agent, priority FROM engrain_queue WHERE run_id = ?",
+                                    (run_id,)).fetchone())
+    return (row[0], row[1], int(row[2])) if row else None
+
+
+def _queue_fork(j: Journal, run_id: str, queued: tuple[str, str, int], owner: str) -> None:
+    """Queue the new fork ``run_id`` (leased to ``owner``) as the source's row says: ``queued``, available now."""
+    pg = j.backend == "postgres"
+    runs = "engrain_runs" if pg else "runs"
+
+    def write(q: Any) -> None:
+        now = float(q("SELECT extract(epoch from clock_timestamp())").fetchone()[0]) if pg else time.time()
+        q("DELETE FROM engrain_queue WHERE run_id = ?", (run_id,))  # a row left by a deleted run of this id
+        q("INSERT INTO engrain_queue VALUES (?, ?, ?, ?, ?, NULL)", (run_id, *queued, now))
+        q(f"UPDATE {runs} SET status = 'queued', lease_owner = NULL, lease_until = NULL"
+          " WHERE run_id = ? AND lease_owner = ?", (run_id, owner))
+
+    _queue_sql(j, write)
 
 
 def parse_age(value: float | int | str | _dt.timedelta) -> float:

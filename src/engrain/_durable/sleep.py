@@ -9,6 +9,10 @@ replaceable in tests.
 A worker does not hold a process for a long sleep: when the run context says
 so (``RunContext.park_after``), a sleep longer than that unwinds the run as
 parked until its wake-up time, and the worker claims it again when it is due.
+
+A run cancelled while it sleeps (``engrain.cancel``) stops when the sleep ends,
+or sooner: the wait looks at the run's status every ``CANCEL_POLL`` seconds,
+and no step begins after the cancel.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import time
 from typing import Any
 
 from .._errors import EngrainError
-from .context import _current, _Park
+from .context import CANCEL_POLL, RunContext, _Cancelled, _current
 
 #: Longest sleep accepted (seconds): ten years.
 MAX_SLEEP = 10 * 365 * 86400.0
@@ -36,6 +40,26 @@ class Clock:
         """Block for ``seconds``."""
         time.sleep(seconds)
 
+    def wait(self, seconds: float, ctx: RunContext) -> None:
+        """Block for ``seconds`` inside run ``ctx``, raising ``_Cancelled`` once the run is found cancelled.
+
+        The real clock waits in stretches of at most ``CANCEL_POLL`` seconds, asking between them; a
+        clock whose ``sleep`` is replaced (a test's) waits in that one call, and is asked after it.
+        """
+        if type(self).sleep is not Clock.sleep:
+            self.sleep(seconds)
+        else:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > CANCEL_POLL:
+                time.sleep(CANCEL_POLL)
+                if ctx.cancelled():
+                    raise _Cancelled()
+            if left > 0:
+                time.sleep(left)
+        # Asked once more at the end: the step after the sleep must not begin in a cancelled run.
+        if ctx.cancelled():
+            raise _Cancelled()
+
 
 #: The clock durable sleeps read and wait on.
 clock: Clock = Clock()
@@ -49,14 +73,13 @@ def _seconds(value: Any) -> float:
     return float(value)
 
 
-def _wait_until(until: float) -> None:
-    ctx = _current.get()
+def _wait_until(ctx: RunContext, until: float) -> None:
     left = until - clock.now()
     if left <= 0:
         return
-    if ctx is not None and ctx.park_after is not None and left > ctx.park_after:
-        raise _Park(until)
-    clock.sleep(left)
+    if ctx.park_after is not None and left > ctx.park_after:
+        ctx.park(until)  # raises _Park, the run parked while its lease is still held
+    clock.wait(left, ctx)
 
 
 def sleep(seconds: float) -> None:
@@ -67,7 +90,7 @@ def sleep(seconds: float) -> None:
         clock.sleep(secs)
         return
     until = ctx.call("engrain.sleep", "sleep", {"seconds": secs}, lambda: {"until": clock.now() + secs})["until"]
-    _wait_until(until)
+    _wait_until(ctx, until)
 
 
 def sleep_until(when: _dt.datetime) -> None:
@@ -82,4 +105,4 @@ def sleep_until(when: _dt.datetime) -> None:
             clock.sleep(left)
         return
     until = ctx.call("engrain.sleep", "sleep", {"until": when.isoformat()}, lambda: {"until": target})["until"]
-    _wait_until(until)
+    _wait_until(ctx, until)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -55,13 +56,19 @@ def fork_run(request: Request, run_id: str, body: Fork) -> dict[str, Any]:
 
 @router.get("/queues", tags=["queues"])
 def list_queues(request: Request) -> dict[str, Any]:
-    """Queues (limits, queued and running counts) and workers (live lease holders and their runs)."""
+    """Queues (limits, queued and running counts) and workers (live lease holders and their runs).
+
+    Only leases not yet expired count: a worker that died (its leases expired, its runs waiting for
+    another worker) is not listed as a live holder.
+    """
     from .._workers.queues import queues
 
     journal = state_of(request).journal
     workers: dict[str, list[str]] = {}
+    now = time.time()
     for r in journal.runs(status="running", limit=1000):
-        if r.lease_owner:
+        # A lease past its time is a holder that stopped renewing (died, or stalled): not a live worker.
+        if r.lease_owner and r.lease_until is not None and r.lease_until > now:
             workers.setdefault(r.lease_owner, []).append(r.run_id)
     return {
         "queues": [q.to_dict() for q in queues(journal=journal)],

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._durable.context import default_journal, new_run_id
 from .._durable.lease import owner_id
-from .._errors import EngrainError
+from .._errors import ConfigError
 from .._journal import Journal
 from .store import QueueInfo, QueueStore
 
@@ -30,7 +30,7 @@ def store_of(journal: Journal) -> QueueStore:
 def _agent_name(agent: str | Callable[..., Any]) -> str:
     name = agent if isinstance(agent, str) else getattr(agent, "__name__", None)
     if not isinstance(name, str) or not _AGENT_NAME.match(name):
-        raise EngrainError(f"agent must be a name (letters, digits, '_', '.', '-') or a named function, got {agent!r}")
+        raise ConfigError(f"agent must be a name (letters, digits, '_', '.', '-') or a named function, got {agent!r}")
     return name
 
 
@@ -50,12 +50,14 @@ def enqueue(
     ``agent`` is the name a worker knows it by (the key in ``engrain worker
     --agents``' dict, or a function's ``__name__``). The run shows ``queued``
     until a worker serving ``queue`` claims it; higher ``priority`` first.
+    Bad arguments raise :class:`~engrain.ConfigError`; a ``run_id`` that already
+    exists, ``RunExistsError`` (a :class:`~engrain.ConflictError` and a ``ConfigError``).
     """
     j = journal or default_journal()
     if not isinstance(task, str) or len(task) > 100_000:
-        raise EngrainError("task must be a string of at most 100000 characters")
+        raise ConfigError("task must be a string of at most 100000 characters")
     if inputs is not None and not isinstance(inputs, dict):
-        raise EngrainError(f"inputs must be a dict, got {type(inputs).__name__}")
+        raise ConfigError(f"inputs must be a dict, got {type(inputs).__name__}")
     rid = run_id or new_run_id()
     store_of(j).enqueue(rid, _agent_name(agent), task, queue, dict(inputs or {}), priority, list(tags or []), owner_id())
     return rid

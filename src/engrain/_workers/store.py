@@ -9,9 +9,11 @@ transaction serialized per store (SQLite's write lock) or per queue
 counts the queue's executing runs and its recent starts, then moves up to the
 free number of available runs to ``running`` under the worker's lease, so the
 limits hold across any number of workers. A run whose executor died
-(``running``, lease expired) is claimed again without counting as a new start.
-A run sleeping past the worker's threshold is parked: ``queued`` again with
-``available`` set to its wake-up time.
+(``running``, lease expired) or that was answered (``running``, no lease) is
+claimed again without counting as a new start, but within the concurrency
+limit. A run sleeping past the worker's threshold is parked, by its executor
+while it still holds the lease: ``queued`` again with ``available`` set to its
+wake-up time.
 
 The tables are part of the store's schema: journal migration 6
 (``_journal/sqlite_schema.py`` and ``postgres_schema.py``) creates them, so
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _events as ev
-from .._errors import EngrainError
+from .._errors import ConfigError, ConflictError
 from .._events import NewEvent, check_json
 from .._journal import Journal
 from .._journal._common import Agents, agents_filter, trust_sql
@@ -60,10 +62,22 @@ class Claimed:
     queue: str
 
 
+class RunExistsError(ConflictError, ConfigError):
+    """:meth:`QueueStore.enqueue` was given the id of a run that already exists.
+
+    A :class:`ConflictError`, as the refused append it comes from was before it had a name
+    of its own, and a :class:`ConfigError` (the caller chose the id: bad input, CLI exit 2).
+    """
+
+    def __init__(self, run_id: str, actual_seq: int | None = None):
+        super().__init__(run_id, 0, actual_seq)
+        self.args = (f"run id {run_id!r} already exists; choose another id (or omit it for a fresh one)",)
+
+
 def check_queue_name(name: str) -> str:
-    """``name`` if it is a valid queue name, else :class:`EngrainError`."""
+    """``name`` if it is a valid queue name, else :class:`ConfigError`."""
     if not isinstance(name, str) or not _QUEUE_NAME.match(name):
-        raise EngrainError(f"queue name must be 1-100 letters, digits, '_', '.' or '-', got {name!r}")
+        raise ConfigError(f"queue name must be 1-100 letters, digits, '_', '.' or '-', got {name!r}")
     return name
 
 
@@ -121,13 +135,13 @@ class QueueStore:
         check_queue_name(name)
         if concurrency is not None and (not isinstance(concurrency, int) or isinstance(concurrency, bool)
                                         or not 1 <= concurrency <= 100_000):
-            raise EngrainError(f"queue {name!r}: concurrency must be an integer from 1 to 100000, got {concurrency!r}")
+            raise ConfigError(f"queue {name!r}: concurrency must be an integer from 1 to 100000, got {concurrency!r}")
         if rate is not None:
             ok = (isinstance(rate, (tuple, list)) and len(rate) == 2 and isinstance(rate[0], int)
                   and not isinstance(rate[0], bool) and isinstance(rate[1], (int, float)) and rate[0] >= 1
                   and 0 < rate[1] <= 86400 * 366)
             if not ok:
-                raise EngrainError(f"queue {name!r}: rate must be (runs, seconds), e.g. (100, 60), got {rate!r}")
+                raise ConfigError(f"queue {name!r}: rate must be (runs, seconds), e.g. (100, 60), got {rate!r}")
             rate = (int(rate[0]), float(rate[1]))
         p = self.ph
         n, per = rate if rate else (None, None)
@@ -166,11 +180,15 @@ class QueueStore:
         """Create run ``run_id`` as ``queued`` in ``queue``, to be executed by agent ``agent``."""
         check_queue_name(queue)
         if not isinstance(priority, int) or isinstance(priority, bool) or not -1_000_000 <= priority <= 1_000_000:
-            raise EngrainError(f"priority must be an integer from -1000000 to 1000000, got {priority!r}")
+            raise ConfigError(f"priority must be an integer from -1000000 to 1000000, got {priority!r}")
         data = {"task": task, "inputs": inputs, "tags": tags, "queue": queue, "agent": agent}
         check_json(data, f"run {run_id!r}", "inputs")
         # Created leased to us, so no recovery claims it as an orphan before it is marked queued.
-        self.journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=(owner, 60.0))
+        try:
+            self.journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=(owner, 60.0))
+        except ConflictError as e:
+            # Only an existing run refuses an append at seq 0: say so, not "another writer appended".
+            raise RunExistsError(run_id, e.actual_seq) from None
         p, r = self.ph, self.runs
 
         def write(q: Any) -> None:
@@ -204,13 +222,22 @@ class QueueStore:
             lim = q(f"SELECT concurrency, rate_limit, rate_period FROM engrain_queues WHERE name = {p}", (queue,)).fetchone()
             conc, rate_n, rate_per = lim if lim else (None, None, None)
             got: list[Claimed] = []
-            # Orphans: executing runs whose lease expired; they already count as running.
+            take = limit
+            if conc is not None:
+                # Orphans (``running``, no live lease: a dead worker's run, or an answered run) count against
+                # the limit too: taken only into slots no live executor holds. An answered run is ``running``
+                # with no lease, so taking it whatever the count would run it beside the runs filling the queue.
+                live = q(
+                    f"SELECT COUNT(*) FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
+                    f" WHERE q.queue = {p} AND r.status = 'running' AND r.lease_until >= {p}", (queue, now)
+                ).fetchone()[0]
+                take = min(take, conc - live)
             orphans = q(
                 f"SELECT q.run_id, q.agent FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
                 f" WHERE q.queue = {p} AND r.status = 'running' AND (r.lease_until IS NULL OR r.lease_until < {p}){which}"
                 f" ORDER BY q.priority DESC, q.available LIMIT {p}{skip}",
-                (queue, now, *names, limit),
-            ).fetchall()
+                (queue, now, *names, take),
+            ).fetchall() if take > 0 else []
             for rid, agent in orphans:
                 # A takeover moves the lease epoch, as Journal.claim_runs does: the dead holder's late
                 # appends are fenced off (they carry the old epoch).
@@ -219,6 +246,7 @@ class QueueStore:
                 got.append(Claimed(rid, agent, queue))
             free = limit - len(got)
             if conc is not None:
+                # Every ``running`` run, orphans left for another worker's agents included: each takes a slot.
                 running = q(
                     f"SELECT COUNT(*) FROM engrain_queue q JOIN {r} r ON r.run_id = q.run_id"
                     f" WHERE q.queue = {p} AND r.status = 'running'", (queue,)
@@ -280,16 +308,27 @@ class QueueStore:
 
         return self._tx(pick)
 
-    def park(self, run_id: str, until: float, owner: str) -> None:
-        """Put an executing run back in its queue until ``until`` (a durable sleep), dropping ``owner``'s lease."""
+    def park(self, run_id: str, until: float, owner: str, epoch: int | None = None) -> bool:
+        """Put an executing run back in its queue until ``until`` (a durable sleep), dropping ``owner``'s lease.
+
+        Called by the executor while it still holds the lease (``RunContext.park``), and fenced on it:
+        the run is parked only if ``owner`` holds its lease at ``epoch`` (``None``: any epoch). A
+        run whose lease was dropped and taken by another worker meanwhile is that worker's: parking it
+        would hand it to a third executor while the second still runs its steps. Returns whether it
+        was parked (``False``: the lease was lost, or the run was cancelled).
+        """
         p, r = self.ph, self.runs
+        at, args = ("", (run_id, owner)) if epoch is None else (f" AND lease_epoch = {p}", (run_id, owner, epoch))
 
-        def write(q: Any) -> None:
+        def write(q: Any) -> bool:
+            cur = q(f"UPDATE {r} SET status = 'queued', lease_owner = NULL, lease_until = NULL"
+                    f" WHERE run_id = {p} AND status = 'running' AND lease_owner = {p}{at}", args)
+            if cur.rowcount != 1:
+                return False
             q(f"UPDATE engrain_queue SET available = {p} WHERE run_id = {p}", (until, run_id))
-            q(f"UPDATE {r} SET status = 'queued', lease_owner = NULL, lease_until = NULL"
-              f" WHERE run_id = {p} AND status = 'running'", (run_id,))
+            return True
 
-        self._tx(write)
+        return bool(self._tx(write))
 
     @storage_errors
     def pending(self, queues: list[str], agents: list[str]) -> int:

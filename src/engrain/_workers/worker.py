@@ -35,7 +35,7 @@ from .._durable import execution as _execution
 from .._durable.identity import fingerprint
 from .._durable.lease import DEFAULT_TTL, owner_id
 from .._durable.recovery import unmatched
-from .._errors import EngrainError
+from .._errors import ConfigError, EngrainError
 from .._journal import Journal
 from .._journal.failures import is_outage
 from .queues import store_of
@@ -84,16 +84,16 @@ class Worker:
         upgrade: bool = False,
     ):
         if not agents:
-            raise EngrainError("a worker needs at least one agent (--agents module:attr)")
+            raise ConfigError("a worker needs at least one agent (--agents module:attr)")
         if not queues:
-            raise EngrainError("a worker needs at least one queue (--queue NAME)")
+            raise ConfigError("a worker needs at least one queue (--queue NAME)")
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 1000:
-            raise EngrainError(f"worker concurrency must be from 1 to 1000, got {concurrency!r}")
+            raise ConfigError(f"worker concurrency must be from 1 to 1000, got {concurrency!r}")
         for q in queues:
             check_queue_name(q)
         for name, value, top in (("poll", poll, 60.0), ("ttl", ttl, 3600.0), ("park_after", park_after, 86400.0)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= top:
-                raise EngrainError(f"worker {name} must be a number of seconds above 0 and at most {top:g}, got {value!r}")
+                raise ConfigError(f"worker {name} must be a number of seconds above 0 and at most {top:g}, got {value!r}")
         self.grace = _check_grace(grace)
         self.journal = journal
         self.store = store_of(journal)
@@ -237,15 +237,17 @@ class Worker:
             # A run never queued has no queue row to wait in, so its sleeps run in this thread.
             park_after = self.park_after if c.queue else None
             result = _run_parked(park_after, self.journal, agent, data.get("task", ""), c.run_id, data.get("inputs") or {},
-                                 c.agent, self.upgrade)
+                                 c.agent, self.upgrade, self._park)
             if result is not None:
                 with self._lock:
                     self.stats.finished[result.status] = self.stats.finished.get(result.status, 0) + 1
                     self._failed.pop(c.run_id, None)  # executed after all: no longer a run until_idle may skip
         except _ctx._Park as park:
-            self.store.park(c.run_id, park.until, owner_id())
-            with self._lock:
-                self.stats.parked += 1
+            # The run parked itself while it still held its lease (RunContext.park, through _run_parked's
+            # parker); parking it here, after the lease was dropped, could take it from another worker.
+            if getattr(park, "parked", None):
+                with self._lock:
+                    self.stats.parked += 1
         except Exception as e:  # noqa: BLE001 - one bad run must not stop the worker; the run stays resumable
             with self._lock:
                 self._error(f"{c.run_id}: {type(e).__name__}: {e}")
@@ -263,6 +265,10 @@ class Worker:
             with self._lock:
                 self._active.pop(c.run_id, None)
 
+    def _park(self, run_id: str, until: float, epoch: int | None) -> bool:
+        """Put run ``run_id`` back in its queue until ``until``, fenced on this process's lease at ``epoch``."""
+        return self.store.park(run_id, until, owner_id(), epoch)
+
     def _drain(self, grace: float) -> None:
         deadline = time.monotonic() + grace
         while self._busy() and time.monotonic() < deadline:
@@ -276,21 +282,25 @@ class Worker:
 
 def _check_grace(grace: float) -> float:
     if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 <= grace <= 86400:
-        raise EngrainError(f"worker grace must be from 0 to 86400 seconds, got {grace!r}")
+        raise ConfigError(f"worker grace must be from 0 to 86400 seconds, got {grace!r}")
     return float(grace)
 
 
 def _run_parked(
-    park_after: float | None, journal: Journal, agent: Callable[..., Any], task: str, run_id: str, inputs: dict[str, Any],
-    name: str, upgrade: bool,
+    park_after: float | None, journal: Journal, agent: Callable[..., Any], task: str, run_id: str,
+    inputs: dict[str, Any], name: str, upgrade: bool, park: Callable[[str, float, int | None], bool] | None = None,
 ) -> Any:
-    """``engrain.run`` (as agent ``name``) with sleeps longer than ``park_after`` parking the run (``RunContext.park_after``)."""
+    """``engrain.run`` (as agent ``name``) with sleeps longer than ``park_after`` parking the run with ``park``
+    (``RunContext.park_after`` and ``RunContext.park``)."""
     token = _park_after.set(park_after)
+    parker = _parker.set(park)
     try:
         return _execution.run(agent, task, run_id=run_id, inputs=inputs, journal=journal, agent_name=name,
                               upgrade=upgrade)
     finally:
+        _parker.reset(parker)
         _park_after.reset(token)
 
 
 _park_after = _ctx._park_after
+_parker = _ctx._parker
