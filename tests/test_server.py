@@ -369,8 +369,9 @@ def test_client_methods_and_typed_errors(live):
     assert [e.kind for e in c.events(res.run_id)] == ["run.started", "input.requested"]
     out = c.answer(res.run_id, {"name": "Ada"})
     assert isinstance(out, eg.RunResult) and out.status == "running"
-    with pytest.raises(eg.ConflictError):
+    with pytest.raises(eg.RemoteError) as again:  # answered already: no append race, so no ConflictError
         c.answer(res.run_id, {"name": "again"})
+    assert again.value.error == "NotWaitingForInput" and not isinstance(again.value, eg.ConflictError)
     with pytest.raises(eg.RunNotFoundError):
         c.events("nope")
     # stream: live events arrive while the agent's process finishes the run.

@@ -177,8 +177,9 @@ def test_long_agent_returns_running_then_finishes_in_the_background(shop):
         with pytest.raises(eg.ConflictError) as ei:
             c.start_agent("slow", "wait for the gate", {"gate": str(gate)}, run_id=res.run_id, wait=0)
         assert ei.value.error == "RunBusyError"
-        with pytest.raises(eg.ConflictError):
+        with pytest.raises(eg.RemoteError) as busy:  # executing: not waiting for input
             c.answer(res.run_id, {"x": 1})
+        assert busy.value.status == 409
         gate.write_text("open")
         done = c.wait_run(res.run_id, timeout=30)
         assert done.status == "ok" and done.output == "gate says open"

@@ -7,14 +7,17 @@
     hits = client.recall("when do we deploy?", skill="ops")
 
 Errors come back typed: every 4xx/5xx is a :class:`~engrain.RemoteError`, and
-also a :class:`~engrain.RunNotFoundError` for an unknown run or a
-:class:`~engrain.ConflictError` for a lost append race; a server that cannot be
-reached is a :class:`~engrain.ServerUnreachableError` naming the URL.
+also a :class:`~engrain.RunNotFoundError` for an unknown run, a
+:class:`~engrain.ConflictError` for a lost append race (the server's
+``ConflictError``, nothing else: a 409 for another reason is no race to retry) or a
+:class:`~engrain.RunFinishedError` for answers to a run that has ended; a server
+that cannot be reached is a :class:`~engrain.ServerUnreachableError` naming the URL.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,9 +27,19 @@ from urllib.parse import quote
 import httpx
 
 from ._durable.context import RunResult
-from ._errors import ConfigError, ConflictError, RemoteError, RunNotFoundError, ServerUnreachableError
+from ._errors import (
+    ConfigError,
+    ConflictError,
+    RemoteError,
+    RunFinishedError,
+    RunNotFoundError,
+    ServerUnreachableError,
+)
 from ._events import STATUS_ALIASES, Event, RunInfo, check_status
 
+
+#: Statuses of a run that has not ended and asks for nothing: :meth:`Client.wait_run` keeps waiting on them.
+_UNFINISHED = frozenset({"running", "queued"})
 
 #: Events asked for per ``GET /api/runs/{id}/events`` page (the server's default; it allows up to 10,000).
 _PAGE = 1000
@@ -50,6 +63,27 @@ class RemoteConflictError(RemoteError, ConflictError):
         self.run_id, self.expected_seq, self.actual_seq = run_id, -1, None
 
     __str__ = RemoteError.__str__
+
+
+class RemoteRunFinishedError(RemoteError, RunFinishedError):
+    """The server refused answers because the run has ended (``ok``, ``failed`` or ``cancelled``).
+
+    What :func:`engrain.answer` raises locally, so one ``except RunFinishedError``
+    serves both. ``status`` stays the HTTP status, as on every :class:`RemoteError`
+    (code comparing it with numbers keeps working); ``run_status`` says how the run ended.
+    """
+
+    def __init__(self, status: int, error: str, detail: object, run_id: str, run_status: str):
+        RemoteError.__init__(self, status, error, detail)
+        self.run_id, self.run_status = run_id, run_status
+
+    __str__ = RemoteError.__str__
+
+
+#: How the server words a refusal to answer a finished run: its 409 ``NotWaitingForInput`` carries the
+#: text of the local :class:`RunFinishedError` (the same error name also covers a run that is merely not
+#: waiting, which is no RunFinishedError locally), so the text is what tells them apart.
+_ENDED = re.compile(r"is not waiting for input: it has ended (\w+),")
 
 
 def _seg(value: str) -> str:
@@ -129,10 +163,19 @@ class Client:
             error, detail = str(body.get("error", "HTTPError")), body.get("detail", "")
         except (ValueError, AttributeError):
             error, detail = "HTTPError", resp.text[:500]
-        if resp.status_code == 404 and error == "RunNotFoundError" and run_id is not None:
-            raise RemoteRunNotFoundError(resp.status_code, error, detail, run_id)
-        if resp.status_code == 409 and run_id is not None:
-            raise RemoteConflictError(resp.status_code, error, detail, run_id)
+        # The local counterpart is chosen by the server's error name, never by the status alone: many
+        # 409s (a lease held, a run busy or finished) are no lost append race, and code that retries
+        # on ConflictError would retry them forever.
+        if run_id is not None:
+            if resp.status_code == 404 and error == "RunNotFoundError":
+                raise RemoteRunNotFoundError(resp.status_code, error, detail, run_id)
+            # A run busy in another executor is a conflict too: once it ends, the same call is answered.
+            if resp.status_code == 409 and error in ("ConflictError", "RunBusyError"):
+                raise RemoteConflictError(resp.status_code, error, detail, run_id)
+            ended = _ENDED.search(detail) if isinstance(detail, str) else None
+            if error in ("NotWaitingForInput", "RunFinishedError") and ended is not None:
+                run_status = STATUS_ALIASES.get(ended.group(1), ended.group(1))
+                raise RemoteRunFinishedError(resp.status_code, error, detail, run_id, run_status)
         raise RemoteError(resp.status_code, error, detail)
 
     def _call(self, method: str, path: str, *, run_id: str | None = None, **kw: Any) -> Any:
@@ -242,28 +285,57 @@ class Client:
         A routine run, or a run of an agent registered on the server, is resumed
         there (an agent run is waited for up to ``wait`` seconds); any other run's
         answers are recorded for its own process and the status is ``running``.
+        A run that has ended raises :class:`~engrain.RunFinishedError` (as
+        :func:`engrain.answer` does); one not waiting for input, a :class:`~engrain.RemoteError`.
         """
         body: dict[str, Any] = {"answers": answers, **({"wait": wait} if wait is not None else {})}
         return _run_result(self._call("POST", f"/runs/{_seg(run_id)}/answers", json=body, run_id=run_id))
 
     def wait_run(self, run_id: str, timeout: float = 60.0) -> RunResult:
-        """Poll ``run_id`` until it is no longer running (or ``timeout`` passes); its outcome.
+        """Poll ``run_id`` until it is neither queued nor running (or ``timeout`` passes); its outcome.
 
-        ``status`` is ``ok``, ``failed``, ``needs_input`` (``prompt`` set) or, on timeout,
-        ``running``. ``replayed``/``executed`` are not known from the journal and stay 0.
+        ``status`` is ``ok``, ``failed``, ``cancelled``, ``needs_input`` (``prompt`` set) or, on
+        timeout, ``queued``/``running``. ``replayed``/``executed`` are not known from the journal and stay 0.
         """
-        import time
-
         deadline, delay = time.monotonic() + timeout, 0.02
         while True:
             d = self.show(run_id)
             status = d["run"]["status"]
-            if status != "running" or time.monotonic() >= deadline:
+            # A queued run has not ended either: it waits for a worker, so returning at once would
+            # hand the caller an outcome the run has not reached.
+            if status not in _UNFINISHED or time.monotonic() >= deadline:
                 break
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
         # A server older than schema version 2 still says "completed" for ok.
         return RunResult(run_id, STATUS_ALIASES.get(status, status), d.get("output"), d.get("error"), d.get("prompt"))
+
+    def cancel(self, run_id: str, reason: str | None = None) -> bool:
+        """Cancel ``run_id`` on the server, as :func:`engrain.cancel`: it stops at its next step boundary,
+        ends ``cancelled`` and is never resumed.
+
+        True when this call cancelled it, False when it had already finished;
+        :class:`~engrain.RunNotFoundError` for an unknown run.
+        """
+        body = {"reason": reason} if reason is not None else {}
+        return bool(self._call("POST", f"/runs/{_seg(run_id)}/cancel", json=body, run_id=run_id)["cancelled"])
+
+    def fork(self, source_run_id: str, at_step: int, *, run_id: str | None = None) -> str:
+        """A new run reusing the recorded results of steps ``0..at_step-1`` of ``source_run_id``, as
+        :func:`engrain.fork`; returns the new run's id (``run_id``, or one the server picks).
+
+        The server forks only its API clients' own runs unless it was started with
+        ``--allow-fork`` (403 ``ForkNotAllowedError``): a fork of a run its runtime executes
+        runs the steps from ``at_step`` again when resumed.
+        """
+        body: dict[str, Any] = {"at_step": at_step, "run_id": run_id}
+        return self._call("POST", f"/runs/{_seg(source_run_id)}/fork", json=body, run_id=source_run_id)["run_id"]
+
+    def queues(self) -> dict[str, Any]:
+        """The server's view of its queues and workers (``GET /api/queues``): ``queues`` is what
+        :func:`engrain.queues` lists, as dicts ``{name, concurrency, rate, queued, running}``;
+        ``workers`` lists ``{owner, runs}`` of the live lease holders (see docs/api.md for the rest)."""
+        return self._call("GET", "/queues")
 
     def agents(self) -> list[dict[str, Any]]:
         """Agents the server runs: ``[{name, kind, description, ...}]`` (``kind`` ``python`` or ``llm``)."""

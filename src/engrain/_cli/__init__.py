@@ -77,6 +77,10 @@ def main() -> None:
         ctx = getattr(e, "ctx", None)
         where = getattr(ctx, "command_path", "") or "engrain"
         sys.stderr.write(f"error: {message} (see {where} --help)\n")
+        if "--json" in sys.argv[1:]:  # no command ran to read its --json: the line itself says it was asked
+            from .routine_run import error_json
+
+            error_json("UsageError", message)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")

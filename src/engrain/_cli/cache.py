@@ -31,7 +31,7 @@ def _store(url: str | None):
 def entries(
     url: UrlOption = None,
     task: Annotated[str | None, typer.Option(help="Only entries whose canonical task contains this text.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many entries.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many entries.")] = 50,
     json_out: JsonOption = False,
 ) -> None:
     """List cached trajectories, most recently used first."""
@@ -79,7 +79,7 @@ def stats(url: UrlOption = None, json_out: JsonOption = False) -> None:
 def savings(
     url: UrlOption = None,
     run: Annotated[str | None, typer.Option("--run", help="Only this run.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many runs.")] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 20,
     json_out: JsonOption = False,
 ) -> None:
     """Per agent run, newest first: LLM calls made and avoided, with the avoided tokens and model time."""

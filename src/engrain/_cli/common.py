@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 import typer
@@ -18,7 +19,18 @@ UrlOption = Annotated[
     str | None,
     typer.Option("--url", envvar="ENGRAIN_URL", help="Store URL (sqlite:///path.db or postgresql://...)."),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+#: Whether the command running now was given ``--json``: set by the option's callback as typer parses the
+#: line (typer vendors click from 0.28 on, so click's own current context is not there to ask), reset for
+#: every command by the app's callback. Errors read it to print themselves as JSON too (:func:`json_wanted`).
+_JSON_OUT: ContextVar[bool] = ContextVar("engrain_cli_json_out", default=False)
+
+
+def _note_json(value: bool) -> bool:
+    _JSON_OUT.set(bool(value))
+    return value
+
+
+JsonOption = Annotated[bool, typer.Option("--json", callback=_note_json, help="Print machine-readable JSON.")]
 UpgradeOption = Annotated[
     bool, typer.Option("--upgrade", help="Also resume runs another version of the agents' code started (a deploy).")
 ]
@@ -46,7 +58,7 @@ def _options(
     version: Annotated[bool | None, typer.Option("--version", callback=_version, is_eager=True,
                                                  help="Print engrain's version and exit.")] = None,
 ) -> None:
-    pass
+    _JSON_OUT.set(False)  # a command without --json (or before its options are read) prints errors as text
 
 
 #: How --tools and --agents name Python objects (said in each option's help).
@@ -59,9 +71,15 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
+def json_wanted() -> bool:
+    """Whether the command running now was given ``--json``, so that every command's errors follow
+    its own ``--json`` without each call site passing it; False outside a command."""
+    return _JSON_OUT.get()
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``error: message`` to stderr and return the Exit to raise."""
-    return typer.Exit(plain.fail(message, code).code)
+    """Print ``error: message`` to stderr (and, under ``--json``, as JSON on stdout); return the Exit to raise."""
+    return typer.Exit(plain.fail(message, code, json_out=json_wanted()).code)
 
 
 @contextmanager
@@ -77,9 +95,10 @@ def typer_exit() -> Iterator[None]:
 def errors_as_exit() -> Iterator[None]:
     """Turn engrain's typed errors into a one-line message and exit code 1 (2 for bad input).
 
-    The rule is :func:`.routine_run.errors_as_exit`'s, so the fast path and the typer app agree.
+    The rule is :func:`.routine_run.errors_as_exit`'s, so the fast path and the typer app agree;
+    under ``--json`` the error is also ``{"error": TYPE, "detail": MESSAGE}`` on stdout.
     """
-    with typer_exit(), plain.errors_as_exit():
+    with typer_exit(), plain.errors_as_exit(json_out=json_wanted()):
         yield
 
 

@@ -8,6 +8,10 @@ the output are these functions'; a command ends by raising :class:`Exit`.
 Exit codes, the same for every command (:func:`exit_code`): 0 ok, 1 the run
 failed (or an engrain error), 2 bad usage or input (a missing file, bad JSON,
 inputs or answers not matching the schema), 3 the run waits for input.
+
+An error is one ``error: ...`` line on stderr; a command given ``--json`` also
+prints ``{"error": TYPE, "detail": MESSAGE}`` on stdout (:func:`error_json`), so
+a script reading stdout always gets JSON.
 """
 
 from __future__ import annotations
@@ -36,9 +40,26 @@ def echo(text: str, err: bool = False) -> None:
     stream.flush()
 
 
-def fail(message: str, code: int = 1) -> Exit:
-    """Print ``error: message`` to stderr and return the Exit to raise."""
+def error_json(error: str, detail: str) -> None:
+    """``{"error": error, "detail": detail}`` on stdout: a ``--json`` command's failure, for the script reading it.
+
+    ASCII-escaped, so no message (a run id with undecodable bytes, say) can fail to print.
+    """
+    import json
+
+    sys.stdout.write(json.dumps({"error": error, "detail": detail}, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, code: int = 1, *, json_out: bool = False, error: str | None = None) -> Exit:
+    """Print ``error: message`` to stderr and return the Exit to raise.
+
+    ``json_out`` (the command's ``--json``): also print it as JSON on stdout (:func:`error_json`), its
+    type ``error`` (an exception's class name), else ``UsageError`` for bad input (code 2) or ``Error``.
+    """
     echo(f"error: {message}", err=True)
+    if json_out:
+        error_json(error or ("UsageError" if code == 2 else "Error"), message)
     return Exit(code)
 
 
@@ -73,34 +94,35 @@ def message(e: BaseException) -> str:
 
 
 @contextmanager
-def errors_as_exit() -> Iterator[None]:
+def errors_as_exit(json_out: bool = False) -> Iterator[None]:
     """engrain's typed errors as one line and exit code 1 (2 for bad input; see :func:`exit_code`),
-    as the typer app does."""
+    as the typer app does; ``json_out``: also as ``{"error", "detail"}`` JSON on stdout."""
     from .._errors import EngrainError
 
     try:
         yield
     except (EngrainError, ValueError, *_FILE_ERRORS) as e:
-        raise fail(message(e), exit_code(e)) from None
+        raise fail(message(e), exit_code(e), json_out=json_out, error=type(e).__name__) from None
 
 
-def load_json(path: str, what: str) -> Any:
-    """The JSON in file ``path`` (``-``: stdin); exit 2 naming ``what`` when unreadable or not JSON."""
+def load_json(path: str, what: str, json_out: bool = False) -> Any:
+    """The JSON in file ``path`` (``-``: stdin); exit 2 naming ``what`` when unreadable or not JSON
+    (``json_out``: said on stdout as JSON too)."""
     import json
     import pathlib
 
     try:
         text = sys.stdin.read() if path == "-" else pathlib.Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise fail(f"{what} {path}: {e.strerror or e}", 2) from None
+        raise fail(f"{what} {path}: {e.strerror or e}", 2, json_out=json_out) from None
     except UnicodeDecodeError as e:
-        raise fail(f"{what} {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})", 2) from None
+        raise fail(f"{what} {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})", 2, json_out=json_out) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise fail(f"{what} {path}: not JSON (line {e.lineno}: {e.msg})", 2) from None
+        raise fail(f"{what} {path}: not JSON (line {e.lineno}: {e.msg})", 2, json_out=json_out) from None
     except RecursionError:
-        raise fail(f"{what} {path}: nested too deeply to parse", 2) from None
+        raise fail(f"{what} {path}: nested too deeply to parse", 2, json_out=json_out) from None
 
 
 def report(result: Any, json_out: bool, tools: str | None = None) -> None:
@@ -135,15 +157,17 @@ def _journal(url: str | None):
     return open_journal(url, create=True)
 
 
-def routine_folder(path: str) -> Any:
-    """``path`` as a routine package folder; exit 2 naming it when it is missing or holds no routine.yaml."""
+def routine_folder(path: str, json_out: bool = False) -> Any:
+    """``path`` as a routine package folder; exit 2 naming it when it is missing or holds no routine.yaml
+    (``json_out``: said on stdout as JSON too)."""
     import pathlib
 
     folder = pathlib.Path(path)
     if not folder.is_dir():
-        raise fail(f"{path}: no such routine folder" if not folder.exists() else f"{path}: not a routine folder", 2)
+        raise fail(f"{path}: no such routine folder" if not folder.exists() else f"{path}: not a routine folder", 2,
+                   json_out=json_out)
     if not (folder / "routine.yaml").is_file():
-        raise fail(f"{path}: not a routine folder (no routine.yaml in it)", 2)
+        raise fail(f"{path}: not a routine folder (no routine.yaml in it)", 2, json_out=json_out)
     return folder
 
 
@@ -158,10 +182,10 @@ def run_command(
     json_out: bool = False,
 ) -> None:
     """``engrain run``: run the routine package at ``path`` as a durable run."""
-    folder = routine_folder(path)
-    inputs = load_json(input, "--input") if input else load_json(str(folder / "input.json"), "input")
-    given = load_json(answers, "--answers") if answers else None
-    with errors_as_exit():
+    folder = routine_folder(path, json_out)
+    inputs = load_json(input, "--input", json_out) if input else load_json(str(folder / "input.json"), "input", json_out)
+    given = load_json(answers, "--answers", json_out) if answers else None
+    with errors_as_exit(json_out):
         from .._routines.runner import run_routine
 
         result = run_routine(
@@ -174,8 +198,8 @@ def resume_command(
     run_id: str, answers: str, tools: str | None = None, url: str | None = None, json_out: bool = False
 ) -> None:
     """``engrain resume``: answer a paused routine run and continue it from the journal."""
-    given = load_json(answers, "--answers")
-    with errors_as_exit():
+    given = load_json(answers, "--answers", json_out)
+    with errors_as_exit(json_out):
         from .._routines.runner import resume_routine
 
         result = resume_routine(run_id, given, tools=tools, journal=_journal(url))

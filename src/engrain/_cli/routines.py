@@ -75,7 +75,7 @@ def validate(
     from .routine_run import routine_folder
 
     with typer_exit():
-        routine_folder(path)
+        routine_folder(path, json_out)
     with errors_as_exit():
         from .._routines.loader import load_routine, validate_routine
         from .._routines.runner import resolve_tools

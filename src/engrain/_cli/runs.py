@@ -39,7 +39,7 @@ def runs(
     url: UrlOption = None,
     status: Annotated[str | None, typer.Option(help="Only runs in this status (ok, failed, needs_input, running, queued, cancelled).")] = None,
     tag: Annotated[str | None, typer.Option(help="Only runs with this tag.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many runs.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many runs.")] = 50,
     json_out: JsonOption = False,
 ) -> None:
     """List runs, most recently updated first."""

@@ -59,10 +59,29 @@ def check_run_id(run_id: Any) -> None:
         raise ValueError("run_id must be a non-empty string")
     if len(run_id) > 200:
         raise ValueError(f"run_id is {len(run_id)} characters long; at most 200 are allowed")
+    _check_id_text(run_id)
+
+
+def _check_id_text(run_id: str) -> None:
+    if run_id.isascii():  # nearly every id: no encoding to try
+        return
     try:
         run_id.encode("utf-8")
     except UnicodeEncodeError as e:
         raise ValueError(f"run_id {run_id!r} is not Unicode text: a lone surrogate at character {e.start}") from None
+
+
+def check_lookup_id(run_id: Any) -> None:
+    """Raise ``ValueError`` unless ``run_id`` is a string the store's driver can look up (no lone surrogate).
+
+    What a read (``read``, ``read_raw``, ``get_run``) checks before its query: the driver's encoding
+    error would otherwise surface as a damaged store (SQLite's ``read`` takes a ``ValueError`` from
+    its rows for corruption). Cheaper than :func:`check_run_id`, as reads sit on the resume path, and
+    looser: an empty or over-long id is simply no run (the HTTP API answers 404 for it).
+    """
+    if type(run_id) is not str:
+        raise ValueError(f"run_id must be a string, got {type(run_id).__name__}")
+    _check_id_text(run_id)
 
 
 def _check_target(run_id: str, expected_seq: int) -> None:

@@ -20,7 +20,18 @@ from typing import Any
 
 from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
 from .._events import Event, NewEvent, Row, RunInfo, events_of
-from ._common import _STATUS_KINDS, FINISHED, Agents, agents_filter, check_lease, prepare, prepare_row, run_filters, trust_sql
+from ._common import (
+    _STATUS_KINDS,
+    FINISHED,
+    Agents,
+    agents_filter,
+    check_lease,
+    check_lookup_id,
+    prepare,
+    prepare_row,
+    run_filters,
+    trust_sql,
+)
 from ._common import redact_url as _redact
 from .base import Journal
 from .pglink import RevivingLock, connect, dropped, reconnect
@@ -391,6 +402,7 @@ class PostgresJournal(Journal):
         return events_of(run_id, self.read_raw(run_id, after, limit))
 
     def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
+        check_lookup_id(run_id)  # a lone surrogate: the caller's bad input, not the driver's encoding error
         try:
             with self._lock:
                 self._settle()
@@ -404,6 +416,7 @@ class PostgresJournal(Journal):
             raise self._storage(e) from e
 
     def get_run(self, run_id: str) -> RunInfo | None:
+        check_lookup_id(run_id)
         try:
             with self._lock:
                 self._settle()
@@ -413,6 +426,9 @@ class PostgresJournal(Journal):
         return None if row is None else _run_info(row)
 
     def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
+        run_ids = list(run_ids)
+        for i in run_ids:
+            check_lookup_id(i)
         try:
             with self._lock:
                 self._settle()

@@ -33,6 +33,7 @@ from ._common import (
     Agents,
     agents_filter,
     check_lease,
+    check_lookup_id,
     prepare,
     prepare_row,
     run_filters,
@@ -424,12 +425,15 @@ class SQLiteJournal(Journal):
     # -- reads -------------------------------------------------------------------
 
     def read(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Event]:
+        # Before the try: a bad id's encoding error is a ValueError too, and is no damaged page.
+        check_lookup_id(run_id)
         try:
             return events_of(run_id, self.read_raw(run_id, after, limit))
         except ValueError as e:  # text the journal wrote as JSON no longer is: damaged pages
             raise StoreCorruptError(str(self.path), f"an event of run {run_id!r} is not JSON ({e})") from None
 
     def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
+        check_lookup_id(run_id)  # a lone surrogate: the caller's bad input, not the driver's encoding error
         try:
             with self._lock:
                 # run_id is the caller's: not selecting it saves a string object per event.
@@ -446,6 +450,7 @@ class SQLiteJournal(Journal):
             raise self._translate(e) from e
 
     def get_run(self, run_id: str) -> RunInfo | None:
+        check_lookup_id(run_id)
         try:
             with self._lock:
                 row = self._db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
@@ -456,6 +461,8 @@ class SQLiteJournal(Journal):
     def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
         out: dict[str, RunInfo] = {}
         ids = list(dict.fromkeys(run_ids))
+        for i in ids:
+            check_lookup_id(i)
         try:
             with self._lock:
                 for i in range(0, len(ids), 500):  # under SQLite's bound-parameter limit
