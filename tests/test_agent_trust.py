@@ -371,3 +371,33 @@ def test_two_processes_sending_to_one_session_both_land(store_url, journal):
         assert child.returncode == 0
         out[msg] = [json.loads(stdout.strip().splitlines()[-1])]
     _check_both_landed(_slow_echo(journal), "s", out)
+
+
+def test_a_learned_routine_calls_the_agents_tools_with_their_policy(tmp_path, journal):
+    """A learned routine runs the agent's tools under their own ``at_most_once``, as the agent does."""
+    from engrain._agent.learn import _routine_tool
+    from engrain._agent.toolspec import from_function
+
+    wires, crash = [], [True]
+
+    @eg.tool(at_most_once=True, registry=eg.ToolRegistry())
+    def wire_money(to: str, amount: int) -> str:
+        """Send a wire transfer (not idempotent)."""
+        wires.append((to, amount))
+        if crash[0]:
+            raise Crash("killed before the result was journaled")
+        return "sent"
+
+    pkg = tmp_path / "wire"
+    pkg.mkdir()
+    (pkg / "routine.yaml").write_text(
+        "name: wire\ninputs: {type: object, properties: {to: {type: string}}, required: [to]}\n"
+        "tools: {wire_money: {}}\nsteps:\n"
+        "  - {id: w, type: tool.call, tool: wire_money, args: {to: '{{ inputs.to }}', amount: 100}}\n"
+        "  - {id: result, type: return, value: '{{ w }}'}\n")
+    registry = {"wire_money": _routine_tool("wire_money", from_function(wire_money))}
+    with pytest.raises(Crash):
+        eg.run_routine(pkg, {"to": "bob"}, tools=registry, run_id="lr1", journal=journal)
+    crash[0] = False
+    res = eg.run_routine(pkg, {"to": "bob"}, tools=registry, run_id="lr1", journal=journal)
+    assert res.status == "needs_input" and wires == [("bob", 100)]  # asked, never called blind

@@ -37,6 +37,7 @@ import pathlib
 import re
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -268,7 +269,7 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
                          if done else "The routine did not run. Do the task by hand.")}
     # the agent's tools the routine declares, no others: what an offer was checked against is all it can call
     declared = offered["routine"].get("tools")
-    registry = {name: (lambda t: lambda **kw: t.invoke(kw))(t) for name, t in agent.tools.items()
+    registry = {name: _routine_tool(name, t) for name, t in agent.tools.items()
                 if isinstance(declared, dict) and name in declared}
     # No UDF of a learned routine runs outside the sandbox, whatever the routine says.
     res = run_routine(_package(offered["routine"]), inputs, tools=registry, run_id=child, journal=journal,
@@ -289,6 +290,17 @@ def run_offered(agent: Any, journal: Journal, offered: dict[str, Any], inputs: d
         "done": _done_steps(journal, child),
         "next": "The routine stopped before finishing; the steps in 'done' happened. Continue the task by hand.",
     }
+
+
+def _routine_tool(name: str, tool: Any) -> Callable[..., Any]:
+    """The agent's tool as a learned routine calls it, keeping its step policy (at_most_once, retries)."""
+
+    def call(**kw: Any) -> Any:
+        return tool.invoke(kw)
+
+    # The routine runner reads a tool's policy from here, as it does for an @engrain.tool.
+    call.__engrain_step__ = {"name": name, "type": "tool", "policy": tool.policy}  # type: ignore[attr-defined]
+    return call
 
 
 def _done_steps(journal: Journal, run_id: str) -> list[dict[str, Any]]:
