@@ -116,6 +116,29 @@ class RunNotFoundError(EngrainError, KeyError):
         return f"no run with id {self.run_id!r} in the journal"
 
 
+class NotJournaledError(EngrainError):
+    """A wrapped client's attribute that sends a request the journal does not record was called inside a run.
+
+    Its request would be sent (and paid) again on every resume, and its result could differ from the
+    one the run went on with, so it is refused instead of passed through. ``attribute`` names it
+    (``"openai.chat.completions.with_raw_response.create"``), ``instead`` what to call instead.
+    """
+
+    def __init__(self, attribute: str, instead: str):
+        self.attribute = attribute
+        self.instead = instead
+        super().__init__(f"engrain.wrap: {attribute} is not journaled, so inside a run its request would be sent "
+                         f"again on every resume (paid again, and maybe answered differently); {instead}")
+
+
+class NotDurableError(EngrainError):
+    """Inside an engrain run, a framework called a model past the adapter's journaling wrapper.
+
+    The call was paid and not journaled, so a resumed run would pay it again; the message names
+    the setting that routed it around the wrapper and how to make it durable.
+    """
+
+
 class RunFinishedError(EngrainError):
     """Answers were given to a run that has ended (``ok``, ``failed`` or ``cancelled``); ``status`` says how.
 

@@ -16,6 +16,7 @@ result of the journaled LLM step.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import json
 import os
 import time
@@ -156,41 +157,221 @@ class OpenAIChat(Provider):
             kw["tools"] = [{"type": "function", "function": t} for t in tools]
         if on_delta is None:
             r = self.client.chat.completions.create(**kw)
-            msg = r.choices[0].message
-            calls = [
-                {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
-                for c in (msg.tool_calls or []) if getattr(c, "function", None) is not None
-            ]
-            u = r.usage
-            usage = {"input": u.prompt_tokens, "output": u.completion_tokens} if u else {}
-            return _reply(msg.content or "", calls, usage)
-        text: list[str] = []
+            try:
+                text, calls = _chat_message(r)
+            except _Malformed as e:
+                raise _malformed(self, e, r) from None
+            return _reply(text, calls, _usage(_field(r, "usage"), "prompt_tokens", "completion_tokens"))
+        parts: list[str] = []
         acc: dict[int, dict[str, Any]] = {}
-        usage = {}
-        for chunk in _chunks(self.client.chat.completions, "openai",
-                             {**kw, "stream": True, "stream_options": {"include_usage": True}}):
-            if WHOLE in chunk:  # the server ignored stream=true and sent the whole completion
-                return _openai_whole(chunk[WHOLE], on_delta)
-            u = chunk.get("usage")
-            if u:
-                usage = {"input": u.get("prompt_tokens"), "output": u.get("completion_tokens")}
-            choices = chunk.get("choices")
-            if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-                continue
-            d = choices[0].get("delta") or {}
-            if d.get("content"):
-                text.append(d["content"])
-                on_delta(d["content"])
-            for tc in d.get("tool_calls") or []:
-                slot = acc.setdefault(tc.get("index", 0), {"id": "", "name": "", "arguments": ""})
-                if tc.get("id"):
-                    slot["id"] = tc["id"]
-                fn = tc.get("function")
-                if fn:
-                    slot["name"] += fn.get("name") or ""
-                    slot["arguments"] += fn.get("arguments") or ""
+        last: int | None = None  # the slot of the latest tool-call piece
+        usage: dict[str, Any] = {}
+        chunks = _chunks(self.client.chat.completions, "openai",
+                         {**kw, "stream": True, "stream_options": {"include_usage": True}})
+        try:
+            for chunk in chunks:
+                if WHOLE in chunk:  # the server ignored stream=true and sent the whole completion
+                    return _openai_whole(chunk[WHOLE], on_delta)
+                u = chunk.get("usage")
+                if isinstance(u, dict):
+                    usage = _usage(u, "prompt_tokens", "completion_tokens")
+                d = _chunk_delta(chunk)
+                if d is None:
+                    continue
+                content = d.get("content")
+                if content is not None and not isinstance(content, str):
+                    raise _Malformed(_CHUNK, "choices[0].delta.content", _not(content, "a string"))
+                if content:
+                    parts.append(content)
+                    on_delta(content)
+                for index, cid, name, args in _chunk_calls(d):
+                    if index is None:
+                        # Servers such as Ollama send no ``index``: a piece bringing a new call id
+                        # starts a new call, one without an id (or with the same id) continues the last.
+                        if last is None or (cid and acc[last]["id"] and cid != acc[last]["id"]):
+                            index = max(acc) + 1 if acc else 0
+                        else:
+                            index = last
+                    slot = acc.setdefault(index, {"id": "", "name": "", "arguments": ""})
+                    last = index
+                    if cid:
+                        slot["id"] = cid
+                    slot["name"] += name or ""
+                    slot["arguments"] += args or ""
+        except _Malformed as e:
+            raise _malformed(self, e, None) from None
+        finally:
+            chunks.close()
         calls = [{**acc[i], "arguments": acc[i]["arguments"] or "{}"} for i in sorted(acc)]
-        return _reply("".join(text), calls, usage)
+        return _reply("".join(parts), calls, usage)
+
+
+class _Malformed(Exception):
+    """A reply (or a streamed piece of one) whose shape is not the provider's: ``field`` names where.
+
+    Raised by the readers below and turned into the SDK's ``APIError`` by :func:`_malformed`, so a
+    bad reply fails the step with the provider's error type and a message naming the field,
+    instead of a ``TypeError`` from deep inside the parsing.
+    """
+
+    def __init__(self, what: str, field: str, problem: str):
+        super().__init__(f"{what}: {field} {problem}")
+        self.what, self.field, self.problem = what, field, problem
+
+
+_REPLY = "Chat Completions reply"
+_CHUNK = "Chat Completions stream chunk"
+_MESSAGE = "Messages reply"
+_EVENT = "Messages stream event"
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, (list, tuple)):
+        return "a list"
+    if _is_object(v):
+        return "an object"
+    return f"a {type(v).__name__}"
+
+
+def _not(v: Any, expected: str) -> str:
+    return "is missing (or null)" if v is None else f"is {_kind(v)}, not {expected}"
+
+
+def _is_object(v: Any) -> bool:
+    """A JSON object: a dict, or the SDK's object built from one."""
+    return isinstance(v, dict) or hasattr(v, "model_dump")
+
+
+def _field(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a JSON object, or the attribute of the SDK's object built from it (None when absent).
+
+    The SDKs build their objects without validating them, so a field holds whatever the server
+    sent (a number where text belongs, a dict where a list does): the readers check each one.
+    """
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _usage(u: Any, inp: str, out: str) -> dict[str, Any]:
+    """Token counts (a malformed usage is left out: it is not worth failing a reply for)."""
+    return {"input": _count(_field(u, inp)), "output": _count(_field(u, out))} if _is_object(u) else {}
+
+
+def _chat_message(body: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Text and tool calls of a Chat Completions reply (its JSON body, or the SDK's object for it)."""
+    if not _is_object(body):
+        raise _Malformed(_REPLY, "the body", _not(body, "an object"))
+    choices = _field(body, "choices")
+    if not isinstance(choices, list) or not choices:
+        raise _Malformed(_REPLY, "choices", "is an empty list" if isinstance(choices, list) else
+                         _not(choices, "a list"))
+    msg = _field(choices[0], "message") if _is_object(choices[0]) else None
+    if not _is_object(msg):
+        raise _Malformed(_REPLY, "choices[0]" if not _is_object(choices[0]) else "choices[0].message",
+                         _not(choices[0] if not _is_object(choices[0]) else msg, "an object"))
+    content = _field(msg, "content")
+    if content is not None and not isinstance(content, str):
+        raise _Malformed(_REPLY, "choices[0].message.content", _not(content, "a string"))
+    tool_calls = _field(msg, "tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        raise _Malformed(_REPLY, "choices[0].message.tool_calls", _not(tool_calls, "a list"))
+    calls = []
+    for i, c in enumerate(tool_calls or []):
+        where = f"choices[0].message.tool_calls[{i}]"
+        if not _is_object(c):
+            raise _Malformed(_REPLY, where, _not(c, "an object"))
+        fn = _field(c, "function")
+        if fn is None and isinstance(_field(c, "type"), str) and _field(c, "type") != "function":
+            continue  # a custom tool's call: this agent offers functions only
+        if not _is_object(fn):
+            raise _Malformed(_REPLY, f"{where}.function", _not(fn, "an object"))
+        cid, name, args = _field(c, "id"), _field(fn, "name"), _field(fn, "arguments")
+        if cid is not None and not isinstance(cid, str):
+            raise _Malformed(_REPLY, f"{where}.id", _not(cid, "a string"))
+        if not isinstance(name, str) or not name:
+            raise _Malformed(_REPLY, f"{where}.function.name", "is empty" if name == "" else _not(name, "a string"))
+        if args is not None and not isinstance(args, str):
+            raise _Malformed(_REPLY, f"{where}.function.arguments", _not(args, "a string (the arguments' JSON text)"))
+        calls.append({"id": cid or "", "name": name, "arguments": args or "{}"})
+    return content or "", calls
+
+
+def _chunk_delta(chunk: dict[str, Any]) -> dict[str, Any] | None:
+    """``choices[0].delta`` of a streamed chunk, or None for a chunk without one (the usage chunk)."""
+    choices = chunk.get("choices")
+    if not choices:
+        return None
+    if not isinstance(choices, list):
+        raise _Malformed(_CHUNK, "choices", _not(choices, "a list"))
+    if not isinstance(choices[0], dict):
+        raise _Malformed(_CHUNK, "choices[0]", _not(choices[0], "an object"))
+    d = choices[0].get("delta")
+    if d is not None and not isinstance(d, dict):
+        raise _Malformed(_CHUNK, "choices[0].delta", _not(d, "an object"))
+    return d
+
+
+def _chunk_calls(d: dict[str, Any]) -> list[tuple[int | None, str | None, str | None, str | None]]:
+    """``(index, id, name piece, arguments piece)`` of each tool-call piece in a chunk's delta."""
+    tool_calls = d.get("tool_calls")
+    if tool_calls is None:
+        return []
+    if not isinstance(tool_calls, list):
+        raise _Malformed(_CHUNK, "choices[0].delta.tool_calls", _not(tool_calls, "a list"))
+    out = []
+    for j, tc in enumerate(tool_calls):
+        where = f"choices[0].delta.tool_calls[{j}]"
+        if not isinstance(tc, dict):
+            raise _Malformed(_CHUNK, where, _not(tc, "an object"))
+        index, cid, fn = tc.get("index"), tc.get("id"), tc.get("function")
+        if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+            raise _Malformed(_CHUNK, f"{where}.index", _not(index, "an integer"))
+        if cid is not None and not isinstance(cid, str):
+            raise _Malformed(_CHUNK, f"{where}.id", _not(cid, "a string"))
+        if fn is not None and not isinstance(fn, dict):
+            raise _Malformed(_CHUNK, f"{where}.function", _not(fn, "an object"))
+        name, args = (fn or {}).get("name"), (fn or {}).get("arguments")
+        for key, v in (("name", name), ("arguments", args)):
+            if v is not None and not isinstance(v, str):
+                raise _Malformed(_CHUNK, f"{where}.function.{key}", _not(v, "a string"))
+        out.append((index, cid, name, args))
+    return out
+
+
+def _malformed(provider: Provider, err: _Malformed, body: Any) -> Exception:
+    """The SDK's ``APIError`` for a malformed reply (what :func:`_stream_error` is for a stream's error event)."""
+    route = "v1/messages" if provider.name == "anthropic" else "chat/completions"
+    if body is not None and not isinstance(body, (dict, list)):
+        try:  # the SDK's object, as the JSON it was built from
+            body = body.model_dump(mode="json", warnings=False)
+        except Exception:  # noqa: BLE001 - only the error's detail
+            body = None
+    return _api_error(provider.name, _request_of(provider.client, route),
+                      f"the model server sent a malformed {err}", body)
+
+
+def _request_of(client: Any, route: str) -> Any:
+    """An HTTP request object for ``route`` of ``client``'s server (an ``APIError`` names the request it is about).
+
+    The SDKs' reply objects keep no reference to their request; this one has the method and URL.
+    """
+    try:
+        url = client.base_url
+        http = importlib.import_module(type(url).__module__.split(".")[0])  # httpx, or the SDK's own fork of it
+        return http.Request("POST", url.join(route))
+    except Exception:  # noqa: BLE001 - a client without a base_url: the error goes without a request
+        return None
 
 
 def _sse_data(lines: Iterator[str]) -> Iterator[str]:
@@ -265,43 +446,71 @@ def _json_body(sdk: str, resp: Any) -> dict[str, Any]:
 
 def _openai_whole(body: dict[str, Any], on_delta: Delta) -> dict[str, Any]:
     """The neutral reply of a Chat Completions body (``choices[0].message``, ``usage``)."""
-    choices = body.get("choices")
-    msg = choices[0].get("message") if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
-    msg = msg if isinstance(msg, dict) else {}
-    text = msg.get("content") if isinstance(msg.get("content"), str) else ""
-    calls = []
-    for c in msg.get("tool_calls") or []:
-        fn = c.get("function") if isinstance(c, dict) else None
-        if isinstance(fn, dict):
-            calls.append({"id": str(c.get("id") or ""), "name": str(fn.get("name") or ""),
-                          "arguments": fn.get("arguments") or "{}"})
-    u = body.get("usage") if isinstance(body.get("usage"), dict) else None
+    text, calls = _chat_message(body)
     if text:
         on_delta(text)
-    return _reply(text, calls, {"input": u.get("prompt_tokens"), "output": u.get("completion_tokens")} if u else {})
+    return _reply(text, calls, _usage(body.get("usage"), "prompt_tokens", "completion_tokens"))
 
 
 def _anthropic_whole(body: dict[str, Any], on_delta: Delta) -> dict[str, Any]:
     """The neutral reply of a Messages body (``content`` blocks, ``usage``)."""
-    blocks = [b for b in body.get("content") or [] if isinstance(b, dict)]
-    text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
-    calls = [{"id": str(b.get("id") or ""), "name": str(b.get("name") or ""),
-              "arguments": json.dumps(b.get("input") or {})} for b in blocks if b.get("type") == "tool_use"]
-    u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    text, calls = _message_content(body)
     if text:
         on_delta(text)
-    return _reply(text, calls, {"input": u.get("input_tokens"), "output": u.get("output_tokens")})
+    u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    return _reply(text, calls, {"input": _count(u.get("input_tokens")), "output": _count(u.get("output_tokens"))})
+
+
+def _message_content(body: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Text and tool calls of a Messages reply (its JSON body, or the SDK's object for it)."""
+    if not _is_object(body):
+        raise _Malformed(_MESSAGE, "the body", _not(body, "an object"))
+    content = _field(body, "content")
+    if not isinstance(content, list):
+        raise _Malformed(_MESSAGE, "content", _not(content, "a list of blocks"))
+    parts, calls = [], []
+    for i, b in enumerate(content):
+        if not _is_object(b):
+            raise _Malformed(_MESSAGE, f"content[{i}]", _not(b, "an object"))
+        kind = _field(b, "type")
+        if kind == "text":
+            text = _field(b, "text")
+            if not isinstance(text, str):
+                raise _Malformed(_MESSAGE, f"content[{i}].text", _not(text, "a string"))
+            parts.append(text)
+        elif kind == "tool_use":
+            bid, name, args = _field(b, "id"), _field(b, "name"), _field(b, "input")
+            if bid is not None and not isinstance(bid, str):
+                raise _Malformed(_MESSAGE, f"content[{i}].id", _not(bid, "a string"))
+            if not isinstance(name, str) or not name:
+                raise _Malformed(_MESSAGE, f"content[{i}].name", "is empty" if name == "" else _not(name, "a string"))
+            if args is not None and not isinstance(args, dict):
+                raise _Malformed(_MESSAGE, f"content[{i}].input", _not(args, "an object"))
+            calls.append({"id": bid or "", "name": name, "arguments": json.dumps(args or {})})
+    return "".join(parts), calls
+
+
+def _event_index(e: dict[str, Any]) -> int:
+    index = e.get("index", 0)
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise _Malformed(_EVENT, f"index of a {e.get('type')} event", _not(index, "an integer"))
+    return index
+
+
+def _api_error(sdk: str, request: Any, message: str, body: Any) -> Exception:
+    """The SDK's own ``APIError``: what it raises itself for an error the server sent."""
+    if sdk == "anthropic":
+        import anthropic
+
+        return anthropic.APIError(message, request, body=body)
+    import openai
+
+    return openai.APIError(message, request, body=body)
 
 
 def _stream_error(sdk: str, resp: Any, message: str, body: Any) -> Exception:
     """The SDK's own ``APIError`` for an error sent inside a stream (as its typed stream raises)."""
-    if sdk == "anthropic":
-        import anthropic
-
-        return anthropic.APIError(message, resp.http_request, body=body)
-    import openai
-
-    return openai.APIError(message, resp.http_request, body=body)
+    return _api_error(sdk, resp.http_request, message, body)
 
 
 class AnthropicMessages(Provider):
@@ -350,30 +559,65 @@ class AnthropicMessages(Provider):
                            for t in tools]
         if on_delta is None:
             r = self.client.messages.create(**kw)
-            text = "".join(b.text for b in r.content if b.type == "text")
-            calls = [{"id": b.id, "name": b.name, "arguments": json.dumps(b.input)} for b in r.content if b.type == "tool_use"]
-            return _reply(text, calls, {"input": r.usage.input_tokens, "output": r.usage.output_tokens})
+            try:
+                text, calls = _message_content(r)
+            except _Malformed as e:
+                raise _malformed(self, e, r) from None
+            return _reply(text, calls, _usage(_field(r, "usage"), "input_tokens", "output_tokens"))
         text_parts: list[str] = []
         blocks: dict[int, dict[str, Any]] = {}
-        usage: dict[str, int] = {}
-        for e in _chunks(self.client.messages, "anthropic", {**kw, "stream": True}):
-            if WHOLE in e:  # the server ignored stream=true and sent the whole message
-                return _anthropic_whole(e[WHOLE], on_delta)
-            kind = e.get("type")
-            if kind == "message_start":
-                usage["input"] = ((e.get("message") or {}).get("usage") or {}).get("input_tokens")
-            elif kind == "content_block_start" and (e.get("content_block") or {}).get("type") == "tool_use":
-                b = e["content_block"]
-                blocks[e.get("index", 0)] = {"id": b.get("id", ""), "name": b.get("name", ""), "arguments": ""}
-            elif kind == "content_block_delta":
-                d = e.get("delta") or {}
-                if d.get("type") == "text_delta" and d.get("text"):
-                    text_parts.append(d["text"])
-                    on_delta(d["text"])
-                elif d.get("type") == "input_json_delta" and e.get("index", 0) in blocks:
-                    blocks[e.get("index", 0)]["arguments"] += d.get("partial_json") or ""
-            elif kind == "message_delta":
-                usage["output"] = (e.get("usage") or {}).get("output_tokens")
+        usage: dict[str, Any] = {}
+        events = _chunks(self.client.messages, "anthropic", {**kw, "stream": True})
+        try:
+            for e in events:
+                if WHOLE in e:  # the server ignored stream=true and sent the whole message
+                    return _anthropic_whole(e[WHOLE], on_delta)
+                kind = e.get("type")
+                if kind == "message_start":
+                    m = e.get("message")
+                    if m is not None and not isinstance(m, dict):
+                        raise _Malformed(_EVENT, "message of the message_start event", _not(m, "an object"))
+                    u = (m or {}).get("usage")
+                    usage["input"] = _count(u.get("input_tokens")) if isinstance(u, dict) else None
+                elif kind == "content_block_start":
+                    b = e.get("content_block")
+                    if not isinstance(b, dict):
+                        raise _Malformed(_EVENT, "content_block of a content_block_start event",
+                                         _not(b, "an object"))
+                    if b.get("type") == "tool_use":
+                        bid, name = b.get("id"), b.get("name")
+                        if bid is not None and not isinstance(bid, str):
+                            raise _Malformed(_EVENT, "content_block.id of a tool_use block", _not(bid, "a string"))
+                        if not isinstance(name, str) or not name:
+                            raise _Malformed(_EVENT, "content_block.name of a tool_use block",
+                                             "is empty" if name == "" else _not(name, "a string"))
+                        blocks[_event_index(e)] = {"id": bid or "", "name": name, "arguments": ""}
+                elif kind == "content_block_delta":
+                    d = e.get("delta")
+                    if not isinstance(d, dict):
+                        raise _Malformed(_EVENT, "delta of a content_block_delta event", _not(d, "an object"))
+                    if d.get("type") == "text_delta":
+                        piece = d.get("text")
+                        if piece is not None and not isinstance(piece, str):
+                            raise _Malformed(_EVENT, "delta.text of a text_delta", _not(piece, "a string"))
+                        if piece:
+                            text_parts.append(piece)
+                            on_delta(piece)
+                    elif d.get("type") == "input_json_delta":
+                        piece = d.get("partial_json")
+                        if piece is not None and not isinstance(piece, str):
+                            raise _Malformed(_EVENT, "delta.partial_json of an input_json_delta",
+                                             _not(piece, "a string"))
+                        index = _event_index(e)
+                        if index in blocks:
+                            blocks[index]["arguments"] += piece or ""
+                elif kind == "message_delta":
+                    u = e.get("usage")
+                    usage["output"] = _count(u.get("output_tokens")) if isinstance(u, dict) else None
+        except _Malformed as err:
+            raise _malformed(self, err, None) from None
+        finally:
+            events.close()
         calls = [{**blocks[i], "arguments": blocks[i]["arguments"] or "{}"} for i in sorted(blocks)]
         return _reply("".join(text_parts), calls, usage)
 

@@ -6,7 +6,8 @@
     graph.invoke(inputs, {"configurable": {"thread_id": "t-1"}})
 
 Each LangGraph thread is one engrain run (``langgraph:<thread_id>``, tagged
-``langgraph``), so ``engrain runs --tag langgraph``, ``engrain show`` and the web
+``langgraph``; a thread id too long for a run id ends in its SHA-256 instead, see
+:func:`thread_run_id`), so ``engrain runs --tag langgraph``, ``engrain show`` and the web
 UI list threads and their checkpoints. A checkpoint is one ``log.entry`` event
 (``checkpoint``) holding the serialized checkpoint, its metadata and the blobs of
 the channels that changed; pending writes are ``writes`` entries. Killing the
@@ -42,10 +43,11 @@ from .._durable.context import default_journal
 from .._durable.log import EntryLog
 from .._events import Event
 from .._journal import Journal, open_journal
+from ._common import is_digest_run_id, log_run_id
 
 __all__ = ["EngrainCheckpointer", "EngrainStore", "thread_run_id"]
 
-#: Run ids of threads start with this; the rest is the thread id.
+#: Run ids of threads start with this; the rest is the thread id (or its digest, see thread_run_id).
 RUN_PREFIX = "langgraph:"
 TAG = "langgraph"
 #: Threads listed per page by ``list(None)`` (all threads).
@@ -53,8 +55,13 @@ _PAGE = 500
 
 
 def thread_run_id(thread_id: str) -> str:
-    """The engrain run id that holds LangGraph thread ``thread_id``."""
-    return f"{RUN_PREFIX}{thread_id}"
+    """The engrain run id that holds LangGraph thread ``thread_id``.
+
+    ``langgraph:<thread_id>``; LangGraph accepts thread ids of any length, so one too long for a
+    run id (over 190 characters) keeps a readable head and ends in the SHA-256 of the whole id
+    (the run's inputs keep the whole id). Shorter ids map as they always did.
+    """
+    return log_run_id(RUN_PREFIX, thread_id)
 
 
 def _pack(typed: tuple[str, bytes]) -> list[str]:
@@ -209,10 +216,20 @@ class EngrainCheckpointer(BaseCheckpointSaver):
         threads, offset = [], 0
         while True:
             page = self.journal.runs(tag=TAG, limit=_PAGE, offset=offset)
-            threads += [r.run_id[len(RUN_PREFIX):] for r in page if r.run_id.startswith(RUN_PREFIX)]
+            threads += [self._thread_of(r.run_id) for r in page if r.run_id.startswith(RUN_PREFIX)]
             if len(page) < _PAGE:
                 return threads
             offset += _PAGE
+
+    def _thread_of(self, run_id: str) -> str:
+        """The thread id run ``run_id`` holds: the rest of the run id, or for a long id's digest the id its
+        ``run.started`` recorded (the run id alone no longer spells it)."""
+        if is_digest_run_id(run_id):
+            first = self.journal.read(run_id, limit=1)
+            inputs = first[0].data.get("inputs") if first else None
+            if isinstance(inputs, dict) and isinstance(inputs.get("thread_id"), str):
+                return inputs["thread_id"]
+        return run_id[len(RUN_PREFIX):]
 
     def put(
         self,

@@ -13,7 +13,10 @@ and ``consolidate()`` can fold related items into articles. The namespace, key
 and value ride in the record's metadata (``lg_ns0``, ``lg_ns1``, … per level, so
 a namespace prefix is an exact metadata filter), which is how ``get``,
 ``delete`` and ``list_namespaces`` find items without a query. Filters on values
-(``{"color": "red"}``, ``{"score": {"$gt": 4}}``) are applied to the stored value.
+(``{"color": "red"}``, ``{"score": {"$gt": 4}}``) are applied to the stored value,
+and as in LangGraph's ``InMemoryStore`` they pick the items a query then ranks:
+a search with both returns every matching item there is (up to ``limit``), not
+only those among the query's best matches overall.
 """
 
 from __future__ import annotations
@@ -148,23 +151,58 @@ class EngrainStore(BaseStore):
         prefix = tuple(op.namespace_prefix)
         want = op.limit + op.offset
         if op.query:
-            # Ask for more than wanted: value filters are applied after ranking.
-            hits = self.memory.recall(op.query, skill=self.skill, top_k=max(want * 4, 10),
-                                      where=_ns_where(prefix) or None)
+            out = self._ranked(op.query, prefix, op.filter, want)
+        else:  # no query: newest first
+            out = self._matching([(r, 0.0) for r in reversed(self._in(prefix))], op.filter)
+        return out[op.offset:op.offset + op.limit]  # type: ignore[return-value]
+
+    def _in(self, prefix: tuple[str, ...]) -> list[Record]:
+        """Every item under namespace ``prefix`` (all items for ``()``), oldest first."""
+        return self._find(prefix) if prefix else self._all()
+
+    def _matching(self, scored: Iterable[tuple[Record, float]], flt: dict[str, Any] | None,
+                  seen: set[str] | None = None) -> list[SearchItem]:
+        """The items of ``scored`` (in order, each once) whose value passes ``flt``."""
+        seen = set() if seen is None else seen
+        out = []
+        for r, score in scored:
+            if r.id in seen or "lg_key" not in r.metadata or not _value_matches(r.metadata["lg_value"], flt):
+                continue
+            seen.add(r.id)
+            out.append(self._item(r, score))
+        return out  # type: ignore[return-value]
+
+    def _ranked(self, query: str, prefix: tuple[str, ...], flt: dict[str, Any] | None,
+                want: int) -> list[SearchItem]:
+        """At least ``want`` items under ``prefix`` passing ``flt`` (all there are, if fewer), best match first.
+
+        As LangGraph's ``InMemoryStore``: the filter picks the items and the query ranks them, so a
+        matching item is never lost for ranking below items the filter drops. Recall ranks
+        ``max(4 * want, 10)`` hits first (enough when the filter keeps most items) and is asked
+        again for more, up to every item under ``prefix``, until ``want`` of its hits pass.
+        """
+        where = _ns_where(prefix) or None
+        top_k, total, passing = max(want * 4, 10), None, 0
+        while True:
+            hits = self.memory.recall(query, skill=self.skill, top_k=top_k, where=where)
             # A record folded into an article comes back as the article: take the records it names.
             ranked = [(rid, h.score) for h in hits
                       for rid in ([h.id] if h.tier == "record" else h.provenance.get("via") or [])]
             records = self.memory.store.records([rid for rid, _ in ranked])
-            scored = [(records[rid], score) for rid, score in ranked if rid in records]
-        else:  # no query: newest first
-            scored = [(r, None) for r in reversed(self._find(prefix) if prefix else self._all())]
-        out, seen = [], set()
-        for r, score in scored:
-            if r.id in seen or "lg_key" not in r.metadata or not _value_matches(r.metadata["lg_value"], op.filter):
-                continue
-            seen.add(r.id)
-            out.append(self._item(r, score if score is not None else 0.0))
-        return out[op.offset:op.offset + op.limit]  # type: ignore[return-value]
+            seen: set[str] = set()
+            out = self._matching(((records[rid], score) for rid, score in ranked if rid in records), flt, seen)
+            if len(out) >= want:
+                return out
+            if total is None:
+                total = self._in(prefix)
+                passing = sum(1 for r in total
+                              if "lg_key" in r.metadata and _value_matches(r.metadata["lg_value"], flt))
+            if len(out) >= passing or len(hits) < top_k or top_k >= len(total):
+                break  # every passing item is ranked, or recall has nothing more to rank
+            top_k = min(top_k * 4, len(total))
+        # Items recall did not return at all still pass the filter, and InMemoryStore returns every
+        # item that does: they follow the ranked ones, newest first, with score 0.
+        return out + self._matching(((r, 0.0) for r in reversed(total)), flt, seen)
 
     def _all(self) -> list[Record]:
         return self.memory.find({"lg_item": True}, skill=self.skill)

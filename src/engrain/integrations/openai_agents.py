@@ -14,7 +14,8 @@ Extension points used, and why:
 
 * **Sessions**: the SDK's ``Session`` protocol (``get_items``, ``add_items``,
   ``pop_item``, ``clear_session``). A session is an engrain run
-  (``openai-agents:<session_id>``) whose items are ``log.entry`` events, so it is
+  (``openai-agents:<session_id>``; an id too long for a run id ends in its
+  SHA-256 instead) whose items are ``log.entry`` events, so it is
   durable on SQLite or PostgreSQL and listed by ``engrain runs``. Inside an
   engrain run each session operation is also a step, so a resumed run sees the
   history its first attempt saw and never adds its items twice.
@@ -23,7 +24,11 @@ Extension points used, and why:
   response in hand; tracing processors and hooks see calls but cannot answer
   them from the journal. Inside an engrain run each ``get_response`` is an
   ``llm`` step: on resume the recorded response is returned and the provider is
-  not called.
+  not called. The SDK prefers ``RunConfig.model`` to the agent's model, so
+  :func:`durable_run_config` wraps a run config's model and provider too, and a
+  durable agent's hooks (``AgentHooks.on_llm_end``, before any tool of the
+  response runs) raise :class:`NotDurableError` on a response that bypassed the
+  journal inside an engrain run.
 * **Tools**: each ``FunctionTool``'s ``on_invoke_tool`` is wrapped (the SDK's
   tool object), so a tool call is a ``tool`` step: a finished call is replayed
   from the journal, not run again. A tool result that is not JSON is journaled,
@@ -44,10 +49,11 @@ import asyncio
 import contextvars
 import dataclasses
 import json
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agents import Agent, FunctionTool, Model, ModelProvider, ModelResponse, Usage
+from agents import Agent, AgentHooks, FunctionTool, Model, ModelProvider, ModelResponse, RunConfig, Usage
 from agents.items import TResponseInputItem
 from agents.memory.session_settings import SessionSettings
 from agents.models.multi_provider import MultiProvider
@@ -55,11 +61,12 @@ from pydantic import TypeAdapter
 
 from .._durable.context import current, default_journal
 from .._durable.log import EntryLog
-from .._errors import EngrainError
+from .._errors import EngrainError, NotDurableError, NotJSONError
 from .._journal import Journal, open_journal
-from ._common import recordable, tool_arguments
+from ._common import log_run_id, recordable, tool_arguments
 
-__all__ = ["DurableModel", "EngrainSession", "cached", "durable"]
+__all__ = ["DurableModel", "DurableModelProvider", "EngrainSession", "NotDurableError", "cached", "durable",
+           "durable_run_config"]
 
 RUN_PREFIX = "openai-agents:"
 TAG = "openai-agents"
@@ -69,6 +76,26 @@ def _jsonable(value: Any) -> Any:
     """A JSON copy of SDK input/output (pydantic models and TypedDicts alike)."""
     return json.loads(json.dumps(value, default=lambda o: o.model_dump(mode="json") if hasattr(o, "model_dump")
                                  else str(o)))
+
+
+def _session_items(items: list[Any]) -> list[Any]:
+    """``items`` as JSON, as ``SQLiteSession`` stores them (``json.dumps``: a tuple becomes a list), or
+    :class:`~engrain.NotJSONError` naming the first item that is not JSON. A pydantic model (an SDK
+    output item) is stored as its JSON dump."""
+    out = []
+    for i, item in enumerate(items):
+        where = f"EngrainSession.add_items: items[{i}]"
+
+        def default(o: Any) -> Any:
+            if hasattr(o, "model_dump"):
+                return o.model_dump(mode="json")
+            raise NotJSONError(where, "a value", o)
+
+        try:
+            out.append(json.loads(json.dumps(item, default=default, allow_nan=False)))
+        except ValueError as e:  # NaN or infinity: JSON has no such number, and the journal stores JSON
+            raise NotJSONError(where, "a number", item, f"is not JSON ({e})") from None
+    return out
 
 
 class EngrainSession:
@@ -86,25 +113,38 @@ class EngrainSession:
         self.session_id = session_id
         self.session_settings = session_settings
         self.journal = journal or (open_journal(url) if url else default_journal())
-        self._log = EntryLog(self.journal, RUN_PREFIX + session_id, task=f"OpenAI Agents session {session_id}",
+        # A session id too long for a run id gets its digest (log_run_id): the SDK accepts any id.
+        self._log = EntryLog(self.journal, log_run_id(RUN_PREFIX, session_id),
+                             task=f"OpenAI Agents session {session_id}",
                              tags=[TAG], agent="openai-agents", inputs={"session_id": session_id})
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        """The history in order; with ``limit``, its latest ``limit`` items."""
+        """The history in order; with ``limit``, its latest ``limit`` items.
+
+        As the SDK's ``SQLiteSession``: ``limit=0`` gives no items and a negative ``limit``
+        all of them (SQLite reads a negative ``LIMIT`` as none).
+        """
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
 
         async def read() -> list[Any]:
             items = self._items_of(await asyncio.to_thread(self._log.entries))
-            return items if limit is None else items[-limit:] if limit > 0 else []
+            if limit is None or limit < 0:
+                return items
+            return items[-limit:] if limit > 0 else []
 
         return await self._step("get_items", {"limit": limit}, read)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Append ``items`` to the history (one atomic append)."""
+        """Append ``items`` to the history (one atomic append).
+
+        An item that is not JSON (a ``datetime`` in it, say) raises :class:`~engrain.NotJSONError`, a
+        ``TypeError`` as ``SQLiteSession`` raises, and nothing is added: it is never stored as some
+        other value than the one given.
+        """
         if not items:
             return
-        data = {"items": _jsonable(list(items)), "summary": {"added": len(items)}}
+        data = {"items": _session_items(items), "summary": {"added": len(items)}}
 
         async def add() -> None:
             await asyncio.to_thread(self._log.append, [("items", data)])
@@ -183,6 +223,8 @@ class DurableModel(Model):
     def __init__(self, inner: Model | None = None, *, name: str | None = None, provider: ModelProvider | None = None):
         if inner is None and provider is None:
             provider = MultiProvider()
+        if isinstance(provider, DurableModelProvider):
+            provider = provider.inner  # its models are DurableModels: this one would journal each call twice
         self._inner, self._provider, self.name = inner, provider, name or getattr(inner, "model", None) or "default"
 
     def _model(self) -> Model:
@@ -209,7 +251,9 @@ class DurableModel(Model):
             return await respond()  # outside a run: the model's own response, untouched
         # Inside a run the live call returns the journaled form too, so a first run and its replay agree.
         args = {"model": self.name, "instructions": system_instructions, "input": _jsonable(input)}
-        return _response_from_json(await run.acall(f"llm:{self.name}", "llm", args, call))
+        response = _response_from_json(await run.acall(f"llm:{self.name}", "llm", args, call))
+        _journaled[id(response)] = response  # what _DurableHooks.on_llm_end checks the SDK's response against
+        return response
 
     def stream_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
                         *, previous_response_id, conversation_id, prompt) -> AsyncIterator[Any]:
@@ -221,6 +265,98 @@ class DurableModel(Model):
             system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
             previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
         )
+
+
+#: Responses DurableModel returned inside an engrain run (by id, held weakly): a response the SDK hands
+#: to on_llm_end that is not here came from a model that bypassed the journal.
+_journaled: weakref.WeakValueDictionary[int, ModelResponse] = weakref.WeakValueDictionary()
+
+
+class DurableModelProvider(ModelProvider):
+    """A ``ModelProvider`` whose models are ``inner``'s (default: ``MultiProvider``), each in a :class:`DurableModel`.
+
+    ``RunConfig(model_provider=...)`` resolves every model named by a string; :func:`durable_run_config`
+    puts one there.
+    """
+
+    def __init__(self, inner: ModelProvider | None = None):
+        self.inner = inner.inner if isinstance(inner, DurableModelProvider) else inner or MultiProvider()
+
+    def get_model(self, model_name: str | None) -> Model:
+        """``model_name`` of the inner provider, journaled (resolved on first use)."""
+        return DurableModel(name=model_name, provider=self.inner)
+
+    async def aclose(self) -> None:
+        """Close the inner provider."""
+        await self.inner.aclose()
+
+
+def durable_run_config(run_config: RunConfig | None = None) -> RunConfig:
+    """A copy of ``run_config`` (default: ``RunConfig()``) whose model and model provider are journaled.
+
+    The SDK prefers ``RunConfig.model`` to every agent's own model, so a durable agent run with
+    ``RunConfig(model=...)`` would call that model unjournaled; pass the config through this::
+
+        Runner.run_sync(durable(agent), task, run_config=durable_run_config(RunConfig(model=m)))
+
+    Forgetting it is not silent: inside an engrain run the durable agent raises
+    :class:`NotDurableError` on the first response that did not come through the journal.
+    """
+    rc = run_config if run_config is not None else RunConfig()
+    model = rc.model
+    if isinstance(model, Model) and not isinstance(model, DurableModel):
+        model = DurableModel(model)
+    elif isinstance(model, str):
+        model = DurableModel(name=model, provider=rc.model_provider)
+    return dataclasses.replace(rc, model=model, model_provider=DurableModelProvider(rc.model_provider))
+
+
+class _DurableHooks(AgentHooks):
+    """A durable agent's hooks: the agent's own, and a check that each model response inside an engrain
+    run came through the journal (a ``RunConfig(model=...)`` replaces the agent's DurableModel)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        """Refuse a response that bypassed the journal (before any tool of it runs), then the agent's hook."""
+        if current() is not None and _journaled.get(id(response)) is not response:
+            raise NotDurableError(
+                f"durable(agent): agent {getattr(agent, 'name', '?')!r} got a model response that was not journaled, "
+                "so a resumed run would call the model again; the run's RunConfig names a model (or a provider) "
+                "that is not durable: pass it through durable_run_config(run_config)")
+        if self.inner is not None:
+            await self.inner.on_llm_end(context, agent, response)
+
+    async def on_start(self, context: Any, agent: Any) -> None:
+        """The agent's own hook."""
+        if self.inner is not None:
+            await self.inner.on_start(context, agent)
+
+    async def on_end(self, context: Any, agent: Any, output: Any) -> None:
+        """The agent's own hook."""
+        if self.inner is not None:
+            await self.inner.on_end(context, agent, output)
+
+    async def on_handoff(self, context: Any, agent: Any, source: Any) -> None:
+        """The agent's own hook."""
+        if self.inner is not None:
+            await self.inner.on_handoff(context, agent, source)
+
+    async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        """The agent's own hook."""
+        if self.inner is not None:
+            await self.inner.on_tool_start(context, agent, tool)
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        """The agent's own hook."""
+        if self.inner is not None:
+            await self.inner.on_tool_end(context, agent, tool, result)
+
+    async def on_llm_start(self, context: Any, agent: Any, system_prompt: Any, input_items: Any) -> None:
+        """The agent's own hook."""
+        if self.inner is not None:
+            await self.inner.on_llm_start(context, agent, system_prompt, input_items)
 
 
 def _durable_tool(tool: Any) -> Any:
@@ -246,6 +382,9 @@ def durable(agent: Agent, *, model_provider: ModelProvider | None = None) -> Age
     Run it with ``Runner.run``/``run_sync`` inside :func:`engrain.run`. A model
     named by a string (or the default model) is resolved through
     ``model_provider`` (default: the SDK's ``MultiProvider``) on first use.
+    A ``RunConfig(model=...)`` overrides every agent's model: give the run
+    ``durable_run_config(run_config)``; inside an engrain run a response from
+    a model that is not journaled raises :class:`NotDurableError`.
     """
     seen: dict[int, Agent] = {}
 
@@ -255,7 +394,8 @@ def durable(agent: Agent, *, model_provider: ModelProvider | None = None) -> Age
         model = a.model if isinstance(a.model, DurableModel) else (
             DurableModel(a.model) if isinstance(a.model, Model) else DurableModel(name=a.model, provider=model_provider)
         )
-        clone = a.clone(model=model, tools=[_durable_tool(t) for t in a.tools])
+        hooks = a.hooks if isinstance(a.hooks, _DurableHooks) else _DurableHooks(a.hooks)
+        clone = a.clone(model=model, tools=[_durable_tool(t) for t in a.tools], hooks=hooks)
         seen[id(a)] = clone
         clone.handoffs = [wrap(h) if isinstance(h, Agent) else h for h in a.handoffs]
         return clone

@@ -10,7 +10,13 @@
 Extension points used, the ones PydanticAI's own durable-execution integrations
 use: a ``WrapperModel`` (every model request passes through ``request`` with
 its response) and a ``WrapperToolset`` (every tool call passes through
-``call_tool``), installed for the duration of a run with ``Agent.override``.
+``call_tool``). The toolsets are installed for the block with ``Agent.override``;
+the model wrapper by a capability's ``get_wrapper_model``, which PydanticAI calls
+with whichever model serves each request (the agent's, one given at run time
+with ``run(model=...)``, an ``override``'s or a capability's), so the block
+journals the model the run really uses and never changes which one that is.
+The capability is added to each run the agent starts inside the block (its
+``iter``, which ``run``, ``run_sync`` and ``run_stream`` go through).
 Inside an engrain run a model request is an ``llm`` step and a tool call a
 ``tool`` step: on resume the recorded response or result is returned and the
 provider or the tool is not called. Outside an engrain run they pass through.
@@ -26,13 +32,17 @@ and returns the recorded output without any model request.
 from __future__ import annotations
 
 import inspect
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic_ai import Agent
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse
-from pydantic_ai.models import Model, infer_model
+from pydantic_ai.models import Model
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.wrapper import WrapperToolset
@@ -96,19 +106,84 @@ def _durable_toolset(ts: AbstractToolset[Any]) -> AbstractToolset[Any]:
     return ts if isinstance(ts, DurableToolset) else DurableToolset(ts)
 
 
+@dataclass
+class _DurableModels(AbstractCapability[Any]):
+    """Wraps the model that serves each request of a run in a :class:`DurableModel`.
+
+    PydanticAI calls ``get_wrapper_model`` for every attempt at a model request, with the model
+    the run really uses, wherever it came from; so no model request of a durable run escapes
+    the journal (``Agent.override(model=)`` would lose to, or replace, a model given at run time).
+    """
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        """``model`` journaled (``None``: it already is)."""
+        return None if isinstance(model, DurableModel) else DurableModel(model)
+
+
+#: Ids of the agents inside a durable() block in this context (thread, task): their runs get _DurableModels.
+_in_block: ContextVar[frozenset[int]] = ContextVar("engrain_pydantic_ai_durable", default=frozenset())
+#: id(agent) -> [open durable() blocks in any context, the instance ``iter`` it had before (or _NONE)].
+_hooked: dict[int, list[Any]] = {}
+_hooked_lock = threading.Lock()
+_NONE = object()
+
+
+def _hook_iter(agent: Agent[Any, Any]) -> None:
+    """Make ``agent.iter`` add :class:`_DurableModels` to the runs started inside a durable() block.
+
+    ``iter`` is where every run of the agent starts (``run``, ``run_sync``, ``run_stream`` call it)
+    and the one place a capability can be added to a run without replacing the agent's own. It
+    is set on the instance while any block on the agent is open, in any thread, and only runs
+    started in a context inside a block get the capability; the last block to close restores it.
+    """
+    with _hooked_lock:
+        entry = _hooked.get(id(agent))
+        if entry is not None:
+            entry[0] += 1
+            return
+        before = agent.__dict__.get("iter", _NONE)
+        start = agent.iter
+
+        @asynccontextmanager
+        async def iter(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            if id(agent) in _in_block.get():
+                kwargs["capabilities"] = [*(kwargs.get("capabilities") or ()), _DurableModels()]
+            async with start(*args, **kwargs) as run:
+                yield run
+
+        agent.iter = iter  # type: ignore[method-assign]
+        _hooked[id(agent)] = [1, before]
+
+
+def _unhook_iter(agent: Agent[Any, Any]) -> None:
+    with _hooked_lock:
+        entry = _hooked[id(agent)]
+        entry[0] -= 1
+        if entry[0]:
+            return
+        del _hooked[id(agent)]
+        if entry[1] is _NONE:
+            agent.__dict__.pop("iter", None)
+        else:
+            agent.iter = entry[1]  # type: ignore[method-assign]
+
+
 @contextmanager
 def durable(agent: Agent[Any, Any]) -> Iterator[Agent[Any, Any]]:
-    """Within the block, ``agent``'s model requests and tool calls are journaled (inside an engrain run)."""
-    model: Model | None = None
-    if agent.model is not None:
-        inner = agent.model if isinstance(agent.model, Model) else infer_model(agent.model)
-        model = inner if isinstance(inner, DurableModel) else DurableModel(inner)
+    """Within the block, ``agent``'s model requests and tool calls are journaled (inside an engrain run).
+
+    Every model request is, whichever model serves it: the agent's, or one given at run time
+    (``agent.run_sync(task, model=...)``); the block does not change which model a run uses.
+    """
     toolsets = [ts.visit_and_replace(_durable_toolset) for ts in agent.toolsets]
-    overrides: dict[str, Any] = {"toolsets": toolsets, "tools": []}
-    if model is not None:
-        overrides["model"] = model
-    with agent.override(**overrides):
-        yield agent
+    _hook_iter(agent)
+    token = _in_block.set(_in_block.get() | {id(agent)})
+    try:
+        with agent.override(toolsets=toolsets, tools=[]):
+            yield agent
+    finally:
+        _in_block.reset(token)
+        _unhook_iter(agent)
 
 
 class _CachedToolset(WrapperToolset):
