@@ -185,6 +185,8 @@ def test_an_answered_run_waits_for_a_free_slot_of_its_queue(journal):
     assert store.claim("one", "W2", 30.0, 4) == []  # before the fix: [a], two executing at once
     journal.release_lease(b, "W1")  # b's worker died: its slot is free, and two orphans want it
     assert len(store.claim("one", "W2", 30.0, 4)) == 1
+    # Nor does recovery (engrain.recover, Journal.claim_runs) take it past its queue: queued runs are the workers'.
+    assert journal.claim_runs("R", 30.0) == []
 
 
 def test_a_fork_of_a_queued_run_is_queued_on_its_queue(journal):

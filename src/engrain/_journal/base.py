@@ -205,7 +205,8 @@ class Journal(abc.ABC):
         claimed, ``None`` standing for runs that record none; given as a mapping
         of name to code fingerprint, a name's runs must also record that
         ``agent_code`` (or none; ``None`` for any). Runs an API client created
-        (tagged ``client``) are never claimed. Others are not touched.
+        (tagged ``client``) are never claimed, nor are runs on a queue (they are the
+        workers', which apply the queue's limits). Others are not touched.
         """
 
     @abc.abstractmethod

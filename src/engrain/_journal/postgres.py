@@ -381,6 +381,8 @@ class PostgresJournal(Journal):
                     f"UPDATE engrain_runs SET {_TAKE}"
                     " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
                     f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}) AND {which}"
+                    # a queued run is left to the workers, which apply its queue's limits
+                    " AND NOT EXISTS (SELECT 1 FROM engrain_queue q WHERE q.run_id = engrain_runs.run_id)"
                     " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
                     f" RETURNING {_RUN_COLS}",
                     (owner, owner, ttl, *names, limit),

@@ -396,6 +396,8 @@ class SQLiteJournal(Journal):
                     for r in db.execute(
                         "SELECT run_id FROM runs WHERE status = 'running'"
                         f" AND (lease_until IS NULL OR lease_until < ?) AND {which}"
+                        # a queued run is left to the workers, which apply its queue's limits
+                        " AND NOT EXISTS (SELECT 1 FROM engrain_queue q WHERE q.run_id = runs.run_id)"
                         " ORDER BY updated LIMIT ?",
                         (now, *names, limit),
                     )
