@@ -2,13 +2,18 @@
 
 Each call gets a fresh wasmtime ``Store`` (so nothing leaks between calls)
 with a fuel budget (CPU), a memory cap, a wall-clock deadline (epoch
-interruption driven by a timer) and a cap on output bytes. The guest sees no
-file system, no environment and no network: WASI preview 1 has no call that
+interruption driven by a timer, and ``poll_oneoff``, the one WASI call that
+waits, replaced by one that never waits past it) and a cap on output bytes.
+The memory cap covers everything a guest can allocate: multi-memory is off,
+and the store bounds instances, tables and table elements too. The guest sees
+no file system, no environment and no network: WASI preview 1 has no call that
 opens a socket, and a directory is visible only when granted with
-``readonly_dirs`` (mounted read-only). Every limit hit is a
-:class:`~engrain.SandboxLimitError` naming the tool and the limit; the host
-process never crashes. Compiled modules are cached in-process by file hash.
-Python UDFs run on CPython-on-WASI through :mod:`.udf_host`.
+``readonly_dirs`` (mounted read-only); stdin is a file holding the request.
+Every limit hit is a :class:`~engrain.SandboxLimitError` naming the tool and
+the limit; the host process never crashes. Compiled modules are cached
+in-process by file hash; a module file must be a regular file holding a binary
+module (:func:`load_module`). Python UDFs run on CPython-on-WASI through
+:mod:`.udf_host`.
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ import hashlib
 import json
 import os
 import pathlib
+import re
+import stat
+import struct
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +38,7 @@ from typing import Any
 import wasmtime
 
 from .._errors import SandboxError, SandboxLimitError
+from .growwatch import GROW_EXPORT, PAGE, watch_grows
 
 __all__ = ["Limits", "WasmTool", "engine", "load_module", "run_wasm", "track"]
 
@@ -51,6 +61,12 @@ def engine(fuel: bool = True) -> wasmtime.Engine:
             cfg = wasmtime.Config()
             cfg.consume_fuel = fuel
             cfg.epoch_interruption = True
+            # The store's memory limit is per linear memory: with several memories a guest
+            # would get that much for each. WASI tools and CPython-on-WASI use one. 64-bit
+            # memories are off too: WASI preview 1 addresses a 32-bit memory, and growwatch
+            # handles 32-bit memory.grow only.
+            cfg.wasm_multi_memory = False
+            cfg.wasm_memory64 = False
             eng = _engines[fuel] = wasmtime.Engine(cfg)
             ticker = threading.Thread(target=_ticker, args=(eng,), daemon=True, name="engrain-epoch")
             ticker.start()
@@ -85,15 +101,66 @@ def _ticker(eng: wasmtime.Engine) -> None:
         eng.increment_epoch()
 
 
+def _read_module_file(path: pathlib.Path) -> bytes:
+    """The bytes of the module file at ``path``: a regular file holding a binary module, else SandboxError.
+
+    A FIFO or device would block the read (or have side effects on open), so the file is
+    checked before it is opened, opened non-blocking, and checked again on the open file.
+    """
+    name = path.stem
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SandboxError(name, f"{str(path)!r} is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise SandboxError(name, f"{str(path)!r} is not a regular file")
+            data = f.read()
+    except OSError as e:
+        raise SandboxError(name, f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    # wasmtime would also take WebAssembly text: a tool file must be a compiled module.
+    if not data.startswith(b"\0asm"):
+        raise SandboxError(name, f"{str(path)!r} is not a WebAssembly binary module (no \\0asm header)")
+    return data
+
+
 def load_module(path: str | os.PathLike[str]) -> wasmtime.Module:
-    """Compile ``path`` once per content hash (in-process cache)."""
-    data = pathlib.Path(path).read_bytes()
+    """Compile the module file ``path`` once per content hash (in-process cache).
+
+    Every ``memory.grow`` is watched (:mod:`.growwatch`) when the module's shape allows, so a
+    call can tell a refused grow (the memory limit) from any other failure. A file that is
+    not a regular file holding a valid binary module is a :class:`~engrain.SandboxError`.
+    """
+    path = pathlib.Path(path)
+    data = _read_module_file(path)
     key = hashlib.sha256(data).hexdigest()
     mod = _modules.get(key)
     if mod is None:
-        mod = track(wasmtime.Module(engine(), data))
+        mod = _compile(path, data)
         _modules[key] = mod
     return mod
+
+
+def _compile(path: pathlib.Path, data: bytes) -> wasmtime.Module:
+    # The module as written must be valid: the watched copy adds a function and a global
+    # that code referring to indices past the module's own would otherwise reach.
+    try:
+        wasmtime.Module.validate(engine(), data)
+    except wasmtime.WasmtimeError as e:
+        # wasmtime says "failed to parse ...", then the cause on the lines after "Caused by:".
+        lines = [line.strip() for line in str(e).splitlines() if line.strip() and line.strip() != "Caused by:"]
+        why = ": ".join(lines) or type(e).__name__
+        raise SandboxError(path.stem, f"{str(path)!r} is not a valid WebAssembly module ({why})") from None
+    try:
+        watched = watch_grows(data)
+    except (ValueError, IndexError):  # a shape or opcode growwatch does not know: run it unwatched
+        watched = None
+    if watched is not None:
+        try:
+            return track(wasmtime.Module(engine(), watched))
+        except wasmtime.WasmtimeError:
+            pass  # run unwatched rather than not at all
+    return track(wasmtime.Module(engine(), data))
 
 
 @dataclass(frozen=True)
@@ -131,6 +198,10 @@ class WasmTool:
         self.argv = argv or [self.name]
         self.env = dict(env or {})  # the guest's whole environment (empty unless given)
         self.entry = entry  # the exported function a call runs
+        # Refused here rather than as a puzzling trap at the first call.
+        if not any(e.name == entry and isinstance(e.type, wasmtime.FuncType) for e in self.module.exports):
+            raise SandboxError(self.name, f"{str(self.path)!r} exports no function {entry!r} "
+                                          f"(a WASI command module, as built for wasm32-wasi, has _start)")
 
     def __call__(self, args: Any = None) -> Any:
         return self.call(args)
@@ -139,8 +210,10 @@ class WasmTool:
         """Run the module once with ``args`` as JSON on stdin; return its stdout parsed as JSON."""
         out = self.call_raw(json.dumps({} if args is None else args).encode())
         try:
-            return json.loads(out.decode())
-        except (UnicodeDecodeError, ValueError) as e:
+            # Strict JSON: NaN and Infinity are refused, and nesting too deep to parse
+            # (RecursionError) is bad output like any other, not a host error.
+            return json.loads(out.decode(), parse_constant=_not_json)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
             raise SandboxError(self.name, f"wrote no valid JSON on stdout ({e}): {out[:200]!r}") from None
 
     def call_raw(self, payload: bytes, keep_memory: Callable[[bytes], object] | None = None) -> bytes:
@@ -152,8 +225,14 @@ class WasmTool:
         store = wasmtime.Store(engine(self.metered))
         if self.metered:
             store.set_fuel(lim.fuel if lim.fuel is not None else 2**63 - 1)
-        store.set_limits(memory_size=lim.memory_bytes)
-        store.set_epoch_deadline(max(1, int(lim.wall_clock_s / _TICK + 0.999)))
+        # memory_size bounds each linear memory (one: multi-memory is off); tables live in host
+        # memory too, so they and their elements are bounded as well (_table_elements). Two
+        # instances: the guest and, if it polls, the helper that runs WASI's own poll_oneoff.
+        store.set_limits(memory_size=lim.memory_bytes, table_elements=_table_elements(lim.memory_bytes),
+                         instances=2, tables=_MAX_TABLES, memories=1)
+        ticks = max(1, int(lim.wall_clock_s / _TICK + 0.999))
+        store.set_epoch_deadline(ticks)
+        deadline = time.monotonic() + ticks * _TICK
         out = bytearray()
         overflow = [False]
         holder = [store]  # the callback reaches the store through this, cleared after the run
@@ -191,6 +270,11 @@ class WasmTool:
             store.set_wasi(wasi)
             linker = wasmtime.Linker(store.engine)
             linker.define_wasi()
+            # Epoch interruption stops only running wasm code: a guest waiting in WASI's
+            # poll_oneoff (sleep) would outlive its deadline. Ours never waits past it.
+            linker.allow_shadowing = True
+            linker.define_func(_WASI, "poll_oneoff", _poll_type(),
+                               _Poll(self.name, lim.wall_clock_s, deadline, self.metered), access_caller=True)
             code = 0
             inst = None
             failure: SandboxError | None = None
@@ -204,7 +288,7 @@ class WasmTool:
             try:
                 if overflow[0]:
                     failure = SandboxLimitError(self.name, "output", f"{lim.output_bytes} bytes")
-                elif (failure is not None or code != 0) and self._memory_full(inst, store):
+                elif (failure is not None or code != 0) and self._memory_full(inst, store, failure is not None):
                     failure = SandboxLimitError(self.name, "memory", f"{lim.memory_bytes} bytes")
                 elif failure is None and code == 0 and keep_memory is not None and inst is not None:
                     mem = inst.exports(store).get("memory")
@@ -225,17 +309,25 @@ class WasmTool:
             raise SandboxError(self.name, f"exited with code {code}: {bytes(out[:200])!r}")
         return bytes(out)
 
-    def _memory_full(self, inst: wasmtime.Instance | None, store: wasmtime.Store) -> bool:
-        """Whether the guest's memory reached the cap (a failed run then counts as a memory-limit hit)."""
+    def _memory_full(self, inst: wasmtime.Instance | None, store: wasmtime.Store, trapped: bool) -> bool:
+        """Whether a failed run was refused memory past the cap (it then counts as a memory-limit hit)."""
         if inst is None:
             return False
-        mem = inst.exports(store).get("memory")
-        if not isinstance(mem, wasmtime.Memory):
+        exports = inst.exports(store)
+        refused = exports.get(GROW_EXPORT)
+        if isinstance(refused, wasmtime.Global):  # a watched module (growwatch) says exactly
+            return (refused.value(store) & (2**64 - 1)) * PAGE > self.limits.memory_bytes
+        mem = exports.get("memory")
+        if not trapped or not isinstance(mem, wasmtime.Memory):
+            # Unwatched (a module given compiled, like the UDF runtime): an exit with a code is
+            # the guest's own report, and is not taken for a memory-limit hit.
             return False
-        # A grow that would cross the cap is refused, so "full" means within 1 MiB of it.
+        # A trap with the memory within 1 MiB of the cap: most likely a grow past it was refused.
         return mem.data_len(store) + (1 << 20) > self.limits.memory_bytes
 
     def _classify(self, e: Exception) -> SandboxError:
+        if isinstance(e, SandboxError):  # raised by one of our host functions (_Poll)
+            return e
         text = str(e)
         lim = self.limits
         trap = getattr(e, "trap_code", None)
@@ -245,10 +337,134 @@ class WasmTool:
             return SandboxLimitError(self.name, "wall_clock", f"{lim.wall_clock_s} s")
         if "memory" in text and ("limit" in text or "grow" in text or "out of bounds" not in text):
             return SandboxLimitError(self.name, "memory", f"{lim.memory_bytes} bytes")
-        return SandboxError(self.name, f"trapped: {text.splitlines()[0] if text else type(e).__name__}")
+        if "exceeds table limits" in text:  # a table too large to instantiate: tables count as memory
+            return SandboxLimitError(self.name, "memory", f"{lim.memory_bytes} bytes")
+        # wasmtime writes "error while executing at wasm backtrace:", frames, then the cause last.
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        cause = lines[-1] if "Caused by:" in lines else (lines[0] if lines else type(e).__name__)
+        cause = re.sub(r"^\d+: ", "", cause)  # a numbered chain of causes: the innermost
+        return SandboxError(self.name, f"trapped: {cause}")
 
     def __repr__(self) -> str:
         return f"<WasmTool {self.name} {self.path}>"
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
+_MAX_TABLES = 4  # C, Rust and CPython-on-WASI tools have one function table
+_MIN_TABLE_ELEMENTS = 1 << 16
+
+
+def _table_elements(memory_bytes: int) -> int:
+    """Elements allowed per table: all tables together take at most a quarter of ``memory_bytes``.
+
+    wasmtime stores a table element in at most 8 bytes, in host memory beside the linear
+    memory, so unbounded tables would let a guest allocate far past its memory cap.
+    """
+    return max(_MIN_TABLE_ELEMENTS, memory_bytes // (4 * 8 * _MAX_TABLES))
+
+
+_WASI = "wasi_snapshot_preview1"
+
+
+def _poll_type() -> wasmtime.FuncType:
+    # A new one each time: wasmtime binds a FuncType to the first engine it is used with,
+    # and aborts the process when it is used with another (one engine meters fuel, one not).
+    i32 = wasmtime.ValType.i32()
+    return wasmtime.FuncType([i32, i32, i32, i32], [i32])
+
+
+_SUBSCRIPTION = 48  # bytes of a WASI preview 1 subscription; an event is 32
+_CLOCKS = (0, 1)  # realtime, monotonic: the clocks WASI's poll_oneoff waits on (others are EINVAL at once)
+_ABSTIME = 1  # subscription flag: the timeout is a time on the clock, not a duration
+_ENOTSUP = 58
+
+# Calls WASI's own poll_oneoff and clock_time_get for _Poll. WASI host functions work on the
+# memory of the instance that calls them, so they must be called from wasm: this helper,
+# instantiated on the guest's own memory, does that.
+_HELPER_WAT = f"""(module
+  (import "{_WASI}" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (import "{_WASI}" "clock_time_get" (func $now (param i32 i64 i32) (result i32)))
+  (import "engrain" "memory" (memory 0))
+  (export "memory" (memory 0))
+  (func (export "poll") (param i32 i32 i32 i32) (result i32)
+    (call $poll (local.get 0) (local.get 1) (local.get 2) (local.get 3)))
+  (func (export "now") (param $clock i32) (param $at i32) (result i64)
+    (if (call $now (local.get $clock) (i64.const 1) (local.get $at)) (then (return (i64.const -1))))
+    (i64.load (local.get $at))))"""
+_helpers: dict[bool, wasmtime.Module] = {}
+
+
+def _helper(fuel: bool) -> wasmtime.Module:
+    with _engine_lock:
+        mod = _helpers.get(fuel)
+    if mod is None:
+        mod = track(wasmtime.Module(engine(fuel), wasmtime.wat2wasm(_HELPER_WAT)))
+        with _engine_lock:
+            mod = _helpers.setdefault(fuel, mod)
+    return mod
+
+
+class _Poll:
+    """WASI ``poll_oneoff`` that never waits past the call's wall-clock deadline.
+
+    A wait that only clocks can end (a sleep) and that would end after the deadline is the
+    wall-clock limit, raised at once: the guest could not finish in time anyway. Any other
+    poll is WASI's own, through the helper: its clocks end before the deadline, and the
+    descriptors a guest has without a grant (stdin, a file holding the request; stdout and
+    stderr) are always ready, so it answers at once. (A FIFO inside a granted directory is
+    not: opening or reading one blocks in WASI itself, so grant directories without them.)
+    """
+
+    def __init__(self, tool: str, wall_clock_s: float, deadline: float, metered: bool):
+        self.tool = tool
+        self.wall_clock_s = wall_clock_s
+        self.deadline = deadline
+        self.metered = metered
+        self.helper: wasmtime.Instance | None = None
+
+    def __call__(self, caller: wasmtime.Caller, subs: int, events: int, n: int, nevents: int) -> int:
+        mem = caller.get("memory")
+        if not isinstance(mem, wasmtime.Memory) or mem.type(caller).is_shared:
+            return _ENOTSUP  # WASI needs the guest's memory export; the helper imports an unshared one
+        subs, events, n, nevents = (v & 0xFFFFFFFF for v in (subs, events, n, nevents))
+        size = mem.data_len(caller)
+        if subs % 8 or events % 8 or nevents % 4 or max(subs + n * _SUBSCRIPTION, events + n * 32, nevents + 4) > size:
+            # WASI traps on these too; checked first, as it would check the events only after waiting.
+            raise SandboxError(self.tool, "trapped: poll_oneoff was given a misaligned or out-of-bounds pointer")
+        helper = self._helper(caller, mem)
+        data = mem.read(caller, subs, subs + n * _SUBSCRIPTION)
+        wait: int | None = None  # nanoseconds until the first clock ends
+        for i in range(n):
+            at = i * _SUBSCRIPTION
+            if data[at + 8] != 0:  # a descriptor: WASI answers at once (see above)
+                wait = None
+                break
+            clock, timeout, flags = struct.unpack_from("<I4xQ8xH", data, at + 16)
+            if clock not in _CLOCKS:
+                wait = None
+                break
+            if flags & _ABSTIME:
+                # The guest's own clock, read where the events go (overwritten by the poll).
+                now = helper.exports(caller)["now"](caller, clock, events)
+                if now == -1:
+                    wait = None
+                    break
+                timeout -= now & (2**64 - 1)
+            wait = timeout if wait is None else min(wait, timeout)
+        if wait is not None and wait / 1e9 > self.deadline - time.monotonic():
+            raise SandboxLimitError(self.tool, "wall_clock", f"{self.wall_clock_s} s")
+        return helper.exports(caller)["poll"](caller, subs, events, n, nevents)
+
+    def _helper(self, caller: wasmtime.Caller, mem: wasmtime.Memory) -> wasmtime.Instance:
+        if self.helper is None:
+            linker = wasmtime.Linker(engine(self.metered))
+            linker.define_wasi()
+            linker.define(caller, "engrain", "memory", mem)
+            self.helper = linker.instantiate(caller, _helper(self.metered))
+        return self.helper
 
 
 def run_wasm(path: str | os.PathLike[str], args: Any = None, *, name: str | None = None, **limits: Any) -> Any:
