@@ -181,7 +181,7 @@ def test_udf_host_runs_function_and_refuses_files(udf_cache, tmp_path):
         with pytest.raises(SandboxLimitError) as e:
             host.call("spin", {})
         assert e.value.limit == "fuel" and e.value.tool == "udf:spin"
-        with pytest.raises(SandboxError, match="not JSON"):
+        with pytest.raises(engrain.NotJSONError, match="not JSON"):  # as a trusted run of it raises
             host.call("odd", {})
         with pytest.raises(SandboxError, match="no function"):
             host.call("missing", {})

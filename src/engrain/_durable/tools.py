@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
-from .._errors import EngrainError
+from .._errors import ConfigError, EngrainError
 from .context import _current
 from .steps import ARGS_CHECKED, DEFAULT_POLICY, StepPolicy
 
@@ -27,7 +27,8 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
 
 class ToolRegistry:
-    """Tools by name. Thread-safe; a later registration of a name replaces the earlier one."""
+    """Tools by name. Thread-safe; a later :meth:`register` of a name replaces the earlier one
+    (:meth:`load_dir` refuses to, unless told)."""
 
     def __init__(self) -> None:
         self._tools: dict[str, Callable[..., Any]] = {}
@@ -52,19 +53,26 @@ class ToolRegistry:
         """Registered names, sorted."""
         return sorted(self._tools)
 
-    def load_dir(self, path: str | Any, **limits: Any) -> list[str]:
+    def load_dir(self, path: str | Any, *, replace: bool = False, **limits: Any) -> list[str]:
         """Register every ``*.wasm`` in ``path`` as a journaled tool named for its file stem.
 
         Each tool takes one JSON value (sent on the guest's stdin) and returns the
         JSON the guest prints; it runs in :mod:`engrain.sandbox` with ``limits``
         (see :class:`engrain.sandbox.Limits`). Returns the registered names.
+
+        A file named like a tool already registered (a host function, or another
+        file's tool) is refused with :class:`~engrain.ConfigError` naming both, and
+        nothing of the folder is registered: a file dropped into a tools folder must
+        not silently take over a trusted tool's calls. ``replace=True`` lets the
+        folder's tools replace them; loading the same file again replaces its own tool.
         """
         import pathlib
 
         from .._sandbox import wasi as _sandbox
 
         root = pathlib.Path(path).resolve()
-        names: list[str] = []
+        loaded = ToolRegistry()  # the folder's tools, moved into this registry all at once
+        files: dict[str, str] = {}
         for file in sorted(root.glob("*.wasm")):
             name = validate_tool_name(file.stem)
             real = file.resolve()
@@ -74,9 +82,17 @@ class ToolRegistry:
 
             call = _wasm_caller(wasm)
             call.__name__ = call.__qualname__ = name
-            tool(call, name=name, registry=self)
-            names.append(name)
-        return names
+            files[name] = call.__engrain_wasm__ = str(real)  # type: ignore[attr-defined]  # kept by the wrapper
+            tool(call, name=name, registry=loaded)
+        with self._lock:
+            for name, file in files.items():
+                old = self._tools.get(name)
+                # The same file loaded again (other limits, say) replaces its own tool.
+                if not replace and old is not None and getattr(old, "__engrain_wasm__", None) != file:
+                    raise ConfigError(f"tool {name!r} is already registered ({_describe(old)}); {file} would replace "
+                                      "it: rename the file, or pass replace=True to load_dir")
+            self._tools.update(loaded._tools)
+        return list(files)
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -92,6 +108,16 @@ class ToolRegistry:
 
     def __repr__(self) -> str:
         return f"<ToolRegistry {self.names()}>"
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    """What a registered tool is, for an error message: its WASM file, or its Python function."""
+    wasm = getattr(fn, "__engrain_wasm__", None)
+    if wasm is not None:
+        return f"WASM tool {wasm}"
+    inner = getattr(fn, "__wrapped__", fn)
+    where = getattr(inner, "__module__", None) or "?"
+    return f"Python function {where}.{getattr(inner, '__qualname__', repr(inner))}"
 
 
 def _wasm_caller(wasm: Any) -> Callable[..., Any]:

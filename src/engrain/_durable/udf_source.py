@@ -56,22 +56,30 @@ def _literal_ok(v: Any, depth: int = 0) -> bool:
     return False
 
 
-def _names(node: ast.AST) -> set[str]:
-    """Names read by ``node``, skipping annotations (``udfs.py`` never evaluates them)."""
-    out: set[str] = set()
-    stack = [node]
+def _module_names(source: str, name: str) -> set[str]:
+    """The names the function ``name`` in ``source`` (one ``def``) reads from its module, scope by scope.
+
+    A name is the module's only where it is not bound in the scope that reads it nor in an
+    enclosing function: ``[UNIT for UNIT in xs]`` binds ``UNIT`` in the comprehension, not in
+    the function, so ``UNIT`` read elsewhere in the function is still the module's (and so is
+    ``math`` read by the function beside ``lambda math: ...``). Python's own scoping answers
+    (:mod:`symtable`), with the defaults evaluated in the module's scope. The source is analysed
+    as ``udfs.py`` holds it, under ``from __future__ import annotations``: annotations are never
+    evaluated, so the names they mention are not needed.
+    """
+    import symtable
+
+    try:
+        top = symtable.symtable(f"from __future__ import annotations\n{source}", "<udf>", "exec")
+    except SyntaxError as e:
+        raise _Uncapturable(f"its source does not compile on its own ({e.msg})") from None
+    out = {s.get_name() for s in top.get_symbols() if s.is_referenced()}  # the def's defaults
+    stack = [t for t in top.get_children() if t.get_name() == name]
     while stack:
-        n = stack.pop()
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-            out.add(n.id)
-        for field, child in ast.iter_fields(n):
-            if field in ("annotation", "returns", "decorator_list", "type_comment"):
-                continue
-            if isinstance(child, list):
-                stack.extend(c for c in child if isinstance(c, ast.AST))
-            elif isinstance(child, ast.AST):
-                stack.append(child)
-    return out
+        table = stack.pop()
+        out |= {s.get_name() for s in table.get_symbols() if s.is_referenced() and s.is_global()}
+        stack.extend(table.get_children())
+    return out - {name}
 
 
 def _function_source(fn: types.FunctionType) -> tuple[str, ast.FunctionDef]:
@@ -119,22 +127,13 @@ class _Capture:
     def function(self, fn: types.FunctionType) -> str:
         source, node = _function_source(fn)
         self.seen.add(id(fn))
-        local = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-        local |= {a.arg for a in (node.args.vararg, node.args.kwarg) if a is not None}
-        bound = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         for n in ast.walk(node):
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n is not node:
-                bound.add(n.name)
-            elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
                 self._inner_import(n)
-                bound |= {(a.asname or a.name).split(".")[0] for a in n.names}
-            elif isinstance(n, ast.ExceptHandler) and n.name:
-                bound.add(n.name)
-            elif isinstance(n, ast.arg):
-                bound.add(n.arg)
-        # A name bound anywhere in the function is treated as local: a UDF that both
-        # assigns and reads a module name would fail in Python anyway (UnboundLocalError).
-        for name in sorted(_names(node) - local - bound - {fn.__name__}):
+        # Only names the function (or a scope inside it) reads from the module: a name it binds
+        # itself is local, and a UDF that both assigns and reads a module name would fail in
+        # Python anyway (UnboundLocalError).
+        for name in sorted(_module_names(source, node.name)):
             self._resolve(fn, name)
         return source
 

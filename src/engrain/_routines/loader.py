@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import stat
 import threading
 from typing import Any
 
@@ -32,6 +33,42 @@ def _safe_file(root: pathlib.Path, name: str) -> pathlib.Path:
     if real.parent != root.resolve():
         raise RoutineError(str(root), [RoutineIssue(name, None, "file", f"resolves outside the routine folder: {real}")])
     return p
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of ``mode`` is not read as a package file (None: a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return f"is {kind}, not a regular file"
+
+
+def _read_regular(path: pathlib.Path, name: str) -> bytes | None:
+    """The bytes of the regular file ``path`` (None: no such file); a :class:`RoutineError` naming ``name`` otherwise.
+
+    Reading a named pipe blocks until something writes to it, and a folder or device is no
+    file to read: the kind is checked before opening (stat, so a symlink inside the folder is
+    followed), the file opened without blocking, and the kind checked again on what was opened
+    (the name may have been swapped in between).
+    """
+    try:
+        why = _not_regular(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if why is None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            why = _not_regular(os.fstat(fd).st_mode)
+            if why is None:
+                return f.read()
+    raise RoutineError(str(path), [RoutineIssue(name, None, "file", why)])
 
 
 def parse_udfs(source: str) -> dict[str, UdfInfo]:
@@ -102,6 +139,12 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], Pack
         raise RoutineError(str(root), [RoutineIssue(str(root), None, "path", why)])
     path = _safe_file(root, ROUTINE_FILE)
     try:
+        why = _not_regular(os.stat(path).st_mode)  # a named pipe would block the read below
+    except (FileNotFoundError, NotADirectoryError):
+        why = None
+    if why is not None:
+        return None, None, [RoutineIssue(ROUTINE_FILE, None, "file", why)], pkg
+    try:
         text = read_yaml_text(path, ROUTINE_FILE)
         data = _cached_yaml(text)
         if data is _MISS:
@@ -131,8 +174,11 @@ def _read(root: pathlib.Path) -> tuple[Any, str | None, list[RoutineIssue], Pack
         issues += [RoutineIssue(f, None, "file", m) for f, m in problems]
     udfs = _safe_file(root, pkg.udf_file)
     source = None
-    if udfs.exists():
-        raw = udfs.read_bytes()
+    try:
+        raw = _read_regular(udfs, pkg.udf_file)
+    except RoutineError as e:
+        return None, None, issues + list(e.issues), pkg
+    if raw is not None:
         try:
             source = raw.decode("utf-8")
         except UnicodeDecodeError as e:

@@ -21,9 +21,15 @@ runtime and engrain's own scripts, never from a UDF:
   and source, and unmarshalled only inside the sandbox.
 
 The guest sees no directory, an empty environment, and no network. Requests go
-in as ``marshal`` (host-made, trusted) and replies come out as ``repr`` parsed
-with :func:`ast.literal_eval` on the host, never ``marshal`` (json would be one
-more import in every call).
+in as ``marshal`` (host-made, trusted). The reply is JSON, framed with a nonce
+drawn for the call (see :data:`~.snapshot.RUNNER`; ``json`` is in the snapshot),
+and read as untrusted: only the last frame with the call's nonce, decoded by the
+C decoder (no NaN or Infinity, within the output limit, so the host's work stays
+proportional to what the guest was allowed to write), then checked by the rules
+of every journaled value (:func:`engrain._events.check_json`). A result that is
+not JSON raises the same :class:`~engrain.NotJSONError` as a trusted run;
+error text from the guest is shown with its control characters escaped and its
+length capped, since it ends up on terminals.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ from __future__ import annotations
 import json
 import marshal
 import pathlib
+import secrets
 from typing import Any
 
 from .._disk_cache import cache_dir as _private_dir
 from .._disk_cache import default_cache_dir, digest, read_verified, write_verified
-from .._errors import SandboxError
-from .snapshot import ENTRY, PRELOAD, RUNNER, _runtime, python_module, snapshot
+from .._errors import JSONTooDeepError, NotJSONError, SandboxError
+from .._events import MAX_DEPTH, check_json
+from .snapshot import ENTRY, PRELOAD, REPLY_MARK, RUNNER, _runtime, python_module, snapshot
 from .wasi import Limits, WasmTool
 
 __all__ = ["PRELOAD", "SandboxUdfHost", "default_cache_dir", "python_module"]
@@ -104,9 +112,13 @@ class SandboxUdfHost:
         return code
 
     def call(self, name: str, args: dict[str, Any]) -> Any:
-        """Call ``name(**args)`` from udfs.py in the sandbox and return its JSON result."""
-        import ast
+        """Call ``name(**args)`` from udfs.py in the sandbox and return its JSON result.
 
+        A result that is not JSON raises :class:`~engrain.NotJSONError` (or
+        :class:`~engrain.JSONTooDeepError`) naming the step ``name`` and the path,
+        as a trusted run's step does; anything else the UDF raises, and a reply
+        that is not what engrain's runner writes, is a :class:`~engrain.SandboxError`.
+        """
         if self._snapshot is not None:
             tool = WasmTool(self.udfs_path, name=f"udf:{name}", limits=self._limits, module=self._snapshot,
                             argv=["python"], metered=self._metered, entry=ENTRY)
@@ -116,19 +128,79 @@ class SandboxUdfHost:
         # Arguments cross as JSON: anything json cannot encode is refused here.
         plain = json.loads(json.dumps(args))
         udfs = {"code": self._code} if self._code is not None else {"source": self.source}
-        raw = tool.call_raw(marshal.dumps({**udfs, "name": name, "args": plain}))
-        try:
-            reply = ast.literal_eval(raw.decode())
-            if isinstance(reply, dict) and "ok" in reply:
-                reply = {"ok": json.loads(json.dumps(reply["ok"], allow_nan=False))}
-        except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, RecursionError, MemoryError) as e:
-            raise SandboxError(tool.name, f"result is not JSON ({type(e).__name__}: {e}): {raw[:200]!r}") from None
-        if not isinstance(reply, dict):
-            raise SandboxError(tool.name, f"bad reply {reply!r}")
-        if "error" in reply:
-            raise SandboxError(tool.name, f"{self.udfs_path.name}: {reply['error']}")
-        return reply.get("ok")
+        nonce = secrets.token_hex(16)
+        raw = tool.call_raw(marshal.dumps({**udfs, "name": name, "args": plain, "nonce": nonce}))
+        reply = _reply(tool.name, raw, nonce)
+        # The routine runner journals a UDF call as the step ``name``: a trusted run's
+        # result check names it so, and a sandboxed run raises the very same error.
+        where = f"step {name!r}"
+        if "ok" in reply:
+            check_json(reply["ok"], where, "result")  # a forged reply's depth or 1e999 (inf)
+            return reply["ok"]
+        if "not_json" in reply:
+            raise _not_json(where, reply["not_json"])
+        raise SandboxError(tool.name, f"{self.udfs_path.name}: {_clean(reply['error'])}")
 
     def close(self) -> None:
         """Release nothing-per-host state (each call already closed its store); kept for symmetry."""
 
+
+_MAX_TEXT = 2000  # characters of guest-supplied text (an error message, a path) shown
+
+
+def _clean(text: str, limit: int = _MAX_TEXT) -> str:
+    """Guest-supplied ``text`` fit for a terminal or a log: non-printable characters (ANSI escapes,
+    carriage returns, newlines, bidi overrides, lone surrogates) escaped, at most ``limit`` characters."""
+    cut = text[:limit]
+    shown = cut if cut.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return shown if len(text) <= limit else f"{shown}… ({len(text):,} characters)"
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _reply(tool: str, raw: bytes, nonce: str) -> dict[str, Any]:
+    """The runner's reply in ``raw`` (the guest's stdout): the last frame with this call's ``nonce``.
+
+    Whatever the UDF wrote to fd 1 itself comes before it and is ignored. The frame is
+    decoded by the C decoder (strict: no NaN/Infinity); it is at most the output limit
+    long, and nesting deeper than the decoder's recursion limit is refused by it. The
+    reply must have exactly one of the runner's keys, of the runner's types.
+    """
+    head = REPLY_MARK + nonce.encode() + b" "
+    at = raw.rfind(head)
+    if at < 0:
+        shown = _clean(raw[-200:].decode("utf-8", "replace"), 200)
+        raise SandboxError(tool, "the UDF ended without a reply (it exited the interpreter itself?)"
+                           + (f"; its output ended with: {shown}" if raw else ""))
+    size, newline, body = raw[at + len(head):].partition(b"\n")
+    if not newline or not size.isdigit() or len(size) > 12 or int(size) > len(body):
+        raise SandboxError(tool, "the reply's frame is cut short")
+    try:
+        reply = json.loads(body[: int(size)], parse_constant=_refuse_constant)
+    except (ValueError, RecursionError, MemoryError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise SandboxError(tool, f"the reply is not JSON ({type(e).__name__}: {_clean(str(e), 200)})") from None
+    if not (isinstance(reply, dict) and len(reply) == 1):
+        raise SandboxError(tool, "the reply is not one of the runner's")
+    if "error" in reply and not isinstance(reply["error"], str):
+        raise SandboxError(tool, "the reply's error is not text")
+    if "not_json" in reply:
+        bad = reply["not_json"]
+        if not (isinstance(bad, list) and len(bad) == 3 and all(isinstance(x, str) for x in bad)
+                and bad[0] in ("type", "deep") and bad[1].startswith("result")):
+            raise SandboxError(tool, "the reply's not_json is not the runner's")
+    elif "ok" not in reply and "error" not in reply:
+        raise SandboxError(tool, "the reply is not one of the runner's")
+    return reply
+
+
+def _not_json(where: str, bad: list[str]) -> NotJSONError:
+    """The error a trusted run's ``check_json`` raises for the same result, from the guest's report of it:
+    ``[kind, path, type name]`` of the first value that is not JSON (the value itself stays in the guest)."""
+    kind, path, type_name = bad
+    path = _clean(path)
+    if kind == "deep":
+        return JSONTooDeepError(where, path, MAX_DEPTH)
+    stand_in = type(_clean(type_name, 100), (), {})()  # NotJSONError names the value's type
+    return NotJSONError(where, path, stand_in)
