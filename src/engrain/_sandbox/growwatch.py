@@ -16,10 +16,15 @@ Only the module shapes engrain runs are handled: one memory the module defines i
 (32-bit, 64 KiB pages), a type section of plain function types, and the instructions of the
 proposals wasmtime enables. For anything else (or an opcode this decoder does not know)
 :func:`watch_grows` returns None and the module runs unchanged.
-May import: the standard library only.
+May import: the standard library and :mod:`.wasmbin` only.
 """
 
 from __future__ import annotations
+
+from .wasmbin import MAGIC as _MAGIC
+from .wasmbin import sections as _sections
+from .wasmbin import u as _u
+from .wasmbin import uleb as _uleb
 
 __all__ = ["GROW_EXPORT", "PAGE", "watch_grows"]
 
@@ -27,21 +32,9 @@ __all__ = ["GROW_EXPORT", "PAGE", "watch_grows"]
 GROW_EXPORT = "engrain:grow_refused"
 PAGE = 65536
 
-_MAGIC = b"\0asm\x01\0\0\0"
 # Where each known section goes; custom sections (0) may sit anywhere.
 _ORDER = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 13: 6, 6: 7, 7: 8, 8: 9, 9: 10, 12: 11, 10: 12, 11: 13}
 _REF = (0x63, 0x64)  # (ref null ht) and (ref ht): a heap type follows
-
-
-def _uleb(data: bytes, i: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return result, i
 
 
 def _skip(data: bytes, i: int) -> int:
@@ -49,15 +42,6 @@ def _skip(data: bytes, i: int) -> int:
     while data[i] & 0x80:
         i += 1
     return i + 1
-
-
-def _u(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _valtype(data: bytes, i: int) -> int:
@@ -78,20 +62,6 @@ def _limits(data: bytes, i: int) -> tuple[int, int]:
 def _name(data: bytes, i: int) -> tuple[bytes, int]:
     n, i = _uleb(data, i)
     return data[i:i + n], i + n
-
-
-def _sections(module: bytes) -> list[tuple[int, bytes]]:
-    if module[:8] != _MAGIC:
-        raise ValueError("not a WebAssembly core module")
-    out, i = [], 8
-    while i < len(module):
-        sid = module[i]
-        size, i = _uleb(module, i + 1)
-        if i + size > len(module):
-            raise ValueError("truncated section")
-        out.append((sid, module[i:i + size]))
-        i += size
-    return out
 
 
 def _imports(body: bytes) -> tuple[int, int, int]:

@@ -17,41 +17,21 @@ returns the same code with:
 Only the module shapes engrain needs are handled (one memory, one mutable i32
 global, active data segments, no start function); anything else is a
 :class:`ValueError`, and the caller runs the module from ``_start`` instead.
-May import: the standard library only.
+May import: the standard library and :mod:`.wasmbin` only.
 """
 
 from __future__ import annotations
+
+from .wasmbin import leb as _leb
+from .wasmbin import sections as _sections
+from .wasmbin import u as _u
+from .wasmbin import uleb as _uleb
 
 __all__ = ["ENTRY", "preinitialized", "stack_pointer"]
 
 ENTRY = "engrain_run"
 _I32 = 0x7F
 _MERGE_GAP = 64  # zero bytes between two runs below which they stay one segment
-
-
-def _leb(data: bytes, i: int, signed: bool = False) -> tuple[int, int]:
-    """The LEB128 number at ``data[i]`` and the index after it."""
-    result = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return (result - (1 << shift) if signed and byte & 0x40 else result), i
-
-
-def _uleb(data: bytes, i: int) -> tuple[int, int]:
-    return _leb(data, i)
-
-
-def _u(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _s(n: int) -> bytes:
@@ -62,17 +42,6 @@ def _s(n: int) -> bytes:
             out.append(byte)
             return bytes(out)
         out.append(byte | 0x80)
-
-
-def _sections(module: bytes) -> list[tuple[int, bytes]]:
-    if module[:8] != b"\0asm\x01\0\0\0":
-        raise ValueError("not a WebAssembly 1.0 module")
-    out, i = [], 8
-    while i < len(module):
-        size, j = _uleb(module, i + 1)
-        out.append((module[i], module[j:j + size]))
-        i = j + size
-    return out
 
 
 def _types(body: bytes) -> list[bytes]:
