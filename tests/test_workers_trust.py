@@ -12,7 +12,7 @@ import types
 import pytest
 
 import engrain as eg
-from engrain._durable import context as ctx_mod
+from engrain._durable import waiting as waiting_mod
 from engrain._durable import sleep as sleep_mod
 from engrain._durable.lease import owner_id
 from engrain._workers import store as store_mod
@@ -154,7 +154,7 @@ def test_a_run_cancelled_during_a_retry_backoff_makes_no_further_attempt(journal
         assert eg.cancel("r1", journal=journal) is True
 
     fake_time = types.SimpleNamespace(time=time.time, monotonic=time.monotonic, sleep=sleep_then_cancelled)
-    monkeypatch.setattr(ctx_mod, "time", fake_time)
+    monkeypatch.setattr(waiting_mod, "time", fake_time)
     res = eg.run(agent, "t", run_id="r1", journal=journal)
     assert res.status == "cancelled" and attempts == ["r1:0"]
 

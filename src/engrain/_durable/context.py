@@ -34,6 +34,7 @@ from .attempts import StepWriter, _Pending, _question
 from .journals import check_args, default_journal, new_run_id  # noqa: F401  (re-exported: callers import them here)
 from .result import RunResult
 from .unwind import _Cancelled, _Park, _Suspend  # noqa: F401  (re-exported: execution and sleep import them here)
+from .waiting import CANCEL_POLL, Waiting  # noqa: F401  (CANCEL_POLL re-exported: sleep imports it here)
 from .steps import (
     ARGS_CHECKED,
     DEFAULT_POLICY,
@@ -63,17 +64,13 @@ _park_after: contextvars.ContextVar[float | None] = contextvars.ContextVar("engr
 _parker: contextvars.ContextVar[Callable[[str, float, int | None], bool] | None] = contextvars.ContextVar(
     "engrain_parker", default=None)
 
-#: Longest stretch (seconds) a wait inside a run (a retry's backoff, a durable sleep) goes without
-#: looking whether the run was cancelled: one summary-row read per stretch, and only while waiting.
-CANCEL_POLL = 1.0
-
 #: JSON scalars whose every value is strictly JSON (a float may not be finite), checked by type alone.
 _PLAIN = frozenset({str, int, bool, type(None)})
 #: The keyword arguments of a thunk (shared, never mutated).
 _NO_KW: dict[str, Any] = {}
 
 
-class RunContext(StepWriter):
+class RunContext(Waiting, StepWriter):
     """The journal cursor of one run while its agent executes.
 
     Internal API shared by the durable runner, the routine runner and the cache:
@@ -161,47 +158,6 @@ class RunContext(StepWriter):
         if any(x.kind == ev.RUN_CANCELLED for x in self.journal.read(self.run_id, after=seen)):
             raise _Cancelled() from None
         raise e
-
-    def cancelled(self) -> bool:
-        """Whether ``run.cancelled`` ended this run (read from its summary row).
-
-        Appends notice a cancel for free (their ``seq`` is taken); a run that waits appends
-        nothing, so a wait asks this before the run's next step or attempt begins.
-        """
-        info = self.journal.get_run(self.run_id)
-        return info is not None and info.status == ev.CANCELLED
-
-    def wait(self, seconds: float) -> None:
-        """Block ``seconds`` before this run's next step or attempt (a retry's backoff), in stretches of at
-        most :data:`CANCEL_POLL`; raise ``_Cancelled`` once the run is found cancelled, so nothing begins
-        after a cancel. A run that does not wait pays nothing."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(left, CANCEL_POLL))
-            if self.cancelled():
-                raise _Cancelled()
-
-    async def await_wait(self, seconds: float) -> None:
-        """Async :meth:`wait`."""
-        import asyncio  # lazily: see run()
-
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            await asyncio.sleep(min(left, CANCEL_POLL))
-            if self.cancelled():
-                raise _Cancelled()
-
-    def park(self, until: float) -> None:
-        """Unwind the run as parked until ``until`` (a worker's long sleep): raise ``_Park``.
-
-        The worker's parker puts the run back in its queue here, while this executor still holds
-        the lease, fenced on it (owner and epoch): parked after the lease was dropped, the run could
-        already be another worker's, which it would then take from under it (a step run twice).
-        ``_Park.parked`` says whether it was parked (``False``: the lease was lost, or it was cancelled).
-        """
-        exc = _Park(until)
-        exc.parked = self._parker(self.run_id, until, self.fence) if self._parker is not None else None  # type: ignore[attr-defined]
-        raise exc
 
     def replay_next(self, name: str, args: tuple[Any, ...] | dict[str, Any] | None = None,
                     type_: str = "tool") -> StepRecord | None:
