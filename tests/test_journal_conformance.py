@@ -213,6 +213,18 @@ def test_runs_filters(journal):
     assert journal.runs(since=time.time() + 60) == []
 
 
+def test_runs_by_prefix_are_exactly_the_ids_that_start_with_it(journal):
+    ids = ["chat:a:s:0", "chat:a:s:1", "chat:a:s:10", "chat:a:s", "chat:a:t:0", "Chat:a:s:2", "chat:a:s;",
+           "g*[?]:1", "g*[?]:2", "gx[?]:3", "g*[?", "é:1", "é:2", "e:1"]
+    for rid in ids:
+        journal.append(rid, [started()], 0)
+    for prefix in ("chat:a:s:", "chat:a:", "g*[?]:", "g*", "é:", "e", "zzz"):
+        got = {r.run_id for r in journal.runs(prefix=prefix, limit=100)}
+        assert got == {i for i in ids if i.startswith(prefix)}, prefix
+    assert len(journal.runs(prefix="chat:a:s:", limit=2)) == 2
+    assert {r.run_id for r in journal.runs(prefix="chat:a:s:1", status="running")} == {"chat:a:s:1", "chat:a:s:10"}
+
+
 def test_leases(journal):
     journal.append("r", [started()], 0)
     assert journal.acquire_lease("r", "w1", ttl=30)

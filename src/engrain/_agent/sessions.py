@@ -129,7 +129,7 @@ def load(journal: Journal, agent: str, session: str, api: bool = False) -> Sessi
 
     A turn's run may be gone (``engrain.gc`` deletes finished runs: a failed turn, or old ones),
     so the turns are not read up to the first missing number: the session's turns after it are
-    listed (by its tag), ordered by number, and the next turn comes after the highest one.
+    listed (by their ids' prefix), ordered by number, and the next turn comes after the highest one.
     A failed or cancelled turn adds no message. The first unfinished turn ends the read: it is
     resumed before a next turn is written (``next_turn`` is its number).
 
@@ -194,7 +194,7 @@ def load(journal: Journal, agent: str, session: str, api: bool = False) -> Sessi
 
 
 def _listed(journal: Journal, agent: str, session: str, since: float | None) -> dict[int, RunInfo]:
-    """The session's turns of ``agent`` by number, as the journal lists them (tagged with the session).
+    """The session's turns of ``agent`` by number, as the journal lists them (by their ids' prefix).
 
     ``since``: only runs updated since then (a turn after a known one was created after it, so
     its run was updated after it too; the caller gives the known turn's creation less
@@ -204,7 +204,9 @@ def _listed(journal: Journal, agent: str, session: str, since: float | None) -> 
     out: dict[int, RunInfo] = {}
     offset = 0
     while True:
-        page = journal.runs(tag=session_tag(session), since=since, limit=_PAGE, offset=offset)
+        # by the turn ids' prefix, not the session tag: SQLite reads a prefix from the primary key,
+        # where a tag is a scan of every run (the first message of every new session lists)
+        page = journal.runs(prefix=prefix, since=since, limit=_PAGE, offset=offset)
         for info in page:
             rid = info.run_id
             if rid.startswith(prefix) and _TURN_RE.fullmatch(rid[len(prefix):]):

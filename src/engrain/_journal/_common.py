@@ -227,11 +227,15 @@ def run_filters(
     *,
     placeholder: str,
     tag_clause: str,
+    prefix: str | None = None,
+    prefix_clause: str = "",
 ) -> tuple[str, list]:
     """The WHERE clause (or "") and its arguments for ``Journal.runs`` filters.
 
     ``placeholder`` is the driver's parameter marker; ``tag_clause`` tests tag
     membership in the backend's JSON dialect, with one placeholder for the tag.
+    ``prefix_clause`` keeps run ids starting with ``prefix`` (its one placeholder gets
+    ``prefix``, as the backend spells it).
     """
     where: list[str] = []
     args: list = []
@@ -249,7 +253,19 @@ def run_filters(
     if since is not None:
         where.append(f"updated >= {placeholder}")
         args.append(since)
+    if prefix:
+        where.append(prefix_clause)
+        args.append(prefix)
     return (" WHERE " + " AND ".join(where)) if where else "", args
+
+
+def glob_prefix(prefix: str) -> str:
+    """A SQLite GLOB pattern matching exactly the texts that start with ``prefix``.
+
+    GLOB compares case-sensitively, so on a BINARY column SQLite reads the matches from
+    the index's range; its wildcards in ``prefix`` are made literal by brackets.
+    """
+    return "".join(f"[{c}]" if c in "*?[" else c for c in prefix) + "*"
 
 
 #: Query parameters of a PostgreSQL URL that carry a secret.

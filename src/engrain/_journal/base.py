@@ -145,12 +145,14 @@ class Journal(abc.ABC):
         since: float | None = None,
         limit: int = 100,
         offset: int = 0,
+        prefix: str | None = None,
     ) -> list[RunInfo]:
         """Runs matching every given filter, most recently updated first.
 
         ``status`` takes the names in ``engrain._events.STATUSES`` (``"completed"``
         is accepted for ``"ok"``); another value raises
-        :class:`~engrain.UnknownStatusError` listing the valid ones.
+        :class:`~engrain.UnknownStatusError` listing the valid ones. ``prefix``: only
+        run ids that start with it (SQLite reads them from the primary key's range).
         """
 
     @abc.abstractmethod

@@ -448,8 +448,11 @@ class PostgresJournal(Journal):
         since: float | None = None,
         limit: int = 100,
         offset: int = 0,
+        prefix: str | None = None,
     ) -> list[RunInfo]:
-        where, args = run_filters(status, task, tag, since, placeholder="%s", tag_clause="tags ? %s")
+        # starts_with, not a range: under the database's collation a range of text is no prefix
+        where, args = run_filters(status, task, tag, since, placeholder="%s", tag_clause="tags ? %s",
+                                  prefix=prefix, prefix_clause="starts_with(run_id, %s)")
         sql = f"SELECT {_RUN_COLS} FROM engrain_runs{where} ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
         try:
             with self._lock:

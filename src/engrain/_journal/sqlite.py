@@ -34,6 +34,7 @@ from ._common import (
     agents_filter,
     check_lease,
     check_lookup_id,
+    glob_prefix,
     prepare,
     prepare_row,
     run_filters,
@@ -484,9 +485,11 @@ class SQLiteJournal(Journal):
         since: float | None = None,
         limit: int = 100,
         offset: int = 0,
+        prefix: str | None = None,
     ) -> list[RunInfo]:
         where, args = run_filters(
-            status, task, tag, since, placeholder="?", tag_clause="EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)"
+            status, task, tag, since, placeholder="?", tag_clause="EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)",
+            prefix=prefix and glob_prefix(prefix), prefix_clause="run_id GLOB ?",
         )
         sql = f"SELECT {_RUN_COLS} FROM runs{where} ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
         try:
