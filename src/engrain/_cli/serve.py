@@ -26,7 +26,7 @@ ToolsDirOption = Annotated[
 ]
 AllowHostOption = Annotated[
     list[str] | None,
-    typer.Option("--allow-host", help="Extra Host name accepted on loopback without a token (repeatable; '*' any)."),
+    typer.Option("--allow-host", help="Extra Host name accepted on loopback without a token (repeatable; '*' any; NAME:PORT also admits pages of that origin)."),
 ]
 RoutinesOption = Annotated[
     str | None, typer.Option("--routines", help="Folder holding one folder per routine (default ./routines).")

@@ -61,32 +61,94 @@ LOOPBACK_NAMES = frozenset({"localhost", "ip6-localhost"})
 
 def host_name(host: str) -> str:
     """The name in a ``Host``/``Origin`` authority, without port or IPv6 brackets, lower-cased."""
+    return split_authority(host)[0]
+
+
+def split_authority(host: str) -> tuple[str, int | None]:
+    """``name[:port]`` as (lower-cased name without IPv6 brackets, port or None); a bad port is -1 (matches none)."""
     host = host.strip().lower()
+    port = ""
     if host.startswith("["):
-        return host[1:].partition("]")[0]
-    if host.count(":") == 1:
-        host = host.partition(":")[0]
-    return host.rstrip(".")
+        host, _, rest = host[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif host.count(":") == 1:
+        host, _, port = host.partition(":")
+    if not port:
+        return host.rstrip("."), None
+    return host.rstrip("."), int(port) if port.isdigit() and len(port) <= 5 else -1
+
+
+#: The port a URL of each scheme means when it names none (a ``Host`` without a port, ``http://x``).
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def split_origin(origin: str) -> tuple[str, str, int] | None:
+    """``scheme://name[:port]`` as (scheme, name, port), the default port filled in; None if not such an origin."""
+    scheme, sep, authority = origin.strip().lower().partition("://")
+    if not sep or scheme not in DEFAULT_PORTS or not authority or any(c in authority for c in "/?#@\\"):
+        return None  # "null" (sandboxed iframes, data: and file: pages), or not an origin a browser sends
+    name, port = split_authority(authority)
+    if not name or port == -1:
+        return None
+    return scheme, name, DEFAULT_PORTS[scheme] if port is None else port
 
 
 class HostGuard:
-    """Refuse requests whose ``Host`` is not this machine (DNS rebinding) or whose ``Origin`` is foreign.
+    """Refuse requests whose ``Host`` is not this machine (DNS rebinding) or whose ``Origin`` is another origin.
 
     Active only on a loopback server without a token: a web page whose domain
     re-resolves to 127.0.0.1 reaches such a server with its own name in ``Host``
-    (421), and a page that posts to it cross-site sends its ``Origin`` (403).
+    (421), and a page of another origin that posts to it sends its ``Origin`` (403).
+    The origin is compared whole (scheme, name and port), because another app on this
+    machine (any localhost port) is another site to the browser: a ``POST`` without a
+    body or with a form's ``text/plain`` one is sent cross-origin without a preflight.
+    An ``Origin`` passes when it has this server's scheme and the ``Host``'s port, and
+    names the ``Host``'s name, a loopback name or an ``--allow-host`` name (one
+    server, reached by another of its names), or when ``--allow-host`` lists it with
+    its port (``name:port`` or ``scheme://name:port``: a front end served elsewhere
+    that the operator trusts). Requests without an ``Origin`` (curl, httpx, the CLI)
+    pass: browsers send one with every cross-origin request.
     A token needs no such guard, since browsers never attach it by themselves.
     """
 
     def __init__(self, app: ASGIApp, allow: frozenset[str] = frozenset()):
         self.app = app
-        self.allow = frozenset(host_name(h) for h in allow)
         self.any = "*" in allow
+        names: set[str] = set()
+        origins: set[tuple[str | None, str, int]] = set()
+        for entry in allow:
+            scheme, sep, authority = entry.strip().lower().partition("://")
+            if not sep:
+                scheme, authority = "", entry
+            name, port = split_authority(authority.rstrip("/"))
+            names.add(name)
+            if port is not None or scheme:
+                # An entry with a port or a scheme names an origin: it may call from there.
+                origins.add((scheme or None, name, port if port is not None else DEFAULT_PORTS.get(scheme, -1)))
+        self.allow = frozenset(names)
+        self.origins = frozenset(origins)
 
     def allowed(self, host: str) -> bool:
         """Whether ``host`` (``name[:port]``) is a loopback name/address or allowed by ``--allow-host``."""
         name = host_name(host)
         return self.any or name in self.allow or is_loopback(name)
+
+    def origin_allowed(self, origin: str, host: str, scheme: str) -> bool:
+        """Whether a page of ``origin`` may call this server, reached at ``host`` over ``scheme``."""
+        if self.any:
+            return True
+        parts = split_origin(origin)
+        if parts is None:
+            return False
+        o_scheme, o_name, o_port = parts
+        if (o_scheme, o_name, o_port) in self.origins or (None, o_name, o_port) in self.origins:
+            return True
+        own = "https" if scheme in ("https", "wss") else "http"
+        h_name, h_port = split_authority(host)
+        if o_scheme != own or o_port != (DEFAULT_PORTS[own] if h_port is None else h_port):
+            return False  # another port of this machine is another app, not us
+        # Same scheme and port: this server under the Host's name or another of its names.
+        return o_name == h_name or self.allowed(o_name)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -102,9 +164,11 @@ class HostGuard:
         if host is None or not self.allowed(host):
             resp = _error(421, "HostNotAllowed", f"Host header {host!r} is not a loopback name or address "
                           f"(localhost, 127.0.0.1, ::1): refused to block DNS rebinding; {hint}")
-        elif origin is not None and (origin.strip().lower() == "null" or not self.allowed(origin.partition("://")[2] or origin)):
-            # "null" is what sandboxed iframes, data: and file: pages send: a page, but not ours.
-            resp = _error(403, "OriginNotAllowed", f"Origin {origin!r} is not this machine: cross-site request refused; {hint}")
+        elif origin is not None and not self.origin_allowed(origin, host, scope.get("scheme", "http")):
+            resp = _error(403, "OriginNotAllowed",
+                          f"Origin {origin!r} is not this server's origin (scheme, host and port): cross-origin "
+                          f"request refused; start the server with --allow-host NAME:PORT to accept a page "
+                          f"served there, or set a token")
         else:
             await self.app(scope, receive, send)
             return
@@ -112,6 +176,43 @@ class HostGuard:
             await send({"type": "websocket.close", "code": 1008})
             return
         await resp(scope, receive, send)
+
+
+#: The web UI's Content-Security-Policy, the same as its ``<meta>`` tag (a test compares them): only the
+#: server's own scripts, styles and connections.
+UI_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+          "object-src 'none'; base-uri 'none'; form-action 'self'")
+#: Headers on every response. ``frame-ancestors`` works only as a header (browsers ignore it in a
+#: ``<meta>``), and no page of another site may frame the UI and lure clicks onto its buttons
+#: (cancel, promote, delete): X-Frame-Options says the same for browsers without CSP 2.
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"content-security-policy", f"{UI_CSP}; frame-ancestors 'none'".encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),  # a JSON body is never sniffed into HTML or script
+    (b"referrer-policy", b"no-referrer"),  # the SSE ?token= never leaves in a Referer
+)
+
+
+class SecurityHeaders:
+    """Add :data:`SECURITY_HEADERS` to every HTTP response (API, UI, errors, SSE) that has not set them."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(n, v) for n, v in SECURITY_HEADERS if n not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_secured)
 
 
 def _error(status: int, error: str, detail: Any, **extra: Any) -> JSONResponse:
@@ -311,8 +412,9 @@ def create_app(
     HTTP, and ``engrain fork`` / :func:`engrain.fork` stay the operator's way.
 
     On loopback without a token, requests whose ``Host`` is not a loopback
-    name/address get 421 and cross-site ``Origin`` headers get 403 (DNS rebinding);
-    ``allow_hosts`` adds names (``"*"``: any).
+    name/address get 421 (DNS rebinding) and an ``Origin`` of another origin (scheme,
+    host or port: another localhost port too) gets 403; ``allow_hosts`` adds names
+    (``"*"``: any), and a ``"name:port"`` entry lets pages of that origin call.
     The web UI's static files are served at ``/`` from ``ui_dir`` (default: the
     package's ``_server/ui`` folder) when it exists. At most ``max_streams`` SSE
     streams are open at once, ``max_client_streams`` per client address (429
@@ -391,6 +493,10 @@ def create_app(
         description="Durable runs, routines, a behavior cache and skill memory over one journal.",
         lifespan=lifespan,
         responses=ERROR_RESPONSES,
+        # No Swagger UI or ReDoc pages: FastAPI's load unpinned scripts from a CDN (no SRI) into this
+        # origin, where they could drive the API. The document stays at /openapi.json.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.engrain = state
 
@@ -437,7 +543,10 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
+        resp = _error(500, "InternalError", f"{type(exc).__name__}: {exc}")
+        # Starlette answers an unhandled exception outside the added middlewares (SecurityHeaders too).
+        resp.headers.update({n.decode(): v.decode() for n, v in SECURITY_HEADERS})
+        return resp
 
     from . import agents as agents_routes
     from . import cache, learned, llm_agents, memory, operate, routines, runs
@@ -467,11 +576,12 @@ def create_app(
     from .contract import LiteralPaths, install_openapi
 
     install_openapi(app, list(state.llm_agents.tools.names()))
-    # The last added runs first: the host guard wraps the size limit, which wraps auth, which wraps the
-    # wrong-method answer of literal paths, which wraps the routes.
+    # The last added runs first: the security headers wrap the host guard, which wraps the size limit,
+    # which wraps auth, which wraps the wrong-method answer of literal paths, which wraps the routes.
     app.add_middleware(LiteralPaths, fastapi_app=app)
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(BodyLimit, limit=MAX_BODY)
     if is_loopback(host) and not token:
         app.add_middleware(HostGuard, allow=frozenset(allow_hosts))
+    app.add_middleware(SecurityHeaders)  # outermost: the guard's 421/403 get the headers too
     return app

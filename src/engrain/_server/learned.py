@@ -24,10 +24,12 @@ class Edit(Body):
 
 
 class Promote(Body):
-    """Review state to set."""
+    """Review state to set: always stated, so no request grants trust by default."""
 
-    trusted: bool = Field(default=True, description="true: reviewed; false: take it back (no agent offers it, nor runs "
-                                                    "an offer made before, until it is promoted again).")
+    # Required, no default: a POST without a body (which a page of another site can send without a
+    # preflight) must not promote a routine to trusted.
+    trusted: bool = Field(description="true: reviewed; false: take it back (no agent offers it, nor runs "
+                                      "an offer made before, until it is promoted again).")
 
 
 def _store(request: Request) -> tuple[Any, Any]:
@@ -73,12 +75,12 @@ def edit_learned(request: Request, ref: str, body: Edit, skill: str | None = Que
 
 
 @router.post("/learned/{ref}/promote")
-def promote_learned(request: Request, ref: str, body: Promote | None = None,
+def promote_learned(request: Request, ref: str, body: Promote,
                     skill: str | None = Query(default=None, max_length=200)) -> dict[str, Any]:
-    """Mark the routine reviewed (``trusted: true``), or take that back."""
+    """Mark the routine reviewed (``trusted: true``), or take that back (``false``); no body: 422."""
     store, lock = _store(request)
     with lock:
-        return store.promote(ref, (body or Promote()).trusted, skill).to_dict()
+        return store.promote(ref, body.trusted, skill).to_dict()
 
 
 @router.delete("/learned/{ref}")
