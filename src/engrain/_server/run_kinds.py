@@ -25,7 +25,13 @@ SCAN_LIMIT = 20_000
 
 
 def kind_of(run_id: str, tags: list[str]) -> str:
-    """``run``, ``internal``, or a log's kind (``thread``, ``session``)."""
+    """``run``, ``internal``, or a log's kind (``thread``, ``session``).
+
+    A run an HTTP client wrote (tagged ``client``) is always a ``run``: whatever other tags it
+    carries, it is not the runtime's (hidden as internal) nor an adapter's log (read as its checkpoints).
+    """
+    if ev.CLIENT_TAG in tags:
+        return "run"
     for tag, (prefix, kind) in LOG_KINDS.items():
         if tag in tags and run_id.startswith(prefix):
             return kind
@@ -62,6 +68,11 @@ def runs_page(journal: Any, *, status: Any, tag: str | None, task: str | None, l
     return out
 
 
+def _names(value: Any) -> list[str]:
+    """A checkpoint's channels if they are a list of strings, else none (the UI joins them)."""
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else []
+
+
 def log_view(info: Any, events: list[Any]) -> dict[str, Any] | None:
     """For an adapter's log: its kind, entry count, and last checkpoint (a thread) or last entry."""
     kind = kind_of(info.run_id, info.tags)
@@ -75,7 +86,7 @@ def log_view(info: Any, events: list[Any]) -> dict[str, Any] | None:
         summary = e.data.get("summary") if isinstance(e.data.get("summary"), dict) else {}
         view["history"].append({"seq": e.seq, "ts": e.ts, "id": e.data.get("id"), "ns": e.data.get("ns", ""),
                                 "step": summary.get("step"), "source": summary.get("source"),
-                                "channels": summary.get("channels") or []})
+                                "channels": _names(summary.get("channels"))})
     if view["history"]:
         view["last"] = view["history"][-1]
     elif entries:

@@ -95,52 +95,65 @@ class Append(Body):
     expected_seq: int = Field(ge=0, le=MAX_SEQ, description="The run's next seq as the caller knows it (0 creates the run).")
 
 
+def _step_id(d: dict[str, Any]) -> int | None:
+    """The event's ``call_id`` if it can name a step (an int, not a bool), else None.
+
+    A client writes its own runs' events, so a ``call_id`` may be any JSON value: one that is not a
+    step number (an object or a list is not even hashable) is ignored, never a 500 on the run's page.
+    """
+    cid = d.get("call_id")
+    return cid if isinstance(cid, int) and not isinstance(cid, bool) else None
+
+
 def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
     """Per-step records with timings, attempts and whether a cached trajectory replayed them."""
     steps: dict[int, dict[str, Any]] = {}
     replaying = False
     for e in events:
         d = e.data
+        cid = _step_id(d)
         if e.kind == ev.REPLAY_STARTED:
             replaying = True
         elif e.kind == ev.REPLAY_DIVERGED:
             replaying = False
         elif e.kind == ev.REPLAY_COMPLETED:  # a cache hit journaled at its end: its steps in one event
             first = d.get("replayed_from", 0)
-            for cid, (name, type_, args, result, begun) in replayed_steps(d):
+            for rcid, (name, type_, args, result, begun) in replayed_steps(d):
                 t0 = begun if isinstance(begun, (int, float)) else e.ts
-                steps[cid] = {
-                    "call_id": cid, "name": name, "type": type_, "args": args, "state": "completed", "result": result,
+                steps[rcid] = {
+                    "call_id": rcid, "name": name, "type": type_, "args": args, "state": "completed", "result": result,
                     "error": None, "started": t0, "ended": e.ts, "duration_ms": round((e.ts - t0) * 1000, 3),
-                    "attempts": 1, "replayed": isinstance(first, int) and cid >= first,
+                    "attempts": 1, "replayed": isinstance(first, int) and rcid >= first,
                 }
-        elif e.kind == ev.STEP_STARTED and isinstance(d.get("call_id"), int):
-            rec = steps.get(d["call_id"])
+        elif cid is None:
+            continue  # a step event that names no step: nothing to fold it into
+        elif e.kind == ev.STEP_STARTED:
+            rec = steps.get(cid)
             if rec is None:
-                steps[d["call_id"]] = {
-                    "call_id": d["call_id"], "name": e.name, "type": d.get("type", "tool"), "args": d.get("args") or {},
+                steps[cid] = {
+                    "call_id": cid, "name": e.name, "type": d.get("type", "tool"), "args": d.get("args") or {},
                     "state": "started", "result": None, "error": None, "started": e.ts, "ended": None,
                     "duration_ms": None, "attempts": 1, "replayed": replaying,
                 }
             else:
                 rec["attempts"] += 1
                 rec["started"] = e.ts
-        elif e.kind == ev.INPUT_REQUESTED and d.get("at_most_once") and d.get("call_id") in steps:
-            steps[d["call_id"]]["state"] = "waiting"  # "did this step happen?"
-        elif e.kind == ev.INPUT_REQUESTED and isinstance(d.get("call_id"), int):
-            steps[d["call_id"]] = {
-                "call_id": d["call_id"], "name": e.name or "engrain.ask", "type": "input",
+        elif e.kind == ev.INPUT_REQUESTED and d.get("at_most_once") and cid in steps:
+            steps[cid]["state"] = "waiting"  # "did this step happen?"
+        elif e.kind == ev.INPUT_REQUESTED:
+            steps[cid] = {
+                "call_id": cid, "name": e.name or "engrain.ask", "type": "input",
                 "args": {"prompt": d.get("prompt"), "fields": d.get("fields")}, "state": "waiting", "result": None,
                 "error": None, "started": e.ts, "ended": None, "duration_ms": None, "attempts": 1, "replayed": False,
             }
         elif e.kind in (ev.STEP_COMPLETED, ev.STEP_FAILED, ev.INPUT_RECEIVED):
-            rec = steps.get(d.get("call_id"))  # type: ignore[arg-type]
-            if e.kind != ev.INPUT_RECEIVED and "args" in d and isinstance(d.get("call_id"), int):
+            rec = steps.get(cid)
+            if e.kind != ev.INPUT_RECEIVED and "args" in d:
                 # A completion-only step (the default): the outcome carries type, arguments and start time.
                 t0 = d.get("started") if isinstance(d.get("started"), (int, float)) else e.ts
                 if rec is None:
-                    rec = steps[d["call_id"]] = {
-                        "call_id": d["call_id"], "name": e.name, "type": d.get("type", "tool"), "args": d.get("args") or {},
+                    rec = steps[cid] = {
+                        "call_id": cid, "name": e.name, "type": d.get("type", "tool"), "args": d.get("args") or {},
                         "state": "started", "result": None, "error": None, "started": t0, "ended": None,
                         "duration_ms": None, "attempts": 1, "replayed": replaying,
                     }
@@ -165,12 +178,17 @@ def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
 def pending_prompt(events: list[Event]) -> dict[str, Any] | None:
     """The ``input.requested`` data a run waits on, or None."""
     # In order: an at-most-once step may ask again after an earlier answer (a second crash).
+    # Keyed by call_id as written: a question without a step number still reads as pending, so that
+    # answering it fails naming the event (400); only an object or a list (a client's, unhashable) is skipped.
     waiting: dict[Any, dict[str, Any]] = {}
     for e in events:
+        cid = e.data.get("call_id")
+        if isinstance(cid, (dict, list)):
+            continue
         if e.kind == ev.INPUT_REQUESTED:
-            waiting[e.data.get("call_id")] = dict(e.data)
+            waiting[cid] = dict(e.data)
         elif e.kind == ev.INPUT_RECEIVED:
-            waiting.pop(e.data.get("call_id"), None)
+            waiting.pop(cid, None)
     return next(reversed(waiting.values()), None)
 
 
@@ -199,18 +217,39 @@ def _require(request: Request, run_id: str) -> Any:
     return info
 
 
+#: ``GET /api/runs/{id}``: the run's last events sent after the first ``events_limit`` ones when it has more.
+TAIL = 100
+
+
 @router.get("/runs/{run_id}")
-def get_run(request: Request, run_id: str) -> dict[str, Any]:
+def get_run(request: Request, run_id: str,
+            events_limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE,
+                                      description="Most of the run's first events in ``events``; a longer run also "
+                                                  "sends its last ones in ``events_tail`` (read the gap with "
+                                                  "GET .../events?after=)."),
+            steps_limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE,
+                                     description="Most step records in ``steps`` (the first, by call id).")) -> dict[str, Any]:
     """A run's summary, events, per-step records, pending prompt and outcome; ``log`` describes an
-    adapter's log (a LangGraph thread: its checkpoints, the last first), else null."""
+    adapter's log (a LangGraph thread: its checkpoints, the last first), else null.
+
+    The view is bounded (a run may hold 100,000 events): ``events`` holds the first ``events_limit``
+    events and ``events_tail`` the last ones after them (empty when ``events`` holds them all),
+    ``events_total`` their count; ``steps`` the first ``steps_limit`` steps, ``steps_total`` their count.
+    """
     info = _require(request, run_id)
     events = state_of(request).journal.read(run_id)
     last = events[-1] if events else None
+    steps = fold_steps(events)  # folded over every event: a step's record needs its whole history
+    head = events[:events_limit]
+    tail = events[max(events_limit, len(events) - TAIL):]
     return {
         "run": listed(info),
         "log": log_view(info, events),
-        "events": [e.to_dict() for e in events],
-        "steps": fold_steps(events),
+        "events": [e.to_dict() for e in head],
+        "events_tail": [e.to_dict() for e in tail],
+        "events_total": len(events),
+        "steps": steps[:steps_limit],
+        "steps_total": len(steps),
         "prompt": pending_prompt(events) if info.status == ev.NEEDS_INPUT else None,
         "output": last.data.get("output") if last is not None and last.kind == ev.RUN_COMPLETED else None,
         "error": last.data.get("error") if last is not None and last.kind == ev.RUN_FAILED else None,
@@ -281,8 +320,19 @@ async def stream(request: Request, run_id: str, after: int = Query(default=-1, g
     return EventStream(request, events, lambda: state.hub.watch(run_id, info.next_seq - 1))
 
 
-#: Tags only the runtime writes: they make the server resume a run as a routine or an agent.
-RUNTIME_TAGS = frozenset({"routine", "agent", ev.CLIENT_TAG})
+#: Tags only the runtime writes: they make the server resume a run as a routine or an agent, or mark
+#: what the runtime made for itself (a cache call, an LLM agent's definition or API-defined agent's run, an
+#: adapter's log): a client run wearing one would pose as it (hidden as internal, shown as a thread).
+RUNTIME_TAGS = frozenset({"routine", "agent", ev.CLIENT_TAG, ev.API_AGENT_TAG, "engrain.cache",
+                          "llm-agent-definition", "langgraph", "openai-agents"})
+#: Tag prefixes only the runtime writes (``agent:<name>``).
+RUNTIME_TAG_PREFIXES = ("agent:",)
+#: Run ids the runtime keeps its own state at: an LLM agent's definition, an ``eg.Agent`` chat turn, a
+#: LangGraph thread, an OpenAI Agents session. Their readers refuse a client run found there, so a client
+#: creating one would only squat the name (``POST /api/agents`` answering 409 for ever): refused here.
+RUNTIME_ID_PREFIXES = ("agentdef:", "chat:", "langgraph:", "openai-agents:")
+#: Event data keys holding a step number (an object or a list there can name no step).
+_STEP_KEYS = ("call_id",)
 
 
 def _runtime_only(detail: str) -> ApiError:
@@ -301,13 +351,23 @@ def _client_events(journal: Any, run_id: str, body: Append) -> list[NewEvent]:
     for i, e in enumerate(events):
         if e.kind == ev.RUN_STARTED and body.expected_seq + i > 0:
             raise ApiError(422, "ValidationError", f"events[{i}].kind: run.started may only be the run's first event (seq 0)")
+        for key in _STEP_KEYS:
+            # Scalars that name no step (a string, null) stay a client's to write and every reader skips
+            # them; an object or a list is refused: no reader could ever take it for a step number.
+            if isinstance(e.data.get(key), (dict, list)):
+                raise ApiError(422, "ValidationError", f"events[{i}].data.{key} must be an integer step number, "
+                                                       f"not {type(e.data[key]).__name__}")
     if body.expected_seq == 0:
         if events[0].kind != ev.RUN_STARTED:
             raise ApiError(422, "ValidationError", "events[0].kind must be run.started when creating a run (expected_seq 0)")
+        prefix = next((p for p in RUNTIME_ID_PREFIXES if run_id.startswith(p)), None)
+        if prefix is not None:
+            raise _runtime_only(f"run id {run_id!r}: ids starting {prefix!r} are kept by engrain's runtime "
+                                "(LLM agent definitions, chat turns, adapter logs), not created by a client")
         tags = events[0].data.get("tags", [])
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
             raise ApiError(422, "ValidationError", "events[0].data.tags must be a list of strings")
-        reserved = sorted({t for t in tags if t in RUNTIME_TAGS or t.startswith("agent:")})
+        reserved = sorted({t for t in tags if t in RUNTIME_TAGS or t.startswith(RUNTIME_TAG_PREFIXES)})
         if reserved:
             raise _runtime_only(f"events[0].data.tags: {', '.join(reserved)} may only be written by engrain's runtime; "
                                 "start routine and agent runs with POST /api/runs")

@@ -134,7 +134,7 @@
     const hasData = e.data && Object.keys(e.data).length;
     return h("tr", { "data-seq": e.seq, class: e.kind === "step.failed" || e.kind === "run.failed" ? "failed" : null },
       h("td", { class: "num", text: e.seq }),
-      h("td", { class: "num" }, h("time", { title: fmtTime(e.ts), text: rel })),
+      h("td", { class: "num" }, h("time", { title: fmtTime(e.ts), "data-ts": typeof e.ts === "number" ? String(e.ts) : null, text: rel })),
       h("td", { class: "mono", text: e.kind }),
       h("td", { class: "mono", text: e.name }),
       // An adapter's log entry (a LangGraph checkpoint, a session item) leads with its summary, not its payload.
@@ -142,9 +142,54 @@
         h("pre", { text: pretty(e.data) })) : null));
   }
 
+  // The run's events as a table: the server sends a bounded view (its first events, and when the run
+  // has more, its last ones), so a run of 100,000 events never draws 100,000 rows; the gap between
+  // them is a "load more" row that reads the next page (GET /api/runs/{id}/events?after=).
+  function eventsTable(runId, head, tail, total, t0) {
+    const body = h("tbody", {}, head.map((e) => eventRow(e, t0)));
+    let after = head.length ? head[head.length - 1].seq : -1;
+    const upTo = tail.length ? tail[0].seq : Infinity;
+    const shown = () => body.querySelectorAll("tr[data-seq]").length;
+    const note = h("span", { class: "muted" });
+    const more = h("button", { type: "button", id: "events-more", text: "Load more" });
+    const gap = h("tr", { id: "events-gap" }, h("td", { colspan: "5" }, note, " ", more));
+    const count = () => {
+      note.textContent = `Showing ${shown()} of ${total} events: ${total - shown()} more. `;
+    };
+    more.addEventListener("click", async () => {
+      more.disabled = true;
+      try {
+        const page = await api("GET", `/api/runs/${enc(runId)}/events?${new URLSearchParams({ after: String(after), limit: "1000" })}`);
+        const fresh = page.filter((e) => e.seq > after && e.seq < upTo);
+        for (const e of fresh) gap.before(eventRow(e, t0));
+        if (fresh.length) after = fresh[fresh.length - 1].seq;
+        if (!fresh.length || fresh.length < page.length || page.length < 1000) gap.remove();  // reached the tail, or the end
+        count();
+      } catch (e) {
+        setStatus(e.message, true);
+      }
+      more.disabled = false;
+    });
+    if (tail.length) {
+      body.append(gap);
+      body.append(...tail.map((e) => eventRow(e, t0)));
+      count();
+    }
+    return h("table", { id: "events-table" },
+      h("thead", {}, h("tr", {}, [["Seq", "num"], ["Time", "num"], "Kind", "Name", "Data"].map((hd) => {
+        const [label, cls] = Array.isArray(hd) ? hd : [hd, null];
+        return h("th", { scope: "col", class: cls, text: label });
+      }))),
+      body);
+  }
+
   function renderRun(data, container, reload) {
     const run = data.run;
-    const events = data.events || [];
+    const head = data.events || [];
+    const tail = data.events_tail || [];  // absent from an older server: its events were all of them
+    const events = head.concat(tail);
+    const total = typeof data.events_total === "number" ? data.events_total : events.length;
+    const stepsTotal = typeof data.steps_total === "number" ? data.steps_total : (data.steps || []).length;
     const started = events.find((e) => e.kind === "run.started");
     const t0 = events.length ? events[0].ts : null;
     const tEnd = events.length ? events[events.length - 1].ts : null;
@@ -160,7 +205,7 @@
         h("dt", { text: "Created" }), h("dd", { text: fmtTime(run.created) }),
         h("dt", { text: "Updated" }), h("dd", {}, timeCell(run.updated)),
         h("dt", { text: "Elapsed" }), h("dd", { text: t0 !== null ? fmtMs((tEnd - t0) * 1000) : "—" }),
-        h("dt", { text: "Events" }), h("dd", { text: events.length }),
+        h("dt", { text: "Events" }), h("dd", { id: "events-total", text: total }),
         started && started.data && started.data.inputs && Object.keys(started.data.inputs).length
           ? [h("dt", { text: "Inputs" }), h("dd", {}, h("pre", { text: pretty(started.data.inputs) }))] : null),
     ];
@@ -177,22 +222,22 @@
       nodes.push(data.prompt.at_most_once ? happenedPanel(run.run_id, data.prompt, () => reload())
         : promptPanel(run.run_id, data.prompt, () => reload()));
     }
+    const eventsTitle = h("h2", { id: "events-title", text: `Events (${total})` });
     if (data.log) {
       nodes.push(window.engrainLogs.logPanel(data.log));
-      nodes.push(h("h2", { text: `Events (${events.length})` }));
-      nodes.push(table([["Seq", "num"], ["Time", "num"], "Kind", "Name", "Data"], events.map((e) => eventRow(e, t0))));
+      nodes.push(eventsTitle, eventsTable(run.run_id, head, tail, total, t0));
       container.replaceChildren(...nodes);
       return;
     }
-    nodes.push(runActions(run, data.steps || [], reload));
     const steps = data.steps || [];
+    nodes.push(runActions(run, stepsTotal, reload));
     nodes.push(waterfall(steps, events));
-    nodes.push(h("h2", { text: `Steps (${steps.length})` }));
+    nodes.push(h("h2", { text: `Steps (${stepsTotal})` }));
     nodes.push(steps.length
-      ? table([["#", "num"], "Step", "Type", "State", "Source", ["Duration", "num"], ["Attempts", "num"], "Details"], steps.map(stepRow))
+      ? table([["#", "num"], "Step", "Type", "State", "Source", ["Duration", "num"], ["Attempts", "num"], "Details"], steps.map(stepRow),
+        stepsTotal > steps.length ? `the first ${steps.length} of ${stepsTotal} steps` : null)
       : h("p", { class: "muted", text: "No steps." }));
-    nodes.push(h("h2", { text: `Events (${events.length})` }));
-    nodes.push(table([["Seq", "num"], ["Time", "num"], "Kind", "Name", "Data"], events.map((e) => eventRow(e, t0))));
+    nodes.push(eventsTitle, eventsTable(run.run_id, head, tail, total, t0));
     container.replaceChildren(...nodes);
   }
 
@@ -243,7 +288,7 @@
   }
 
   // Cancel and fork: journal operations on this run (POST /api/runs/{id}/cancel, /fork).
-  function runActions(run, steps, reload) {
+  function runActions(run, nSteps, reload) {
     const live = ["running", "needs_input", "queued"].includes(run.status);
     const out = h("div", { class: "toolbar", role: "group", "aria-label": "Run actions" });
     if (live) {
@@ -261,7 +306,7 @@
         },
       }, "Cancel run"));
     }
-    const at = h("input", { id: "fork-at", class: "narrow", type: "number", min: "0", max: String(steps.length), value: String(Math.max(0, steps.length - 1)) });
+    const at = h("input", { id: "fork-at", class: "narrow", type: "number", min: "0", max: String(nSteps), value: String(Math.max(0, nSteps - 1)) });
     out.append(h("div", { class: "field" }, h("label", { for: "fork-at", text: "Fork at step" }), at),
       h("button", {
         type: "button", id: "fork-run",
@@ -368,7 +413,8 @@
     const load = async () => {
       const data = await api("GET", `/api/runs/${enc(runId)}`);
       if (gen !== generation) return;
-      lastSeq = data.events.length ? data.events[data.events.length - 1].seq : -1;
+      const seen = (data.events_tail && data.events_tail.length) ? data.events_tail : data.events;
+      lastSeq = seen.length ? seen[seen.length - 1].seq : -1;
       renderRun(data, container, () => load().catch((e) => setStatus(e.message, true)));
       const live = data.run.status === "running" || data.run.status === "needs_input";
       if (live && !source) openStream();
@@ -377,9 +423,32 @@
       if (ind) ind.textContent = source ? "● live" : "";
     };
 
+    // While live, each event is appended to the table at once, and the run (status, steps) is read
+    // again at most twice a second: a debounce would never fire under a steady stream, and reading
+    // the run on every event re-drew the whole page per event.
     const scheduleLoad = () => {
-      clearTimeout(timer);
-      timer = setTimeout(() => load().catch((e) => setStatus(e.message, true)), 120);
+      if (timer) return;
+      timer = setTimeout(() => {
+        timer = null;
+        load().catch((e) => setStatus(e.message, true));
+      }, 500);
+    };
+
+    const appendLive = (msg) => {
+      let e;
+      try {
+        e = JSON.parse(msg.data);
+      } catch (err) {
+        return;
+      }
+      const body = container.querySelector("#events-table tbody");
+      if (!body || typeof e.seq !== "number" || e.seq <= lastSeq) return;
+      const first = body.querySelector("tr[data-seq]");
+      const t0 = first ? Number((first.querySelector("time") || {}).dataset?.ts) : NaN;
+      body.append(eventRow(e, Number.isFinite(t0) ? t0 : e.ts));
+      lastSeq = e.seq;
+      const total = container.querySelector("#events-total");
+      if (total) total.textContent = String(Number(total.textContent) + 1);
     };
 
     const openStream = () => {
@@ -387,6 +456,7 @@
       if (token()) q.set("token", token());
       source = new EventSource(`/api/runs/${enc(runId)}/stream?${q}`);
       const onEvent = (msg) => {
+        appendLive(msg);
         scheduleLoad();
         if (TERMINAL.has(msg.type)) stopStream();
       };
@@ -402,6 +472,7 @@
     cleanups.push(() => {
       stopStream();
       clearTimeout(timer);
+      timer = null;
       clearTimeout(retry);
     });
     await load();

@@ -12,7 +12,8 @@ window.engrainLogs = (() => {
       h("td", { text: c.source || "—" }),
       h("td", { class: "mono", text: c.id || "—" }),
       h("td", { text: c.ns || "—" }),
-      h("td", { text: (c.channels || []).join(", ") || "—" }),
+      // The server sends a list of names, but the log's data is whatever its writer stored: never join a non-list.
+      h("td", { text: (Array.isArray(c.channels) ? c.channels.map(String).join(", ") : "") || "—" }),
       h("td", {}, timeCell(c.ts)));
   }
 
