@@ -73,6 +73,15 @@ def _usage(u: Any, inp: str, out: str) -> dict[str, Any]:
     return {"input": _count(_field(u, inp)), "output": _count(_field(u, out))} if _is_object(u) else {}
 
 
+def _call_head(what: str, cid: Any, id_field: str, name: Any, name_field: str) -> tuple[str, str]:
+    """A tool call's id (``""`` when absent) and name, as both formats require them: a string id, a non-empty name."""
+    if cid is not None and not isinstance(cid, str):
+        raise _Malformed(what, id_field, _not(cid, "a string"))
+    if not isinstance(name, str) or not name:
+        raise _Malformed(what, name_field, "is empty" if name == "" else _not(name, "a string"))
+    return cid or "", name
+
+
 def _chat_message(body: Any) -> tuple[str, list[dict[str, Any]]]:
     """Text and tool calls of a Chat Completions reply (its JSON body, or the SDK's object for it)."""
     if not _is_object(body):
@@ -101,14 +110,11 @@ def _chat_message(body: Any) -> tuple[str, list[dict[str, Any]]]:
             continue  # a custom tool's call: this agent offers functions only
         if not _is_object(fn):
             raise _Malformed(_REPLY, f"{where}.function", _not(fn, "an object"))
-        cid, name, args = _field(c, "id"), _field(fn, "name"), _field(fn, "arguments")
-        if cid is not None and not isinstance(cid, str):
-            raise _Malformed(_REPLY, f"{where}.id", _not(cid, "a string"))
-        if not isinstance(name, str) or not name:
-            raise _Malformed(_REPLY, f"{where}.function.name", "is empty" if name == "" else _not(name, "a string"))
+        cid, name = _call_head(_REPLY, _field(c, "id"), f"{where}.id", _field(fn, "name"), f"{where}.function.name")
+        args = _field(fn, "arguments")
         if args is not None and not isinstance(args, str):
             raise _Malformed(_REPLY, f"{where}.function.arguments", _not(args, "a string (the arguments' JSON text)"))
-        calls.append({"id": cid or "", "name": name, "arguments": args or "{}"})
+        calls.append({"id": cid, "name": name, "arguments": args or "{}"})
     return content or "", calls
 
 
@@ -172,14 +178,11 @@ def _message_content(body: Any) -> tuple[str, list[dict[str, Any]]]:
                 raise _Malformed(_MESSAGE, f"content[{i}].text", _not(text, "a string"))
             parts.append(text)
         elif kind == "tool_use":
-            bid, name, args = _field(b, "id"), _field(b, "name"), _field(b, "input")
-            if bid is not None and not isinstance(bid, str):
-                raise _Malformed(_MESSAGE, f"content[{i}].id", _not(bid, "a string"))
-            if not isinstance(name, str) or not name:
-                raise _Malformed(_MESSAGE, f"content[{i}].name", "is empty" if name == "" else _not(name, "a string"))
+            bid, name = _call_head(_MESSAGE, _field(b, "id"), f"content[{i}].id", _field(b, "name"), f"content[{i}].name")
+            args = _field(b, "input")
             if args is not None and not isinstance(args, dict):
                 raise _Malformed(_MESSAGE, f"content[{i}].input", _not(args, "an object"))
-            calls.append({"id": bid or "", "name": name, "arguments": json.dumps(args or {})})
+            calls.append({"id": bid, "name": name, "arguments": json.dumps(args or {})})
     return "".join(parts), calls
 
 
