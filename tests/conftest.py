@@ -19,6 +19,23 @@ PG_URL = os.environ.get("ENGRAIN_TEST_PG_URL", "postgresql://engrain:engrain@127
 BACKENDS = ["sqlite", "postgres"]
 
 
+def _patient_browser_assertions() -> None:
+    """Give every Playwright ``expect`` 30 s, not its 5 s default.
+
+    On a loaded 2-core CI machine drawing a page of a 5,000-event run took over 5 s,
+    which failed the whole run; the assertions still fail at once on a wrong value,
+    only a slow right one waits longer.
+    """
+    try:
+        from playwright.sync_api import expect
+    except ImportError:  # the UI tests then fail on their own import, naming the package
+        return
+    expect.set_options(timeout=30_000)
+
+
+_patient_browser_assertions()
+
+
 def pg_schema_url(schema: str) -> str:
     """A URL on the test server whose search_path is ``schema`` (created if missing)."""
     import psycopg

@@ -400,6 +400,7 @@
     const container = h("div", { id: "run-view" });
     let source = null;
     let lastSeq = -1;
+    let drawn = null;  // what the page was last drawn from: the run's status and event count
     let timer = null;
     let retry = null;
 
@@ -410,12 +411,18 @@
       if (ind) ind.textContent = "";
     };
 
-    const load = async () => {
+    // `onlyIfChanged`: a stream that dropped reconnects through here; redrawing an unchanged run would
+    // throw away the event pages the reader loaded with "Load more".
+    const load = async (onlyIfChanged = false) => {
       const data = await api("GET", `/api/runs/${enc(runId)}`);
       if (gen !== generation) return;
       const seen = (data.events_tail && data.events_tail.length) ? data.events_tail : data.events;
       lastSeq = seen.length ? seen[seen.length - 1].seq : -1;
-      renderRun(data, container, () => load().catch((e) => setStatus(e.message, true)));
+      const state = `${data.run.status}|${data.events_total}|${lastSeq}`;
+      if (!(onlyIfChanged && state === drawn)) {
+        renderRun(data, container, () => load().catch((e) => setStatus(e.message, true)));
+        drawn = state;
+      }
       const live = data.run.status === "running" || data.run.status === "needs_input";
       if (live && !source) openStream();
       if (!live) stopStream();
@@ -465,7 +472,7 @@
       source.onerror = () => {
         // The server ends the stream at the run's end; otherwise reconnect from the last seen seq.
         stopStream();
-        if (gen === generation) retry = setTimeout(() => load().catch(() => {}), 2000);
+        if (gen === generation) retry = setTimeout(() => load(true).catch(() => {}), 2000);
       };
     };
 
