@@ -125,6 +125,49 @@ def test_pydantic_ai_durable_runs_the_model_the_run_asks_for(store_url):
     j.close()
 
 
+def test_pydantic_ai_toolsets_given_at_run_time_are_kept_and_journaled(store_url):
+    # durable() installed the agent's toolsets with Agent.override(toolsets=), which replaced the
+    # ones given to run(toolsets=...): the run lost its tools. They are kept, and journaled.
+    from pydantic_ai.toolsets import FunctionToolset
+
+    calls: list[str] = []
+    own: list[str] = []
+    agent = _pai_agent(FunctionModel(_pai_script(calls, "agent")), own)
+    refunds: list[int] = []
+
+    def refund(amount: int) -> str:
+        """Refund the card."""
+        refunds.append(amount)
+        return f"refunded {amount}"
+
+    def script(messages, info) -> ModelResponse:
+        calls.append(sorted(t.name for t in info.function_tools))
+        if not any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", [])):
+            return ModelResponse(parts=[ToolCallPart("refund", {"amount": 5}, tool_call_id="r1")])
+        return ModelResponse(parts=[TextPart("refunded")])
+
+    extra = FunctionToolset([refund])
+    crash = [True]
+
+    def support(task: str) -> str:
+        with eg_pai.durable(agent):
+            out = agent.run_sync(task, model=FunctionModel(script), toolsets=[extra]).output
+        if crash[0]:
+            crash[0] = False
+            raise Crash
+        return out
+
+    j = eg.open(store_url)
+    with pytest.raises(Crash):
+        eg.run(support, "refund 5", run_id="pai-ts", journal=j)
+    assert calls == [["charge", "refund"], ["charge", "refund"]] and refunds == [5]
+    res = eg.run(support, "refund 5", run_id="pai-ts", journal=j)
+    assert res.status == "ok" and res.output == "refunded"
+    assert refunds == [5] and len(calls) == 2  # replayed: the run-time tool did not run twice
+    assert _steps(j, "pai-ts") == ["llm:function:script:", "tool:refund", "llm:function:script:"]
+    j.close()
+
+
 # -- OpenAI Agents SDK: RunConfig(model=...) -------------------------------------------------
 
 def _sdk_agent(effects: list[int]) -> SDKAgent:

@@ -10,11 +10,13 @@
 Extension points used, the ones PydanticAI's own durable-execution integrations
 use: a ``WrapperModel`` (every model request passes through ``request`` with
 its response) and a ``WrapperToolset`` (every tool call passes through
-``call_tool``). The toolsets are installed for the block with ``Agent.override``;
-the model wrapper by a capability's ``get_wrapper_model``, which PydanticAI calls
-with whichever model serves each request (the agent's, one given at run time
-with ``run(model=...)``, an ``override``'s or a capability's), so the block
-journals the model the run really uses and never changes which one that is.
+``call_tool``). Both are installed by a capability: ``get_wrapper_model``, which
+PydanticAI calls with whichever model serves each request (the agent's, one
+given at run time with ``run(model=...)``, an ``override``'s or a capability's),
+and ``get_wrapper_toolset``, which it calls with the run's assembled toolset
+(the agent's own tools and toolsets, and those given at run time with
+``run(toolsets=...)``). So the block journals the model and the tools the run
+really uses and never changes which ones those are.
 The capability is added to each run the agent starts inside the block (its
 ``iter``, which ``run``, ``run_sync`` and ``run_stream`` go through).
 Inside an engrain run a model request is an ``llm`` step and a tool call a
@@ -102,26 +104,31 @@ class DurableToolset(WrapperToolset):
         return await run.acall(f"tool:{name}", "tool", {"arguments": tool_args}, call)
 
 
-def _durable_toolset(ts: AbstractToolset[Any]) -> AbstractToolset[Any]:
-    return ts if isinstance(ts, DurableToolset) else DurableToolset(ts)
-
-
 @dataclass
 class _DurableModels(AbstractCapability[Any]):
-    """Wraps the model that serves each request of a run in a :class:`DurableModel`.
+    """Wraps the model that serves each request of a run in a :class:`DurableModel`, and the run's
+    toolset in a :class:`DurableToolset` (unless ``tools`` is False).
 
     PydanticAI calls ``get_wrapper_model`` for every attempt at a model request, with the model
     the run really uses, wherever it came from; so no model request of a durable run escapes
     the journal (``Agent.override(model=)`` would lose to, or replace, a model given at run time).
+    ``get_wrapper_toolset`` likewise gets every toolset of the run at once: ``Agent.override(toolsets=)``
+    replaced, and so silently dropped, the toolsets given at run time with ``run(toolsets=...)``.
     """
+
+    tools: bool = True
 
     def get_wrapper_model(self, model: Model) -> Model | None:
         """``model`` journaled (``None``: it already is)."""
         return None if isinstance(model, DurableModel) else DurableModel(model)
 
+    def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any] | None:
+        """``toolset`` journaled (``None``: it already is, or this block leaves tools to the cache)."""
+        return None if not self.tools or isinstance(toolset, DurableToolset) else DurableToolset(toolset)
 
-#: Ids of the agents inside a durable() block in this context (thread, task): their runs get _DurableModels.
-_in_block: ContextVar[frozenset[int]] = ContextVar("engrain_pydantic_ai_durable", default=frozenset())
+
+#: The agents inside a durable() block in this context (thread, task), by id: their runs get this capability.
+_in_block: ContextVar[dict[int, _DurableModels]] = ContextVar("engrain_pydantic_ai_durable", default={})
 #: id(agent) -> [open durable() blocks in any context, the instance ``iter`` it had before (or _NONE)].
 _hooked: dict[int, list[Any]] = {}
 _hooked_lock = threading.Lock()
@@ -146,8 +153,9 @@ def _hook_iter(agent: Agent[Any, Any]) -> None:
 
         @asynccontextmanager
         async def iter(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            if id(agent) in _in_block.get():
-                kwargs["capabilities"] = [*(kwargs.get("capabilities") or ()), _DurableModels()]
+            capability = _in_block.get().get(id(agent))
+            if capability is not None:
+                kwargs["capabilities"] = [*(kwargs.get("capabilities") or ()), capability]
             async with start(*args, **kwargs) as run:
                 yield run
 
@@ -173,14 +181,20 @@ def durable(agent: Agent[Any, Any]) -> Iterator[Agent[Any, Any]]:
     """Within the block, ``agent``'s model requests and tool calls are journaled (inside an engrain run).
 
     Every model request is, whichever model serves it: the agent's, or one given at run time
-    (``agent.run_sync(task, model=...)``); the block does not change which model a run uses.
+    (``agent.run_sync(task, model=...)``); and every tool call, to the agent's tools or to
+    toolsets given at run time (``toolsets=[...]``). The block does not change which model
+    or tools a run uses.
     """
-    toolsets = [ts.visit_and_replace(_durable_toolset) for ts in agent.toolsets]
+    with _block(agent, _DurableModels()):
+        yield agent
+
+
+@contextmanager
+def _block(agent: Agent[Any, Any], capability: _DurableModels) -> Iterator[None]:
     _hook_iter(agent)
-    token = _in_block.set(_in_block.get() | {id(agent)})
+    token = _in_block.set({**_in_block.get(), id(agent): capability})
     try:
-        with agent.override(toolsets=toolsets, tools=[]):
-            yield agent
+        yield
     finally:
         _in_block.reset(token)
         _unhook_iter(agent)
@@ -249,7 +263,8 @@ def cached(agent: Agent[Any, Any], engine: Any) -> Callable[[str], Any]:
 
     def run(task: str) -> Any:
         toolsets = [ts.visit_and_replace(lambda t: _CachedToolset(t, recorded)) for ts in agent.toolsets]
-        with durable(agent), agent.override(toolsets=toolsets, tools=[]):
+        # The engine records and replays the tools itself; only the model requests are journaled here.
+        with _block(agent, _DurableModels(tools=False)), agent.override(toolsets=toolsets, tools=[]):
             return agent.run_sync(task).output
 
     return run
