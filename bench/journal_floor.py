@@ -126,6 +126,7 @@ class PgFloor:
     INSERT = b"INSERT INTO engrain_events (run_id, seq, ts, kind, name, data) VALUES ($1, $2, $3, $4, $5, $6)"
     #: The statement engrain's PostgreSQL journal appends a fenced step with (``_step_sql`` in its postgres.py).
     GATED = (b"WITH gate AS (UPDATE engrain_runs SET next_seq = $2 + 1 WHERE run_id = $1 AND next_seq = $2"
+             b" AND status <> 'ok' AND status <> 'failed' AND status <> 'cancelled'"
              b" AND lease_epoch = $7 RETURNING 1) INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
              b" SELECT $1, $2, $3::float8, $4::text, $5::text, $6::text FROM gate")
 

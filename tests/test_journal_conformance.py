@@ -9,6 +9,7 @@ import pytest
 
 import engrain
 from engrain import ConflictError, NewEvent, RunNotFoundError
+from engrain._events import KINDS
 
 
 def started(task: str = "t", tags: list[str] | None = None) -> NewEvent:
@@ -445,5 +446,134 @@ def test_postgres_appends_outlive_a_deallocate_all(pg_url):
         j._db.execute("DEALLOCATE ALL")
         j.append("d", [NewEvent("run.completed", "", {"output": 1})], 4)
         assert [e.seq for e in j.read("d")] == [0, 1, 2, 3, 4] and j.get_run("d").status == "ok"
+    finally:
+        j.close()
+
+
+# -- a finished run stays finished ----------------------------------------------------------------
+
+_ENDINGS = (("run.completed", {"output": 1}, "ok"), ("run.failed", {"error": "x"}, "failed"),
+            ("run.cancelled", {"reason": "stop"}, "cancelled"))
+
+
+def _after_end_events() -> list[NewEvent]:
+    """One event of every kind, each of which a stale or forged writer might try after a run's end."""
+    data = {"call_id": 9, "answers": {}, "result": 1, "type": "tool", "args": {}, "attempt": 1}
+    return [started() if k == "run.started" else NewEvent(k, "x", data) for k in sorted(KINDS)]
+
+
+@pytest.mark.parametrize("ending", _ENDINGS, ids=[e[2] for e in _ENDINGS])
+def test_a_finished_run_takes_no_more_events(journal, ending):
+    """No kind may follow a run's finishing event, whoever writes it and however: one event, a batch, append_one,
+    fenced or not; the refusal names the run, how it ended and the kind, and writes nothing."""
+    kind, data, status = ending
+    journal.append("f", [started()], 0, lease=("w1", 30))
+    journal.append("f", [step(0)], 1, fence=1)
+    journal.append("f", [NewEvent(kind, "", data)], 2, fence=1)
+    before = journal.get_run("f")
+    assert before.status == status and before.next_seq == 3 and before.lease_owner is None
+    for ev in _after_end_events():
+        for refused, write in (
+            (ev.kind, lambda: journal.append("f", [ev], 3)),
+            ("step.started", lambda: journal.append("f", [step(1), ev], 3)),  # the batch's first event is refused
+            (ev.kind, lambda: journal.append("f", [ev], 3, fence=1)),  # the executor that finished it, still fenced
+            (ev.kind, lambda: journal.append_one("f", ev.kind, ev.name, ev.data, 3)),
+            (ev.kind, lambda: journal.append_one("f", ev.kind, ev.name, ev.data, 3, fence=1, json_checked=True)),
+        ):
+            with pytest.raises(engrain.RunFinishedError) as info:
+                write()
+            e = info.value
+            assert (e.run_id, e.status, e.kind) == ("f", status, refused)
+            assert "'f'" in str(e) and status in str(e) and kind in str(e) and refused in str(e)
+            assert not isinstance(e, ConflictError)  # nothing to retry: code retrying conflicts would loop
+    # A stale writer (an executor whose next seq a cancel took) still gets its ConflictError first: that
+    # is how it learns of the cancel.
+    for seq in (2, 0, 7):
+        with pytest.raises(ConflictError) as conflict:
+            journal.append("f", [step(1)], seq, fence=1)
+        assert conflict.value.actual_seq == 3
+        with pytest.raises(ConflictError):
+            journal.append_one("f", "step.completed", "tool", {"call_id": 1, "result": 1}, seq, fence=1)
+    after = journal.get_run("f")
+    assert (after.status, after.next_seq, after.lease_owner) == (status, 3, None)
+    assert [e.kind for e in journal.read("f")] == ["run.started", "step.started", kind]
+    assert journal.claim_runs("w2", ttl=30) == []  # still not running: nothing to claim
+
+
+def test_a_batch_that_goes_on_after_its_own_end_is_refused_whole(journal):
+    end = NewEvent("run.completed", "", {"output": 1})
+    with pytest.raises(engrain.RunFinishedError) as info:
+        journal.append("b", [started(), step(0), end, step(1)], 0)
+    assert (info.value.run_id, info.value.status, info.value.kind) == ("b", "ok", "step.started")
+    assert journal.get_run("b") is None and journal.read("b") == []
+    journal.append("b", [started()], 0)
+    for batch in ([step(0), NewEvent("run.failed", "", {"error": "x"}), started()],
+                  [NewEvent("run.cancelled", "", {}), NewEvent("run.cancelled", "", {})]):
+        with pytest.raises(engrain.RunFinishedError):
+            journal.append("b", batch, 1)
+    assert [e.seq for e in journal.read("b")] == [0] and journal.get_run("b").status == "running"
+    # A batch that ends the run with its last event is how a whole run is journaled at once.
+    journal.append("b", [step(0), end], 1)
+    assert journal.get_run("b").status == "ok"
+
+
+def test_an_append_after_the_end_sent_without_waiting_is_refused(journal):
+    """PostgreSQL reads a sent append's result later: its refusal is still the end's, raised by the writer's next append."""
+    journal.append("w", [started()], 0)
+    journal.append("w", [NewEvent("run.completed", "", {"output": 1})], 1)
+    _refused_now_or_next(journal, engrain.RunFinishedError, 2)
+    assert [e.seq for e in journal.read("w")] == [0, 1] and journal.get_run("w").status == "ok"
+
+
+def test_a_writer_waiting_on_the_finishing_append_is_refused(store_url):
+    """Two writers race at the seq after the end's: the loser of the race sees the finish and is refused."""
+    a, b = engrain.open(store_url), engrain.open(store_url)
+    try:
+        a.append("race", [started()], 0)
+        a.append("race", [NewEvent("run.failed", "", {"error": "x"})], 1)
+        outcomes: list[BaseException | None] = []
+
+        def write(j) -> None:
+            try:
+                j.append_one("race", "step.completed", "tool", {"call_id": 0, "result": 1}, 2)
+                outcomes.append(None)
+            except engrain.EngrainError as e:
+                outcomes.append(e)
+
+        threads = [threading.Thread(target=write, args=(j,)) for j in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [type(o) for o in outcomes] == [engrain.RunFinishedError] * 2
+        assert len(a.read("race")) == 2 and b.get_run("race").status == "failed"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_sqlite_store_of_the_previous_version_refuses_appends_after_the_end_once_opened(tmp_path):
+    """The check ships as a migration: a store written before it is brought up to date when opened."""
+    import sqlite3
+
+    from engrain._journal import sqlite_schema
+
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("CREATE TABLE engrain_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for migration in sqlite_schema.MIGRATIONS[:6]:
+        migration(db)
+    db.execute("INSERT INTO engrain_meta VALUES ('journal', '6')")
+    db.execute("INSERT INTO events VALUES ('old', 0, 1.0, 'run.started', '', '{\"task\": \"t\"}')")
+    db.execute("INSERT INTO events VALUES ('old', 1, 2.0, 'run.completed', '', '{\"output\": 1}')")
+    db.close()
+    j = engrain.open(f"sqlite:///{path}")
+    try:
+        assert j.get_run("old").status == "ok"
+        with pytest.raises(engrain.RunFinishedError):
+            j.append("old", [step(0)], 2)
+        with pytest.raises(ConflictError):
+            j.append("old", [step(0)], 1)
+        assert len(j.read("old")) == 2
     finally:
         j.close()

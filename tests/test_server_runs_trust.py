@@ -165,6 +165,34 @@ def test_a_long_runs_detail_is_bounded_and_counts_the_rest(api):
     assert len(body["events"]) == 5 and body["events_tail"] == [] and body["events_total"] == 5
 
 
+# -- a finished client run stays finished ----------------------------------------------------------
+
+def test_an_append_after_a_client_runs_end_is_a_409_run_finished_error(api, journal):
+    """The journal refuses any event after a run's end; over HTTP that is 409 ``RunFinishedError`` (nothing to retry,
+    unlike a ConflictError), and the run stays as it ended: no steps after its outcome, never running again."""
+    start = {"kind": "run.started", "data": {"task": "t", "inputs": {}, "tags": []}}
+    done = {"kind": "run.completed", "data": {"output": 1}}
+    assert api.post("/api/runs/cl-end/events", json={"events": [start, done], "expected_seq": 0}).status_code == 200
+    step = {"kind": "step.completed", "name": "s", "data": {"call_id": 0, "result": 1}}
+    alive = {"kind": "input.received", "name": "q", "data": {"call_id": 0, "answers": {}}}
+    for events in ([step], [alive], [alive, step], [{"kind": "run.failed", "data": {"error": "x"}}]):
+        r = api.post("/api/runs/cl-end/events", json={"events": events, "expected_seq": 2})
+        assert r.status_code == 409, r.text
+        body = r.json()
+        assert body["error"] == "RunFinishedError" and events[0]["kind"] in body["detail"] and "cl-end" in body["detail"]
+        assert body["run_status"] == "ok"
+    # A stale seq is still the lost race it always was.
+    r = api.post("/api/runs/cl-end/events", json={"events": [step], "expected_seq": 1})
+    assert r.status_code == 409 and r.json()["error"] == "ConflictError"
+    # A batch that goes on after its own end is refused whole, as it is in the journal.
+    r = api.post("/api/runs/cl-end2/events", json={"events": [start, done, step], "expected_seq": 0})
+    assert r.status_code == 409 and r.json()["error"] == "RunFinishedError", r.text
+    assert api.get("/api/runs/cl-end2").status_code == 404
+    run = api.get("/api/runs/cl-end").json()["run"]
+    assert run["status"] == "ok" and run["events"] == 2
+    assert [e.kind for e in journal.read("cl-end")] == ["run.started", "run.completed"]
+
+
 # -- the UI: the thread page and the long run's page ---------------------------------------------------
 
 CHROMIUM = os.environ.get("ENGRAIN_CHROMIUM", "/usr/bin/chromium")

@@ -140,18 +140,33 @@ class NotDurableError(EngrainError):
 
 
 class RunFinishedError(EngrainError):
-    """Answers were given to a run that has ended (``ok``, ``failed`` or ``cancelled``); ``status`` says how.
+    """Answers or events were given to a run that has ended (``ok``, ``failed`` or ``cancelled``); ``status`` says how.
 
-    A finished run is never resumed, so an answer to a question it left pending would
-    only make it look alive again.
+    A finished run is never resumed, so an answer to a question it left pending, or any
+    event appended after its ``run.completed``/``run.failed``/``run.cancelled``, would only
+    make it look alive again. ``kind`` is the event kind the journal refused (``None`` for
+    answers); the journal raises this from ``append`` and writes nothing.
     """
 
-    def __init__(self, run_id: str, status: str):
+    #: The refused event's kind; a class default so that subclasses built without it still have it.
+    kind: str | None = None
+
+    def __init__(self, run_id: str, status: str, kind: str | None = None):
         self.run_id = run_id
         self.status = status
+        self.kind = kind
+        if kind is not None:
+            ending = _ENDINGS.get(status, status)
+            super().__init__(f"run {run_id!r} has ended {status} ({ending}): a finished run takes no more events,"
+                             f" so {kind} was refused (fork the run, or start a new one, to go on)")
+            return
         # "not waiting for input" as before this class: callers match that text.
         super().__init__(f"run {run_id!r} is not waiting for input: it has ended {status}, and a finished run"
                          " takes no answers and is never resumed")
+
+
+#: The event kind behind each finished status, for messages (the base layer's errors import no events).
+_ENDINGS = {"ok": "run.completed", "failed": "run.failed", "cancelled": "run.cancelled"}
 
 
 class NondeterminismError(EngrainError):

@@ -29,6 +29,7 @@ from .._events import (
     is_json,
     status_after,
 )
+from .._errors import RunFinishedError
 from .._events import _fast_encode
 
 _STATUS_KINDS = frozenset(
@@ -38,6 +39,15 @@ _STATUS_KINDS = frozenset(
 FINISHED = frozenset({OK, FAILED, CANCELLED})
 #: Event kinds that finish a run.
 FINISH_KINDS = frozenset({RUN_COMPLETED, RUN_FAILED, RUN_CANCELLED})
+#: The status each finishing kind leaves a run in.
+ENDED_BY = {RUN_COMPLETED: OK, RUN_FAILED: FAILED, RUN_CANCELLED: CANCELLED}
+# A finished run stays finished: nothing is appended after its finishing event, whatever the kind
+# or the ending. No path of engrain's own writes there (a finished run is never resumed, a retry is
+# a fork, i.e. a new run, cancel and answers check the end first), so anything that does is a stale
+# or forged writer, and letting it in would add steps after the outcome or flip the status back to
+# running (input.received, run.started, replay.started all set it). The backends check it in the
+# append's own statement, against what they already read there (SQLite: the last event, which the
+# dense-seq trigger seeks anyway; PostgreSQL: the runs row the gate updates).
 
 
 @dataclass(slots=True)
@@ -152,6 +162,9 @@ def prepare(run_id: str, events: Sequence[NewEvent], expected_seq: int, ts: floa
     kinds = [r[3] for r in rows]
     task = tags = status = agent = None
     if not _STATUS_KINDS.isdisjoint(kinds):
+        if not FINISH_KINDS.isdisjoint(kinds[:-1]):  # the batch goes on after its own end
+            end = next(i for i, k in enumerate(kinds) if k in FINISH_KINDS)
+            raise RunFinishedError(run_id, ENDED_BY[kinds[end]], kinds[end + 1])
         status = status_after(kinds, None)
         for ev in events:
             if ev.kind == RUN_STARTED:

@@ -49,6 +49,10 @@ class Journal(abc.ABC):
         when the run's next sequence number is not ``expected_seq`` (another
         writer got there first, or the caller's view is stale). A run is
         created by appending at ``expected_seq=0``. Returns the stored events.
+        Nothing is appended after the run's finishing event (``run.completed``,
+        ``run.failed``, ``run.cancelled``): :class:`~engrain.RunFinishedError`,
+        checked after ``expected_seq``, in the same transaction; a batch whose
+        last event is the finish is fine.
 
         ``durable=False`` lets a ``durability="full"`` backend skip the flush to
         disk for this append: the events still survive a process crash, and the

@@ -18,7 +18,15 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .._errors import ConfigError, ConflictError, LeaseLostError, RunNotFoundError, StorageError, StoreNotFoundError
+from .._errors import (
+    ConfigError,
+    ConflictError,
+    LeaseLostError,
+    RunFinishedError,
+    RunNotFoundError,
+    StorageError,
+    StoreNotFoundError,
+)
 from .._events import Event, NewEvent, Row, RunInfo, events_of
 from ._common import (
     _STATUS_KINDS,
@@ -54,10 +62,14 @@ _CREATE = (
 # A fenced append (``fence=epoch``) also requires the lease epoch to be the
 # writer's: a takeover that committed first makes a stale writer's statement
 # insert nothing, and one that waits on the row lock sees its events.
+# A finished run takes nothing more (see ``_common``): the gate's row is the one the
+# update reads anyway, so the test is a comparison, not a query, and a writer that
+# waited on the row lock for the finishing append re-checks it on the new row.
+_OPEN = " AND status <> 'ok' AND status <> 'failed' AND status <> 'cancelled'"
 _ADVANCE = (
     "gate AS (UPDATE engrain_runs SET next_seq = %s, updated = COALESCE(%s, updated),"
     " status = COALESCE(%s, status), task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags){finish}"
-    " WHERE run_id = %s AND next_seq = %s{fence} RETURNING 1)"
+    " WHERE run_id = %s AND next_seq = %s" + _OPEN + "{fence} RETURNING 1)"
 )
 _FENCE = " AND lease_epoch = %s"
 _FINISH = ", lease_owner = NULL, lease_until = NULL"
@@ -98,7 +110,7 @@ _APPEND_SQL = {
 def _step_sql(flush: bool, fenced: bool) -> str:
     return (
         f"WITH {'' if flush else _NO_FLUSH}gate AS (UPDATE engrain_runs SET next_seq = $2 + 1"
-        f" WHERE run_id = $1 AND next_seq = $2{' AND lease_epoch = $7' if fenced else ''} RETURNING 1)"
+        f" WHERE run_id = $1 AND next_seq = $2{_OPEN}{' AND lease_epoch = $7' if fenced else ''} RETURNING 1)"
         " INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
         f" SELECT $1, $2, $3::float8, $4::text, $5::text, $6::text FROM gate{'' if flush else ', cfg'}"
     )
@@ -142,8 +154,8 @@ class PostgresJournal(Journal):
         self._lock = RevivingLock()
         self._wire = Wire(self._db)
         # The append sent without waiting (append(wait=False)) whose result is unread:
-        # (run_id, expected_seq, fence). Its failure waits in _late for that run's next append.
-        self._inflight: tuple[str, int, int | None] | None = None
+        # (run_id, expected_seq, fence, kind). Its failure waits in _late for that run's next append.
+        self._inflight: tuple[str, int, int | None, str] | None = None
         self._late: dict[str, tuple[int, Exception]] = {}
         try:
             with self._lock:
@@ -222,14 +234,14 @@ class PostgresJournal(Journal):
                 head = (*head, fence)
         sql = _APPEND_SQL[expected_seq == 0, one, flush, finish, fence is not None]
         if one:
-            self._send_one(sql, text_params((*head, *rows[0])), run_id, expected_seq, fence, wait)
+            self._send_one(sql, text_params((*head, *rows[0])), run_id, expected_seq, fence, wait, rows[0][3])
             return stored
         try:
             with self._lock:
                 self._settle()
                 self._raise_late(run_id, expected_seq)
                 if self._db.execute(sql, (*head, *(list(c) for c in zip(*rows)))).rowcount != len(rows):
-                    raise self._conflict(run_id, expected_seq, fence)
+                    raise self._conflict(run_id, expected_seq, fence, rows[0][3])
         except self._psycopg.Error as e:
             raise self._storage(e) from e
         return stored
@@ -262,13 +274,15 @@ class PostgresJournal(Journal):
         except struct.error:  # past int4 or int8 (or a fence that is no int): as text, for the server to refuse or read
             params = text_params(row if fence is None else (*row, int(fence)))
             formats = None
-        self._send_one(sql, params, run_id, seq, fence, wait, formats, types)
+        self._send_one(sql, params, run_id, seq, fence, wait, kind, formats, types)
 
     def _send_one(self, sql: str, params: list[bytes | None], run_id: str, expected_seq: int, fence: int | None,
-                  wait: bool, formats: tuple[int, ...] | None = None, types: tuple[int, ...] | None = None) -> None:
+                  wait: bool, kind: str, formats: tuple[int, ...] | None = None,
+                  types: tuple[int, ...] | None = None) -> None:
         """Run a one-event append's statement: one round trip, one commit (``wait=False``: see :meth:`append`).
 
-        ``formats``: the parameters' (default all text), ``types``: theirs if the statement does not say.
+        ``kind``: the event's, named if the run has ended. ``formats``: the parameters' (default all text),
+        ``types``: theirs if the statement does not say.
         """
         try:
             with self._lock:
@@ -278,9 +292,9 @@ class PostgresJournal(Journal):
                     self._raise_late(run_id, expected_seq)
                 written = self._wire.send(sql, params, formats, types, wait)
                 if not wait:
-                    self._inflight = (run_id, expected_seq, fence)
+                    self._inflight = (run_id, expected_seq, fence, kind)
                 elif written != 1:
-                    raise self._conflict(run_id, expected_seq, fence)
+                    raise self._conflict(run_id, expected_seq, fence, kind)
         except self._psycopg.Error as e:
             raise self._storage(e) from e
 
@@ -298,10 +312,10 @@ class PostgresJournal(Journal):
         """
         if self._inflight is None:
             return
-        run_id, seq, fence = self._inflight
+        run_id, seq, fence, kind = self._inflight
         self._inflight = None
         try:
-            failure = None if self._wire.result() == 1 else self._conflict(run_id, seq, fence)
+            failure = None if self._wire.result() == 1 else self._conflict(run_id, seq, fence, kind)
         except self._psycopg.Error as e:
             failure = self._storage(e)
         if failure is not None:
@@ -316,12 +330,15 @@ class PostgresJournal(Journal):
             self._settle()
             yield
 
-    def _conflict(self, run_id: str, expected_seq: int, fence: int | None = None) -> Exception:
+    def _conflict(self, run_id: str, expected_seq: int, fence: int | None, kind: str) -> Exception:
+        """Why an append at ``expected_seq`` wrote nothing: its lease lost, its seq taken, or the run ended."""
         row = self._db.execute(
-            "SELECT next_seq, lease_epoch, lease_owner FROM engrain_runs WHERE run_id = %s", (run_id,)
+            "SELECT next_seq, lease_epoch, lease_owner, status FROM engrain_runs WHERE run_id = %s", (run_id,)
         ).fetchone()
         if row is not None and fence is not None and row[1] != fence:
             return LeaseLostError(run_id, row[2], fence)
+        if row is not None and row[0] == expected_seq and row[3] in FINISHED:  # the seq was free: the end refused it
+            return RunFinishedError(run_id, row[3], kind)
         return ConflictError(run_id, expected_seq, 0 if row is None else row[0])
 
     def take_lease(self, run_id: str, owner: str, ttl: float) -> int | None:

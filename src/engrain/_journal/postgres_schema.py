@@ -89,10 +89,14 @@ def _v6_queues(db: Any) -> None:
         db.execute(stmt)
 
 
+def _v7_finished(db: Any) -> None:
+    """A finished run stays finished. The append statements check the runs row's status: nothing to change."""
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
 MIGRATIONS: list[Callable[[Any], None]] = [
     _v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent, _v5_cancelled,
-    _v6_queues,
+    _v6_queues, _v7_finished,
 ]
 VERSION = len(MIGRATIONS)
 

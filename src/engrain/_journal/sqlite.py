@@ -21,6 +21,7 @@ from .._errors import (
     ConfigError,
     ConflictError,
     LeaseLostError,
+    RunFinishedError,
     RunNotFoundError,
     StorageError,
     StoreCorruptError,
@@ -28,6 +29,7 @@ from .._errors import (
 )
 from .._events import Event, NewEvent, Row, RunInfo, events_of, loads
 from ._common import (
+    ENDED_BY,
     FINISH_KINDS,
     FINISHED,
     Agents,
@@ -69,6 +71,7 @@ END"""
 _FENCE_SET = "INSERT OR REPLACE INTO temp.engrain_fence (run_id, epoch) VALUES (?, ?)"
 _FENCE_DROP = "DELETE FROM temp.engrain_fence WHERE run_id = ?"
 _MAX_FENCES = 10_000  # runs this connection remembers a fence for; past it, the table starts over
+_LAST_KIND = "SELECT kind FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1"
 _LEASE_NEW = "UPDATE runs SET lease_owner = ?, lease_until = ?, lease_epoch = lease_epoch + 1 WHERE run_id = ?"
 
 _RUN_COLS = (
@@ -241,7 +244,7 @@ class SQLiteJournal(Journal):
                 if self._checkpointer is not None:  # "normal": count the commit; "full" and in memory: nothing to call
                     self._committed()
             except sqlite3.Error as e:
-                self._refused(e, run_id, expected_seq, fence)
+                self._refused(e, run_id, expected_seq, fence, kind)
 
     def _commit(
         self, rows: Sequence[tuple], run_id: str, expected_seq: int, one: bool, durable: bool,
@@ -265,7 +268,7 @@ class SQLiteJournal(Journal):
                     self._write(rows, run_id, lease, rows[0][2])  # rows[0][2]: the append's timestamp
                 self._committed()
             except sqlite3.Error as e:
-                self._refused(e, run_id, expected_seq, fence)
+                self._refused(e, run_id, expected_seq, fence, rows[0][3])  # a finished run refuses the first row
             finally:
                 if fsync_skipped:
                     try:
@@ -273,13 +276,17 @@ class SQLiteJournal(Journal):
                     except sqlite3.Error:  # the write's own error (if any) is the one to report
                         pass
 
-    def _refused(self, e: sqlite3.Error, run_id: str, expected_seq: int, fence: int | None) -> NoReturn:
-        """Raise the typed error for an append the store refused: fenced off, a conflict, or the store's failure."""
+    def _refused(self, e: sqlite3.Error, run_id: str, expected_seq: int, fence: int | None, kind: str) -> NoReturn:
+        """Raise the typed error for an append the store refused: fenced off, a conflict, after the run's end
+        (``kind``: the refused event's), or the store's failure."""
         if isinstance(e, sqlite3.IntegrityError):
             if "engrain:fenced" in str(e):
                 raise self._lost(run_id, fence) from None
             if "engrain:conflict" in str(e) or "UNIQUE" in str(e):
                 raise self._conflict(run_id, expected_seq) from None
+            if "engrain:finished" in str(e):  # the trigger found the run's last event finishing it
+                (last,) = self._db.execute(_LAST_KIND, (run_id,)).fetchone()
+                raise RunFinishedError(run_id, ENDED_BY[last], kind) from None
             raise e
         raise self._translate(e) from e
 

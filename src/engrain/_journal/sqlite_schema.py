@@ -180,10 +180,30 @@ def _v6_queues(db: sqlite3.Connection) -> None:
         db.execute(stmt)
 
 
+# The dense-seq check and the finished check read one row: the run's last event, whose seq the
+# check had to find anyway (MAX(seq) seeks the primary key's end; a bare column of a MAX query is
+# read from that same row), so refusing an append after the end costs no lookup of its own.
+# The conflict is tested first: a stale writer (a live executor that a cancel overtook) must keep
+# getting ConflictError, which is how it learns of the cancel.
+_DENSE_SEQ_TRIGGER_V7 = """CREATE TRIGGER events_dense_seq BEFORE INSERT ON events BEGIN
+    SELECT CASE (SELECT CASE WHEN COALESCE(MAX(seq) + 1, 0) != NEW.seq THEN 1
+            WHEN kind = 'run.completed' OR kind = 'run.failed' OR kind = 'run.cancelled' THEN 2 END
+        FROM events WHERE run_id = NEW.run_id)
+    WHEN 1 THEN RAISE(ABORT, 'engrain:conflict')
+    WHEN 2 THEN RAISE(ABORT, 'engrain:finished') END;
+END"""
+
+
+def _v7_finished(db: sqlite3.Connection) -> None:
+    """A finished run stays finished: no event is appended after its finishing event (see ``_common``)."""
+    db.execute("DROP TRIGGER IF EXISTS events_dense_seq")
+    db.execute(_DENSE_SEQ_TRIGGER_V7)
+
+
 #: Migration ``i`` (0-based) brings a store from version ``i`` to ``i + 1``. Append only.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _v1_tables, _v2_status_ok, _v3_lease_epoch, _v4_agent, _v5_cancelled,
-    _v6_queues,
+    _v6_queues, _v7_finished,
 ]
 VERSION = len(MIGRATIONS)
 
