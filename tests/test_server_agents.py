@@ -137,7 +137,7 @@ def test_agent_run_pauses_resumes_and_never_repeats_a_step(shop):
         assert [(s["name"], s["state"], s["attempts"]) for s in steps] == [
             ("charge", "completed", 1), ("engrain.ask", "answered", 1), ("ship", "completed", 1)]
         r = http.post(f"/api/runs/{rid}/answers", json={"answers": {"approved": True}})
-        assert r.status_code == 409 and r.json()["error"] == "NotWaitingForInput"
+        assert r.status_code == 409 and r.json()["error"] == "RunFinishedError" and r.json()["run_status"] == "ok"
         # Starting a finished run again returns its recorded outcome and calls nothing.
         again = http.post("/api/runs", json={"agent": "order", "task": "ship a box", "inputs": inputs, "run_id": rid}).json()
         assert again["status"] == "ok" and again["output"] == done["output"] and again["executed"] == 0

@@ -80,10 +80,20 @@ class RemoteRunFinishedError(RemoteError, RunFinishedError):
     __str__ = RemoteError.__str__
 
 
-#: How the server words a refusal to answer a finished run: its 409 ``NotWaitingForInput`` carries the
-#: text of the local :class:`RunFinishedError` (the same error name also covers a run that is merely not
-#: waiting, which is no RunFinishedError locally), so the text is what tells them apart.
+#: Only for servers older than the ``RunFinishedError`` body (which names the run and its ``run_status``):
+#: they answered a finished run with 409 ``NotWaitingForInput``, as for a run merely not waiting, and only
+#: the local error's wording in ``detail`` told the two apart. Never read when the body says it.
 _ENDED = re.compile(r"is not waiting for input: it has ended (\w+),")
+
+
+def _run_finished(error: str, detail: object, body: object) -> str | None:
+    """How the run ended, if this error body refuses answers to a run that has ended (else None)."""
+    if error == "RunFinishedError" and isinstance(body, dict) and isinstance(body.get("run_status"), str):
+        return body["run_status"]
+    if error not in ("NotWaitingForInput", "RunFinishedError") or not isinstance(detail, str):
+        return None
+    older = _ENDED.search(detail)  # an older server, which said it only in words
+    return None if older is None else older.group(1)
 
 
 def _seg(value: str) -> str:
@@ -162,7 +172,7 @@ class Client:
             body = resp.json()
             error, detail = str(body.get("error", "HTTPError")), body.get("detail", "")
         except (ValueError, AttributeError):
-            error, detail = "HTTPError", resp.text[:500]
+            body, error, detail = None, "HTTPError", resp.text[:500]
         # The local counterpart is chosen by the server's error name, never by the status alone: many
         # 409s (a lease held, a run busy or finished) are no lost append race, and code that retries
         # on ConflictError would retry them forever.
@@ -172,10 +182,10 @@ class Client:
             # A run busy in another executor is a conflict too: once it ends, the same call is answered.
             if resp.status_code == 409 and error in ("ConflictError", "RunBusyError"):
                 raise RemoteConflictError(resp.status_code, error, detail, run_id)
-            ended = _ENDED.search(detail) if isinstance(detail, str) else None
-            if error in ("NotWaitingForInput", "RunFinishedError") and ended is not None:
-                run_status = STATUS_ALIASES.get(ended.group(1), ended.group(1))
-                raise RemoteRunFinishedError(resp.status_code, error, detail, run_id, run_status)
+            run_status = _run_finished(error, detail, body)
+            if run_status is not None:
+                raise RemoteRunFinishedError(resp.status_code, error, detail, run_id,
+                                             STATUS_ALIASES.get(run_status, run_status))
         raise RemoteError(resp.status_code, error, detail)
 
     def _call(self, method: str, path: str, *, run_id: str | None = None, **kw: Any) -> Any:

@@ -113,13 +113,12 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
         for that prompt and later ones. Returns the run's new result (ok, failed or needs_input).
         """
         from ._errors import RunNotFoundError
-        from ._server.runs import pending_prompt
+        from ._server.answering import check_answerable
 
         events = state.journal.read(run_id)
         if not events:
             raise RunNotFoundError(run_id)
-        if pending_prompt(events) is None:
-            raise ApiError(409, "NotWaitingForInput", f"run {run_id!r} is not waiting for input")
+        check_answerable(run_id, events)  # as the HTTP API refuses: RunFinishedError or NotWaitingForInput
         if _routines.routine_run_folder(state, events) is None:
             raise ApiError(400, "NotARoutineRun", f"run {run_id!r} is not a run of a routine in this server's routines dir")
         return _routines.resume(state, run_id, answers)

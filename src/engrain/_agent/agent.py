@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import _events as ev
 from .._durable.context import RunResult, current, default_journal
-from .._durable.execution import run_sync
+from .._durable.execution import Same, run_sync
 from .._durable.tools import ToolRegistry, validate_tool_name
 from .._durable.tools import tools as _default_tools
 from .._errors import AgentMismatchError, ConfigError, ConflictError, EngrainError, LeaseHeldError
@@ -205,34 +205,26 @@ class Agent:
                           sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
-    def _opening(self, j: Journal, run_id: str | None, task: str | None = None) -> dict[str, Any] | None:
-        """The ``same=`` fields of the run this agent opens (its definition, recorded by a new run), after
-        refusing an existing run this agent must not continue. ``None``: the run was recorded without a
-        definition (by an engrain from before it was recorded), so there is nothing to compare.
+    def _opening(self, j: Journal, run_id: str | None, task: str | None = None) -> Same:
+        """The ``same=`` of the run this agent opens, after refusing an existing run of another origin.
+
+        A new run records the definition; :func:`run_sync` refuses a run recorded with another one
+        (:class:`AgentMismatchError`) and resumes one recorded without it (by an engrain from before
+        it was recorded: nothing to compare), reading ``run.started`` once for all its checks.
 
         ``task``: the message of the chat turn ``run_id``; a turn found holding another message was
         taken by another process since the session was read (:class:`ConflictError`: the message
         takes the next turn).
         """
-        same = {DEFINITION: self.definition()}
-        if run_id is None:
-            return same
-        info = j.get_run(run_id)
-        if info is None:
-            return same
-        sessions.check_origin(run_id, info.tags, self.name, self._api)
-        if task is not None and info.task != task and ev.CLIENT_TAG not in info.tags:
-            raise ConflictError(run_id, 0, info.next_seq)
-        first = j.read(run_id, limit=1)
-        data = first[0].data if first else {}
-        if DEFINITION not in data:
-            return None
-        if data[DEFINITION] != same[DEFINITION]:
-            raise AgentMismatchError(run_id, (
-                f"was started by the agent {self.name!r} with another definition (model, instructions or tools):"
-                " the model replies it recorded were chosen under that one, so this agent does not continue it;"
-                " resume it with the definition it was started with, or cancel it (engrain.cancel) to leave it"))
-        return same
+        info = None if run_id is None else j.get_run(run_id)
+        if info is not None:
+            sessions.check_origin(info.run_id, info.tags, self.name, self._api)
+            if task is not None and info.task != task and ev.CLIENT_TAG not in info.tags:
+                raise ConflictError(info.run_id, 0, info.next_seq)
+        return Same({DEFINITION: self.definition()}, AgentMismatchError, unrecorded="resume", reason=(
+            f"was started by the agent {self.name!r} with another definition (model, instructions or tools):"
+            " the model replies it recorded were chosen under that one, so this agent does not continue it;"
+            " resume it with the definition it was started with, or cancel it (engrain.cancel) to leave it"))
 
     # -- runs ------------------------------------------------------------------
 

@@ -11,8 +11,9 @@ that say another executor has the run) or ``needs_input``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
+from typing import Any, Literal
 
 from .. import _events as ev
 from .._errors import (
@@ -56,7 +57,7 @@ def _start(
     fresh: bool = False,
     code: str | None = None,
     upgrade: bool = False,
-    same: dict[str, Any] | None = None,
+    same: Same | dict[str, Any] | None = None,
 ) -> tuple[list[ev.Row] | None, RunResult | None]:
     """Read the run's journal rows (creating the run if new, held by ``lease`` if given); a finished run's result short-circuits.
 
@@ -68,11 +69,14 @@ def _start(
     (were it taken after all, creating the run raises :class:`ConflictError`).
     ``same``: more fields of ``run.started`` that, like the task, a resume must give again, with
     the same JSON kinds (the cache's params and tags: its journaled lookup is replayed, so a call
-    with other params would otherwise get the entry chosen for the first ones).
+    with other params would otherwise get the entry chosen for the first ones; an agent's
+    definition). A :class:`Same` also says what a differing run raises and whether a run recorded
+    without a field resumes; a plain dict is ``Same(dict)``.
     ``inputs``: the same JSON values as recorded, kinds included, for an existing run
     (:class:`EngrainError` otherwise); ``None`` takes the recorded ones (see :func:`_recorded_inputs`).
     A run with a finishing event anywhere is finished: its first such event is its outcome.
     """
+    same = Same(same) if isinstance(same, dict) else same
     rows = [] if fresh else journal.read_raw(run_id)
     if not rows:
         data: dict[str, Any] = {"task": task, "inputs": {} if inputs is None else inputs, "tags": tags}
@@ -80,8 +84,8 @@ def _start(
             data["agent"] = agent
         if code is not None:
             data["agent_code"] = code
-        if same:
-            data.update(same)
+        if same is not None:
+            data.update(same.fields)
         if not is_json(data):  # check_json's own test first: its message is made only for a refusal
             check_json(data, f"run {run_id!r}", "inputs")
         held = None if lease is None else (lease.owner, lease.ttl)
@@ -100,6 +104,8 @@ def _start(
     why = refusal(first, agent, code, upgrade=upgrade, finished=finished)
     if why is not None:  # first: another program's run is not this one's, whatever its task
         raise AgentMismatchError(run_id, why)
+    if same is not None:  # before the task too: same= may say whose run it is (an agent's definition)
+        _check_same(run_id, first, same)
     recorded = first.get("task")
     if recorded != task:
         raise EngrainError(f"run {run_id!r} was started with task {recorded!r}, not {task!r}")
@@ -110,8 +116,6 @@ def _start(
     if inputs is not None and code is not None and not same_json(first.get("inputs", {}), inputs):
         raise EngrainError(f"run {run_id!r} was started with inputs {_shown(first.get('inputs', {}))},"
                            f" not {_shown(inputs)} (resume it with the recorded inputs, or without inputs=)")
-    if same:
-        _check_same(run_id, first, same)
     if not finished:
         return rows, None  # resumable: the common case, so nothing below is paid for it
     events = ev.events_of(run_id, rows[: end + 1])  # what follows the end is not the run's
@@ -161,12 +165,35 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 300 else text[:300] + "…"
 
 
-def _check_same(run_id: str, first: dict[str, Any], same: dict[str, Any]) -> None:
-    for k, v in same.items():
-        if k not in first:  # started by an engrain that did not record it: what it was is unknown
-            raise EngrainError(f"run {run_id!r} was started without a recorded {k}, so it cannot be resumed with {k} {v!r}")
+def _differs(run_id: str, reason: str) -> EngrainError:
+    return EngrainError(f"run {run_id!r} {reason}")
+
+
+@dataclass(frozen=True)
+class Same:
+    """The ``same=`` of :func:`_start`: fields of ``run.started`` a resume must give again, and how it is refused.
+
+    ``error(run_id, reason)`` is raised for a run recorded with another value (a plain
+    :class:`EngrainError` by default; :class:`AgentMismatchError` takes the same arguments),
+    ``reason`` says why in the caller's words (default: the field, what was recorded, what was
+    given). ``unrecorded``: a run recorded without a field, by an engrain from before it was
+    recorded, is refused (what it was is unknown) or resumed without that field's check.
+    """
+
+    fields: dict[str, Any]
+    error: Callable[[str, str], EngrainError] = _differs
+    reason: str | None = None
+    unrecorded: Literal["refuse", "resume"] = "refuse"
+
+
+def _check_same(run_id: str, first: dict[str, Any], same: Same) -> None:
+    for k, v in same.fields.items():
+        if k not in first:
+            if same.unrecorded == "resume":
+                continue
+            raise same.error(run_id, f"was started without a recorded {k}, so it cannot be resumed with {k} {v!r}")
         if not same_json(first[k], v):
-            raise EngrainError(f"run {run_id!r} was started with {k} {first[k]!r}, not {v!r}")
+            raise same.error(run_id, same.reason or f"was started with {k} {first[k]!r}, not {v!r}")
 
 
 def _finish_ok(ctx: RunContext, output: Any) -> RunResult:
@@ -215,7 +242,7 @@ class _Execution:
         agent: str,
         code: str | None,
         upgrade: bool,
-        same: dict[str, Any] | None = None,
+        same: Same | dict[str, Any] | None = None,
     ):
         self.task = task
         if run_id:
@@ -368,7 +395,8 @@ def run(
 
 def run_sync(
     agent: Callable[..., Any], task: str, run_id: str | None, inputs: dict[str, Any] | None, tags: list[str] | None,
-    journal: Journal | None, name: str, code: str | None, upgrade: bool = False, same: dict[str, Any] | None = None,
+    journal: Journal | None, name: str, code: str | None, upgrade: bool = False,
+    same: Same | dict[str, Any] | None = None,
 ) -> RunResult:
     """:func:`run` of a plain (not async) ``agent`` that records the valid agent name ``name`` and code
     fingerprint ``code``: for engrain's own runners (a cache call), which know both without working them out.
@@ -403,7 +431,7 @@ async def run_async(
 async def run_async_as(
     agent: Callable[..., Awaitable[Any]], task: str, run_id: str | None, inputs: dict[str, Any] | None,
     tags: list[str] | None, journal: Journal | None, name: str, code: str | None, upgrade: bool = False,
-    same: dict[str, Any] | None = None,
+    same: Same | dict[str, Any] | None = None,
 ) -> RunResult:
     """Async :func:`run_sync`."""
     ex = _Execution(task, run_id, inputs, tags, journal, name, code, upgrade, same)

@@ -29,6 +29,7 @@ from .._errors import (
     JSONTooDeepError,
     LeaseHeldError,
     NotJSONError,
+    RunFinishedError,
     RunNotFoundError,
     StorageError,
     StoreCorruptError,
@@ -37,7 +38,7 @@ from .._errors import (
 from .._events import MAX_DEPTH
 from .._journal import open_journal
 from .._version import __version__
-from .state import ERROR_RESPONSES, ApiError, ServerState
+from .state import ERROR_RESPONSES, ApiError, ServerState, run_finished
 
 #: Seconds a 503 (the store unavailable) asks a client to wait before retrying.
 RETRY_AFTER = 1
@@ -502,12 +503,14 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        resp = _error(exc.status, exc.error, exc.detail)
+        resp = _error(exc.status, exc.error, exc.detail, **exc.extra)
         resp.headers.update(exc.headers)
         return resp
 
     @app.exception_handler(EngrainError)
-    async def _engrain_error(_: Request, exc: EngrainError) -> JSONResponse:
+    async def _engrain_error(request: Request, exc: EngrainError) -> JSONResponse:
+        if isinstance(exc, RunFinishedError):  # whichever route it escaped from: one body clients read
+            return await _api_error(request, run_finished(exc))
         resp = _error(status_of(exc), type(exc).__name__, str(exc))
         if resp.status_code == 503:
             resp.headers["Retry-After"] = str(RETRY_AFTER)  # the next request connects anew

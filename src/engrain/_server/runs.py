@@ -19,7 +19,8 @@ from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
 from .run_kinds import listed, log_view, runs_page
 from .run_limits import DEFAULT_PAGE, MAX_PAGE
 from .contract import one_of
-from .state import ApiError, Body, state_of
+from .answering import check_answerable, pending_prompt
+from .state import ApiError, Body, run_finished, state_of
 from .streams import EventStream
 
 router = APIRouter(tags=["runs"])
@@ -173,23 +174,6 @@ def fold_steps(events: list[Event]) -> list[dict[str, Any]]:
             else:
                 rec["state"], rec["result"] = "answered", d.get("answers")
     return [steps[k] for k in sorted(steps)]
-
-
-def pending_prompt(events: list[Event]) -> dict[str, Any] | None:
-    """The ``input.requested`` data a run waits on, or None."""
-    # In order: an at-most-once step may ask again after an earlier answer (a second crash).
-    # Keyed by call_id as written: a question without a step number still reads as pending, so that
-    # answering it fails naming the event (400); only an object or a list (a client's, unhashable) is skipped.
-    waiting: dict[Any, dict[str, Any]] = {}
-    for e in events:
-        cid = e.data.get("call_id")
-        if isinstance(cid, (dict, list)):
-            continue
-        if e.kind == ev.INPUT_REQUESTED:
-            waiting[cid] = dict(e.data)
-        elif e.kind == ev.INPUT_RECEIVED:
-            waiting.pop(cid, None)
-    return next(reversed(waiting.values()), None)
 
 
 @router.get("/runs")
@@ -444,17 +428,13 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
 
     A resumed agent run is waited for up to ``body.wait`` seconds (then ``status: "running"``).
     """
-    from .._durable.human import answer, ended
+    from .._durable.human import answer
     from .._errors import RunFinishedError
 
     state = state_of(request)
     _require(request, run_id)
     events = state.journal.read(run_id)
-    status = ended(events)
-    if status is not None:  # a question it left pending still looks open to pending_prompt
-        raise ApiError(409, "NotWaitingForInput", str(RunFinishedError(run_id, status)))
-    if pending_prompt(events) is None:
-        raise ApiError(409, "NotWaitingForInput", f"run {run_id!r} is not waiting for input")
+    check_answerable(run_id, events)
     check_json(body.answers, f"answers to run {run_id!r}", "answers")
     from . import routines
 
@@ -470,8 +450,10 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
         answer(run_id, body.answers, journal=state.journal)
     except (ConflictError, RunNotFoundError):
         raise
+    except RunFinishedError as e:  # ended since our read
+        raise run_finished(e) from None
     except EngrainError as e:
-        if "not waiting for input" in str(e):  # answered, or ended (RunFinishedError), since our read
+        if "not waiting for input" in str(e):  # answered since our read
             raise ApiError(409, "NotWaitingForInput", str(e)) from None
         raise
     info = state.journal.get_run(run_id)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-from .._errors import JSONTooDeepError
+from .._errors import JSONTooDeepError, RunFinishedError
 from .._events import MAX_DEPTH, check_depth
 from .._journal import Journal, open_journal
 
@@ -30,6 +30,8 @@ class ErrorBody(BaseModel):
     error: str
     detail: str
     fields: list[FieldError] | None = None
+    run_id: str | None = Field(default=None, description="RunFinishedError: the run the answers were for.")
+    run_status: str | None = Field(default=None, description="RunFinishedError: how that run ended (ok, failed, cancelled).")
 
 
 _ERRORS = {
@@ -37,7 +39,8 @@ _ERRORS = {
     401: "Missing or wrong bearer token (only when the server has a token)",
     403: "Refused: a cross-site Origin on a loopback server, a write only the runtime may make, or a fork not allowed",
     404: "No such run, routine, agent or path",
-    409: "Conflict: another writer appended first, the run is busy, or it is not waiting for input",
+    409: "Conflict: another writer appended first, the run is busy, it is not waiting for input, or it has ended"
+         " (RunFinishedError, with run_id and run_status)",
     413: "Request body larger than the server's limit, or a client run past its event budget (RunTooLargeError)",
     421: "Host header is not this machine (DNS-rebinding guard of a loopback server)",
     422: "The request does not match the schema, or the data is invalid (fields names each problem)",
@@ -69,14 +72,29 @@ class Body(BaseModel):
 
 
 class ApiError(Exception):
-    """An error with an HTTP status, raised by route code for bad input."""
+    """An error with an HTTP status, raised by route code for bad input.
 
-    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None):
+    ``extra``: more members of the error body (each declared on :class:`ErrorBody`), for what a
+    client must read as data rather than parse out of ``detail``.
+    """
+
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None):
         self.status = status
         self.error = error
         self.detail = detail
         self.headers = headers or {}
+        self.extra = extra or {}
         super().__init__(detail)
+
+
+def run_finished(e: RunFinishedError) -> ApiError:
+    """The 409 for answers to a run that has ended: the local error's name, the run and how it ended as fields.
+
+    Not ``NotWaitingForInput`` (a run still going that asks nothing): a client tells the two
+    apart by the name and reads ``run_status``, never the wording of ``detail``.
+    """
+    return ApiError(409, "RunFinishedError", str(e), extra={"run_id": e.run_id, "run_status": e.status})
 
 
 class ServerState:
