@@ -59,9 +59,11 @@ class BufferedContext(RunContext):
         with self._lock:
             call_id = self.cursor
             self.cursor += 1
+            # From the same counter as the inherited _call_new's steps (a key from call_id could repeat one).
+            key = self.keys.next(type_, name, args)
         check_args(type_, name, args)
         self.executed += 1
-        p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, 1, False, time.time())
+        p = _Pending(call_id, name, key, type_, args, 1, False, time.time())
         if self.write and type_ in ARGS_CHECKED:
             p.digest = mutable_args_digest(args)  # journaled as a durable run's step is
         return p

@@ -31,6 +31,7 @@ from .._events import check_json, is_json
 from .._journal import Journal
 from . import observe
 from .attempts import StepWriter, _Pending, _question
+from .branches import StepKeys
 from .journals import check_args, default_journal, new_run_id  # noqa: F401  (re-exported: callers import them here)
 from .result import RunResult
 from .unwind import _Cancelled, _Park, _Suspend  # noqa: F401  (re-exported: execution and sleep import them here)
@@ -103,6 +104,7 @@ class RunContext(Waiting, StepWriter):
         self._resumed: float | None = time.time() if seq > 1 else None
         self.udf_sources: set[str] = set()  # UDF sources already journaled by this process (see _durable.udf)
         self._lock = threading.Lock()
+        self.keys = StepKeys(run_id)  # never from call_id: see branches.py
         #: The lease epoch appends are fenced with (None: unfenced), see ``Journal.append``.
         self.fence: int | None = None
         #: The first storage failure of this run: it is not the agent's, so the run must not be marked failed.
@@ -192,6 +194,7 @@ class RunContext(Waiting, StepWriter):
                 elif not same_kinds(recorded, args):
                     return None
             self._advance()
+            self.keys.next(type_, name, rec.args)
             self.replayed += 1
         if observe.observers:
             _observe_replay(self, rec)
@@ -261,6 +264,7 @@ class RunContext(Waiting, StepWriter):
     ) -> StepRecord | _Pending:
         with self._lock:
             call_id, rec = self._claim(type_, name, args)
+            key = self.keys.next(type_, name, args)
         attempt = 1
         if rec is not None:
             state = rec.state
@@ -286,7 +290,7 @@ class RunContext(Waiting, StepWriter):
             attempt = rec.attempts + 1
         elif not is_json(args):  # check_args' own first test, inline: every new step passes it
             check_args(type_, name, args)
-        p = _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, attempt)
+        p = _Pending(call_id, name, key, type_, args, attempt)
         if type_ in ARGS_CHECKED:
             p.digest = call_digest(type_, args)  # now: the call may change what it was given
         if rec is not None and rec.errors:
@@ -361,6 +365,7 @@ class RunContext(Waiting, StepWriter):
                     self._advance()
                 else:
                     self.cursor = call_id + 1  # every step of a first execution: no call
+                key = self.keys.next(type_, name, args)
         if not fresh:  # the journal may answer it (a resumed run's thread got here first): with the lock released
             return self.call(name, type_, args, lambda: fn(*pos, **kw))
         digest = None
@@ -380,15 +385,15 @@ class RunContext(Waiting, StepWriter):
             digest = call_digest(type_, args)
         started = time.time()
         self.executed += 1
-        token = _step_key.set(f"{self.run_id}:{call_id}")
+        token = _step_key.set(key)
         try:
             try:
                 result = fn(*pos, **kw)
             except Exception as e:
-                self._failed(self._pending(call_id, name, type_, args, started, digest), e, DEFAULT_POLICY)
+                self._failed(self._pending(call_id, key, name, type_, args, started, digest), e, DEFAULT_POLICY)
                 raise  # no retries: the failure is journaled
             if observe.observers or (type(result) not in _PLAIN and not is_json(result)):  # observed, or not JSON
-                return self._complete(self._pending(call_id, name, type_, args, started, digest), result)
+                return self._complete(self._pending(call_id, key, name, type_, args, started, digest), result)
             # The usual completion (first attempt, no durable start): keys in _outcome's order.
             data = {"call_id": call_id, "result": result, "type": type_, "args": args, "started": started}
             if digest is not None:
@@ -405,7 +410,7 @@ class RunContext(Waiting, StepWriter):
                 else:
                     self.append(ev.STEP_COMPLETED, name, data, json_checked=True)
             except NotJSONError as e:  # text no store can hold (a lone surrogate), found as the event was encoded
-                self._fail(self._pending(call_id, name, type_, args, started, digest), e)
+                self._fail(self._pending(call_id, key, name, type_, args, started, digest), e)
                 raise
             return result
         finally:
@@ -424,10 +429,10 @@ class RunContext(Waiting, StepWriter):
             return self.call(name, "tool", args, lambda: fn(*pos, **kw))
         return self._call_new(name, "tool", args, fn, pos, kw, 2 if scalars else 1)
 
-    def _pending(self, call_id: int, name: str, type_: str, args: dict[str, Any], started: float,
+    def _pending(self, call_id: int, key: str, name: str, type_: str, args: dict[str, Any], started: float,
                  digest: str | None) -> _Pending:
         """The pending step :meth:`_call_new` ran, for the writers that take one (a failure, an observed step)."""
-        return _Pending(call_id, name, f"{self.run_id}:{call_id}", type_, args, 1, False, started, None, digest)
+        return _Pending(call_id, name, key, type_, args, 1, False, started, None, digest)
 
     async def acall(
         self,
@@ -463,6 +468,7 @@ class RunContext(Waiting, StepWriter):
         """Return the recorded answers to this request, or journal the request and suspend."""
         with self._lock:
             call_id, rec = self._claim("input", name, {"prompt": prompt, "fields": fields or []})
+            self.keys.next("input", name, None)
         request = {"call_id": call_id, "prompt": prompt, "fields": fields or []}
         if rec is None:
             check_json(request, f"input request {name!r}", "prompt")
