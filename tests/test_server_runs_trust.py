@@ -235,9 +235,18 @@ def test_the_ui_shows_a_thread_whose_channels_are_a_string(browser_page):
     expect(page.locator("h1")).to_contain_text("LangGraph thread")
 
 
-def test_the_ui_draws_a_long_run_a_page_at_a_time(browser_page):
-    from playwright.sync_api import expect
+def _drawn(page, selector: str, state: str = "attached") -> None:
+    """Wait for ``selector`` with wait_for_selector, not expect: with Playwright 1.65 on a loaded machine,
+    a page of a long run sometimes never drew while an expect polled it (1 in 6 tries; never with
+    wait_for_selector), and the page's own timers stalled the same way."""
+    page.wait_for_selector(selector, state=state, timeout=60_000)
 
+
+def _gap(page) -> str:
+    return page.locator("#events-gap").inner_text()
+
+
+def test_the_ui_draws_a_long_run_a_page_at_a_time(browser_page):
     journal, base, page = browser_page
     events = [eg.NewEvent("run.started", "", {"task": "long", "inputs": {}, "tags": ["client"]})]
     for i in range(2500):
@@ -246,24 +255,28 @@ def test_the_ui_draws_a_long_run_a_page_at_a_time(browser_page):
     journal.append("long", events, 0)  # 5001 events
     page.goto(base + "/#/runs/long")
     rows = page.locator("#events-table tr[data-seq]")
-    expect(page.locator("#events-gap")).to_contain_text("Showing 1100 of 5001 events: 3901 more")
+    _drawn(page, "#events-gap")
+    assert "Showing 1100 of 5001 events: 3901 more" in _gap(page)
     assert rows.count() == 1100  # the first 1000 and the last 100, not 5001
-    expect(page.locator("h2").filter(has_text="Steps (2500)")).to_be_visible()
+    assert page.locator("h2").filter(has_text="Steps (2500)").count() == 1
     page.locator("#events-more").click()
-    expect(page.locator("#events-gap")).to_contain_text("Showing 2100 of 5001 events")
+    _drawn(page, '#events-table tr[data-seq="1999"]')
+    assert "Showing 2100 of 5001 events" in _gap(page)
     seqs = [int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.seq)")]
     assert seqs == sorted(seqs) and len(set(seqs)) == 2100  # in order, none twice
-    for _ in range(3):
+    for last in (2999, 3999):
         page.locator("#events-more").click()
-    expect(page.locator("#events-gap")).to_have_count(0)  # the gap closed: every event, once
+        _drawn(page, f'#events-table tr[data-seq="{last}"]')
+    page.locator("#events-more").click()
+    _drawn(page, "#events-gap", "detached")  # the gap closed: every event, once
     assert rows.count() == 5001
+    seqs = [int(s) for s in rows.evaluate_all("rs => rs.map(r => r.dataset.seq)")]
+    assert seqs == list(range(5001))
 
 
 def test_a_dropped_live_stream_keeps_the_pages_loaded(browser_page):
     """A live run's stream that drops reconnects after 2 s; an unchanged run is not redrawn then,
     so the events the reader paged in with "Load more" stay on the page."""
-    from playwright.sync_api import expect
-
     journal, base, page = browser_page
     events = [eg.NewEvent("run.started", "", {"task": "live", "inputs": {}, "tags": ["client"]})]
     for i in range(1500):
@@ -271,7 +284,7 @@ def test_a_dropped_live_stream_keeps_the_pages_loaded(browser_page):
         events.append(eg.NewEvent("step.completed", "s", {"call_id": i, "result": i}))
     journal.append("live", events, 0)  # running: the page opens a stream
     # Every stream drops at once, in the page itself (a Python route handler only runs while the test
-    # calls into Playwright, which would stall the reconnects during an expect).
+    # calls into Playwright).
     page.add_init_script("""window.__drops = 0;
       window.EventSource = class {
         constructor() { window.__drops += 1; setTimeout(() => this.onerror && this.onerror(new Event("error")), 50); }
@@ -279,16 +292,16 @@ def test_a_dropped_live_stream_keeps_the_pages_loaded(browser_page):
         close() {}
       };""")
     page.goto(base + "/#/runs/live")
-    expect(page.locator("#events-gap")).to_contain_text("Showing 1100 of 3001 events")
+    _drawn(page, "#events-gap")
+    assert "Showing 1100 of 3001 events" in _gap(page)
     page.locator("#events-more").click()
-    expect(page.locator("#events-gap")).to_contain_text("Showing 2100 of 3001 events")
+    _drawn(page, '#events-table tr[data-seq="1999"]')
+    assert "Showing 2100 of 3001 events" in _gap(page)
     first = page.evaluate("window.__drops")
-    page.wait_for_function("(n) => window.__drops >= n", arg=first + 2)  # two reconnects, 2 s apart
+    page.wait_for_function("(n) => window.__drops >= n", arg=first + 2, timeout=60_000)  # two reconnects
     assert page.locator("#events-table tr[data-seq]").count() == 2100
-    expect(page.locator("#events-gap")).to_contain_text("Showing 2100 of 3001 events")
+    assert "Showing 2100 of 3001 events" in _gap(page)
     # A change is still drawn: a new event shows after the next reconnect.
     journal.append("live", [eg.NewEvent("step.started", "s", {"call_id": 1500, "args": {}})], 3001)
-    # wait_for_selector, not expect: while an expect polled here, the page's 2 s reconnect timer never
-    # fired (seen with Playwright 1.65), so the redraw came only after the expect gave up.
-    page.wait_for_selector('#events-table tr[data-seq="3001"]', timeout=30_000)
-    expect(page.locator("#events-gap")).to_contain_text("Showing 1100 of 3002 events")
+    _drawn(page, '#events-table tr[data-seq="3001"]')
+    assert "Showing 1100 of 3002 events" in _gap(page)
