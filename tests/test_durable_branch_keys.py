@@ -15,6 +15,7 @@ import threading
 import pytest
 
 import engrain as eg
+from tests.test_durable_concurrency import _within
 
 _reg = eg.ToolRegistry()
 _seen: list[tuple[str, str | None]] = []
@@ -57,24 +58,6 @@ def journal(tmp_path):
     _effects.clear()
     yield j
     j.close()
-
-
-def _within(seconds, fn):
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"hung for {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def _gates(*names):

@@ -50,6 +50,20 @@ def _steps(journal, run_id: str) -> list[str]:
     return [e.name for e in journal.read(run_id) if e.kind == "step.completed"]
 
 
+def _crashing_once(body):
+    """An agent running ``body(task)`` that dies the first time after it returned, before the run ended."""
+    crash = [True]
+
+    def support(task: str) -> str:
+        out = body(task)
+        if crash[0]:
+            crash[0] = False
+            raise Crash
+        return out
+
+    return support
+
+
 # -- PydanticAI: a model given at run time ---------------------------------------------------
 
 def _pai_script(calls: list[str], name: str):
@@ -80,15 +94,11 @@ def test_pydantic_ai_model_given_at_run_time_is_journaled_and_replayed(store_url
     effects: list[str] = []
     agent = _pai_agent(None, effects)
     model = FunctionModel(_pai_script(calls, "runtime"))
-    crash = [True]
-
-    def support(task: str) -> str:
+    def body(task: str) -> str:
         with eg_pai.durable(agent):
-            out = agent.run_sync(task, model=model).output
-        if crash[0]:
-            crash[0] = False
-            raise Crash  # dies after the agent finished, before the run did
-        return out
+            return agent.run_sync(task, model=model).output
+
+    support = _crashing_once(body)
 
     j = eg.open(store_url)
     with pytest.raises(Crash):
@@ -147,15 +157,11 @@ def test_pydantic_ai_toolsets_given_at_run_time_are_kept_and_journaled(store_url
         return ModelResponse(parts=[TextPart("refunded")])
 
     extra = FunctionToolset([refund])
-    crash = [True]
-
-    def support(task: str) -> str:
+    def body(task: str) -> str:
         with eg_pai.durable(agent):
-            out = agent.run_sync(task, model=FunctionModel(script), toolsets=[extra]).output
-        if crash[0]:
-            crash[0] = False
-            raise Crash
-        return out
+            return agent.run_sync(task, model=FunctionModel(script), toolsets=[extra]).output
+
+    support = _crashing_once(body)
 
     j = eg.open(store_url)
     with pytest.raises(Crash):
@@ -188,15 +194,11 @@ def test_sdk_run_config_model_is_journaled_through_durable_run_config(store_url)
     effects: list[int] = []
     agent = _sdk_agent(effects)
     model = ScriptedModel([tool_call("charge", {"amount": 5}), text("done")])
-    crash = [True]
-
-    def support(task: str) -> str:
+    def body(task: str) -> str:
         config = durable_run_config(RunConfig(model=model))
-        out = Runner.run_sync(durable(agent), task, run_config=config).final_output
-        if crash[0]:
-            crash[0] = False
-            raise Crash
-        return out
+        return Runner.run_sync(durable(agent), task, run_config=config).final_output
+
+    support = _crashing_once(body)
 
     j = eg.open(store_url)
     with pytest.raises(Crash):

@@ -20,7 +20,7 @@ from .run_kinds import listed, log_view, runs_page
 from .run_limits import DEFAULT_PAGE, MAX_PAGE
 from .contract import one_of
 from .answering import check_answerable, pending_prompt
-from .state import ApiError, Body, run_finished, state_of
+from .state import ApiError, Body, state_of
 from .streams import EventStream
 
 router = APIRouter(tags=["runs"])
@@ -448,10 +448,8 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
 
             return {**state.agents.resume(agent, run_id, events, record, body.wait), "resumed": True}
         answer(run_id, body.answers, journal=state.journal)
-    except (ConflictError, RunNotFoundError):
-        raise
-    except RunFinishedError as e:  # ended since our read
-        raise run_finished(e) from None
+    except (ConflictError, RunNotFoundError, RunFinishedError):
+        raise  # a run ended since our read: the app's handler answers it as every route does
     except EngrainError as e:
         if "not waiting for input" in str(e):  # answered since our read
             raise ApiError(409, "NotWaitingForInput", str(e)) from None

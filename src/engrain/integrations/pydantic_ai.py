@@ -105,7 +105,7 @@ class DurableToolset(WrapperToolset):
 
 
 @dataclass
-class _DurableModels(AbstractCapability[Any]):
+class _DurableRun(AbstractCapability[Any]):
     """Wraps the model that serves each request of a run in a :class:`DurableModel`, and the run's
     toolset in a :class:`DurableToolset` (unless ``tools`` is False).
 
@@ -128,7 +128,7 @@ class _DurableModels(AbstractCapability[Any]):
 
 
 #: The agents inside a durable() block in this context (thread, task), by id: their runs get this capability.
-_in_block: ContextVar[dict[int, _DurableModels]] = ContextVar("engrain_pydantic_ai_durable", default={})
+_in_block: ContextVar[dict[int, _DurableRun]] = ContextVar("engrain_pydantic_ai_durable", default={})
 #: id(agent) -> [open durable() blocks in any context, the instance ``iter`` it had before (or _NONE)].
 _hooked: dict[int, list[Any]] = {}
 _hooked_lock = threading.Lock()
@@ -136,7 +136,7 @@ _NONE = object()
 
 
 def _hook_iter(agent: Agent[Any, Any]) -> None:
-    """Make ``agent.iter`` add :class:`_DurableModels` to the runs started inside a durable() block.
+    """Make ``agent.iter`` add :class:`_DurableRun` to the runs started inside a durable() block.
 
     ``iter`` is where every run of the agent starts (``run``, ``run_sync``, ``run_stream`` call it)
     and the one place a capability can be added to a run without replacing the agent's own. It
@@ -185,12 +185,12 @@ def durable(agent: Agent[Any, Any]) -> Iterator[Agent[Any, Any]]:
     toolsets given at run time (``toolsets=[...]``). The block does not change which model
     or tools a run uses.
     """
-    with _block(agent, _DurableModels()):
+    with _block(agent, _DurableRun()):
         yield agent
 
 
 @contextmanager
-def _block(agent: Agent[Any, Any], capability: _DurableModels) -> Iterator[None]:
+def _block(agent: Agent[Any, Any], capability: _DurableRun) -> Iterator[None]:
     _hook_iter(agent)
     token = _in_block.set({**_in_block.get(), id(agent): capability})
     try:
@@ -264,7 +264,7 @@ def cached(agent: Agent[Any, Any], engine: Any) -> Callable[[str], Any]:
     def run(task: str) -> Any:
         toolsets = [ts.visit_and_replace(lambda t: _CachedToolset(t, recorded)) for ts in agent.toolsets]
         # The engine records and replays the tools itself; only the model requests are journaled here.
-        with _block(agent, _DurableModels(tools=False)), agent.override(toolsets=toolsets, tools=[]):
+        with _block(agent, _DurableRun(tools=False)), agent.override(toolsets=toolsets, tools=[]):
             return agent.run_sync(task).output
 
     return run

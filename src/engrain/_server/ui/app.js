@@ -400,7 +400,7 @@
     const container = h("div", { id: "run-view" });
     let source = null;
     let lastSeq = -1;
-    let drawn = null;  // what the page was last drawn from: the run's status and event count
+    let drawn = null;  // what the page was last drawn from: the run's status, event count and last seq
     let timer = null;
     let retry = null;
 
