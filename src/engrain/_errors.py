@@ -165,6 +165,18 @@ class RunFinishedError(EngrainError):
                          " takes no answers and is never resumed")
 
 
+class NotWaitingForInputError(EngrainError):
+    """Answers were given to a run that is still going but asks for nothing (or was answered already).
+
+    Unlike :class:`RunFinishedError` the run is alive: it may ask later, so the
+    caller can wait and answer then. Over HTTP this is 409 ``NotWaitingForInput``.
+    """
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} is not waiting for input")
+
+
 #: The event kind behind each finished status, for messages (the base layer's errors import no events).
 _ENDINGS = {"ok": "run.completed", "failed": "run.failed", "cancelled": "run.cancelled"}
 

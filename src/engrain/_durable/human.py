@@ -12,7 +12,7 @@ import datetime as _dt
 from typing import Any
 
 from .. import _events as ev
-from .._errors import EngrainError, RunFinishedError
+from .._errors import EngrainError, NotWaitingForInputError, RunFinishedError
 from .._events import Event, NewEvent, check_json
 from .._journal import Journal
 from .context import _current, default_journal
@@ -73,7 +73,7 @@ def answer(run_id: str, answers: dict[str, Any], *, journal: Journal | None = No
         raise RunFinishedError(run_id, status)
     waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
     if not waiting:
-        raise EngrainError(f"run {run_id!r} is not waiting for input")
+        raise NotWaitingForInputError(run_id)
     check_json(answers, f"answers to run {run_id!r}", "answers")
     if waiting[-1].at_most_once:
         check_at_most_once_answer(waiting[-1].name, answers)

@@ -29,6 +29,7 @@ from .._errors import (
     JSONTooDeepError,
     LeaseHeldError,
     NotJSONError,
+    NotWaitingForInputError,
     RunFinishedError,
     RunNotFoundError,
     StorageError,
@@ -511,6 +512,8 @@ def create_app(
     async def _engrain_error(request: Request, exc: EngrainError) -> JSONResponse:
         if isinstance(exc, RunFinishedError):  # whichever route it escaped from: one body clients read
             return await _api_error(request, run_finished(exc))
+        if isinstance(exc, NotWaitingForInputError):  # the wire name predates the class: clients match it
+            return _error(409, "NotWaitingForInput", str(exc))
         resp = _error(status_of(exc), type(exc).__name__, str(exc))
         if resp.status_code == 503:
             resp.headers["Retry-After"] = str(RETRY_AFTER)  # the next request connects anew

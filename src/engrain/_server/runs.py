@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from .. import _events as ev
-from .._errors import ConflictError, EngrainError, RunNotFoundError
+from .._errors import ConflictError, RunNotFoundError
 from .._events import Event, NewEvent, check_json
 from .._durable.steps import replayed_steps
 from .agents import DEFAULT_WAIT, MAX_WAIT, agent_of
@@ -429,7 +429,6 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
     A resumed agent run is waited for up to ``body.wait`` seconds (then ``status: "running"``).
     """
     from .._durable.human import answer
-    from .._errors import RunFinishedError
 
     state = state_of(request)
     _require(request, run_id)
@@ -438,22 +437,17 @@ def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
     check_json(body.answers, f"answers to run {run_id!r}", "answers")
     from . import routines
 
+    # A refusal after our read (the run answered or ended since) reaches the app's handlers, which
+    # answer it as every route does: 409 NotWaitingForInput or RunFinishedError.
     agent = agent_of(events)
-    try:
-        if routines.routine_run_folder(state, events) is not None:
-            return {**routines.resume(state, run_id, body.answers), "resumed": True}
-        if agent is not None and agent in state.agents.agents:
-            def record() -> None:
-                answer(run_id, body.answers, journal=state.journal)
+    if routines.routine_run_folder(state, events) is not None:
+        return {**routines.resume(state, run_id, body.answers), "resumed": True}
+    if agent is not None and agent in state.agents.agents:
+        def record() -> None:
+            answer(run_id, body.answers, journal=state.journal)
 
-            return {**state.agents.resume(agent, run_id, events, record, body.wait), "resumed": True}
-        answer(run_id, body.answers, journal=state.journal)
-    except (ConflictError, RunNotFoundError, RunFinishedError):
-        raise  # a run ended since our read: the app's handler answers it as every route does
-    except EngrainError as e:
-        if "not waiting for input" in str(e):  # answered since our read
-            raise ApiError(409, "NotWaitingForInput", str(e)) from None
-        raise
+        return {**state.agents.resume(agent, run_id, events, record, body.wait), "resumed": True}
+    answer(run_id, body.answers, journal=state.journal)
     info = state.journal.get_run(run_id)
     return {"run_id": run_id, "status": info.status if info else "running", "output": None, "error": None,
             "prompt": None, "replayed": 0, "executed": 0, "resumed": False}

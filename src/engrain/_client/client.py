@@ -10,14 +10,14 @@ Errors come back typed: every 4xx/5xx is a :class:`~engrain.RemoteError`, and
 also a :class:`~engrain.RunNotFoundError` for an unknown run, a
 :class:`~engrain.ConflictError` for a lost append race (the server's
 ``ConflictError``, nothing else: a 409 for another reason is no race to retry) or a
-:class:`~engrain.RunFinishedError` for answers to a run that has ended; a server
+:class:`~engrain.RunFinishedError` for answers to a run that has ended (a
+:class:`~engrain.NotWaitingForInputError` for one still going that asks nothing); a server
 that cannot be reached is a :class:`~engrain.ServerUnreachableError` naming the URL.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,16 +26,10 @@ from urllib.parse import quote
 
 import httpx
 
-from ._durable.context import RunResult
-from ._errors import (
-    ConfigError,
-    ConflictError,
-    RemoteError,
-    RunFinishedError,
-    RunNotFoundError,
-    ServerUnreachableError,
-)
-from ._events import STATUS_ALIASES, Event, RunInfo, check_status
+from .._durable.context import RunResult
+from .._errors import ConfigError, RemoteError, RunNotFoundError, ServerUnreachableError
+from .._events import STATUS_ALIASES, Event, RunInfo, check_status
+from .errors import remote_error
 
 
 #: Statuses of a run that has not ended and asks for nothing: :meth:`Client.wait_run` keeps waiting on them.
@@ -43,57 +37,6 @@ _UNFINISHED = frozenset({"running", "queued"})
 
 #: Events asked for per ``GET /api/runs/{id}/events`` page (the server's default; it allows up to 10,000).
 _PAGE = 1000
-
-
-class RemoteRunNotFoundError(RemoteError, RunNotFoundError):
-    """The server has no such run."""
-
-    def __init__(self, status: int, error: str, detail: object, run_id: str):
-        RemoteError.__init__(self, status, error, detail)
-        self.run_id = run_id
-
-    __str__ = RemoteError.__str__
-
-
-class RemoteConflictError(RemoteError, ConflictError):
-    """The server refused an append or answer because another writer got there first."""
-
-    def __init__(self, status: int, error: str, detail: object, run_id: str):
-        RemoteError.__init__(self, status, error, detail)
-        self.run_id, self.expected_seq, self.actual_seq = run_id, -1, None
-
-    __str__ = RemoteError.__str__
-
-
-class RemoteRunFinishedError(RemoteError, RunFinishedError):
-    """The server refused answers because the run has ended (``ok``, ``failed`` or ``cancelled``).
-
-    What :func:`engrain.answer` raises locally, so one ``except RunFinishedError``
-    serves both. ``status`` stays the HTTP status, as on every :class:`RemoteError`
-    (code comparing it with numbers keeps working); ``run_status`` says how the run ended.
-    """
-
-    def __init__(self, status: int, error: str, detail: object, run_id: str, run_status: str):
-        RemoteError.__init__(self, status, error, detail)
-        self.run_id, self.run_status = run_id, run_status
-
-    __str__ = RemoteError.__str__
-
-
-#: Only for servers older than the ``RunFinishedError`` body (which names the run and its ``run_status``):
-#: they answered a finished run with 409 ``NotWaitingForInput``, as for a run merely not waiting, and only
-#: the local error's wording in ``detail`` told the two apart. Never read when the body says it.
-_ENDED = re.compile(r"is not waiting for input: it has ended (\w+),")
-
-
-def _run_finished(error: str, detail: object, body: object) -> str | None:
-    """How the run ended, if this error body refuses answers to a run that has ended (else None)."""
-    if error == "RunFinishedError" and isinstance(body, dict) and isinstance(body.get("run_status"), str):
-        return body["run_status"]
-    if error not in ("NotWaitingForInput", "RunFinishedError") or not isinstance(detail, str):
-        return None
-    older = _ENDED.search(detail)  # an older server, which said it only in words
-    return None if older is None else older.group(1)
 
 
 def _seg(value: str) -> str:
@@ -173,20 +116,7 @@ class Client:
             error, detail = str(body.get("error", "HTTPError")), body.get("detail", "")
         except (ValueError, AttributeError):
             body, error, detail = None, "HTTPError", resp.text[:500]
-        # The local counterpart is chosen by the server's error name, never by the status alone: many
-        # 409s (a lease held, a run busy or finished) are no lost append race, and code that retries
-        # on ConflictError would retry them forever.
-        if run_id is not None:
-            if resp.status_code == 404 and error == "RunNotFoundError":
-                raise RemoteRunNotFoundError(resp.status_code, error, detail, run_id)
-            # A run busy in another executor is a conflict too: once it ends, the same call is answered.
-            if resp.status_code == 409 and error in ("ConflictError", "RunBusyError"):
-                raise RemoteConflictError(resp.status_code, error, detail, run_id)
-            run_status = _run_finished(error, detail, body)
-            if run_status is not None:
-                raise RemoteRunFinishedError(resp.status_code, error, detail, run_id,
-                                             STATUS_ALIASES.get(run_status, run_status))
-        raise RemoteError(resp.status_code, error, detail)
+        raise remote_error(resp.status_code, error, detail, body, run_id)
 
     def _call(self, method: str, path: str, *, run_id: str | None = None, **kw: Any) -> Any:
         for attempt in range(self.max_retries + 1):
@@ -296,7 +226,7 @@ class Client:
         there (an agent run is waited for up to ``wait`` seconds); any other run's
         answers are recorded for its own process and the status is ``running``.
         A run that has ended raises :class:`~engrain.RunFinishedError` (as
-        :func:`engrain.answer` does); one not waiting for input, a :class:`~engrain.RemoteError`.
+        :func:`engrain.answer` does); one not waiting for input, a :class:`~engrain.NotWaitingForInputError`.
         """
         body: dict[str, Any] = {"answers": answers, **({"wait": wait} if wait is not None else {})}
         return _run_result(self._call("POST", f"/runs/{_seg(run_id)}/answers", json=body, run_id=run_id))
