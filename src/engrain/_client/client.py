@@ -40,7 +40,9 @@ _PAGE = 1000
 
 
 def _seg(value: str) -> str:
-    return quote(value, safe="")
+    """``value`` as one path segment: the server routes ``%2F`` as part of an id, not as a separator."""
+    # httpx resolves "." and ".." segments before sending, so an id made only of dots is escaped too.
+    return value.replace(".", "%2E") if value.strip(".") == "" else quote(value, safe="")
 
 
 #: Longest wait (seconds) a retry takes from a ``Retry-After`` header.

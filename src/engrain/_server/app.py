@@ -579,11 +579,12 @@ def create_app(
 
         app.mount("/", StaticFiles(directory=str(ui), html=True), name="ui")
 
-    from .contract import LiteralPaths, install_openapi
+    from .contract import EncodedSlashes, LiteralPaths, install_openapi
 
     install_openapi(app, list(state.llm_agents.tools.names()))
     # The last added runs first: the security headers wrap the host guard, which wraps the size limit,
     # which wraps auth, which wraps the wrong-method answer of literal paths, which wraps the routes.
+    app.add_middleware(EncodedSlashes)  # innermost: the guards around it read the path as it was sent
     app.add_middleware(LiteralPaths, fastapi_app=app)
     app.add_middleware(BearerAuth, token=token)
     app.add_middleware(BodyLimit, limit=MAX_BODY)

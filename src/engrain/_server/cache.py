@@ -60,7 +60,7 @@ def savings_series(
     return state_of(request).cache_store().savings_series(buckets=buckets, since=since)
 
 
-@router.delete("/cache/entries/{entry_id}")
+@router.delete("/cache/entries/{entry_id:segment}")
 def evict(request: Request, entry_id: str) -> dict[str, Any]:
     """Delete one cache entry (404 if there is none with that id)."""
     if not state_of(request).cache_store().evict(entry_id):

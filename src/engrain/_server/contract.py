@@ -9,12 +9,18 @@
   document calls valid is one the server accepts.
 - What depends on the server's configuration (the tool names an LLM agent may
   use) is written into the document when it is built: :func:`install_openapi`.
+- A path parameter is one segment, in which an id may hold ``/`` sent as ``%2F``
+  (a LangGraph thread ``user/42`` makes a run id with one): :class:`EncodedSlashes`
+  routes on the raw path, and every templated route reads its ids as ``{id:segment}``.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
+from urllib.parse import quote, unquote
 
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 
@@ -83,3 +89,60 @@ def install_openapi(app: Any, tool_names: list[str]) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+#: The two escapes a routed path keeps: a slash inside an id, and the percent sign that makes it unambiguous.
+_KEPT = re.compile(r"%2[fF5]")
+
+
+def routed_path(raw: bytes | None, decoded: str) -> str:
+    """The path to route ``/api`` requests on: ``decoded`` with ``%2F`` and ``%25`` put back where ``raw`` had them.
+
+    The ASGI server decodes the path before routing, so ``/runs/a%2Fb/answers`` would arrive as
+    ``/runs/a/b/answers`` and match no route. Routing on this form keeps an id one segment;
+    :class:`Segment` decodes it. When ``raw`` is missing or disagrees with ``decoded`` (a proxy
+    that rewrote the path), only ``%`` is escaped: an encoded slash is then lost, as before.
+    """
+    if raw is not None:
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            pieces = _KEPT.split(text)
+            kept = [m.upper() for m in _KEPT.findall(text)]
+            out = unquote(pieces[0]) + "".join(k + unquote(p) for k, p in zip(kept, pieces[1:]))
+            if unquote(out) == decoded:
+                return out
+    return decoded.replace("%", "%25")
+
+
+class EncodedSlashes:
+    """Route ``/api`` requests on :func:`routed_path`; the middlewares around it see the decoded path as sent."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            root, path = scope.get("root_path", ""), scope["path"]
+            root = root if path.startswith(root) else ""
+            # Routes match the path after the root path (behind a proxy's prefix), as Starlette's router reads it.
+            if path[len(root):].startswith("/api/"):
+                scope = {**scope, "path": routed_path(scope.get("raw_path"), path)}
+        await self.app(scope, receive, send)
+
+
+class Segment(Convertor[str]):
+    """``{id:segment}``: one path segment of :func:`routed_path`'s form, decoded (``a%2Fb`` is the id ``a/b``)."""
+
+    regex = "[^/]+"
+
+    def convert(self, value: str) -> str:
+        return unquote(value)
+
+    def to_string(self, value: str) -> str:
+        return quote(value, safe="")
+
+
+register_url_convertor("segment", Segment())

@@ -54,7 +54,7 @@ def list_learned(request: Request, skill: str | None = Query(default=None, max_l
         return [r.to_dict() for r in store.list(skill, status)]
 
 
-@router.get("/learned/{ref}")
+@router.get("/learned/{ref:segment}")
 def show_learned(request: Request, ref: str, skill: str | None = Query(default=None, max_length=200)) -> dict[str, Any]:
     """One learned routine with its routine.yaml data, the explanation of each argument and its evidence runs."""
     store, lock = _store(request)
@@ -62,7 +62,7 @@ def show_learned(request: Request, ref: str, skill: str | None = Query(default=N
         return store.get(ref, skill).to_dict(full=True)
 
 
-@router.put("/learned/{ref}")
+@router.put("/learned/{ref:segment}")
 def edit_learned(request: Request, ref: str, body: Edit, skill: str | None = Query(default=None, max_length=200)) -> dict[str, Any]:
     """Replace the routine with a human's version (checked; 422 lists every problem)."""
     from .._errors import MemoryInputError
@@ -74,7 +74,7 @@ def edit_learned(request: Request, ref: str, body: Edit, skill: str | None = Que
         return store.edit(ref, body.yaml if body.yaml is not None else body.routine, skill).to_dict()
 
 
-@router.post("/learned/{ref}/promote")
+@router.post("/learned/{ref:segment}/promote")
 def promote_learned(request: Request, ref: str, body: Promote,
                     skill: str | None = Query(default=None, max_length=200)) -> dict[str, Any]:
     """Mark the routine reviewed (``trusted: true``), or take that back (``false``); no body: 422."""
@@ -83,7 +83,7 @@ def promote_learned(request: Request, ref: str, body: Promote,
         return store.promote(ref, body.trusted, skill).to_dict()
 
 
-@router.delete("/learned/{ref}")
+@router.delete("/learned/{ref:segment}")
 def delete_learned(request: Request, ref: str, skill: str | None = Query(default=None, max_length=200)) -> dict[str, Any]:
     """Delete a learned routine."""
     store, lock = _store(request)

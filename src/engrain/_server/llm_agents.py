@@ -258,13 +258,13 @@ async def create_agent(body: AgentDefinition, request: Request) -> JSONResponse:
     return JSONResponse({**out, "warning": warning} if warning else out, status_code=201)
 
 
-@router.post("/agents/{name}/runs")
+@router.post("/agents/{name:segment}/runs")
 def run_agent(name: str, body: TaskRequest, request: Request) -> dict[str, Any]:
     """Start a durable run of the LLM agent on ``task``; waits up to ``wait`` seconds for its result."""
     return state_of(request).llm_agents.run(name, body.task, body.run_id, body.wait)
 
 
-@router.post("/agents/{name}/chat", response_class=StreamingResponse,
+@router.post("/agents/{name:segment}/chat", response_class=StreamingResponse,
              responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
                         429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
 async def chat(name: str, body: ChatRequest, request: Request) -> StreamingResponse:
@@ -312,7 +312,7 @@ async def chat(name: str, body: ChatRequest, request: Request) -> StreamingRespo
     return resp
 
 
-@router.get("/agents/{name}/sessions/{session}")
+@router.get("/agents/{name:segment}/sessions/{session:segment}")
 def history(name: str, session: str, request: Request) -> list[dict[str, Any]]:
     """The session's messages in order, each with its original ``ts``."""
     return state_of(request).llm_agents.get(name).history(session)

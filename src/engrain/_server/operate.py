@@ -22,7 +22,7 @@ class Fork(Body):
     run_id: str | None = Field(default=None, min_length=1, max_length=200, description="Id of the new run.")
 
 
-@router.post("/runs/{run_id}/fork")
+@router.post("/runs/{run_id:segment}/fork")
 def fork_run(request: Request, run_id: str, body: Fork) -> dict[str, Any]:
     """A new run reusing the recorded results of the first ``at_step`` steps; resume it with its agent.
 

@@ -134,7 +134,7 @@ def list_routines(request: Request) -> list[dict[str, Any]]:
     return routine_infos(state_of(request).routines_dir)
 
 
-@router.get("/routines/{name}")
+@router.get("/routines/{name:segment}")
 def get_routine(request: Request, name: RoutineName) -> dict[str, Any]:
     """A routine's YAML text, parsed form, validation issues, effective input schema and example inputs.
 
@@ -173,7 +173,7 @@ def _example_input(path: Path) -> Any:
     return value if isinstance(value, dict) else None
 
 
-@router.post("/routines/{name}/validate")
+@router.post("/routines/{name:segment}/validate")
 def validate(request: Request, name: RoutineName) -> dict[str, Any]:
     """Validate a routine package; ``ok`` is false when any issue is an error."""
     path = routine_dir(state_of(request), name)
@@ -182,7 +182,7 @@ def validate(request: Request, name: RoutineName) -> dict[str, Any]:
     return {"name": name, "ok": not any(i["severity"] == "error" for i in issues), "issues": issues}
 
 
-@router.post("/routines/{name}/run")
+@router.post("/routines/{name:segment}/run")
 def run(request: Request, name: RoutineName, body: RunBody) -> dict[str, Any]:
     """Run a routine to its end or its first prompt; returns the RunResult."""
     return run_routine(state_of(request), name, body.inputs, body.run_id)

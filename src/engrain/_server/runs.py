@@ -205,7 +205,7 @@ def _require(request: Request, run_id: str) -> Any:
 TAIL = 100
 
 
-@router.get("/runs/{run_id}")
+@router.get("/runs/{run_id:segment}")
 def get_run(request: Request, run_id: str,
             events_limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE,
                                       description="Most of the run's first events in ``events``; a longer run also "
@@ -240,7 +240,7 @@ def get_run(request: Request, run_id: str,
     }
 
 
-@router.get("/runs/{run_id}/events")
+@router.get("/runs/{run_id:segment}/events")
 def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ),
                limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE,
                                   description="Most events returned; a full page means more may follow: "
@@ -254,7 +254,7 @@ def _sse(e: Event) -> str:
     return f"id: {e.seq}\nevent: {e.kind}\ndata: {json.dumps(e.to_dict(), ensure_ascii=False)}\n\n"
 
 
-@router.get("/runs/{run_id}/stream", response_class=StreamingResponse,
+@router.get("/runs/{run_id:segment}/stream", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
                        429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
 async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ),
@@ -372,7 +372,7 @@ def _client_events(journal: Any, run_id: str, body: Append) -> list[NewEvent]:
     return events
 
 
-@router.post("/runs/{run_id}/events")
+@router.post("/runs/{run_id:segment}/events")
 def append_events(request: Request, run_id: str, body: Append) -> list[dict[str, Any]]:
     """Append events at ``expected_seq`` to a client run (409 ``ConflictError`` if another writer got there first).
 
@@ -422,7 +422,7 @@ def start_run(request: Request, body: StartRun) -> dict[str, Any]:
     return routines.run_routine(state, body.routine, body.inputs, body.run_id)  # type: ignore[arg-type]
 
 
-@router.post("/runs/{run_id}/answers")
+@router.post("/runs/{run_id:segment}/answers")
 def answer_run(request: Request, run_id: str, body: Answers) -> dict[str, Any]:
     """Record answers for a ``needs_input`` run; a routine or registered-agent run is also resumed.
 
@@ -459,7 +459,7 @@ class Cancel(Body):
     reason: str = Field(default="", max_length=2000, description="Why, recorded with the cancellation.")
 
 
-@router.post("/runs/{run_id}/cancel")
+@router.post("/runs/{run_id:segment}/cancel")
 def cancel_run(request: Request, run_id: str, body: Cancel | None = None) -> dict[str, Any]:
     """Cancel a run: it stops at its next step boundary, ends ``cancelled`` and is never resumed.
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 from .._errors import JSONTooDeepError, RunFinishedError
 from .._events import MAX_DEPTH, check_depth
 from .._journal import Journal, open_journal
+from . import contract  # noqa: F401  registers the {id:segment} convertor every templated route reads ids with
 
 
 class FieldError(BaseModel):
