@@ -23,6 +23,7 @@ from typing import Any
 
 from .._errors import EngrainError, RoutineError, TraceError
 from .udfs_file import UdfReport, check_recorded, udfs_source
+from .yamlfile import dumper
 
 #: Values too common to be evidence of provenance (``True``, ``0``, ``"id"``...).
 _MIN_STRING = 3
@@ -76,7 +77,10 @@ def _read_trace(trace: dict[str, Any] | str | os.PathLike[str]) -> tuple[dict[st
     return data, validate_trace(data, str(path))
 
 
-def _from_engrain(data: dict[str, Any]) -> _Trace:
+_FOLDED = ("step.started", "step.completed", "step.failed", "input.requested", "input.received")
+
+
+def _from_engrain(data: dict[str, Any], source: str = "trace") -> _Trace:
     """Our own trace: fold the journal events into the calls that completed."""
     events = data.get("events") or []
     run = data.get("run") or {}
@@ -89,9 +93,16 @@ def _from_engrain(data: dict[str, Any]) -> _Trace:
     calls: dict[int, _Call] = {}
     order: list[int] = []
     output: Any = None
-    for e in events:
+    for i, e in enumerate(events):
         kind, d = e.get("kind"), e.get("data") or {}
         cid = d.get("call_id")
+        if cid in calls and kind in _FOLDED:
+            # A name left out (a hand-written trace's answer) is no other call's.
+            if e.get("name") not in ("", None, calls[cid].name) or (kind == "input.requested" and calls[cid].kind == "prompt"):
+                # One call_id is one call: a second one there would replace it, and the routine lose a call.
+                raise TraceError(source, f"events[{i}].data.call_id", f"{cid} already belongs to {calls[cid].name!r}")
+            if kind.startswith("input.") and calls[cid].kind != "prompt":
+                continue  # an at-most-once step's "did it happen?" after a crash: the answer comes back as its outcome
         if kind in ("step.completed", "step.failed") and cid not in calls and "args" in d:
             # A completion-only step (the default): its outcome carries its type and arguments.
             if d.get("type") in ("clock", "patch", "sleep"):
@@ -129,9 +140,10 @@ def _from_engrain(data: dict[str, Any]) -> _Trace:
         )
     kept = [calls[c] for c in order if calls[c].result is not _MISSING]
     # Within a run a UDF's source is journaled once; later calls carry its sha256.
-    sources = {u["sha256"]: u for c in kept if isinstance(u := c.udf, dict) and "source" in u and "sha256" in u}
+    # The digests are trace data: only strings key the table (a list or dict there is no digest, and unhashable).
+    sources = {u["sha256"]: u for c in kept if isinstance(u := c.udf, dict) and "source" in u and isinstance(u.get("sha256"), str)}
     for c in kept:
-        if isinstance(c.udf, dict) and "source" not in c.udf and c.udf.get("sha256") in sources:
+        if isinstance(c.udf, dict) and "source" not in c.udf and isinstance(c.udf.get("sha256"), str) and c.udf["sha256"] in sources:
             c.udf = sources[c.udf["sha256"]]
     return _Trace(_slug(task), task, inputs if isinstance(inputs, dict) else {"input": inputs}, kept, output)
 
@@ -189,7 +201,9 @@ def _key(v: Any) -> str:
 def _child(path: str, k: Any) -> str | None:
     if isinstance(k, int):
         return f"{path}[{k}]"
-    if isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_"):
+    # isidentifier() also admits combining accents and a middle dot, which a dotted template path cannot spell
+    if (isinstance(k, str) and k.isidentifier() and not keyword.iskeyword(k) and not k.startswith("_")
+            and all(c.isalnum() or c == "_" for c in k)):
         return f"{path}.{k}"
     if isinstance(k, str) and k and not any(c in k for c in '"\\{}'):
         return f'{path}["{k}"]'  # keys a dotted path cannot name (``_id``, ``my key``)
@@ -241,7 +255,8 @@ class _Provenance:
             start = text.find(s)
             while start != -1:
                 end = start + len(s)
-                if all(end <= a or start >= b for a, b, _ in spans):
+                # "test" inside "latest" is a coincidence: another input would make it "labob"
+                if not _inside_word(text, start, end) and all(end <= a or start >= b for a, b, _ in spans):
                     spans.append((start, end, p))
                 start = text.find(s, end)
         if not spans:
@@ -253,6 +268,13 @@ class _Provenance:
             pos = b
         out.append(escape(text[pos:]))
         return "".join(out)
+
+
+def _inside_word(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` runs on into the letters or digits around it (part of a longer word or number)."""
+    def glued(a: str, b: str) -> bool:
+        return (a.isalpha() and b.isalpha()) or (a.isdigit() and b.isdigit())
+    return (start > 0 and glued(text[start - 1], text[start])) or (end < len(text) and glued(text[end - 1], text[end]))
 
 
 def escape(text: str) -> str:
@@ -347,7 +369,7 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     from .loader import validate_routine
 
     data, fmt = _read_trace(trace)
-    t = _from_engrain(data) if fmt == "engrain" else _from_emcore(data)
+    t = _from_engrain(data, str(trace) if isinstance(trace, (str, os.PathLike)) else "trace") if fmt == "engrain" else _from_emcore(data)
 
     prov = _Provenance()
     prov.add("inputs", t.inputs)
@@ -403,14 +425,14 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "routine.yaml").write_text(
-        yaml.dump(routine, Dumper=_dumper(), sort_keys=False, allow_unicode=True, width=100), encoding="utf-8"
+        yaml.dump(routine, Dumper=dumper(), sort_keys=False, allow_unicode=True, width=100), encoding="utf-8"
     )
     report: list[UdfReport] = []
     if udfs:
         source, report = udfs_source(udfs, recorded, reasons)
         (out / "udfs.py").write_text(source, encoding="utf-8")
-    (out / "input.json").write_text(json.dumps(t.inputs, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "expected_output.json").write_text(json.dumps(t.output, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "input.json").write_bytes(_json_file(t.inputs))
+    (out / "expected_output.json").write_bytes(_json_file(t.output))
     issues = validate_routine(out)
     if issues:
         raise RoutineError(str(out), issues)
@@ -419,25 +441,12 @@ def compile_trace(trace: dict[str, Any] | str | os.PathLike[str], out_dir: str |
     return done
 
 
-# YAML reads NEL, LS and PS as line breaks (folded to a space in quoted and plain scalars);
-# PyYAML's emitter with allow_unicode writes them raw. Double quotes escape them (and every
-# control, BOM or surrogate) as \N, \L, \P, \x.., \u.... Matched on keys too.
-_UNSAFE_TEXT = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
-
-
-def _dumper() -> Any:
-    """A SafeDumper writing every string holding such a character double-quoted."""
-    import yaml
-
-    class _Dumper(yaml.SafeDumper):  # type: ignore[misc, name-defined]
-        pass
-
-    def text(dumper: Any, data: str) -> Any:
-        style = '"' if _UNSAFE_TEXT.search(data) else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-    _Dumper.add_representer(str, text)
-    return _Dumper
+def _json_file(value: Any) -> bytes:
+    """``value`` as a JSON file; a lone surrogate (valid JSON, not UTF-8) is kept as its ``\\u`` escape."""
+    try:
+        return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return (json.dumps(value, indent=2) + "\n").encode("ascii")
 
 
 def _params(info: Any, sigs: dict[str, ast.arguments | None]) -> ast.arguments | None:

@@ -29,6 +29,7 @@ from .._errors import (
     JSONTooDeepError,
     LeaseHeldError,
     NondeterminismError,
+    NotWaitingForInputError,
     RoutineInputError,
     RoutineStepError,
     RunNotFoundError,
@@ -250,10 +251,10 @@ class _RoutineRun:
                     continue
                 t = step.type
                 if t == "tool.call":
-                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else step.spec.get("args") or {}
+                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else _fresh(step.spec.get("args") or {})
                     result = self.tool(step, args)
                 elif t == "udf.call":
-                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else step.spec.get("args") or {}
+                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else _fresh(step.spec.get("args") or {})
                     result = self.udf(step.spec["function"], args)
                 elif t == "assert":
                     result = step.assert_expr.evaluate(scope, self.functions() if step.assert_expr.calls else None, "expr", self.budget)
@@ -264,7 +265,7 @@ class _RoutineRun:
                 elif t == "prompt.user":
                     result = self.ask(step, scope)
                 else:  # return
-                    value = _template.render(step.spec.get("value"), scope, f"step {step.id!r} field 'value'") if step.dynamic else step.spec.get("value")
+                    value = _template.render(step.spec.get("value"), scope, f"step {step.id!r} field 'value'") if step.dynamic else _fresh(step.spec.get("value"))
                     if routine.output is not None:
                         bad = _schema_error(routine, "output", routine.output, value)
                         if bad:
@@ -278,6 +279,16 @@ class _RoutineRun:
             if step.save_as:
                 scope[step.save_as] = result
         raise RoutineStepError(routine.steps[-1].id, "NoReturn", "the routine ended without reaching a return step")
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of a constant of routine.yaml: loaded routines are cached and shared, so a tool that appends
+    to a list it was given, or a caller editing an output, must not change what later runs see."""
+    if isinstance(value, dict):
+        return {k: _fresh(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    return value
 
 
 async def _await(aw: Any) -> Any:
@@ -408,7 +419,7 @@ def resume_routine(
         raise EngrainError(f"run {run_id!r} is not a routine run (task {started.get('task')!r})")
     waiting = [s for s in steps_of(events).values() if s.state == "waiting"]
     if not waiting:
-        raise EngrainError(f"run {run_id!r} is not waiting for input")
+        raise NotWaitingForInputError(run_id)
     step = waiting[-1]
     if tools is None and rec.get("tools"):
         raise RoutineInputError(

@@ -102,8 +102,12 @@ def _first_error(schema: Any, v: Any, path: list[str]) -> tuple[str, str] | None
             return ".".join(path), f"{v!r} is shorter than {schema['minLength']}"
         if "maxLength" in schema and len(v) > schema["maxLength"]:
             return ".".join(path), f"{v!r} is longer than {schema['maxLength']}"
-        if "pattern" in schema and not re.search(schema["pattern"], v):
-            return ".".join(path), f"{v!r} does not match {schema['pattern']!r}"
+        if "pattern" in schema:
+            try:
+                if not pattern_search(schema["pattern"], v):
+                    return ".".join(path), f"{v!r} does not match {schema['pattern']!r}"
+            except PatternTimeout as e:
+                return ".".join(path), str(e)
     elif isinstance(v, list):
         if "minItems" in schema and len(v) < schema["minItems"]:
             return ".".join(path), f"{v!r} has fewer than {schema['minItems']} items"
@@ -137,6 +141,111 @@ def _equal(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _walk(schema: Any) -> Any:
+    """Every mapping inside ``schema`` (iteratively: depth was bounded when the file was read)."""
+    stack = [schema]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            yield v
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+#: Longest one ``pattern`` may search one value, in seconds. Python's re has no limit: a pattern such as
+#: ``^(a|a)*$`` takes time exponential in a value it fails to match, and the schema is the routine file's while
+#: the value may be anyone's input or tool result. The ``regex`` module stops at a deadline instead.
+PATTERN_TIMEOUT = 0.25
+
+
+class PatternTimeout(Exception):
+    """A schema's pattern took longer than :data:`PATTERN_TIMEOUT` on one value."""
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        super().__init__(f"pattern {pattern!r} took longer than {PATTERN_TIMEOUT} s on this value (it backtracks"
+                         " without bound: make its repeats possessive, a++ or (...)*+, or rewrite it)")
+
+
+def pattern_search(pattern: str, value: str) -> bool:
+    """Whether ``pattern`` matches somewhere in ``value``, as JSON Schema's ``pattern`` asks; time-bounded."""
+    import regex
+
+    try:
+        return regex.search(pattern, value, timeout=PATTERN_TIMEOUT) is not None
+    except TimeoutError:
+        raise PatternTimeout(pattern) from None
+
+
+def _bounded(cls: Any) -> Any:
+    """``cls`` (a jsonschema validator class) with every keyword that matches a pattern time-bounded.
+
+    A pattern out of time is a violation at the value it was searching, so the error names that field.
+    """
+    import jsonschema
+    from jsonschema.exceptions import ValidationError
+
+    def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "string"):
+            try:
+                if not pattern_search(patrn, instance):
+                    yield ValidationError(f"{instance!r} does not match {patrn!r}")
+            except PatternTimeout as e:
+                yield ValidationError(str(e))
+
+    def pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "object"):
+            for p, sub in patterns.items():
+                for k, v in instance.items():
+                    try:
+                        found = pattern_search(p, k)
+                    except PatternTimeout as e:
+                        yield ValidationError(f"property name {k!r}: {e}")
+                        return
+                    if found:
+                        yield from validator.descend(v, sub, path=k, schema_path=p)
+
+    def additional_properties(validator: Any, ap: Any, instance: Any, schema: Any) -> Any:
+        if not validator.is_type(instance, "object"):
+            return
+        props, patterns = schema.get("properties", {}), list(schema.get("patternProperties", {}))
+        try:
+            extras = [k for k in instance if k not in props and not any(pattern_search(p, k) for p in patterns)]
+        except PatternTimeout as e:
+            yield ValidationError(f"a property name: {e}")
+            return
+        if validator.is_type(ap, "object"):
+            for k in extras:
+                yield from validator.descend(instance[k], ap, path=k)
+        elif not ap and extras:
+            yield ValidationError(f"additional properties are not allowed ({', '.join(map(repr, sorted(extras)))}"
+                                  " unexpected)")
+
+    return jsonschema.validators.extend(cls, {"pattern": pattern, "patternProperties": pattern_properties,
+                                              "additionalProperties": additional_properties})
+
+
+def _ref_problem(schema: Any) -> str | None:
+    """Why a ``$ref`` of ``schema`` cannot be resolved (engrain fetches no remote schema), or None."""
+    refs = [d["$ref"] for d in _walk(schema) if isinstance(d.get("$ref"), str)]
+    if not refs or any("$id" in d for d in _walk(schema) if d is not schema):
+        return None  # a nested $id moves the base URI: left to jsonschema, which names it when run
+    import referencing.exceptions
+    import referencing.jsonschema
+    from jsonschema_specifications import REGISTRY
+
+    spec = referencing.jsonschema.specification_with(
+        schema.get("$schema", _DRAFTS[0]), default=referencing.jsonschema.DRAFT202012)
+    resolver = REGISTRY.resolver_with_root(spec.create_resource(schema))
+    for ref in refs:
+        try:
+            resolver.lookup(ref)
+        except referencing.exceptions.Unresolvable:
+            return f"$ref {ref!r} cannot be resolved (a remote schema is never fetched: put it under $defs)"
+    return None
+
+
 def schema_problem(schema: Any) -> str | None:
     """Why ``schema`` is not a valid JSON schema, or None."""
     if _simple(schema):
@@ -147,7 +256,7 @@ def schema_problem(schema: Any) -> str | None:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except Exception as e:  # noqa: BLE001 - SchemaError, or an unknown $schema: both mean invalid
         return str(getattr(e, "message", e))
-    return None
+    return _ref_problem(schema)
 
 
 def compile_schema(schema: Any) -> Check:
@@ -156,11 +265,15 @@ def compile_schema(schema: Any) -> Check:
         return lambda v: _first_error(schema, v, [])
     import jsonschema  # lazily: ~80 ms of imports
     import jsonschema.exceptions
+    import referencing.exceptions
 
-    validator = jsonschema.validators.validator_for(schema)(schema)
+    validator = _bounded(jsonschema.validators.validator_for(schema))(schema)
 
     def check(v: Any) -> tuple[str, str] | None:
-        err = jsonschema.exceptions.best_match(validator.iter_errors(v))
+        try:
+            err = jsonschema.exceptions.best_match(validator.iter_errors(v))
+        except referencing.exceptions.Unresolvable as e:  # a $ref validation could not check (see _ref_problem)
+            return "(schema)", f"the schema's $ref cannot be resolved: {e}"
         if err is None:
             return None
         return ".".join(str(p) for p in err.absolute_path), err.message

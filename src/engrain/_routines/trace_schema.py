@@ -57,8 +57,9 @@ ENGRAIN_SCHEMA: dict[str, Any] = {
                     _when("step.started", {"required": ["name", "data"], "properties": {"name": {"minLength": 1}},
                                            **_data(["call_id"], call_id=_CALL_ID, type={"type": "string"},
                                                    args=_OBJECT)}),
-                    _when("step.completed", {"required": ["data"], **_data(["call_id"], call_id=_CALL_ID)}),
-                    _when("step.failed", {"required": ["data"], **_data(["call_id"], call_id=_CALL_ID)}),
+                    # A completion-only step (the default) carries its arguments in its outcome.
+                    _when("step.completed", {"required": ["data"], **_data(["call_id"], call_id=_CALL_ID, args=_OBJECT)}),
+                    _when("step.failed", {"required": ["data"], **_data(["call_id"], call_id=_CALL_ID, args=_OBJECT)}),
                     _when("input.requested", {"required": ["data"], **_data(["call_id"], call_id=_CALL_ID,
                                                                            prompt={"type": "string"}, fields=_FIELDS)}),
                     _when("input.received", {"required": ["data"], **_data(["call_id"], call_id=_CALL_ID,

@@ -23,6 +23,8 @@ string, and a bare date such as ``2024-01-01``, which YAML 1.1 makes a
 ``datetime.date``). Dates are refused rather than read as strings because
 other YAML tools read that same text as a date: the error says to quote it.
 Each refusal names the file and the line, and a non-JSON value its path.
+
+Written the other way, :func:`dumper` emits a compiled ``routine.yaml`` whose text reads back as written.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from typing import Any
 
 from .._errors import RoutineError
@@ -351,3 +354,24 @@ def read_yaml_text(path: str | os.PathLike[str], file: str) -> str:
         line = raw.count(b"\n", 0, e.start) + 1
         raise _issue(file, f"line {line}", f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save the file as UTF-8") from None
     return text.removeprefix("\ufeff")
+
+
+# YAML reads NEL, LS and PS as line breaks (folded to a space in quoted and plain scalars);
+# PyYAML's emitter with allow_unicode writes them raw. Double quotes escape them (and every
+# control, BOM or surrogate) as \N, \L, \P, \x.., \u.... Matched on keys too.
+_UNSAFE_TEXT = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
+
+
+def dumper() -> Any:
+    """A SafeDumper writing every string holding such a character double-quoted."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):  # type: ignore[misc, name-defined]
+        pass
+
+    def text(dumper: Any, data: str) -> Any:
+        style = '"' if _UNSAFE_TEXT.search(data) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    _Dumper.add_representer(str, text)
+    return _Dumper
