@@ -4,7 +4,8 @@ Holds the engine and its outcome (:mod:`.engine`), one engine call's lookup,
 replay, switch and hand-off (:mod:`.replay`), entries resolved against the
 engine's tools (:mod:`.plan`), the entry store (:mod:`.store`),
 task keys and which params a trajectory binds or pins (:mod:`.binding`),
-pre/post checks with their snapshot encoding (:mod:`.checks`) and
+pre/post checks with their snapshot encoding (:mod:`.checks`), values as a
+call had them and the results later calls used (:mod:`.values`) and
 ``engine.metrics`` (:mod:`.metrics`).
 
 May import: ``_durable``, ``_routines`` (templates), ``_journal``, ``_events``, ``_errors``.

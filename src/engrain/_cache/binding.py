@@ -172,6 +172,11 @@ def _fill(text: str, names: dict[str, str]) -> str:
 _shapes: dict[Any, tuple[str, str]] = {}
 
 
+def _memo(v: Any) -> Any:
+    # A float by its text: 0.0 == -0.0 (and they hash alike), yet their JSON and so their keys differ.
+    return repr(v) if type(v) is float else v
+
+
 def shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, str]:
     """``(canonical task, shape key)`` of a call: the key also names the params and those templated into the text.
 
@@ -179,7 +184,7 @@ def shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, 
     key holds each value's type, as 2 and 2.0 shape a task differently.
     """
     try:
-        memo: Any = (task, tuple(tags), tuple((k, type(v), v) for k, v in params.items()))
+        memo: Any = (task, tuple(tags), tuple((k, type(v), _memo(v)) for k, v in params.items()))
         hit = _shapes.get(memo)
     except TypeError:  # a list or dict param: not hashable, computed each time
         memo, hit = None, None
@@ -213,7 +218,7 @@ def entry_key(shape: str, params: dict[str, Any], pinned: list[str]) -> str:
         memo: Any = shape
     else:
         try:
-            memo = (shape, tuple((n, type(params[n]), params[n]) for n in pinned))
+            memo = (shape, tuple((n, type(params[n]), _memo(params[n])) for n in pinned))
             hash(memo)
         except TypeError:
             return key(shape, {n: params[n] for n in pinned})

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import CacheError
-from .._events import check_json, is_json
+from .._errors import CacheError, JSONTooDeepError
+from .._events import MAX_DEPTH, check_json, is_json
 
 __all__ = ["Check", "decode_snapshot", "encode_snapshot", "register_codec"]
 
@@ -103,22 +103,27 @@ def _codec(x: Any) -> tuple[str, Callable[[Any], Any], Callable[[Any], Any]] | N
     return None
 
 
-def _encode(x: Any, where: str, path: str) -> Any:
+def _encode(x: Any, where: str, path: str, depth: int = 0) -> Any:
     """``x`` as JSON, with bytes, numpy arrays and registered types as tagged objects."""
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
+    if depth >= MAX_DEPTH:
+        # A snapshot nested this deep (or holding itself, or a codec that returns its own type) is no
+        # JSON the journal keeps: refused by name before Python's recursion limit stops the call untyped.
+        raise JSONTooDeepError(where, path, MAX_DEPTH)
+    depth += 1
     if isinstance(x, dict):
         out = {}
         for k, v in x.items():
             if not isinstance(k, str):
                 raise CacheError(f"{where}: the snapshot's key {k!r} at {path} is not a string; snapshot keys must be strings")
-            out[k] = _encode(v, where, f"{path}.{k}")
+            out[k] = _encode(v, where, f"{path}.{k}", depth)
         return {_TAG: "dict", "items": out} if _TAG in out else out
     if isinstance(x, list):
-        return [_encode(v, where, f"{path}[{i}]") for i, v in enumerate(x)]
+        return [_encode(v, where, f"{path}[{i}]", depth) for i, v in enumerate(x)]
     c = _codec(x)
     if c is not None:
-        return {_TAG: "codec", "name": c[0], "value": _encode(c[1](x), where, path)}
+        return {_TAG: "codec", "name": c[0], "value": _encode(c[1](x), where, path, depth)}
     if isinstance(x, (bytes, bytearray)):
         return {_TAG: "bytes", "b64": base64.b64encode(bytes(x)).decode("ascii")}
     if type(x).__module__ == "numpy" and type(x).__name__ == "ndarray":
@@ -128,7 +133,7 @@ def _encode(x: Any, where: str, path: str) -> Any:
     if type(x).__module__ == "numpy" and hasattr(x, "item"):  # a numpy scalar
         return _encode(x.item(), where, path)
     if isinstance(x, tuple):
-        return {_TAG: "tuple", "items": [_encode(v, where, f"{path}[{i}]") for i, v in enumerate(x)]}
+        return {_TAG: "tuple", "items": [_encode(v, where, f"{path}[{i}]", depth) for i, v in enumerate(x)]}
     raise CacheError(
         f"{where}: the snapshot's {type(x).__name__} at {path} cannot be stored. Return JSON, a dataclass, a pydantic "
         f"model, bytes or a numpy array, or register a codec: Check.register_codec({type(x).__name__}, encode, decode)"

@@ -17,7 +17,6 @@ import atexit
 import dataclasses
 import functools
 import inspect
-import json
 import os
 import shutil
 import tempfile
@@ -39,7 +38,6 @@ from .._durable.tools import (
     validate_tool_name,
 )
 from .._errors import CacheError
-from .._events import check_json, check_text
 from .._journal import Journal, open_journal
 from . import semantic
 from .binding import bind, entry_key, json_type, shape_key
@@ -48,6 +46,7 @@ from .metrics import Metrics
 from .plan import PlannedStep, ToolSpec
 from .replay import Continuation, Session, StepDone, current_session
 from .store import CacheStore, Entry, canonical_task, key, task_key
+from .values import args_as_called, as_called, call_inputs, find_feeds
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 
@@ -57,6 +56,8 @@ __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 _STEP_AGENT = f"{__name__}:Engine.__call__.<locals>.agent"
 #: The same for an async agent's calls (the name ``run_async`` gave them before it was spelled here).
 _ASYNC_AGENT = f"{__name__}:Engine._acall.<locals>.agent"
+#: The key tag an engine's ``namespace`` adds (never a caller's tag).
+_NAMESPACE_TAG = "engrain.namespace="
 
 
 @dataclass(slots=True)
@@ -158,6 +159,7 @@ class Engine:
         self._plans: dict[str, tuple[PlannedStep, ...]] = {}
         self._agent: Callable[..., Any] | None = None
         self._agent_async = False
+        self._running: dict[int, Session] = {}  # calls in progress, by id (see _untracked)
         self._context: Any = None
         self._finalized = False
         self.embedder = embedder
@@ -247,12 +249,14 @@ class Engine:
                 async def awrapper(*args: Any, **kwargs: Any) -> Any:
                     s = current_session.get()
                     if s is None:
+                        self._untracked()
                         return await journaled(*args, **kwargs)
                     args_d = spec.bind(args, kwargs)
                     reused = s.reuse(spec, args_d)
                     if reused is not None:
                         return reused.result
                     pre = self._pre(spec, args, kwargs)
+                    args_d = args_as_called(args_d)
                     result = await s.ctx.acall(spec.name, "tool", args_d, lambda: fn(*args, **kwargs))
                     return self._recorded(s, spec, args, kwargs, args_d, pre, result)
 
@@ -262,12 +266,14 @@ class Engine:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 s = current_session.get()
                 if s is None:
+                    self._untracked()
                     return journaled(*args, **kwargs)
                 args_d = spec.bind(args, kwargs)
                 reused = s.reuse(spec, args_d)
                 if reused is not None:
                     return reused.result
                 pre = self._pre(spec, args, kwargs)
+                args_d = args_as_called(args_d)
                 result = s.ctx.call(spec.name, "tool", args_d, lambda: fn(*args, **kwargs))
                 return self._recorded(s, spec, args, kwargs, args_d, pre, result)
 
@@ -284,9 +290,16 @@ class Engine:
 
     def _recorded(self, s: Session, spec: ToolSpec, args: tuple, kwargs: dict, args_d: dict, pre: Any, result: Any) -> Any:
         post = encode_snapshot(spec.post.capture(*args, **kwargs), spec.post_where) if spec.post else None
-        s.trajectory.append({"name": spec.name, "args": args_d, "result": result, "pre": pre, "post": post})
-        s.steps.append({"name": spec.name, "args": args_d, "result": result, "source": "agent"})
+        # The result as the tool returned it: the agent may change it before it returns it as its output.
+        kept = as_called(result)
+        s.trajectory.append({"name": spec.name, "args": args_d, "result": kept, "pre": pre, "post": post})
+        s.steps.append({"name": spec.name, "args": args_d, "result": kept, "source": "agent"})
         return result
+
+    def _untracked(self) -> None:
+        """A tool ran outside every call's context (a thread the agent started?): a call in progress may lack it."""
+        for s in list(self._running.values()):
+            s.untracked = True
 
     def _store_trajectory(self, s: Session, output: Any, run_id: str) -> str | None:
         """Store a successful run's tool calls as an entry (one without tool calls only with ``store_empty``)."""
@@ -294,7 +307,9 @@ class Engine:
         if not trajectory and not self.store_empty:
             return None
         # Type-exact: a tool's 2 does not produce an output of 2.0 (a hit would return the tool's int).
-        producers = [i for i, t in enumerate(trajectory) if same_json(t["result"], output) and output not in (None, True, False, "")]
+        # None, a bool and "" say too little to be taken from a step (`in` would also drop 0 and 1: True == 1).
+        generic = output is None or type(output) is bool or output == ""
+        producers = [] if generic else [i for i, t in enumerate(trajectory) if same_json(t["result"], output)]
         values = [t["args"] for t in trajectory]
         if not producers:
             values.append(output)
@@ -308,6 +323,10 @@ class Engine:
             out_spec: dict[str, Any] = {"step": producers[-1]}
         else:
             out_spec = {"template": b.values[-1]} if b.templated[-1] else {"value": output}
+        # What later arguments (or an output a hit returns as recorded) took from each result (values.py).
+        tail = None if producers else b.values[-1]
+        for st, fed in zip(steps, find_feeds([t["result"] for t in trajectory], b.values[: len(trajectory)], tail)):
+            st.update({"feeds": fed} if fed else {})
         # A hit needs each bound param with the type it had: "{{ params.x }}" renders a new type as is,
         # while the agent may have formatted the value into text.
         out_spec["param_types"] = {n: json_type(s.params[n]) for n in b.bound}
@@ -389,20 +408,8 @@ class Engine:
         """
         if self._agent is None:
             raise CacheError("the engine has no agent: call engine.set_agent(agent) (and finalize())")
-        tags_l = sorted(set(tags)) if tags else []
-        params_d = dict(params) if params else {}
-        if params_d:
-            check_json(params_d, "engine call", "params")
-        if isinstance(task, str):
-            text = task
-        else:
-            check_json(task, "engine call", "task")
-            text = json.dumps(task, sort_keys=True)
-        # The key's text, tags and params are stored whatever the durability (with "off" no journal refuses them).
-        check_text(task if isinstance(task, str) else json.dumps(task, ensure_ascii=False), task, "engine call", "task")
-        check_text(json.dumps(tags_l, ensure_ascii=False), tags_l, "engine call", "tags")
-        check_text(json.dumps(params_d, ensure_ascii=False), params_d, "engine call", "params")
-        key_tags = [*tags_l, f"engrain.namespace={self.namespace}"] if self.namespace else tags_l
+        text, tags_l, params_d = call_inputs(task, tags, params, _NAMESPACE_TAG)
+        key_tags = [*tags_l, f"{_NAMESPACE_TAG}{self.namespace}"] if self.namespace else tags_l
         s = Session(self, "" if self.match == "tags" else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs)
         task = text
         run_tags = ["engrain.cache", *tags_l]
@@ -414,9 +421,11 @@ class Engine:
 
         def agent(task: str) -> Any:
             token = current_session.set(s)
+            self._running[id(s)] = s
             try:
                 return self._drive(s)
             finally:
+                self._running.pop(id(s), None)
                 current_session.reset(token)
 
         if self.durability == "step":
@@ -431,9 +440,11 @@ class Engine:
     async def _acall(self, s: Session, task: str, run_id: str | None, run_tags: list[str], same: dict[str, Any]) -> Outcome:
         async def agent(task: str) -> Any:
             token = current_session.set(s)
+            self._running[id(s)] = s
             try:
                 return await self._adrive(s)
             finally:
+                self._running.pop(id(s), None)
                 current_session.reset(token)
 
         if self.durability == "step":
@@ -449,7 +460,10 @@ class Engine:
             # failed, and the caller gets the error, as muscle-mem raises it.
             raise CacheError(res.message or str(res.error))
         if res.status == "ok" and not s.hit:
-            s.stored = self._store_trajectory(s, res.output, res.run_id)
+            if s.untracked:
+                s.reason += "; not stored: a tool of this engine ran outside the call (in a thread?), so its trajectory may lack it"
+            else:
+                s.stored = self._store_trajectory(s, res.output, res.run_id)
         elif res.status == "ok" and self.refresh_snapshots and s.entry_id is not None:
             self._refresh(s)
         reason = s.reason if res.status == "ok" else f"{s.reason}; agent failed: {res.error}" if s.reason else str(res.error)

@@ -9,6 +9,7 @@ change, so plans are memoized per engine). :func:`fits` says whether a call's
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 from collections.abc import Callable
@@ -26,6 +27,17 @@ from .store import CacheStore, Entry
 __all__ = ["Engine", "PlannedStep", "ToolSpec", "fits", "param_names", "plan"]
 
 
+def _parameter_names(fn: Callable[..., Any]) -> frozenset[str] | None:
+    # The names a recorded call holds: _binder records every parameter (defaults applied), never self/cls.
+    try:
+        ps = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if ps and ps[0].name in ("self", "cls"):
+        ps = ps[1:]
+    return frozenset(p.name for p in ps)
+
+
 @dataclass(slots=True)
 class ToolSpec:
     """An engine tool: the undecorated function and its checks."""
@@ -40,12 +52,14 @@ class ToolSpec:
     pre_where: str = ""
     post_where: str = ""
     split: Callable[[dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+    names: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         # Where a snapshot that is not JSON is reported (built once, not per step).
         self.pre_where = f"tool {self.name!r} pre_check"
         self.post_where = f"tool {self.name!r} post_check"
         self.split = _spreader(self.fn)
+        self.names = _parameter_names(self.fn)
 
     def arguments(self, args: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The recorded ``{name: value}`` arguments as a call's ``(*args, **kwargs)``."""
@@ -141,11 +155,16 @@ class PlannedStep:
     seen_key: str | None  # the capture-sharing key of untemplated arguments
     plain: bool = False  # a function tool called with its recorded arguments as keywords (replay's fast path)
     scalars: bool = False  # every recorded argument is a JSON scalar (a call cannot change them)
+    feeds: tuple[dict[str, Any], ...] = ()  # the parts of the result later steps used (see values.find_feeds)
 
     @staticmethod
     def of(i: int, step: dict[str, Any], spec: ToolSpec | None) -> PlannedStep:
         templated = bool(step.get("templated"))
         pre, post = step.get("pre"), step.get("post")
+        if spec is not None and spec.names is not None and step["args"].keys() != spec.names:
+            # The tool's parameters changed since the step was recorded (or another tool took its name): the
+            # recorded call is not a call of this tool. No spec: the lookup skips the entry, a replay hands over.
+            spec = None
         if spec is not None and (spec.pre is not None and pre is None or spec.post is not None and post is None):
             # The tool has a check this step recorded no snapshot for (added since): the step cannot be checked, so it
             # must not run unchecked. A pre-check that never passes makes the lookup skip the entry (step 0) or the
@@ -158,6 +177,7 @@ class PlannedStep:
             _decoded(pre), _decoded(post), None if templated else _seen_key(step["name"], step["args"]),
             spec is not None and not templated and not spec.is_method and spec.split is None,
             not templated and all(type(v) in SCALARS for v in step["args"].values()),
+            tuple(step.get("feeds") or ()),
         )
 
     def render(self, params: dict[str, Any]) -> dict[str, Any]:

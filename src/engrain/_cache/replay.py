@@ -24,6 +24,7 @@ from .._routines.template import render
 from .binding import entry_key, shape_key
 from .plan import _UNSET, Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
 from .store import Entry, canonical_task, task_key
+from .values import feeds_hold, json_copy
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,8 @@ class Continuation:
 
 
 class Diverged(Exception):
-    """A check failed during replay at step ``at``."""
+    """A check failed during replay at step ``at`` (``phase``: ``pre``, ``post``, or ``feed``: a result
+    later steps used came back different)."""
 
     def __init__(self, at: int, reason: str, phase: str = "pre"):
         super().__init__(reason)
@@ -111,6 +113,10 @@ class Session:
     first_pre: Any = None  # (snapshot, where) of the chosen entry's first pre-check, taken at lookup
     suggest: str | None = None  # a semantically similar entry whose plan the agent is offered
     shape: str = ""  # the shape key of a call with params (see binding.shape_key)
+    # Whether this process ran the lookup, and so checked step 0 just before replay starts (a resumed
+    # run's lookup comes from the journal, taken before the crash: step 0 is checked again).
+    looked_up: bool = False
+    untracked: bool = False  # a tool of the engine ran outside this call's context meanwhile (never stored)
 
     # -- lookup -----------------------------------------------------------------
 
@@ -158,6 +164,7 @@ class Session:
     def lookup(self) -> dict[str, Any]:
         """Choose an entry: the best candidate whose first pre-check passes now."""
         eng, store = self.engine, self.engine.store
+        self.looked_up = True
         store.bump("lookups")
         canon = self.canon or canonical_task(self.task, self.params)
         cands = self._candidates(canon) if not eng.metrics.enabled else eng.metrics.timed(("query",), self._candidates, canon)
@@ -177,13 +184,22 @@ class Session:
             return {"entry": None, "alternatives": [], "reason": "miss: the cached trajectories need params of other names or types"}
         # Captures are shared only when several candidates may ask for the same one.
         seen: dict[str, Any] | None = {} if len(fit) > 1 else None
+        foreign = 0
         for n, e in enumerate(fit):
             steps = plan(eng, e)
+            if any(st.spec is None for st in steps):
+                # A step this engine cannot call as recorded: starting the entry would run the steps
+                # before it for a trajectory that cannot finish here.
+                foreign += 1
+                continue
             if not steps or self._pre_passes(steps[0], seen, first=True):
                 return {
                     "entry": e.id, "alternatives": [a.id for a in fit[n + 1 :]],
                     "reason": f"hit ({how} match, {e.successes} successes)",
                 }
+        if foreign:
+            return {"entry": None, "alternatives": [], "reason": f"miss: {foreign} of {len(cands)} cached trajectories call a tool "
+                    "this engine has no tool for or whose parameters changed; pre-checks failed for the others"}
         return {"entry": None, "alternatives": [], "reason": f"miss: pre-checks failed for all {len(cands)} cached trajectories"}
 
     def _candidates(self, canon: str) -> list[Entry]:
@@ -237,18 +253,21 @@ class Session:
     # -- replay -----------------------------------------------------------------
 
     def prepare(self, st: PlannedStep) -> tuple[ToolSpec, tuple[Any, ...], dict[str, Any], dict[str, Any], Any]:
-        """Check step ``st`` before it runs (not step 0, which the lookup checked); ``(spec, *args, **kwargs, record, pre)``."""
+        """Check step ``st`` before it runs (not step 0 when this process's lookup checked it); ``(spec, *args, **kwargs, record, pre)``."""
         spec = st.spec
         if spec is None:
-            raise Diverged(st.i, f"step {st.i} calls {st.name!r}, which this engine has no tool for")
+            why = "whose parameters changed since it was recorded" if st.name in self.engine._specs else \
+                "which this engine has no tool for"
+            raise Diverged(st.i, f"step {st.i} calls {st.name!r}, {why}")
         args = st.render(self.params) if st.templated else st.args
+        # The tool gets a copy: a call that changes a list it was given must not change the entry.
+        kw = args if st.scalars else json_copy(args)
         call = self.call_args(spec) if spec.is_method else _NO_ARGS
-        kw = args
         if spec.split is not None:
-            pos, kw = spec.split(args)
+            pos, kw = spec.split(kw)
             call = (*call, *pos)
         pre: Any = st.pre
-        if st.check_pre and st.i > 0:
+        if st.check_pre and (st.i > 0 or not self.looked_up):
             ctx = self.ctx
             if ctx is None or ctx.steps.get(ctx.cursor) is None:  # a step the journal answers is not checked again
                 check = spec.pre
@@ -286,6 +305,9 @@ class Session:
         self.trajectory.append({"name": spec.name, "args": args, "result": result, "pre": pre, "post": post})
         if not ok:
             raise Diverged(st.i + 1, f"post-check of step {st.i} ({spec.name}) failed", "post")
+        if st.feeds and not feeds_hold(st.feeds, result):
+            # A later step's recorded argument (or the recorded output) came from this result, which differs now.
+            raise Diverged(st.i + 1, f"step {st.i} ({spec.name}) returned another result than the one later steps used", "feed")
 
     def recorded(self) -> list[dict[str, Any]]:
         """This call's tool calls (``name``, ``args``, ``result``, ``pre``, ``post``), for storing or refreshing an entry."""
@@ -298,26 +320,32 @@ class Session:
         return t
 
     def switch(self, entry: Entry, d: Diverged) -> Entry | None:
-        """Another candidate that did the steps done so far and whose next step fits now, if any."""
-        if d.phase != "pre":
+        """Another candidate that did the steps done so far, used their results as they came, and whose next step fits now."""
+        if d.phase == "post":
             return None
         seen: dict[str, Any] = {}
         store = self.engine.store
+        done = self.done
         for alt_id in self.alternatives:
             alt = store.cached(alt_id)
-            if alt is None or len(alt.steps) <= d.at:
+            # After a changed result ("feed"), a candidate may end where the replay stopped (its output from the results).
+            if alt is None or len(alt.steps) < d.at or len(alt.steps) == d.at and d.phase == "pre":
                 continue
             steps = plan(self.engine, alt)
+            if any(st.spec is None for st in steps):
+                continue  # see lookup
             same = all(
-                steps[j].name == self.done[j][0] and same_json(steps[j].render(self.params), self.done[j][1]) for j in range(d.at)
+                steps[j].name == done[j][0] and same_json(steps[j].render(self.params), done[j][1])
+                and (not steps[j].feeds or feeds_hold(steps[j].feeds, done[j][2])) for j in range(d.at)
             )
-            if same and self._pre_passes(steps[d.at], seen):
+            if same and (d.at == len(steps) or self._pre_passes(steps[d.at], seen)):
                 self.alternatives.remove(alt_id)
                 store.bump("switched")
                 store.record_divergence(entry.id, self.engine.evict_after)
                 if self.ctx is not None:
+                    call_id, phase = (self.ctx.cursor, "pre") if d.phase == "pre" else (self.ctx.cursor - 1, "post")
                     self.ctx.append(
-                        ev.CHECK_FAILED, entry.id, {"call_id": self.ctx.cursor, "phase": "pre", "detail": d.reason}, durable=False
+                        ev.CHECK_FAILED, entry.id, {"call_id": call_id, "phase": phase, "detail": d.reason}, durable=False
                     )
                 self.entry_id = alt.id
                 self.reason = f"hit after switching from {entry.id} to {alt.id} at step {d.at} ({d.reason})"
@@ -328,8 +356,9 @@ class Session:
         """Journal the divergence, count it, and build the agent's continuation."""
         self.reason = f"diverged: {d.reason}"
         if self.ctx is not None:
-            call_id = self.ctx.cursor - (d.phase == "post")
-            self.ctx.append(ev.CHECK_FAILED, entry.id, {"call_id": call_id, "phase": d.phase, "detail": d.reason}, durable=False)
+            call_id = self.ctx.cursor - (d.phase != "pre")
+            phase = "pre" if d.phase == "pre" else "post"  # a changed result ("feed") is a check after the call
+            self.ctx.append(ev.CHECK_FAILED, entry.id, {"call_id": call_id, "phase": phase, "detail": d.reason}, durable=False)
             self.ctx.append(ev.REPLAY_DIVERGED, entry.id, {"at": d.at, "reason": d.reason, "entry": entry.id})
         store = self.engine.store
         store.bump("diverged")
@@ -371,7 +400,7 @@ class Session:
         done, steps, trajectory = self.done, self.steps, self.trajectory
         # A new run with no timing: a plain function step with recorded arguments is checked inline
         # (prepare's common case without its call); any other step goes through prepare.
-        fast = not ctx.steps and not self.engine.metrics.enabled
+        fast = not ctx.steps and self.looked_up and not self.engine.metrics.enabled
         while True:
             try:
                 for st in plan(self.engine, entry)[start:]:
@@ -386,9 +415,10 @@ class Session:
                             r = check.compare(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
                             if r is not True and (r is False or not check.verdict(r)):  # passes(), inline
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
-                        result = call_tool(st.name, args, spec.fn, _NO_ARGS, args, st.scalars)
-                        if st.check_post:
-                            finish(st, spec, _NO_ARGS, args, args, st.pre if snap is _UNSET else (snap, spec.pre_where),
+                        kw = args if st.scalars else json_copy(args)  # see prepare
+                        result = call_tool(st.name, args, spec.fn, _NO_ARGS, kw, st.scalars)
+                        if st.check_post or st.feeds:
+                            finish(st, spec, _NO_ARGS, kw, args, st.pre if snap is _UNSET else (snap, spec.pre_where),
                                    result)
                         else:  # finish without a post-check, inline (its trajectory entry built by recorded())
                             done.append((st.name, args, result))
