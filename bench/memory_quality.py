@@ -72,6 +72,12 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-28 14:40 (SQLite, LoCoMo dev, recall's top 10 re-ordered offline), tried and not kept: the
+anchor's sessions-first idea applied only to the order within the top results, so that any@5 cannot move: the
+first place given to the candidate among the top 2 / 3 / 5 whose score plus 0.02-0.5 times the sum, the count or
+the best of the scores of the other top-5 / top-10 records sharing its session (its header's date) is highest.
+sess@1 .712-.718 in every setting against .723 unchanged: recall's first record is already the best session's.
+
 Measured 2026-11-28 04:10-04:20 (load 2-4 beside other work; any@5 all@5 any@10 sess@1; --ideas '' --no-int8),
 tried and not kept: no crowding floor on a chat-log skill (``voice.speakers_of`` non-empty), on the reasoning that
 its records crowd because of the shared speaker-and-date header, which the passage words already read, while the
