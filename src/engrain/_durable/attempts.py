@@ -39,6 +39,15 @@ class _Pending:
     digest: str | None = None  # of the arguments before the call (see ``steps.args_digest``), where checked
 
 
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the error's ``__str__`` itself raises: journaling the step's failure must
+    not replace the tool's error with that one (the agent catches the tool's, and would fail on the other)."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - any broken __str__
+        return "(the error's message could not be formatted)"
+
+
 def _question(rec: StepRecord) -> dict[str, Any]:
     """The input request of an at-most-once step found started but unfinished."""
     prompt = AT_MOST_ONCE_PROMPT.format(call_id=rec.call_id, name=rec.name)
@@ -121,13 +130,13 @@ class StepWriter:
         view = observe.StepView(p.call_id, p.name, p.type, p.args or {}, p.started, time.time(), p.key, p.attempt,
                                 result=result)
         if exc is not None:
-            view.error_type, view.message = type(exc).__name__, str(exc)
+            view.error_type, view.message = type(exc).__name__, _message(exc)
         observe.notify("step_ended", self, view)
 
     def _fail(self, p: _Pending, exc: BaseException, **extra: Any) -> None:
         t = type(exc)
         data = {"call_id": p.call_id, "error_type": t.__qualname__, "error_module": t.__module__,
-                "message": storable_text(str(exc))}
+                "message": storable_text(_message(exc))}
         self.append(ev.STEP_FAILED, p.name, self._outcome(p, {**data, **extra}))
 
     def _failed(self, p: _Pending, exc: Exception, policy: StepPolicy) -> float | None:
@@ -146,7 +155,7 @@ class StepWriter:
             delay = policy.delay(p.attempt)
             self._fail(p, exc, retry_in=round(delay, 6))
             return delay
-        errors = [*(p.errors or ()), f"{type(exc).__name__}: {exc}"]
+        errors = [*(p.errors or ()), f"{type(exc).__name__}: {_message(exc)}"]
         final = RetriesExhaustedError(p.name, errors)
         # The last attempt's failure is the step's outcome and names every attempt.
         self.append(
@@ -162,7 +171,7 @@ class StepWriter:
         raise final from exc
 
     def _next_attempt(self, p: _Pending, policy: StepPolicy, exc: Exception) -> None:
-        p.errors = [*(p.errors or ()), f"{type(exc).__name__}: {exc}"]
+        p.errors = [*(p.errors or ()), f"{type(exc).__name__}: {_message(exc)}"]
         p.attempt += 1
         if policy.at_most_once:
             self._log_start(p)

@@ -10,7 +10,7 @@ that say another executor has the run) or ``needs_input``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Literal
@@ -18,6 +18,7 @@ from typing import Any, Literal
 from .. import _events as ev
 from .._errors import (
     AgentMismatchError,
+    ConfigError,
     ConflictError,
     EngrainError,
     LeaseHeldError,
@@ -160,6 +161,18 @@ def _recorded_inputs(run_id: str, rows: list[ev.Row]) -> dict[str, Any]:
     return inputs
 
 
+def _check_call(run_id: str | None, task: Any, inputs: Any, tags: Any) -> None:
+    """Refuse, by field, what a run cannot be given: a ``dict()`` of a list fails untyped, and a string of tags
+    would be taken as its characters."""
+    where = f"run {run_id!r}" if run_id else "run"
+    if not isinstance(task, str):
+        raise ConfigError(f"{where}: task must be a string, got {type(task).__name__}")
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise ConfigError(f"{where}: inputs must be a dict of name -> JSON value, got {type(inputs).__name__}")
+    if tags is not None and not isinstance(tags, (list, tuple)):
+        raise ConfigError(f"{where}: tags must be a list of strings, got {type(tags).__name__}")
+
+
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 300 else text[:300] + "…"
@@ -247,6 +260,7 @@ class _Execution:
         self.task = task
         if run_id:
             check_run_id(run_id)  # before any read: a bad id is refused by name, not by the store's driver
+        _check_call(run_id, task, inputs, tags)
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         given = None if inputs is None else dict(inputs)
@@ -382,7 +396,8 @@ def run(
     """
     import inspect  # lazily, like asyncio below: both weigh on every CLI start
 
-    if inspect.iscoroutinefunction(agent):
+    # An object whose __call__ is async too: called as a plain agent, its output would be an unawaited coroutine.
+    if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(getattr(type(agent), "__call__", None)):
         import asyncio  # lazily: importing asyncio costs ~40 ms of start-up for every CLI command
 
         return asyncio.run(

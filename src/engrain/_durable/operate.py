@@ -29,7 +29,7 @@ from .._journal.failures import storage_errors
 from .._progress import task
 from .context import default_journal, new_run_id
 from .lease import owner_id
-from .steps import steps_of
+from .steps import replayed_steps, steps_of
 
 #: Statuses gc may delete: finished runs only (``ok`` is the store's name for completed once it switches).
 FINISHED_STATUSES = (ev.COMPLETED, "ok", ev.FAILED, ev.CANCELLED)
@@ -91,6 +91,10 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
         cid = e.data.get("call_id")
         if isinstance(cid, int) and cid < at_step:  # step, check and input events of the kept steps
             copied.append(NewEvent(e.kind, e.name, e.data))
+        elif e.kind == ev.REPLAY_COMPLETED:  # a cache hit's steps, in one event: the kept ones as completions
+            copied += [NewEvent(ev.STEP_COMPLETED, name, {"call_id": cid, "result": result, "type": type_,
+                                                          "args": args, "started": started})
+                       for cid, (name, type_, args, result, started) in replayed_steps(e.data) if cid < at_step]
     if j.get_run(new_id) is not None:
         raise ConfigError(f"run {new_id!r} already exists; choose another id for the fork")
     queued = _queue_row(j, source_run_id)
@@ -204,6 +208,8 @@ def gc(
     """
     j = journal or default_journal()
     cutoff = time.time() - parse_age(older_than)
+    if status is not None and not isinstance(status, (str, list, tuple)):
+        raise ConfigError(f"gc status must be a status or a list of them, got {type(status).__name__}")
     wanted = FINISHED_STATUSES if status is None else ((status,) if isinstance(status, str) else tuple(status))
     bad = [s for s in wanted if s not in FINISHED_STATUSES]
     if bad:

@@ -144,7 +144,9 @@ def recover(
 def _resume(j: Journal, info: ev.RunInfo, agent: Callable[..., Any], owner: str, upgrade: bool) -> Recovered:
     try:
         started = j.read(info.run_id, after=-1)[:1]
-        inputs = started[0].data.get("inputs", {}) if started else {}
+        if not started:  # deleted since the claim (cancelled, then gc): run() would start it anew
+            return Recovered(info.run_id, info.agent, ERROR, "the run was deleted after it was claimed")
+        inputs = started[0].data.get("inputs", {})
         # Under its recorded name, so a dict's names (agent_name= runs) match; runs naming none keep none.
         res = run(agent, info.task, run_id=info.run_id, inputs=inputs, journal=j, agent_name=info.agent,
                   upgrade=upgrade)

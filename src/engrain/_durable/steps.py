@@ -335,10 +335,24 @@ def replay(rec: StepRecord) -> Any:
         try:
             exc = cls(rec.message)
         except Exception:
-            exc = None
+            # A constructor taking other arguments (``Declined(code, reason)``): the type the first execution
+            # raised all the same, else a resume would fail where the agent caught it (see _without_init).
+            exc = _without_init(cls, rec.message)
         if exc is not None:
             raise exc
     raise StepFailedError(rec.name, rec.error_type, rec.message)
+
+
+def _without_init(cls: type[BaseException], message: str) -> BaseException | None:
+    """An instance of ``cls`` holding ``message``, made without its ``__init__``; None when its text would differ."""
+    try:
+        exc = cls.__new__(cls)
+        Exception.__init__(exc, message)
+        if str(exc) != message:  # a class whose __str__ reads fields __init__ would have set
+            return None
+    except Exception:
+        return None
+    return exc
 
 
 def _own_error(name: str, message: str) -> EngrainError | None:
@@ -360,11 +374,4 @@ def _own_error(name: str, message: str) -> EngrainError | None:
     # replayed step must not claim (they leave a run resumable, and every resume would replay them).
     if issubclass(cls, (_errors.StepFailedError, _errors.ConflictError, _errors.LeaseHeldError, _errors.StorageError)):
         return None
-    try:
-        exc = cls.__new__(cls)
-        Exception.__init__(exc, message)
-        if str(exc) != message:  # a class whose __str__ reads fields __init__ would have set
-            return None
-    except Exception:
-        return None
-    return exc
+    return _without_init(cls, message)  # type: ignore[return-value]

@@ -20,7 +20,6 @@ from .context import _current
 from .steps import ARGS_CHECKED, DEFAULT_POLICY, StepPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
-builtins_type = type  # ``tool`` has a parameter named ``type``
 
 STEP_TYPES = ("tool", "llm", "udf")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
@@ -314,10 +313,10 @@ def tool(
     for the default); ``volatile=()`` compares everything.
     """
     if type not in STEP_TYPES:
-        raise ValueError(f"type must be one of {STEP_TYPES}, got {type!r}")
-    if isinstance(retry_on, builtins_type):
-        retry_on = (retry_on,)
-    policy = StepPolicy(bool(at_most_once), retries, backoff, max_backoff, tuple(retry_on))
+        raise ConfigError(f"tool type must be one of {STEP_TYPES}, got {type!r}")
+    # One class, or anything else that is not a tuple or list, is checked as a tuple of one (StepPolicy names it).
+    retry_on = tuple(retry_on) if isinstance(retry_on, (tuple, list)) else (retry_on,)
+    policy = StepPolicy(bool(at_most_once), retries, backoff, max_backoff, retry_on)
     if policy == DEFAULT_POLICY:
         policy = DEFAULT_POLICY
 

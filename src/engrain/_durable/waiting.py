@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import _events as ev
+from .._errors import StorageError
 from .unwind import _Cancelled, _Park
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ class Waiting:
     journal: Journal
     run_id: str
     fence: int | None
+    storage_error: StorageError | None
     _parker: Callable[[str, float, int | None], bool] | None
 
     def cancelled(self) -> bool:
@@ -31,8 +33,18 @@ class Waiting:
         Appends notice a cancel for free (their ``seq`` is taken); a run that waits appends
         nothing, so a wait asks this before the run's next step or attempt begins.
         """
-        info = self.journal.get_run(self.run_id)
+        try:
+            info = self.journal.get_run(self.run_id)
+        except StorageError as e:
+            raise self._store_failed(e) from None
         return info is not None and info.status == ev.CANCELLED
+
+    def _store_failed(self, e: StorageError) -> StorageError:
+        """``e``, noted as the run's storage failure: the agent may catch it (a tool's retry wait or a sleep raised it),
+        and the run must then stay resumable, not end as if the wait or the step were over."""
+        if self.storage_error is None:
+            self.storage_error = e
+        return e
 
     def wait(self, seconds: float) -> None:
         """Block ``seconds`` before this run's next step or attempt (a retry's backoff), in stretches of at
@@ -63,5 +75,8 @@ class Waiting:
         ``_Park.parked`` says whether it was parked (``False``: the lease was lost, or it was cancelled).
         """
         exc = _Park(until)
-        exc.parked = self._parker(self.run_id, until, self.fence) if self._parker is not None else None  # type: ignore[attr-defined]
+        try:
+            exc.parked = self._parker(self.run_id, until, self.fence) if self._parker is not None else None  # type: ignore[attr-defined]
+        except StorageError as e:
+            raise self._store_failed(e) from None
         raise exc

@@ -58,6 +58,8 @@ def enqueue(
         raise ConfigError("task must be a string of at most 100000 characters")
     if inputs is not None and not isinstance(inputs, dict):
         raise ConfigError(f"inputs must be a dict, got {type(inputs).__name__}")
+    if tags is not None and not isinstance(tags, (list, tuple)):  # list() of a string would take its characters
+        raise ConfigError(f"tags must be a list of strings, got {type(tags).__name__}")
     rid = run_id or new_run_id()
     store_of(j).enqueue(rid, _agent_name(agent), task, queue, dict(inputs or {}), priority, list(tags or []), owner_id())
     return rid

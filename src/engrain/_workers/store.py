@@ -138,7 +138,7 @@ class QueueStore:
             raise ConfigError(f"queue {name!r}: concurrency must be an integer from 1 to 100000, got {concurrency!r}")
         if rate is not None:
             ok = (isinstance(rate, (tuple, list)) and len(rate) == 2 and isinstance(rate[0], int)
-                  and not isinstance(rate[0], bool) and isinstance(rate[1], (int, float)) and rate[0] >= 1
+                  and not isinstance(rate[0], bool) and isinstance(rate[1], (int, float)) and 1 <= rate[0] <= 10**9
                   and 0 < rate[1] <= 86400 * 366)
             if not ok:
                 raise ConfigError(f"queue {name!r}: rate must be (runs, seconds), e.g. (100, 60), got {rate!r}")

@@ -233,7 +233,9 @@ class Worker:
             if agent is None:
                 raise EngrainError(f"run {c.run_id!r} needs agent {c.agent!r}, not given to this worker")
             events = self.journal.read(c.run_id, after=-1)[:1]
-            data = events[0].data if events else {}
+            if not events:
+                return  # deleted since the claim (cancelled, then gc): engrain.run would start it anew, with no task
+            data = events[0].data
             # A run never queued has no queue row to wait in, so its sleeps run in this thread.
             park_after = self.park_after if c.queue else None
             result = _run_parked(park_after, self.journal, agent, data.get("task", ""), c.run_id, data.get("inputs") or {},
@@ -248,7 +250,10 @@ class Worker:
             if getattr(park, "parked", None):
                 with self._lock:
                     self.stats.parked += 1
-        except Exception as e:  # noqa: BLE001 - one bad run must not stop the worker; the run stays resumable
+        except BaseException as e:  # noqa: BLE001 - one bad run must not stop the worker; the run stays resumable
+            # A BaseException too (SystemExit, a tool's own): in a worker thread it ends nothing but the run, which
+            # it leaves resumable, and let through here it would skip the count below, so the run was claimed
+            # again at once, for ever, re-running its unjournaled step each time.
             with self._lock:
                 self._error(f"{c.run_id}: {type(e).__name__}: {e}")
                 again = self._failed.get(c.run_id, 0)
@@ -260,6 +265,12 @@ class Worker:
                 try:
                     self.journal.release_lease(c.run_id, owner_id())
                 except Exception:  # noqa: BLE001 - the lease expires by itself
+                    pass
+            else:
+                # Held again: a run that unwound through its executor let its lease go, and would be claimed at once.
+                try:
+                    self.journal.take_lease(c.run_id, owner_id(), self.ttl)
+                except Exception:  # noqa: BLE001 - then it is retried sooner, as a free run is
                     pass
         finally:
             with self._lock:
