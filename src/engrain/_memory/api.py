@@ -74,6 +74,13 @@ class Memory:
             url = url.url
         self.url = url or default_url()
         vector_search = check_vector_search(vector_search)
+        # Checked before the store opens: a refused argument leaves no connection behind.
+        self.ttl = check_ttl(ttl)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise MemoryInputError(f"top_k must be a positive integer, not {top_k!r}")
+        # Recall divides ages by it: 0 stopped every recall, NaN made every score NaN, a negative one overflowed.
+        if isinstance(half_life, bool) or not isinstance(half_life, (int, float)) or not half_life > 0:
+            raise MemoryInputError(f"half_life must be a positive number of seconds, not {half_life!r}")
         self.store = open_store(self.url)
         self.backend = self.store.backend
         try:
@@ -91,7 +98,6 @@ class Memory:
             raise
         self._pg = self.vector_search == "pgvector"
         self.synthesizer: Synthesizer = synthesizer or default_synthesizer()
-        self.ttl = check_ttl(ttl)
         self.top_k = top_k
         self.half_life = half_life
         #: How recall ranks (the measured defaults; a benchmark may switch a part off).

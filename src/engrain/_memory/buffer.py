@@ -62,7 +62,8 @@ class ConsolidationTables:
             return int(self._x("SELECT COUNT(*) FROM engrain_mem_buffer").fetchone()[0])
 
     def commit(self, token: str, done: Sequence[int], upserts: Sequence[Article], deletes: Sequence[str],
-               assign: dict[str, str], expect: dict[str, int] | None = None, purge: Sequence[int] = ()) -> None:
+               assign: dict[str, str], expect: dict[str, int] | None = None, purge: Sequence[int] = (),
+               read: dict[str, str] | None = None) -> None:
         """Write one consolidation's outcome atomically and flush its buffer rows.
 
         ``done`` are buffer seqs processed (deleted here; raises if another
@@ -71,11 +72,24 @@ class ConsolidationTables:
         ``assign`` maps record id -> article id; ``expect`` maps the id of each
         article this pass read and now rewrites or deletes to the version it
         read: if another consolidator changed it meanwhile, nothing is written.
-        ``purge`` are seqs of expired records to delete.
+        ``purge`` are seqs of expired records to delete. ``read`` maps the id of each record an article was
+        written from to the digest of the text it was written from: a record updated or forgotten since (whose
+        own rewrite found no article citing it yet) writes nothing.
         """
         from .._errors import EngrainError
 
         with self.tx():
+            ids = sorted(read or {})
+            # Checked first (PostgreSQL: rows share-locked until the commit), before the articles are locked, so a
+            # forget, which deletes records before articles, waits here instead of deadlocking with this commit.
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                have = dict(self._x(f"SELECT id, digest FROM engrain_mem_records WHERE id IN ({','.join('?' * len(chunk))})"
+                                    + (" FOR SHARE" if self.backend == "postgres" else ""), chunk).fetchall())
+                for rid in chunk:
+                    if have.get(rid) != read[rid]:  # type: ignore[index]
+                        raise EngrainError(f"record {rid} was {'updated' if rid in have else 'forgotten'} while this "
+                                           "consolidation ran; nothing was written and its rows went back to the buffer")
             for aid, version in (expect or {}).items():
                 row = self._x("SELECT version FROM engrain_mem_articles WHERE id = ?" +
                               (" FOR UPDATE" if self.backend == "postgres" else ""), (aid,)).fetchone()

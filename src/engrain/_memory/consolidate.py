@@ -30,6 +30,7 @@ length of the longest imaginable pass.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -127,6 +128,7 @@ class _Outcome:
     deletes: list[str] = field(default_factory=list)
     assign: dict[str, str] = field(default_factory=dict)
     expect: dict[str, int] = field(default_factory=dict)
+    read: dict[str, str] = field(default_factory=dict)  # record id -> digest of the content an article was written from
     formed: int = 0
     reconsolidated: int = 0
     updated: int = 0
@@ -234,6 +236,7 @@ def _pass(mem: Memory, summary: ConsolidationSummary, token: str, items: list[Bu
     deletes: list[str] = []
     assign: dict[str, str] = {}
     expect: dict[str, int] = {}
+    read: dict[str, str] = {}
     kept_alive: set[str] = set()
     for skill, sk in skills.items():
         sk.gone = gone
@@ -250,12 +253,13 @@ def _pass(mem: Memory, summary: ConsolidationSummary, token: str, items: list[Bu
         deletes += part.deletes
         assign.update(part.assign)
         expect.update(part.expect)
+        read.update(part.read)
         for k in ("formed", "reconsolidated", "updated", "superseded", "removed"):
             setattr(summary, k, getattr(summary, k) + getattr(part, k))
         summary.articles += [a.id for a in part.upserts]
     purge = [seq for seq, _, aid in expired if aid not in kept_alive]
     try:
-        store.commit(token, done, upserts, deletes, assign, expect, purge)
+        store.commit(token, done, upserts, deletes, assign, expect, purge, read)
     except Exception as e:
         summary.errors.append(f"commit: {type(e).__name__}: {e}")
         store.release(token, [i.seq for i in items])
@@ -279,6 +283,12 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
         qvecs = dict(zip(queries, embed_queries(mem.embedder, queries))) if queries else {}
     art_ids = list(arts)
     art_mat = np.stack([arts[a].embedding for a in art_ids]) if art_ids else None
+
+    def write(records: list[Record], previous: Article | None, queries: list[str]) -> Article:
+        # The commit checks these records still hold this text: one updated or forgotten meanwhile (its own
+        # rewrite saw no article yet) must not come back inside the article written from it.
+        out.read.update((r.id, hashlib.sha256(r.content.encode("utf-8")).hexdigest()) for r in records)
+        return write_article(mem, skill, records, previous, now, queries)
 
     cut = _cluster.related_cut(mem.embedder)
     # A recalled query's cosine is held to the query side's own cut, moved onto the record cut's scale.
@@ -321,14 +331,14 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
         old = arts[aid]
         sources = [s for s in old.sources if s not in {r.id for r in new} and s not in sk.gone]
         live = list(mem.store.records(sources).values())
-        art = write_article(mem, skill, live + new, old, now, recalled.get(aid, []))
+        art = write(live + new, old, recalled.get(aid, []))
         written.append(art)
         if aid in recalled:
             out.reconsolidated += 1
         else:
             out.updated += 1
     for group in clusters:
-        written.append(write_article(mem, skill, group, None, now, []))
+        written.append(write(group, None, []))
         out.formed += 1
     for aid in sorted(sk.stale - set(joined)):
         old = arts.get(aid)
@@ -336,7 +346,7 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
             continue
         live = list(mem.store.records([s for s in old.sources if s not in sk.gone]).values())
         if live:
-            written.append(write_article(mem, skill, live, old, now, recalled.pop(aid, [])))
+            written.append(write(live, old, recalled.pop(aid, [])))
             out.updated += 1
         else:
             out.deletes.append(aid)
@@ -361,7 +371,7 @@ def _one_skill(mem: Memory, skill: str, sk: _Skill, now: float, out: _Outcome) -
             if other.id == a.id or float(other.embedding @ a.embedding) < MERGE:
                 continue
             srcs = mem.store.records([x for x in dict.fromkeys(a.sources + other.sources) if x not in sk.gone])
-            a = write_article(mem, skill, list(srcs.values()), a, now, [])
+            a = write(list(srcs.values()), a, [])
             alive[a.id] = a
             del alive[other.id]
             touched.discard(other.id)

@@ -93,6 +93,16 @@ def check_metadata(metadata: Any, step: str = "remember", name: str = "metadata"
     if not isinstance(metadata, dict):
         raise MemoryInputError(f"{name} must be a dict, not {type(metadata).__name__}")
     check_nesting(metadata, name, step)
+    # json.dumps writes a key 1 as "1": {1: "a", "1": "b"} would be stored with the key twice, which SQLite's
+    # filter reads as "a" and every reader as "b".
+    stack: list[Any] = [metadata]
+    while stack:
+        v = stack.pop()
+        for k, x in v.items() if isinstance(v, dict) else enumerate(v):
+            if isinstance(v, dict) and not isinstance(k, str):
+                raise MemoryInputError(f"{step}: {name} key {k!r} is a {type(k).__name__}; JSON object keys are text")
+            if isinstance(x, (dict, list)):
+                stack.append(x)
     try:
         text = json.dumps(metadata, allow_nan=False, ensure_ascii=False)
     except (TypeError, ValueError) as e:

@@ -246,6 +246,17 @@ class MemoryStore(TextSearch, PgVectorSearch, ConsolidationTables):
             for r in rows:
                 got = self._x("SELECT id, expires FROM engrain_mem_records WHERE skill = ? AND digest = ?",
                               (r["skill"], r["digest"])).fetchone()
+                if got is not None and got[1] is not None and got[1] <= now:
+                    # Expired, not yet purged: this is a new record of the same text, so it takes this call's
+                    # label, metadata, importance and time, not the dead one's (its owner's metadata revived).
+                    self._x("UPDATE engrain_mem_records SET hint = ?, metadata = ?, importance = ?, created = ?, "
+                            "expires = ? WHERE id = ?", (r["hint"], json.dumps(r["metadata"]), r.get("importance"),
+                                                         now, r["expires"], got[0]))
+                    seq = self._x("SELECT seq FROM engrain_mem_records WHERE id = ?", (got[0],)).fetchone()[0]
+                    self._fts_put(int(seq), f"{r['hint']} {r['content']}", r["skill"], got[0], r["expires"])
+                    self._bump("records_del")
+                    out.append((got[0], False))
+                    continue
                 if got is not None:
                     if got[1] is not None and (r["expires"] is None or r["expires"] > got[1]):
                         self._x("UPDATE engrain_mem_records SET expires = ? WHERE id = ?", (r["expires"], got[0]))

@@ -100,6 +100,9 @@ def export(mem: Memory) -> dict[str, Any]:
 def _load(source: Any) -> tuple[list[tuple[str, Any]], str]:
     """``[(where, document)]`` from a folder or an export result, and a name for the origin."""
     if isinstance(source, dict):
+        if source.get("documents") is not None and not isinstance(source["documents"], list):
+            raise MemoryInputError(f"import: field 'documents' must be a list of export documents, not "
+                                   f"{type(source['documents']).__name__}")
         if isinstance(source.get("documents"), list):
             docs = source["documents"]
             if len(docs) > MAX_DOCS:
@@ -117,11 +120,19 @@ def _load(source: Any) -> tuple[list[tuple[str, Any]], str]:
         raise MemoryInputError(f"import: {folder} holds {len(files)} documents; at most {MAX_DOCS}")
     out = []
     for p in files:
-        if p.stat().st_size > MAX_FILE:
+        # A link would read a file outside the export (any *.json the importing user can read) into memory.
+        if p.is_symlink():
+            raise MemoryInputError(f"import: {p} is a symbolic link; an export folder holds its documents as files")
+        try:
+            with p.open("rb") as f:
+                data = f.read(MAX_FILE + 1)  # bounded: the file may grow after it was listed
+        except OSError as e:
+            raise MemoryInputError(f"import: {p} is not readable: {e}") from None
+        if len(data) > MAX_FILE:
             raise MemoryInputError(f"import: {p} is larger than {MAX_FILE} bytes")
         try:
-            out.append((str(p), json.loads(p.read_text(encoding="utf-8"))))
-        except (OSError, ValueError, RecursionError) as e:
+            out.append((str(p), json.loads(data.decode("utf-8"))))
+        except (ValueError, RecursionError) as e:
             raise MemoryInputError(f"import: {p} is not readable JSON: {e}") from None
     return out, str(folder)
 
@@ -210,7 +221,10 @@ def _check(mem: Memory, doc: dict[str, Any], where: str, origin: str, skill_map:
     synth = doc.get("synthesizer") if isinstance(doc.get("synthesizer"), str) else None
     srcs = doc.get("sources")
     if srcs is None:  # etchmem's export: the article text is all there is
-        srcs = [{"id": h, "expired": True} for h in doc.get("source_hashes") or [] if isinstance(h, str)]
+        hashes = doc.get("source_hashes") or []
+        if not isinstance(hashes, list):
+            raise MemoryInputError(f"import: {where}: field 'source_hashes' must be a list, not {type(hashes).__name__}")
+        srcs = [{"id": h, "expired": True} for h in hashes if isinstance(h, str)]
     if not isinstance(srcs, list) or len(srcs) > MAX_SOURCES:
         raise MemoryInputError(f"import: {where}: sources must be a list of at most {MAX_SOURCES}")
     texts = [(i, s) for i, s in enumerate(srcs)
@@ -291,6 +305,15 @@ def _write(mem: Memory, one: dict[str, Any], now: float, summary: dict[str, Any]
                     st._x("DELETE FROM engrain_mem_buffer WHERE kind = 'deposit' AND ref = ?", (rid,))
             if rid not in art.sources:
                 art.sources.append(rid)
+        if old is not None:
+            # Records homed in the replaced article that the new text does not cite (local ones consolidation
+            # folded in since the last import) would stay folded into an article that no longer states them:
+            # never recalled, never exported. They go back to the buffer to be consolidated again.
+            for r in st.records([s for s in old.sources if s not in art.sources], vectors=False).values():
+                if r.article_id == aid:
+                    st._x("UPDATE engrain_mem_records SET article_id = NULL WHERE id = ?", (r.id,))
+                    st._x("INSERT INTO engrain_mem_buffer (kind, skill, ref, data, created) "
+                          "VALUES ('deposit', ?, ?, '{}', ?)", (r.skill, r.id, now))
         st.put_article(art)
         st._bump("articles_gen")
     summary["updated" if old is not None else "imported"] += 1
