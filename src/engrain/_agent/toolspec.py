@@ -13,16 +13,20 @@ agent journals its calls as a plain durable run journals them (see ``loop.run_to
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import inspect
 import json
 import types
 import typing
+from collections import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .._durable.steps import DEFAULT_POLICY, StepPolicy
-from .._errors import ConfigError
+from .._errors import ConfigError, NotJSONError
+from .._events import MAX_DEPTH, check_depth, check_json, check_text, dumps, is_json
 from .volatile import DEFAULT as DEFAULT_CHECK
 from .volatile import ResultCheck, result_check
 
@@ -59,11 +63,14 @@ def json_schema(hint: Any) -> dict[str, Any]:
         return dict(_SIMPLE[hint])
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Literal:
-        return {"enum": list(args)}
+        return {"enum": [a.value if isinstance(a, enum.Enum) else a for a in args]}
     if origin in (typing.Union, types.UnionType):
         options = [json_schema(a) for a in args]
         return {"anyOf": options} if all(options) else {}
-    if origin in (list, tuple, set, frozenset) or origin is typing.Sequence:
+    if origin is tuple and args and args[-1] is not Ellipsis:  # tuple[int, str]: each position its own type
+        items = [json_schema(a) for a in args]
+        return {"type": "array", "prefixItems": items, "minItems": len(args), "maxItems": len(args)}
+    if origin in (list, tuple, set, frozenset, typing.Sequence, abc.Sequence):
         item = json_schema(args[0]) if args else {}
         return {"type": "array", "items": item} if item else {"type": "array"}
     if origin is dict:
@@ -95,6 +102,8 @@ class AgentTool:
     # An @engrain.tool's at_most_once and retries: unwrapped, the tool is journaled by the agent's
     # loop, which must journal it as the tool's own wrapper would (a payment is never retried blind).
     policy: StepPolicy = DEFAULT_POLICY
+    # Arguments given as JSON but declared as an Enum, a dataclass or a pydantic model: built before the call.
+    build: dict[str, Callable[[Any], Any]] | None = None
 
     def spec(self) -> dict[str, Any]:
         """The provider-neutral declaration sent to the model."""
@@ -108,8 +117,11 @@ class AgentTool:
             args = _parse(raw)
         except ValueError as e:
             raise ValueError(f"arguments are not valid JSON ({e})") from None
+        except RecursionError:
+            raise ValueError(f"arguments nest lists/objects deeper than {MAX_DEPTH - 1} levels") from None
         if not isinstance(args, dict):
             raise ValueError(f"arguments must be a JSON object, got {type(args).__name__}")
+        _journalable(args, raw)
         if self.quick is None:
             self.quick = _quick_check(self.parameters) or False
         if self.quick and self.quick(args):  # the common case, ~30x cheaper than jsonschema
@@ -131,7 +143,26 @@ class AgentTool:
         """Run the tool with checked arguments."""
         if self.wasm:
             return self.fn(args.get("args"))
+        if self.build:
+            args = {k: self.build[k](v) if k in self.build else v for k, v in args.items()}
         return self.fn(**args)
+
+
+def _journalable(args: dict[str, Any], raw: str) -> None:
+    """Refuse arguments the journal cannot record (``ValueError``), before the tool runs: a tool
+    run whose step cannot be journaled would run again on resume, and the model would be told it failed.
+
+    json.loads takes NaN, Infinity and lone surrogates (``"\\ud800"``), and nesting as deep as the
+    stack allows; a step's data holds the arguments one level below its top.
+    """
+    try:
+        if not is_json(args, 1):
+            check_depth(args, "arguments", "arguments", MAX_DEPTH - 1)
+            check_json(args, "arguments", "arguments")
+        if "\\u" in raw or not raw.isascii():
+            check_text(dumps(args), args, "arguments", "arguments")
+    except NotJSONError as e:
+        raise ValueError(str(e)) from None
 
 
 def from_function(fn: Callable[..., Any]) -> AgentTool:
@@ -148,17 +179,62 @@ def from_function(fn: Callable[..., Any]) -> AgentTool:
         raise ConfigError(f"tool {name!r}: cannot read its signature ({e})") from None
     props: dict[str, Any] = {}
     required: list[str] = []
+    defs: dict[str, Any] = {}
+    build: dict[str, Callable[[Any], Any]] = {}
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
             raise ConfigError(f"tool {name!r}: parameter {p.name!r} must be a plain or keyword parameter")
-        props[p.name] = json_schema(hints.get(p.name, p.annotation))
+        hint = hints.get(p.name, p.annotation)
+        members = _enum_literals(hint)
+        if members:  # Literal[Color.RED]: the model sends "red" (pydantic would refuse it)
+            props[p.name], build[p.name] = json_schema(hint), lambda v, m=members: m.get(v, v)  # type: ignore[misc]
+        elif _built(hint):
+            props[p.name], build[p.name] = _model_schema(name, p.name, hint, defs)
+        else:
+            props[p.name] = json_schema(hint)
+        default = p.default.value if isinstance(p.default, enum.Enum) else p.default
         if p.default is p.empty:
             required.append(p.name)
-        elif _is_json(p.default):
-            props[p.name]["default"] = p.default
+        elif is_json(default):  # json.dumps takes NaN, which is no JSON a provider accepts
+            props[p.name]["default"] = default
     params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    if defs:
+        params["$defs"] = defs
     check = result_check(name, step.get("volatile"), step.get("same_result")) if step else DEFAULT_CHECK
-    return AgentTool(name, inner, _description(inner) or name, params, result_check=check, policy=_policy(fn))
+    return AgentTool(name, inner, _description(inner) or name, params, result_check=check, policy=_policy(fn),
+                     build=build or None)
+
+
+def _built(hint: Any) -> bool:
+    """Whether a value of ``hint`` is not the JSON itself: an Enum, a dataclass or a pydantic model,
+    also inside Optional, a Union, a list or a dict (the tool would get a str or a dict instead)."""
+    if isinstance(hint, type):
+        return issubclass(hint, enum.Enum) or dataclasses.is_dataclass(hint) or hasattr(hint, "model_json_schema")
+    if typing.get_origin(hint) is typing.Literal:
+        return False
+    return any(_built(a) for a in typing.get_args(hint))
+
+
+def _enum_literals(hint: Any) -> dict[Any, enum.Enum]:
+    """The Enum members of a ``Literal`` (or an Optional/Union of Literals) by their values."""
+    origin = typing.get_origin(hint)
+    options = [hint] if origin is typing.Literal else typing.get_args(hint) if origin in (typing.Union, types.UnionType) else []
+    return {a.value: a for o in options if typing.get_origin(o) is typing.Literal
+            for a in typing.get_args(o) if isinstance(a, enum.Enum)}
+
+
+def _model_schema(tool: str, param: str, hint: Any, defs: dict[str, Any]) -> tuple[dict[str, Any], Callable[[Any], Any]]:
+    """The JSON schema of ``hint`` (its definitions moved into ``defs``, where its references point)
+    and the function that builds the tool's argument from the model's JSON (pydantic's)."""
+    try:
+        import pydantic
+
+        adapter = pydantic.TypeAdapter(hint)
+        schema = adapter.json_schema(ref_template="#/$defs/{model}")
+    except Exception as e:  # noqa: BLE001 - pydantic's errors for types it cannot describe
+        raise ConfigError(f"tool {tool!r}: parameter {param!r}: cannot describe {hint!r} as JSON ({e})") from None
+    defs.update(schema.pop("$defs", {}))
+    return schema, adapter.validate_python
 
 
 def _policy(fn: Callable[..., Any]) -> StepPolicy:
@@ -235,11 +311,3 @@ def _quick_check(schema: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | N
         return True
 
     return check
-
-
-def _is_json(v: Any) -> bool:
-    try:
-        json.dumps(v)
-        return True
-    except (TypeError, ValueError):
-        return False

@@ -38,9 +38,9 @@ import types
 from typing import Any
 
 from .._durable.context import RunContext, StepRecord, _Pending, current, idempotency_key
-from .._durable.steps import replay as _replay
 from .._errors import ConfigError, NotJournaledError
 from .._events import is_json
+from .wrap_errors import recorded, replayed
 
 # endpoint path -> (response type, stream event type), as "module:attribute" of the SDK
 _OPENAI = {
@@ -170,14 +170,14 @@ def _method(fn: Any, path: str, spec: _Spec) -> Any:
                 return await fn(*args, **kw)
             step = _begin(ctx, name, kw)
             if isinstance(step, StepRecord):
-                rec = _replay(step)
+                rec = replayed(ctx, step, spec.sdk)
                 if kw.get("stream"):
                     return _AsyncStream(None, [spec.build(event_t, e) for e in rec["events"]], ctx, step)
                 return spec.build(whole_t, rec["response"])
             try:
                 out = await fn(*args, **kw)
             except Exception as e:
-                ctx._fail(step, e)
+                ctx._fail(step, e, **recorded(e, spec.sdk))
                 raise
             if kw.get("stream"):
                 return _AsyncStream(out, None, ctx, step)
@@ -192,14 +192,14 @@ def _method(fn: Any, path: str, spec: _Spec) -> Any:
             return fn(*args, **kw)
         step = _begin(ctx, name, kw)
         if isinstance(step, StepRecord):
-            rec = _replay(step)
+            rec = replayed(ctx, step, spec.sdk)
             if kw.get("stream"):
                 return _Stream(None, [spec.build(event_t, e) for e in rec["events"]], ctx, step)
             return spec.build(whole_t, rec["response"])
         try:
             out = fn(*args, **kw)
         except Exception as e:
-            ctx._fail(step, e)
+            ctx._fail(step, e, **recorded(e, spec.sdk))
             raise
         if kw.get("stream"):
             return _Stream(out, None, ctx, step)
@@ -283,8 +283,8 @@ def _helper(target: Any, name: str, bound: Any, path: str, spec: _Spec) -> Any:
             # the request, and again on the recorded one when the run resumes.
             return options, options.pop("post_parser", None)
 
-        def replayed(step: StepRecord, k: dict[str, Any], parser: Any, stream_t: Any) -> Any:
-            rec = _replay(step)
+        def played(step: StepRecord, k: dict[str, Any], parser: Any, stream_t: Any) -> Any:
+            rec = replayed(ctx, step, spec.sdk)
             if k.get("stream"):
                 return stream_t(None, [spec.build(event_t, e) for e in rec["events"]], ctx, step)
             out = spec.construct(k["cast_to"], rec["response"])
@@ -297,11 +297,11 @@ def _helper(target: Any, name: str, bound: Any, path: str, spec: _Spec) -> Any:
                 options, parser = options_of(k)
                 step = _begin(ctx, step_name, kw)
                 if isinstance(step, StepRecord):
-                    return replayed(step, k, parser, _AsyncStream)
+                    return played(step, k, parser, _AsyncStream)
                 try:
                     out = await real(route, **{**k, "options": options})
                 except Exception as e:
-                    ctx._fail(step, e)
+                    ctx._fail(step, e, **recorded(e, spec.sdk))
                     raise
                 if k.get("stream"):
                     return _AsyncStream(out, None, ctx, step)
@@ -314,11 +314,11 @@ def _helper(target: Any, name: str, bound: Any, path: str, spec: _Spec) -> Any:
             options, parser = options_of(k)
             step = _begin(ctx, step_name, kw)
             if isinstance(step, StepRecord):
-                return replayed(step, k, parser, _Stream)
+                return played(step, k, parser, _Stream)
             try:
                 out = real(route, **{**k, "options": options})
             except Exception as e:
-                ctx._fail(step, e)
+                ctx._fail(step, e, **recorded(e, spec.sdk))
                 raise
             if k.get("stream"):
                 return _Stream(out, None, ctx, step)
@@ -371,7 +371,7 @@ class _StreamBase:
     def _fail(self, e: Exception) -> None:
         if not self._done and self._live is not None:
             self._done = True
-            self._ctx._fail(self._step, e)
+            self._ctx._fail(self._step, e, **recorded(e, self._step.name.split(".")[0]))
 
     def __getattr__(self, name: str) -> Any:  # .response, .close() ... of the SDK's stream
         if self._live is None:

@@ -59,7 +59,7 @@ from agents.memory.session_settings import SessionSettings
 from agents.models.multi_provider import MultiProvider
 from pydantic import TypeAdapter
 
-from .._durable.context import current, default_journal
+from .._durable.context import current, default_journal, idempotency_key
 from .._durable.log import EntryLog
 from .._errors import EngrainError, NotDurableError, NotJSONError
 from .._journal import Journal, open_journal
@@ -96,6 +96,21 @@ def _session_items(items: list[Any]) -> list[Any]:
         except ValueError as e:  # NaN or infinity: JSON has no such number, and the journal stores JSON
             raise NotJSONError(where, "a number", item, f"is not JSON ({e})") from None
     return out
+
+
+def _step_key() -> str | None:
+    """The idempotency key of the run's session step running now (None outside runs: inside a tool's step
+    the key is the tool's, shared by every change the tool makes)."""
+    return idempotency_key() if current() is not None else None
+
+
+def _done(entries: list[Any], key: str | None) -> Any:
+    """The entry a session step with ``key`` appended already, if any. A process killed after the
+    session's append and before the run journaled the step runs the step again on resume: the
+    change is found here and not made twice (items added twice, a second item popped)."""
+    if key is None:
+        return None
+    return next((e for e in reversed(entries) if e.data.get("key") == key), None)
 
 
 class EngrainSession:
@@ -147,7 +162,11 @@ class EngrainSession:
         data = {"items": _session_items(items), "summary": {"added": len(items)}}
 
         async def add() -> None:
-            await asyncio.to_thread(self._log.append, [("items", data)])
+            key = _step_key()
+            if key is None:
+                await asyncio.to_thread(self._log.append, [("items", data)])
+            else:
+                await asyncio.to_thread(self._log.update, lambda e: [] if _done(e, key) else [("items", {**data, "key": key})])
 
         await self._step("add_items", {"count": len(items)}, add)
 
@@ -155,16 +174,21 @@ class EngrainSession:
         """Remove and return the newest item (``None`` when empty); two concurrent pops never return the same one."""
         popped: list[Any] = []
 
-        def decide(entries: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+        def decide(entries: list[Any], key: str | None) -> list[tuple[str, dict[str, Any]]]:
             popped.clear()
+            done = _done(entries, key)
+            if done is not None:  # this step's pop, made before a crash lost its result: not a second one
+                popped.extend(done.data.get("item", [None])[:1])
+                return []
             live = self._items_of(entries)
             if not live:
                 return []
             popped.append(live[-1])
-            return [("pop", {"summary": {"popped": 1}})]
+            return [("pop", {"summary": {"popped": 1}, **({"key": key, "item": [live[-1]]} if key else {})})]
 
         async def pop() -> Any:
-            await asyncio.to_thread(self._log.update, decide)
+            key = _step_key()
+            await asyncio.to_thread(self._log.update, lambda e: decide(e, key))
             return popped[0] if popped else None
 
         return await self._step("pop_item", {}, pop)
@@ -185,7 +209,9 @@ class EngrainSession:
     async def clear_session(self) -> None:
         """Forget every item (the record of what was said stays in the journal until ``engrain gc``)."""
         async def clear() -> None:
-            await asyncio.to_thread(self._log.append, [("clear", {"summary": {"cleared": True}})])
+            key = _step_key()
+            entry = {"summary": {"cleared": True}, **({"key": key} if key else {})}
+            await asyncio.to_thread(self._log.update, lambda e: [] if _done(e, key) else [("clear", entry)])
 
         await self._step("clear_session", {}, clear)
 
