@@ -55,6 +55,13 @@ class StoreCorruptError(EngrainError):
         )
 
 
+class RunIdError(ConfigError, ValueError):
+    """A run id engrain cannot store: not a string, empty, over 200 characters, a lone surrogate or a NUL.
+
+    A ``ValueError`` too, as before this class: callers that caught that keep working.
+    """
+
+
 class StoreURLError(ConfigError, ValueError):
     """A store URL engrain does not read: an unknown scheme, a malformed URL or an unknown query parameter.
 

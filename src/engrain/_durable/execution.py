@@ -88,7 +88,9 @@ def _start(
         if same is not None:
             data.update(same.fields)
         if not is_json(data):  # check_json's own test first: its message is made only for a refusal
-            check_json(data, f"run {run_id!r}", "inputs")
+            for field in ("task", "inputs", "tags"):  # named by the argument that holds the value
+                check_json(data[field], f"run {run_id!r}", field)
+            check_json(data, f"run {run_id!r}", "run.started")
         held = None if lease is None else (lease.owner, lease.ttl)
         # Not flushed on its own: the run's first durable append (a step, a question, its end) flushes
         # it too, and until then nothing the run did needs it (a server crash before that loses a run
@@ -161,12 +163,10 @@ def _recorded_inputs(run_id: str, rows: list[ev.Row]) -> dict[str, Any]:
     return inputs
 
 
-def _check_call(run_id: str | None, task: Any, inputs: Any, tags: Any) -> None:
+def _check_call(run_id: str | None, inputs: Any, tags: Any) -> None:
     """Refuse, by field, what a run cannot be given: a ``dict()`` of a list fails untyped, and a string of tags
-    would be taken as its characters."""
+    would be taken as its characters. (A task may be any JSON value, as it always could: a dict task is kept.)"""
     where = f"run {run_id!r}" if run_id else "run"
-    if not isinstance(task, str):
-        raise ConfigError(f"{where}: task must be a string, got {type(task).__name__}")
     if inputs is not None and not isinstance(inputs, Mapping):
         raise ConfigError(f"{where}: inputs must be a dict of name -> JSON value, got {type(inputs).__name__}")
     if tags is not None and not isinstance(tags, (list, tuple)):
@@ -260,7 +260,7 @@ class _Execution:
         self.task = task
         if run_id:
             check_run_id(run_id)  # before any read: a bad id is refused by name, not by the store's driver
-        _check_call(run_id, task, inputs, tags)
+        _check_call(run_id, inputs, tags)
         self.journal = journal or default_journal()
         self.run_id = run_id or new_run_id()
         given = None if inputs is None else dict(inputs)

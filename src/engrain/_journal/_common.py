@@ -29,7 +29,7 @@ from .._events import (
     is_json,
     status_after,
 )
-from .._errors import RunFinishedError
+from .._errors import RunFinishedError, RunIdError
 from .._events import _fast_encode
 
 _STATUS_KINDS = frozenset(
@@ -63,12 +63,15 @@ class Batch:
 
 
 def check_run_id(run_id: Any) -> None:
-    """Raise ``ValueError`` unless ``run_id`` is a non-empty string of at most 200 characters of Unicode text (a
-    lone surrogate would fail in the store's driver, as an encoding error naming nothing)."""
+    """Raise :class:`~engrain.RunIdError` (a ``ValueError``) unless ``run_id`` is a non-empty string of at most 200
+    characters of Unicode text without NUL (a lone surrogate would fail in the store's driver, as an encoding error
+    naming nothing, and PostgreSQL's text holds no NUL: a store moved there could not keep the run)."""
     if not isinstance(run_id, str) or not run_id:
-        raise ValueError("run_id must be a non-empty string")
+        raise RunIdError("run_id must be a non-empty string")
     if len(run_id) > 200:
-        raise ValueError(f"run_id is {len(run_id)} characters long; at most 200 are allowed")
+        raise RunIdError(f"run_id is {len(run_id)} characters long; at most 200 are allowed")
+    if "\x00" in run_id:
+        raise RunIdError(f"run_id {run_id!r} holds a NUL character (at {run_id.index(chr(0))}), which a store cannot keep")
     _check_id_text(run_id)
 
 
@@ -78,7 +81,7 @@ def _check_id_text(run_id: str) -> None:
     try:
         run_id.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"run_id {run_id!r} is not Unicode text: a lone surrogate at character {e.start}") from None
+        raise RunIdError(f"run_id {run_id!r} is not Unicode text: a lone surrogate at character {e.start}") from None
 
 
 def check_lookup_id(run_id: Any) -> None:
@@ -90,7 +93,7 @@ def check_lookup_id(run_id: Any) -> None:
     looser: an empty or over-long id is simply no run (the HTTP API answers 404 for it).
     """
     if type(run_id) is not str:
-        raise ValueError(f"run_id must be a string, got {type(run_id).__name__}")
+        raise RunIdError(f"run_id must be a string, got {type(run_id).__name__}")
     _check_id_text(run_id)
 
 
@@ -137,8 +140,8 @@ def prepare_row(
 
     ``json_checked``: the caller found ``data`` strictly JSON (:func:`is_json`), so the fast encoder may write it.
     """
-    if (type(run_id) is not str or not 0 < len(run_id) <= 200 or not run_id.isascii() or type(expected_seq) is not int
-            or expected_seq < 0):
+    if (type(run_id) is not str or not 0 < len(run_id) <= 200 or not run_id.isascii() or "\x00" in run_id
+            or type(expected_seq) is not int or expected_seq < 0):
         _check_target(run_id, expected_seq)  # raises, naming what is wrong (or accepts a str or int subclass, non-ASCII)
     if json_checked and _fast_encode is not None and type(data) is dict and kind in KINDS:
         # Every step of a durable run: _row with dumps_checked, inline (two calls fewer per step).

@@ -422,6 +422,8 @@ class PostgresJournal(Journal):
 
     def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
         check_lookup_id(run_id)  # a lone surrogate: the caller's bad input, not the driver's encoding error
+        if "\x00" in run_id:  # PostgreSQL's text holds no NUL, so no run has one (the driver would refuse the query)
+            return []
         try:
             with self._lock:
                 self._settle()
@@ -436,6 +438,8 @@ class PostgresJournal(Journal):
 
     def get_run(self, run_id: str) -> RunInfo | None:
         check_lookup_id(run_id)
+        if "\x00" in run_id:  # see read_raw
+            return None
         try:
             with self._lock:
                 self._settle()
@@ -448,6 +452,7 @@ class PostgresJournal(Journal):
         run_ids = list(run_ids)
         for i in run_ids:
             check_lookup_id(i)
+        run_ids = [i for i in run_ids if "\x00" not in i]  # see read_raw
         try:
             with self._lock:
                 self._settle()
