@@ -126,8 +126,10 @@ def build_server(url: str | None = None, routines_dir: str | None = None, tools:
     @tool()
     @_clear_errors
     def list_runs(status: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        """Recent runs (optionally only those in ``status``: ok, failed, needs_input, running, queued, cancelled)."""
-        return [r.to_dict() for r in state.journal.runs(status=status, limit=max(1, min(limit, 500)))]
+        """Recent runs (optionally only those in ``status``: ok, failed, needs_input, running, queued, cancelled), at most 500."""
+        if limit < 1:  # as the CLI's --limit: not silently one run
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        return [r.to_dict() for r in state.journal.runs(status=status, limit=min(limit, 500))]
 
     return server
 
@@ -213,7 +215,39 @@ async def serve_stdio(server: MCPServer) -> None:
     if low is None:  # an SDK that moved it: serve as the SDK does, bad lines unanswered
         await server.run_stdio_async()
         return
-    stdin = _AnsweringStdin(sys.stdin.buffer)
-    async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
-        stdin.answer_on(write_stream)
-        await low.run(read_stream, write_stream, low.create_initialization_options())
+    source, restore = _claim_stdin()
+    try:
+        stdin = _AnsweringStdin(source)
+        async with stdio_server(stdin=stdin) as (read_stream, write_stream):  # type: ignore[arg-type]
+            stdin.answer_on(write_stream)
+            await low.run(read_stream, write_stream, low.create_initialization_options())
+    finally:
+        restore()
+
+
+def _claim_stdin() -> tuple[BinaryIO, Callable[[], None]]:
+    """The client's requests on a private copy of fd 0, with fd 0 itself on the null device.
+
+    The SDK diverts fd 0 only when it reads stdin itself: with our reader, a tool or trusted
+    UDF that reads stdin would take a client's request line (never answered) or block its
+    own call for ever. Now it reads end of file.
+    """
+    import os
+
+    try:
+        private = os.dup(0)
+    except OSError:
+        return sys.stdin.buffer, lambda: None
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    except OSError:
+        os.close(private)
+        return sys.stdin.buffer, lambda: None
+
+    def restore() -> None:
+        os.dup2(private, 0)
+        os.close(private)
+
+    return os.fdopen(private, "rb", closefd=False), restore

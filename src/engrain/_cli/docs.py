@@ -42,7 +42,7 @@ def missing_modules() -> list[str]:
 
 @command
 def docs(
-    port: Annotated[int, typer.Option(help="Port to serve on (127.0.0.1).")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to serve on (127.0.0.1).")] = 8000,
     build_only: Annotated[bool, typer.Option("--build-only", help="Build the site (strictly) and exit; do not serve.")] = False,
     site_dir: Annotated[str | None, typer.Option("--site-dir", help="Where --build-only writes the site (default: site/ beside mkdocs.yml).")] = None,
 ) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import JsonOption, UrlOption, app, errors_as_exit, fail, print_json
+from .common import JsonOption, UrlOption, app, errors_as_exit, json_wanted, print_json
 
 learned_app = typer.Typer(help="Routines agents learned from their runs: list, show, edit, promote, delete.",
                           invoke_without_command=True)
@@ -89,13 +89,13 @@ def edit(
     json_out: JsonOption = False,
 ) -> None:
     """Replace a learned routine with your routine.yaml (checked; it is then never re-induced)."""
-    import pathlib
-    import sys
+    from .._routines.yamlfile import MAX_BYTES
+    from .routine_run import Exit, read_text
 
     try:
-        text = sys.stdin.read() if file == "-" else pathlib.Path(file).read_text(encoding="utf-8")
-    except OSError as e:
-        raise fail(f"{file}: {e.strerror or e}", 2) from None
+        text = read_text(file, "routine.yaml", json_wanted(), MAX_BYTES)
+    except Exit as e:
+        raise typer.Exit(e.code) from None
     with errors_as_exit():
         r = _store(url).edit(ref, text, skill)
     if json_out:

@@ -72,6 +72,7 @@ def exit_code(e: BaseException) -> int:
     store, run or record, an option out of range), 1 for a failure of the work itself."""
     from .._errors import (
         ConfigError,
+        NotJSONError,
         RunNotFoundError,
         StoreVersionError,
         TraceError,
@@ -80,7 +81,9 @@ def exit_code(e: BaseException) -> int:
 
     if isinstance(e, StoreVersionError):  # a store this engrain cannot use: not the user's typo
         return 1
-    bad = (ValueError, ConfigError, TraceError, RunNotFoundError, UnknownInputError, *_FILE_ERRORS)
+    # NotJSONError (a TypeError) reaches a command only from what it was given: a run's own values
+    # that are not JSON end the run failed instead.
+    bad = (ValueError, ConfigError, NotJSONError, TraceError, RunNotFoundError, UnknownInputError, *_FILE_ERRORS)
     return 2 if isinstance(e, bad) else 1
 
 
@@ -105,18 +108,37 @@ def errors_as_exit(json_out: bool = False) -> Iterator[None]:
         raise fail(message(e), exit_code(e), json_out=json_out, error=type(e).__name__) from None
 
 
+#: Most bytes a command reads from a file it is given (inputs, answers, a routine.yaml): /dev/zero or a
+#: stray huge file is refused with a message, not read until the memory runs out.
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+
+def read_text(path: str, what: str, json_out: bool = False, limit: int = MAX_FILE_BYTES) -> str:
+    """The UTF-8 text of file ``path`` (``-``: stdin), at most ``limit`` bytes; exit 2 naming ``what``
+    when it is unreadable, larger or not UTF-8 (``json_out``: said on stdout as JSON too)."""
+    try:
+        if path == "-":
+            stdin = getattr(sys.stdin, "buffer", None)  # a test's replacement stdin may be text only
+            raw = stdin.read(limit + 1) if stdin is not None else sys.stdin.read(limit + 1).encode("utf-8", "surrogateescape")
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(limit + 1)
+    except OSError as e:
+        raise fail(f"{what} {path}: {e.strerror or e}", 2, json_out=json_out) from None
+    if len(raw) > limit:
+        raise fail(f"{what} {path}: larger than the {limit:,} bytes a command reads", 2, json_out=json_out)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise fail(f"{what} {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})", 2, json_out=json_out) from None
+
+
 def load_json(path: str, what: str, json_out: bool = False) -> Any:
     """The JSON in file ``path`` (``-``: stdin); exit 2 naming ``what`` when unreadable or not JSON
     (``json_out``: said on stdout as JSON too)."""
     import json
-    import pathlib
 
-    try:
-        text = sys.stdin.read() if path == "-" else pathlib.Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise fail(f"{what} {path}: {e.strerror or e}", 2, json_out=json_out) from None
-    except UnicodeDecodeError as e:
-        raise fail(f"{what} {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})", 2, json_out=json_out) from None
+    text = read_text(path, what, json_out)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -149,6 +171,32 @@ def report(result: Any, json_out: bool, tools: str | None = None) -> None:
         raise Exit(1)
     if result.status == "needs_input":
         raise Exit(EXIT_NEEDS_INPUT)
+
+
+@contextmanager
+def json_stdout(json_out: bool) -> Iterator[None]:
+    """Under ``--json``, send what the work itself prints (a trusted UDF's or tool's ``print``, a module
+    imported by ``--tools``, a subprocess) to stderr, so stdout holds only the command's JSON."""
+    if not json_out:
+        yield
+        return
+    import contextlib
+    import os
+
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no fd 1 or 2 to move: Python's own prints are still moved
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def _journal(url: str | None):
@@ -185,7 +233,7 @@ def run_command(
     folder = routine_folder(path, json_out)
     inputs = load_json(input, "--input", json_out) if input else load_json(str(folder / "input.json"), "input", json_out)
     given = load_json(answers, "--answers", json_out) if answers else None
-    with errors_as_exit(json_out):
+    with errors_as_exit(json_out), json_stdout(json_out):
         from .._routines.runner import run_routine
 
         result = run_routine(
@@ -199,7 +247,7 @@ def resume_command(
 ) -> None:
     """``engrain resume``: answer a paused routine run and continue it from the journal."""
     given = load_json(answers, "--answers", json_out)
-    with errors_as_exit(json_out):
+    with errors_as_exit(json_out), json_stdout(json_out):
         from .._routines.runner import resume_routine
 
         result = resume_routine(run_id, given, tools=tools, journal=_journal(url))

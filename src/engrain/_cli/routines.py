@@ -76,7 +76,9 @@ def validate(
 
     with typer_exit():
         routine_folder(path, json_out)
-    with errors_as_exit():
+    from .routine_run import json_stdout
+
+    with errors_as_exit(), json_stdout(json_out):
         from .._routines.loader import load_routine, validate_routine
         from .._routines.runner import resolve_tools
 

@@ -36,7 +36,7 @@ RoutinesOption = Annotated[
 @command
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind; non-loopback needs a token.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")] = 8765,
     url: UrlOption = None,
     token: TokenOption = None,
     routines: RoutinesOption = None,

@@ -77,11 +77,11 @@ class SandboxUdfHost:
         limits.setdefault("fuel", None)  # bounded by wall_clock_s; pass fuel=N to meter CPU too
         limits.setdefault("memory_bytes", 256 * 1024 * 1024)
         limits.pop("readonly_dirs", None)  # untrusted UDFs get no directory of their own
+        self._limits = Limits(**limits)  # a bad limit is refused before the runtime is compiled
         self._metered = limits["fuel"] is not None
         root = cache_dir or default_cache_dir()
         self._module = python_module(root, self._metered)
         self._snapshot = snapshot(root, self._metered)
-        self._limits = Limits(**limits)
         self._code = self._compiled(root, "udfs.py", self.source)
 
     def _compiled(self, root: pathlib.Path, filename: str, source: str) -> bytes | None:

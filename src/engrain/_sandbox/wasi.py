@@ -32,13 +32,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import wasmtime
 
 from .._errors import SandboxError, SandboxLimitError
 from .growwatch import GROW_EXPORT, PAGE, watch_grows
+from .limits import Limits
 
 __all__ = ["Limits", "WasmTool", "engine", "load_module", "run_wasm", "track"]
 
@@ -163,17 +163,6 @@ def _compile(path: pathlib.Path, data: bytes) -> wasmtime.Module:
     return track(wasmtime.Module(engine(), data))
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Per-call limits. ``readonly_dirs`` maps guest path -> host dir, mounted read-only."""
-
-    fuel: int | None = 1_000_000_000  # None: no fuel metering (the wall clock still bounds the call)
-    memory_bytes: int = 64 * 1024 * 1024
-    wall_clock_s: float = 5.0
-    output_bytes: int = 1024 * 1024
-    readonly_dirs: dict[str, str] = field(default_factory=dict)
-
-
 class WasmTool:
     """A WASI command module callable as ``tool(args_dict) -> JSON value``."""
 
@@ -259,14 +248,18 @@ class WasmTool:
             stdin.write(payload)
             stdin.flush()
             wasi = wasmtime.WasiConfig()
+            for guest, host in lim.readonly_dirs.items():
+                try:  # before the stdout callback is handed over, so a refusal leaves nothing to release
+                    wasi.preopen_dir(str(host), guest, False)
+                except wasmtime.WasmtimeError:
+                    raise SandboxError(self.name, f"cannot grant {str(host)!r} as {guest!r}: "
+                                                  "not a folder that can be opened") from None
             wasi.argv = self.argv
             if self.env:
                 wasi.env = list(self.env.items())
             wasi.stdin_file = stdin.name
             wasi.stdout_custom = write
             del write  # wasmtime's reference must be the last one
-            for guest, host in lim.readonly_dirs.items():
-                wasi.preopen_dir(str(host), guest, False)
             store.set_wasi(wasi)
             linker = wasmtime.Linker(store.engine)
             linker.define_wasi()
