@@ -256,3 +256,20 @@ def test_an_answer_without_a_name_still_answers_its_prompt(tmp_path):
         {"kind": "run.completed", "name": "t", "data": {"output": 1}}]}
     out = eg.compile_trace(trace, tmp_path / "pkg")
     assert "prompt.user" in (out / "routine.yaml").read_text()
+
+
+def test_a_udf_file_too_large_to_parse_is_refused_before_parsing(tmp_path):
+    """udfs.py is parsed on the host even for a sandboxed routine: 6 MB of short lines took 15 s and 2.4 GB."""
+    pkg = _package(tmp_path, """
+name: m
+inputs: {type: object}
+steps:
+  - {id: r, type: return, value: 1}
+""")
+    (pkg / "udfs.py").write_text("x = 1\n" * 200_000)  # 1.2 MB
+    t0 = time.monotonic()
+    issues = eg.validate_routine(pkg)
+    assert time.monotonic() - t0 < 2
+    assert [(i.file, i.field) for i in issues] == [("udfs.py", "file")] and "larger than" in issues[0].message
+    (pkg / "udfs.py").write_text("def f(x):\n    return x\n")
+    assert eg.validate_routine(pkg) == []

@@ -47,7 +47,12 @@ def _not_regular(mode: int) -> str | None:
     return f"is {kind}, not a regular file"
 
 
-def _read_regular(path: pathlib.Path, name: str) -> bytes | None:
+#: Largest UDF file a routine may hold. It is parsed on the host (``ast``) even when its functions run in the
+#: sandbox, and parsing costs time and memory in proportion: 6 MB of short lines took 15 s and 2.4 GB.
+MAX_UDF_BYTES = 1024 * 1024
+
+
+def _read_regular(path: pathlib.Path, name: str, limit: int = MAX_UDF_BYTES) -> bytes | None:
     """The bytes of the regular file ``path`` (None: no such file); a :class:`RoutineError` naming ``name`` otherwise.
 
     Reading a named pipe blocks until something writes to it, and a folder or device is no
@@ -67,7 +72,10 @@ def _read_regular(path: pathlib.Path, name: str) -> bytes | None:
         with os.fdopen(fd, "rb") as f:
             why = _not_regular(os.fstat(fd).st_mode)
             if why is None:
-                return f.read()
+                data = f.read(limit + 1)  # bounded: a file that grows after the stat is still refused
+                if len(data) <= limit:
+                    return data
+                why = f"larger than the {limit:,} bytes a UDF file may hold"
     raise RoutineError(str(path), [RoutineIssue(name, None, "file", why)])
 
 
