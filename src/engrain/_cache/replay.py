@@ -417,13 +417,16 @@ class Session:
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
                         kw = args if st.scalars else json_copy(args)  # see prepare
                         result = call_tool(st.name, args, spec.fn, _NO_ARGS, kw, st.scalars)
-                        if st.check_post or st.feeds:
+                        if st.check_post:
                             finish(st, spec, _NO_ARGS, kw, args, st.pre if snap is _UNSET else (snap, spec.pre_where),
                                    result)
                         else:  # finish without a post-check, inline (its trajectory entry built by recorded())
                             done.append((st.name, args, result))
                             steps.append({"name": st.name, "args": args, "result": result, "source": "replayed"})
                             trajectory.append((st, snap, result))
+                            if st.feeds and not feeds_hold(st.feeds, result):  # as finish() checks it
+                                raise Diverged(st.i + 1, f"step {st.i} ({spec.name}) returned another result than the "
+                                               "one later steps used", "feed")
                         continue
                     spec, call, kw, args, pre = self.prepare(st)
                     finish(st, spec, call, kw, args, pre, call_tool(st.name, args, spec.fn, call, kw))
