@@ -142,3 +142,18 @@ def test_remembering_an_expired_records_text_again_does_not_revive_its_metadata(
     rec = m.store.records([new])[new]
     assert rec.expires is None and rec.hint == "" and rec.importance is None
     assert m.store.text_search("ann", None, time.time(), 10) == []  # the old label's full text is gone too
+
+
+def test_a_record_remembered_again_while_a_consolidation_purges_it_is_kept(mk):
+    """The pass lists expired records at its start and deleted them by seq at its commit: a remember of the
+    same text in between renewed the record and returned its id, which the commit then deleted."""
+    m, other = mk(), mk()
+    old = m.remember("The staging database lives on host db-7", skill="ops", ttl=0.2)
+    time.sleep(0.4)
+    m.remember("Deploys go out on Tuesdays", skill="ops")  # something for the pass to synthesize
+    renewed: list[str] = []
+    m.synthesizer.then = lambda: renewed.append(other.remember("The staging database lives on host db-7", skill="ops"))
+    s = m.consolidate()
+    assert not s.errors and renewed == [old] and s.expired == 0
+    assert old in other.store.records([old], vectors=False)
+    assert "db-7" in json.dumps([h.content for h in other.recall("where does the staging database live", top_k=10)])

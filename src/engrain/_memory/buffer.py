@@ -10,6 +10,7 @@ that crashed leaves its claim to go stale, and a later one takes the rows over.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,7 +64,7 @@ class ConsolidationTables:
 
     def commit(self, token: str, done: Sequence[int], upserts: Sequence[Article], deletes: Sequence[str],
                assign: dict[str, str], expect: dict[str, int] | None = None, purge: Sequence[int] = (),
-               read: dict[str, str] | None = None) -> None:
+               read: dict[str, str] | None = None) -> int:
         """Write one consolidation's outcome atomically and flush its buffer rows.
 
         ``done`` are buffer seqs processed (deleted here; raises if another
@@ -72,7 +73,7 @@ class ConsolidationTables:
         ``assign`` maps record id -> article id; ``expect`` maps the id of each
         article this pass read and now rewrites or deletes to the version it
         read: if another consolidator changed it meanwhile, nothing is written.
-        ``purge`` are seqs of expired records to delete. ``read`` maps the id of each record an article was
+        ``purge`` are seqs of expired records to delete (the count of those still expired is returned). ``read`` maps the id of each record an article was
         written from to the digest of the text it was written from: a record updated or forgotten since (whose
         own rewrite found no article citing it yet) writes nothing.
         """
@@ -110,12 +111,18 @@ class ConsolidationTables:
                 self.delete_article(aid)
             for rid, aid in assign.items():
                 self._x("UPDATE engrain_mem_records SET article_id = ? WHERE id = ?", (aid, rid))
+            gone: list[int] = []
             if purge:
+                # Only what is still expired: a remember of the same text since the pass listed it renewed the
+                # record (its id was returned to that caller), and deleting it would lose it.
+                now = time.time()
                 for i in range(0, len(purge), 500):
                     chunk = list(purge[i:i + 500])
-                    self._x(f"DELETE FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(chunk))})", chunk)
+                    gone += [r[0] for r in self._x(
+                        f"DELETE FROM engrain_mem_records WHERE seq IN ({','.join('?' * len(chunk))}) "
+                        "AND expires IS NOT NULL AND expires <= ? RETURNING seq", [*chunk, now]).fetchall()]
                 # Deleted, not rewritten: indexes reload their mirror but keep their graph.
-                self._fts_del(purge)
+                self._fts_del(gone)
                 self._bump("records_del")
             if upserts or deletes:
                 self._bump("articles_gen")
@@ -124,3 +131,4 @@ class ConsolidationTables:
                 self._x("INSERT INTO engrain_mem_state (name, value) VALUES ('cursor', ?) ON CONFLICT (name) DO UPDATE "
                         "SET value = CASE WHEN excluded.value > engrain_mem_state.value THEN excluded.value "
                         "ELSE engrain_mem_state.value END", (max(done),))
+        return len(gone)

@@ -259,7 +259,7 @@ def _pass(mem: Memory, summary: ConsolidationSummary, token: str, items: list[Bu
         summary.articles += [a.id for a in part.upserts]
     purge = [seq for seq, _, aid in expired if aid not in kept_alive]
     try:
-        store.commit(token, done, upserts, deletes, assign, expect, purge, read)
+        purged = store.commit(token, done, upserts, deletes, assign, expect, purge, read)
     except Exception as e:
         summary.errors.append(f"commit: {type(e).__name__}: {e}")
         store.release(token, [i.seq for i in items])
@@ -268,7 +268,7 @@ def _pass(mem: Memory, summary: ConsolidationSummary, token: str, items: list[Bu
         summary.articles = []
     else:
         summary.flushed = len(done)
-        summary.expired = len(purge)
+        summary.expired = purged
     summary.kept = store.buffer_size()
     return summary
 
