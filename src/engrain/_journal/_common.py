@@ -24,6 +24,7 @@ from .._events import (
     check_json,
     check_status,
     check_text,
+    storable_text,
     dumps,
     dumps_checked,
     is_json,
@@ -97,10 +98,37 @@ def check_lookup_id(run_id: Any) -> None:
     _check_id_text(run_id)
 
 
+#: Past the last sequence number PostgreSQL's int4 columns hold: no run gets there, and the
+#: driver's overflow (SQLite's past 2**63, PostgreSQL's past 2**31) would name nothing.
+SEQ_END = 2**31 - 1
+
+
 def _check_target(run_id: str, expected_seq: int) -> None:
     check_run_id(run_id)
-    if not isinstance(expected_seq, int) or expected_seq < 0:
-        raise ValueError(f"expected_seq must be an int >= 0, got {expected_seq!r}")
+    if not isinstance(expected_seq, int) or not 0 <= expected_seq < SEQ_END:
+        raise ValueError(f"expected_seq must be an int from 0 to {SEQ_END - 1}, got {expected_seq!r}")
+
+
+def _check_name(name: Any, i: int, kind: str) -> None:
+    """Refuse an event name no store keeps as given: PostgreSQL's driver cuts a text parameter at a NUL
+    (stored short, silently) and SQLite keeps a non-string as is (read back as another type or text)."""
+    if type(name) is not str and not isinstance(name, str):
+        raise TypeError(f"event {i} ({kind}): name must be a string, got {type(name).__name__}")
+    if "\x00" in name:
+        raise ValueError(f"event {i} ({kind}): name {name!r} holds a NUL character, which a store cannot keep")
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"event {i} ({kind}): name {storable_text(name)!r} holds a lone surrogate at {e.start}") from None
+
+
+def _check_started(data: dict, i: int) -> None:
+    """Refuse a ``run.started`` whose task or tags hold a NUL: they are copied to the runs row, whose PostgreSQL
+    jsonb refuses it (a driver error) and whose text columns (both stores) would keep the task cut short."""
+    task, tags = data.get("task"), data.get("tags")
+    if isinstance(task, str) and "\x00" in task or isinstance(tags, (list, tuple)) and any("\x00" in str(t) for t in tags):
+        raise ValueError(f"event {i} (run.started): its task or a tag holds a NUL character, which a store cannot keep")
 
 
 def _row(
@@ -111,6 +139,10 @@ def _row(
         raise ValueError(f"event {i}: unknown kind {kind!r}; known kinds: {sorted(KINDS)}")
     if type(data) is not dict and not isinstance(data, dict):
         raise TypeError(f"event {i} ({kind}): data must be a dict")
+    if type(name) is not str or "\x00" in name or not name.isascii():
+        _check_name(name, i, kind)
+    if kind == RUN_STARTED:
+        _check_started(data, i)
     try:
         text = encode(data)
     except (TypeError, ValueError):
@@ -141,9 +173,10 @@ def prepare_row(
     ``json_checked``: the caller found ``data`` strictly JSON (:func:`is_json`), so the fast encoder may write it.
     """
     if (type(run_id) is not str or not 0 < len(run_id) <= 200 or not run_id.isascii() or "\x00" in run_id
-            or type(expected_seq) is not int or expected_seq < 0):
+            or type(expected_seq) is not int or not 0 <= expected_seq < SEQ_END):
         _check_target(run_id, expected_seq)  # raises, naming what is wrong (or accepts a str or int subclass, non-ASCII)
-    if json_checked and _fast_encode is not None and type(data) is dict and kind in KINDS:
+    if (json_checked and _fast_encode is not None and type(data) is dict and kind in KINDS and kind != RUN_STARTED
+            and type(name) is str and "\x00" not in name and name.isascii()):
         # Every step of a durable run: _row with dumps_checked, inline (two calls fewer per step).
         try:
             text = _fast_encode(data).decode()
@@ -228,8 +261,8 @@ def check_lease(lease: tuple[str, float] | None, expected_seq: int) -> tuple[str
         owner, ttl = lease
     except (TypeError, ValueError):
         raise ValueError(f"lease must be an (owner, ttl) pair, got {lease!r}") from None
-    if not isinstance(owner, str) or not owner:
-        raise ValueError(f"lease owner must be a non-empty string, got {owner!r}")
+    if not isinstance(owner, str) or not owner or "\x00" in owner:  # PostgreSQL's driver would cut it at the NUL
+        raise ValueError(f"lease owner must be a non-empty string without NUL, got {owner!r}")
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < float("inf"):
         raise ValueError(f"lease ttl must be a positive number of seconds, got {ttl!r}")
     return owner, float(ttl)
@@ -255,10 +288,14 @@ def run_filters(
     """
     where: list[str] = []
     args: list = []
+    if any(isinstance(v, str) and "\x00" in v for v in (task, tag, prefix)):
+        # no run holds a NUL there (refused on append), and PostgreSQL's driver refuses the query
+        return " WHERE 1 = 0", []
     if status is not None:
         many = isinstance(status, (list, tuple, set, frozenset))
         statuses = [check_status(s) for s in (status if many else [status])]
-        where.append(f"status IN ({', '.join([placeholder] * len(statuses))})")
+        # no status at all matches nothing (PostgreSQL takes no empty IN list)
+        where.append(f"status IN ({', '.join([placeholder] * len(statuses))})" if statuses else "1 = 0")
         args += statuses
     if task is not None:
         where.append(f"task = {placeholder}")
@@ -273,6 +310,23 @@ def run_filters(
         where.append(prefix_clause)
         args.append(prefix)
     return (" WHERE " + " AND ".join(where)) if where else "", args
+
+
+def page(limit: int, offset: int) -> tuple[int, int]:
+    """``Journal.runs``' ``limit`` and ``offset`` as the query takes them: a negative one refused (SQLite read
+    it as no limit, PostgreSQL refused it), a huge one cut to what either store's integer holds."""
+    limit, offset = int(limit), int(offset)
+    if limit < 0 or offset < 0:
+        raise ValueError(f"limit and offset must be >= 0, got limit={limit!r}, offset={offset!r}")
+    return min(limit, 2**62), min(offset, 2**62)
+
+
+def window(run_id: str, after: int, limit: int | None) -> tuple[int, int | None]:
+    """Check ``run_id`` (:func:`check_lookup_id`) and bound ``Journal.read``'s ``after`` and ``limit`` to the
+    sequence numbers a run can have: past them the drivers overflow (SQLite beyond 2**63, PostgreSQL beyond its
+    bigint), each with an error of its own, where the answer is simply all or none of the run's events."""
+    check_lookup_id(run_id)
+    return max(-1, min(int(after), SEQ_END)), None if limit is None else max(0, min(int(limit), SEQ_END))
 
 
 def glob_prefix(prefix: str) -> str:

@@ -35,10 +35,12 @@ from ._common import (
     agents_filter,
     check_lease,
     check_lookup_id,
+    page,
     prepare,
     prepare_row,
     run_filters,
     trust_sql,
+    window,
 )
 from ._common import redact_url as _redact
 from .base import Journal
@@ -129,6 +131,13 @@ _RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner
 _DB_NOW = "extract(epoch from clock_timestamp())"
 # The epoch moves only when the lease changes hands (SET sees the old row).
 _TAKE = f"lease_epoch = lease_epoch + CASE WHEN lease_owner IS DISTINCT FROM %s THEN 1 ELSE 0 END, lease_owner = %s, lease_until = {_DB_NOW} + %s"
+
+
+def _no_such_id(run_id: str) -> bool:
+    """Check a run id given to look a run up by (a typed error for no string); True if it holds a NUL, which no
+    run's does and which the driver refuses to send (SQLite simply finds no such run)."""
+    check_lookup_id(run_id)
+    return "\x00" in run_id
 
 
 def _run_info(row: tuple) -> RunInfo:
@@ -342,6 +351,8 @@ class PostgresJournal(Journal):
         return ConflictError(run_id, expected_seq, 0 if row is None else row[0])
 
     def take_lease(self, run_id: str, owner: str, ttl: float) -> int | None:
+        if _no_such_id(run_id):
+            raise RunNotFoundError(run_id)
         try:
             with self._lock:
                 self._settle()
@@ -359,6 +370,8 @@ class PostgresJournal(Journal):
         return None
 
     def renew_lease(self, run_id: str, owner: str, ttl: float, epoch: int) -> bool:
+        if _no_such_id(run_id):
+            return False
         try:
             with self._lock:
                 self._settle()
@@ -373,6 +386,8 @@ class PostgresJournal(Journal):
 
     def release_lease(self, run_id: str, owner: str, epoch: int | None = None) -> None:
         at = "" if epoch is None else " AND lease_epoch = %s"
+        if _no_such_id(run_id):
+            return
         try:
             with self._lock:
                 self._settle()
@@ -409,6 +424,8 @@ class PostgresJournal(Journal):
         return sorted((_run_info(r) for r in rows), key=lambda r: r.updated)
 
     def delete_run(self, run_id: str) -> None:
+        if _no_such_id(run_id):
+            return
         try:
             with self._settled(), self._db.transaction():
                 self._db.execute("DELETE FROM engrain_events WHERE run_id = %s", (run_id,))
@@ -421,7 +438,7 @@ class PostgresJournal(Journal):
         return events_of(run_id, self.read_raw(run_id, after, limit))
 
     def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
-        check_lookup_id(run_id)  # a lone surrogate: the caller's bad input, not the driver's encoding error
+        after, limit = window(run_id, after, limit)  # a lone surrogate: the caller's bad input, not the driver's error
         if "\x00" in run_id:  # PostgreSQL's text holds no NUL, so no run has one (the driver would refuse the query)
             return []
         try:
@@ -479,7 +496,7 @@ class PostgresJournal(Journal):
         try:
             with self._lock:
                 self._settle()
-                rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+                rows = self._db.execute(sql, (*args, *page(limit, offset))).fetchall()
         except self._psycopg.Error as e:
             raise self._storage(e) from e
         return [_run_info(r) for r in rows]

@@ -37,15 +37,17 @@ from ._common import (
     check_lease,
     check_lookup_id,
     glob_prefix,
+    page,
     prepare,
     prepare_row,
     run_filters,
     trust_sql,
+    window,
 )
 from .base import Journal
 from .failures import sqlite_failure
 from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
-from .sqlite_schema import migrate
+from .sqlite_schema import migrate, to_wal
 
 # Columns named: a store with an extra column (added by a newer version or by
 # hand) still takes our rows.
@@ -79,26 +81,6 @@ _RUN_COLS = (
     " (SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE events.run_id = runs.run_id), lease_owner, lease_until,"
     " lease_epoch, agent"
 )
-
-
-def _to_wal(db: sqlite3.Connection, timeout: float) -> None:
-    """Put the file in WAL mode, waiting up to ``timeout`` seconds for other openers.
-
-    Leaving a rollback journal needs the file to itself, and SQLite answers "database is
-    locked" at once, without its busy handler, when openers of a new or older store race
-    for that; so the switch is retried here like any other busy write.
-    """
-    deadline = time.monotonic() + timeout
-    pause = 0.002
-    while True:
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() + pause > deadline:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.1)
 
 
 def _no_commit_count() -> None:
@@ -136,7 +118,7 @@ class SQLiteJournal(Journal):
             raise self._translate(e) from e
         self._lock = threading.RLock()
         try:
-            _to_wal(self._db, timeout)
+            to_wal(self._db, timeout)
             self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
             self._db.execute(f"PRAGMA busy_timeout={int(timeout * 1000)}")
             with self._lock:
@@ -345,6 +327,7 @@ class SQLiteJournal(Journal):
         return ConflictError(run_id, expected_seq, row[0])
 
     def take_lease(self, run_id: str, owner: str, ttl: float) -> int | None:
+        check_lookup_id(run_id)  # as PostgreSQL's: a typed error for no string, not a silent miss
         now = self._now()
         try:
             with self._lock:
@@ -364,6 +347,7 @@ class SQLiteJournal(Journal):
         return None
 
     def renew_lease(self, run_id: str, owner: str, ttl: float, epoch: int) -> bool:
+        check_lookup_id(run_id)
         try:
             with self._lock:
                 row = self._db.execute(
@@ -376,6 +360,7 @@ class SQLiteJournal(Journal):
 
     def release_lease(self, run_id: str, owner: str, epoch: int | None = None) -> None:
         at = "" if epoch is None else " AND lease_epoch = ?"
+        check_lookup_id(run_id)
         try:
             with self._lock:
                 self._db.execute(
@@ -425,6 +410,7 @@ class SQLiteJournal(Journal):
         return [info for i in ids if (info := self.get_run(i)) is not None]
 
     def delete_run(self, run_id: str) -> None:
+        check_lookup_id(run_id)
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
@@ -443,7 +429,7 @@ class SQLiteJournal(Journal):
             raise StoreCorruptError(str(self.path), f"an event of run {run_id!r} is not JSON ({e})") from None
 
     def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
-        check_lookup_id(run_id)  # a lone surrogate: the caller's bad input, not the driver's encoding error
+        after, limit = window(run_id, after, limit)  # a lone surrogate: the caller's bad input, not the driver's error
         try:
             with self._lock:
                 # run_id is the caller's: not selecting it saves a string object per event.
@@ -501,7 +487,7 @@ class SQLiteJournal(Journal):
         sql = f"SELECT {_RUN_COLS} FROM runs{where} ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
         try:
             with self._lock:
-                rows = self._db.execute(sql, (*args, int(limit), int(offset))).fetchall()
+                rows = self._db.execute(sql, (*args, *page(limit, offset))).fetchall()
         except sqlite3.Error as e:
             raise self._translate(e) from e
         return [_run_info(r) for r in rows]

@@ -18,6 +18,7 @@ there too (a no-op if the change does not apply to that backend).
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 
 from .._errors import StoreVersionError
@@ -240,3 +241,23 @@ def migrate(db: sqlite3.Connection, store: str) -> int:
             db.execute("ROLLBACK")
         raise
     return found
+
+
+def to_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode, waiting up to ``timeout`` seconds for other openers.
+
+    Leaving a rollback journal needs the file to itself, and SQLite answers "database is
+    locked" at once, without its busy handler, when openers of a new or older store race
+    for that; so the switch is retried here like any other busy write.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.002
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) and "busy" not in str(e) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
