@@ -43,3 +43,14 @@ def test_a_tag_that_is_not_json_is_named_as_the_tags(journal):
     with pytest.raises(eg.NotJSONError, match="tags"):
         eg.run(_agent, "t", run_id="tagged", tags=["ok", b"bytes"], journal=journal)
     assert journal.get_run("tagged") is None
+
+
+def test_a_task_or_tag_holding_nul_is_a_typed_refusal_and_a_422_over_http(journal):
+    from engrain._server.app import status_of
+
+    for task, tags in (("a\x00b", None), ("t", ["ok", "x\x00"])):
+        with pytest.raises(eg.TextNotStorableError) as e:
+            eg.run(_agent, task, tags=tags, journal=journal)
+        assert isinstance(e.value, ValueError) and "NUL" in str(e.value)
+        assert status_of(e.value) == 422
+    assert journal.runs(limit=10) == []

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         StoreNotFoundError,
         StoreURLError,
         StoreVersionError,
+        TextNotStorableError,
         UnknownStatusError,
     )
     from ._events import Event, NewEvent, RunInfo
@@ -150,6 +151,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "StoreNotFoundError": ("._errors", "StoreNotFoundError"),
     "StoreURLError": ("._errors", "StoreURLError"),
     "StoreVersionError": ("._errors", "StoreVersionError"),
+    "TextNotStorableError": ("._errors", "TextNotStorableError"),
     "UnknownStatusError": ("._errors", "UnknownStatusError"),
     "Event": ("._events", "Event"),
     "NewEvent": ("._events", "NewEvent"),
@@ -276,6 +278,7 @@ __all__ = [
     "StoreNotFoundError",
     "StoreURLError",
     "StoreVersionError",
+    "TextNotStorableError",
     "ToolRegistry",
     "UnknownStatusError",
     "__version__",

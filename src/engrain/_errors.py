@@ -62,6 +62,11 @@ class RunIdError(ConfigError, ValueError):
     """
 
 
+class TextNotStorableError(EngrainError, ValueError):
+    """A text engrain would store (an event's name, a run's task or tags, a lease owner) holds a character no
+    store keeps as given: NUL (PostgreSQL's driver cuts text there) or a lone surrogate. A ``ValueError`` too."""
+
+
 class StoreURLError(ConfigError, ValueError):
     """A store URL engrain does not read: an unknown scheme, a malformed URL or an unknown query parameter.
 

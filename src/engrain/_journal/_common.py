@@ -30,7 +30,7 @@ from .._events import (
     is_json,
     status_after,
 )
-from .._errors import RunFinishedError, RunIdError
+from .._errors import RunFinishedError, RunIdError, TextNotStorableError
 from .._events import _fast_encode
 
 _STATUS_KINDS = frozenset(
@@ -115,12 +115,12 @@ def _check_name(name: Any, i: int, kind: str) -> None:
     if type(name) is not str and not isinstance(name, str):
         raise TypeError(f"event {i} ({kind}): name must be a string, got {type(name).__name__}")
     if "\x00" in name:
-        raise ValueError(f"event {i} ({kind}): name {name!r} holds a NUL character, which a store cannot keep")
+        raise TextNotStorableError(f"event {i} ({kind}): name {name!r} holds a NUL character, which a store cannot keep")
     if not name.isascii():
         try:
             name.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise ValueError(f"event {i} ({kind}): name {storable_text(name)!r} holds a lone surrogate at {e.start}") from None
+            raise TextNotStorableError(f"event {i} ({kind}): name {storable_text(name)!r} holds a lone surrogate at {e.start}") from None
 
 
 def _check_started(data: dict, i: int) -> None:
@@ -128,7 +128,7 @@ def _check_started(data: dict, i: int) -> None:
     jsonb refuses it (a driver error) and whose text columns (both stores) would keep the task cut short."""
     task, tags = data.get("task"), data.get("tags")
     if isinstance(task, str) and "\x00" in task or isinstance(tags, (list, tuple)) and any("\x00" in str(t) for t in tags):
-        raise ValueError(f"event {i} (run.started): its task or a tag holds a NUL character, which a store cannot keep")
+        raise TextNotStorableError(f"event {i} (run.started): its task or a tag holds a NUL character, which a store cannot keep")
 
 
 def _row(
@@ -261,8 +261,10 @@ def check_lease(lease: tuple[str, float] | None, expected_seq: int) -> tuple[str
         owner, ttl = lease
     except (TypeError, ValueError):
         raise ValueError(f"lease must be an (owner, ttl) pair, got {lease!r}") from None
-    if not isinstance(owner, str) or not owner or "\x00" in owner:  # PostgreSQL's driver would cut it at the NUL
-        raise ValueError(f"lease owner must be a non-empty string without NUL, got {owner!r}")
+    if not isinstance(owner, str) or not owner:
+        raise ValueError(f"lease owner must be a non-empty string, got {owner!r}")
+    if "\x00" in owner:  # PostgreSQL's driver would cut it at the NUL
+        raise TextNotStorableError(f"lease owner must be a string without NUL, got {owner!r}")
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < float("inf"):
         raise ValueError(f"lease ttl must be a positive number of seconds, got {ttl!r}")
     return owner, float(ttl)

@@ -34,6 +34,7 @@ from .._errors import (
     RunNotFoundError,
     StorageError,
     StoreCorruptError,
+    TextNotStorableError,
     TraceError,
 )
 from .._events import MAX_DEPTH
@@ -228,6 +229,7 @@ _STATUS: list[tuple[type[BaseException], int]] = [
     (LeaseHeldError, 409),
     (AgentMismatchError, 409),
     (NotJSONError, 422),
+    (TextNotStorableError, 422),  # a NUL in a task, a name or a tag: the request's value, not the server
     (TraceError, 422),
     (ConfigError, 400),
     # The store, not the request, failed: retry later (the journal, memory and cache connect anew).
@@ -546,6 +548,17 @@ def create_app(
             # served by several routes (GET and POST /api/runs) allows all of theirs.
             resp.headers["Allow"] = ", ".join(allowed_methods(request.app, request.scope))
         return resp
+
+    if state.journal.backend == "postgres":
+        from psycopg import DataError
+
+        @app.exception_handler(DataError)
+        async def _store_refused(_: Request, exc: DataError) -> JSONResponse:
+            # SQLSTATE class 22: PostgreSQL refused a value the request carried (a NUL character, which its
+            # text and JSON cannot hold, in a filter, an id or a tag): bad input, like SQLite's 404 or [] for it.
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return _error(422, "ValidationError", f"a value of the request cannot be stored or compared by "
+                                                  f"PostgreSQL ({type(exc).__name__}: {first})")
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -42,7 +42,8 @@ class Recall(Body):
     hint: float | None = Field(default=None, ge=0, le=1, description="Importance prior kept in the recall event.")
     label: str | None = Field(default=None, max_length=10_000, description="Boost items with this label.")
     where: dict[Annotated[str, Field(min_length=1, max_length=MAX_KEY)],
-                Annotated[str, Field(max_length=MAX_VALUE)] | int | float | bool | None] | None = Field(
+                Annotated[str, Field(max_length=MAX_VALUE)] | int | Annotated[float, Field(allow_inf_nan=False)]
+                | bool | None] | None = Field(
         default=None, max_length=MAX_KEYS, description="Only items whose metadata has these exact values.")
 
 

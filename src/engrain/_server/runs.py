@@ -349,8 +349,10 @@ def _client_events(journal: Any, run_id: str, body: Append) -> list[NewEvent]:
             raise _runtime_only(f"run id {run_id!r}: ids starting {prefix!r} are kept by engrain's runtime "
                                 "(LLM agent definitions, chat turns, adapter logs), not created by a client")
         tags = events[0].data.get("tags", [])
-        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-            raise ApiError(422, "ValidationError", "events[0].data.tags must be a list of strings")
+        # A NUL in a tag: PostgreSQL's runs table cannot hold it (a 500 there), nor a filter ever match it.
+        if not isinstance(tags, list) or not all(isinstance(t, str) and "\x00" not in t for t in tags):
+            raise ApiError(422, "ValidationError", "events[0].data.tags must be a list of strings "
+                                                   "without NUL characters")
         reserved = sorted({t for t in tags if t in RUNTIME_TAGS or t.startswith(RUNTIME_TAG_PREFIXES)})
         if reserved:
             raise _runtime_only(f"events[0].data.tags: {', '.join(reserved)} may only be written by engrain's runtime; "
@@ -388,6 +390,10 @@ def append_events(request: Request, run_id: str, body: Append) -> list[dict[str,
         if e.kind not in ev.KINDS:
             raise ApiError(422, "ValidationError", f"events[{i}].kind {e.kind!r} is not one of {sorted(ev.KINDS)}")
         check_json(e.data, f"events[{i}]", "data")
+        # The name, and run.started's task, are copied to text columns no store keeps a NUL in.
+        for where, text in (("name", e.name), ("data.task", e.data.get("task") if e.kind == ev.RUN_STARTED else None)):
+            if isinstance(text, str) and "\x00" in text:
+                raise ApiError(422, "ValidationError", f"events[{i}].{where} holds a NUL character, which a store cannot keep")
     state = state_of(request)
     journal = state.journal
     events = _client_events(journal, run_id, body)
