@@ -119,6 +119,32 @@ def test_an_import_folder_is_read_without_following_links_out_of_it(mk, tmp_path
     assert m.store.articles() == [] and m.stats()["records"] == 0
 
 
+def test_an_import_folder_holding_a_fifo_is_not_waited_on(mk, tmp_path):
+    import threading
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    os.mkfifo(folder / "doc.json")  # opened for reading, it waits for a writer that never comes
+    m = mk()
+    out: list[BaseException | None] = []
+
+    def go() -> None:
+        try:
+            m.import_(str(folder))
+            out.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            out.append(e)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # unblock the reader so the thread can end, then fail
+        with open(folder / "doc.json", "wb"):
+            pass
+        pytest.fail("import waited on a FIFO")
+    assert out == [None] and m.store.articles() == [] and m.stats()["records"] == 0  # no document there
+
+
 @pytest.mark.parametrize("source, field", [
     ({"documents": [{"id": "e1", "content": "etchmem text", "source_hashes": 5}]}, "source_hashes"),
     ({"documents": "not a list"}, "documents"),

@@ -30,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -120,11 +121,15 @@ def _load(source: Any) -> tuple[list[tuple[str, Any]], str]:
         raise MemoryInputError(f"import: {folder} holds {len(files)} documents; at most {MAX_DOCS}")
     out = []
     for p in files:
-        # A link would read a file outside the export (any *.json the importing user can read) into memory.
+        # A link would read a file outside the export (any *.json the importing user can read) into memory,
+        # and a FIFO would block the import: opened without following links or waiting, then checked.
         if p.is_symlink():
             raise MemoryInputError(f"import: {p} is a symbolic link; an export folder holds its documents as files")
         try:
-            with p.open("rb") as f:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise MemoryInputError(f"import: {p} is not a regular file")
                 data = f.read(MAX_FILE + 1)  # bounded: the file may grow after it was listed
         except OSError as e:
             raise MemoryInputError(f"import: {p} is not readable: {e}") from None
