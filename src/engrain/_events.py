@@ -338,6 +338,20 @@ _c_encode = (
 )
 
 
+def json_copy(x: Any) -> Any:
+    """``x`` with its lists and dicts copied (JSON scalars never change, so they are shared): what a call got
+    or returned, kept as it was when the caller or a tool changes a list afterwards.
+
+    Only for values known to be JSON, whose depth is bounded.
+    """
+    t = type(x)
+    if t is dict:
+        return {k: json_copy(v) for k, v in x.items()}
+    if t is list:
+        return [json_copy(v) for v in x]
+    return x
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text, the form stored in the journal."""
     if _c_encode is None:  # pragma: no cover - CPython always has the C encoder

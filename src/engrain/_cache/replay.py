@@ -24,7 +24,7 @@ from .._routines.template import render
 from .binding import entry_key, shape_key
 from .plan import _UNSET, Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
 from .store import Entry, canonical_task, task_key
-from .values import feeds_hold, json_copy
+from .values import feeds_hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +261,7 @@ class Session:
             raise Diverged(st.i, f"step {st.i} calls {st.name!r}, {why}")
         args = st.render(self.params) if st.templated else st.args
         # The tool gets a copy: a call that changes a list it was given must not change the entry.
-        kw = args if st.scalars else json_copy(args)
+        kw = args if st.scalars else ev.json_copy(args)
         call = self.call_args(spec) if spec.is_method else _NO_ARGS
         if spec.split is not None:
             pos, kw = spec.split(kw)
@@ -415,7 +415,7 @@ class Session:
                             r = check.compare(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
                             if r is not True and (r is False or not check.verdict(r)):  # passes(), inline
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
-                        kw = args if st.scalars else json_copy(args)  # see prepare
+                        kw = args if st.scalars else ev.json_copy(args)  # see prepare
                         result = call_tool(st.name, args, spec.fn, _NO_ARGS, kw, st.scalars)
                         if st.check_post:
                             finish(st, spec, _NO_ARGS, kw, args, st.pre if snap is _UNSET else (snap, spec.pre_where),

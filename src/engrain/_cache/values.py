@@ -21,26 +21,13 @@ from typing import Any
 
 from .._durable.steps import same_json
 from .._errors import CacheError
-from .._events import check_json, check_text, is_json
+from .._events import check_json, check_text, is_json, json_copy
 from .binding import MAX_SCAN_BYTES, key
 
-__all__ = ["args_as_called", "as_called", "call_inputs", "feeds_hold", "find_feeds", "json_copy"]
+__all__ = ["args_as_called", "as_called", "call_inputs", "feeds_hold", "find_feeds"]
 
 #: A result with more leaves than this is kept whole (by digest) when anything after it may use it.
 MAX_LEAVES = 256
-
-
-def json_copy(x: Any) -> Any:
-    """``x`` with its lists and dicts copied (JSON scalars never change, so they are shared).
-
-    Only for values known to be JSON, whose depth is bounded.
-    """
-    t = type(x)
-    if t is dict:
-        return {k: json_copy(v) for k, v in x.items()}
-    if t is list:
-        return [json_copy(v) for v in x]
-    return x
 
 
 def as_called(x: Any) -> Any:

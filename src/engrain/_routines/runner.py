@@ -250,11 +250,13 @@ class _RoutineRun:
                 ):
                     continue
                 t = step.type
+                # A step's constants are copied: loaded routines are cached and shared, so a tool that appends to a
+                # list it was given, or a caller editing an output, must not change what later runs see.
                 if t == "tool.call":
-                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else _fresh(step.spec.get("args") or {})
+                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else ev.json_copy(step.spec.get("args") or {})
                     result = self.tool(step, args)
                 elif t == "udf.call":
-                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else _fresh(step.spec.get("args") or {})
+                    args = _template.render(step.spec.get("args") or {}, scope, f"step {step.id!r} field 'args'") if step.dynamic else ev.json_copy(step.spec.get("args") or {})
                     result = self.udf(step.spec["function"], args)
                 elif t == "assert":
                     result = step.assert_expr.evaluate(scope, self.functions() if step.assert_expr.calls else None, "expr", self.budget)
@@ -265,7 +267,7 @@ class _RoutineRun:
                 elif t == "prompt.user":
                     result = self.ask(step, scope)
                 else:  # return
-                    value = _template.render(step.spec.get("value"), scope, f"step {step.id!r} field 'value'") if step.dynamic else _fresh(step.spec.get("value"))
+                    value = _template.render(step.spec.get("value"), scope, f"step {step.id!r} field 'value'") if step.dynamic else ev.json_copy(step.spec.get("value"))
                     if routine.output is not None:
                         bad = _schema_error(routine, "output", routine.output, value)
                         if bad:
@@ -279,16 +281,6 @@ class _RoutineRun:
             if step.save_as:
                 scope[step.save_as] = result
         raise RoutineStepError(routine.steps[-1].id, "NoReturn", "the routine ended without reaching a return step")
-
-
-def _fresh(value: Any) -> Any:
-    """A copy of a constant of routine.yaml: loaded routines are cached and shared, so a tool that appends
-    to a list it was given, or a caller editing an output, must not change what later runs see."""
-    if isinstance(value, dict):
-        return {k: _fresh(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_fresh(v) for v in value]
-    return value
 
 
 async def _await(aw: Any) -> Any:
