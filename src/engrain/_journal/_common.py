@@ -112,7 +112,7 @@ def _check_target(run_id: str, expected_seq: int) -> None:
 def _check_name(name: Any, i: int, kind: str) -> None:
     """Refuse an event name no store keeps as given: PostgreSQL's driver cuts a text parameter at a NUL
     (stored short, silently) and SQLite keeps a non-string as is (read back as another type or text)."""
-    if type(name) is not str and not isinstance(name, str):
+    if not isinstance(name, str):
         raise TypeError(f"event {i} ({kind}): name must be a string, got {type(name).__name__}")
     if "\x00" in name:
         raise TextNotStorableError(f"event {i} ({kind}): name {name!r} holds a NUL character, which a store cannot keep")

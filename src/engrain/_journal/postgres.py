@@ -439,7 +439,7 @@ class PostgresJournal(Journal):
 
     def read_raw(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Row]:
         after, limit = window(run_id, after, limit)  # a lone surrogate: the caller's bad input, not the driver's error
-        if "\x00" in run_id:  # PostgreSQL's text holds no NUL, so no run has one (the driver would refuse the query)
+        if _no_such_id(run_id):
             return []
         try:
             with self._lock:
@@ -454,8 +454,7 @@ class PostgresJournal(Journal):
             raise self._storage(e) from e
 
     def get_run(self, run_id: str) -> RunInfo | None:
-        check_lookup_id(run_id)
-        if "\x00" in run_id:  # see read_raw
+        if _no_such_id(run_id):
             return None
         try:
             with self._lock:
@@ -467,9 +466,7 @@ class PostgresJournal(Journal):
 
     def get_runs(self, run_ids: Sequence[str]) -> dict[str, RunInfo]:
         run_ids = list(run_ids)
-        for i in run_ids:
-            check_lookup_id(i)
-        run_ids = [i for i in run_ids if "\x00" not in i]  # see read_raw
+        run_ids = [i for i in run_ids if not _no_such_id(i)]
         try:
             with self._lock:
                 self._settle()
