@@ -329,7 +329,7 @@ def test_a_worker_takeover_fences_the_dead_holders_appends(journal):
     from engrain._workers.store import QueueStore
 
     qs = QueueStore(journal)
-    qs.enqueue("orph", "agent", "t", "q", {}, 0, [], owner="host:1:dead")
+    qs.enqueue("orph", "agent", "t", "q", {}, 0, [])
     (first,) = qs.claim("q", "host:1:dead", ttl=0.05, limit=1)
     stale_epoch = journal.get_run("orph").lease_epoch
     time.sleep(0.1)  # the dead worker's lease expires

@@ -25,10 +25,10 @@ from .. import _events as ev
 from .._errors import ConfigError, ConflictError, EngrainError, RunNotFoundError
 from .._events import NewEvent
 from .._journal import Journal
+from .._journal._common import check_run_id
 from .._journal.failures import storage_errors
 from .._progress import task
 from .context import default_journal, new_run_id
-from .lease import owner_id
 from .steps import replayed_steps, steps_of
 
 #: Statuses gc may delete: finished runs only (``ok`` is the store's name for completed once it switches).
@@ -83,7 +83,9 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
         if n not in steps or steps[n].state not in ("completed", "failed", "answered"):
             state = steps[n].state if n in steps else "missing"
             raise ConfigError(f"run {source_run_id!r}: step {n} is {state}, not finished; fork at step {n} or earlier")
-    new_id = run_id or new_run_id()
+    if run_id is not None:
+        check_run_id(run_id)  # "" is a bad id, not a request for a fresh one
+    new_id = new_run_id() if run_id is None else run_id
     started = dict(events[0].data)
     started["forked_from"] = {"run_id": source_run_id, "at_step": at_step}
     copied = [NewEvent(ev.RUN_STARTED, "", started)]
@@ -98,13 +100,13 @@ def fork(source_run_id: str, at_step: int, *, run_id: str | None = None, journal
     if j.get_run(new_id) is not None:
         raise ConfigError(f"run {new_id!r} already exists; choose another id for the fork")
     queued = _queue_row(j, source_run_id)
-    # A fork of a queued run is created leased to us, so no worker takes it as a run never queued (outside
-    # its queue's limits) before it has its queue row.
-    owner = owner_id()
-    for k in range(0, len(copied), 1000):
-        j.append(new_id, copied[k : k + 1000], k, lease=(owner, 60.0) if queued and k == 0 else None)
     if queued:
-        _queue_fork(j, new_id, queued, owner)
+        # Whole, and with its queue row, in one transaction: a fork cut short by a crash would be a run
+        # outside its queue, which recovery executes without the queue's limits.
+        j.append_queued(new_id, copied, *queued)
+        return new_id
+    for k in range(0, len(copied), 1000):
+        j.append(new_id, copied[k : k + 1000], k)
     return new_id
 
 
@@ -147,21 +149,6 @@ def _queue_row(j: Journal, run_id: str) -> tuple[str, str, int] | None:
     row = _queue_sql(j, lambda q: q("SELECT queue, agent, priority FROM engrain_queue WHERE run_id = ?",
                                     (run_id,)).fetchone())
     return (row[0], row[1], int(row[2])) if row else None
-
-
-def _queue_fork(j: Journal, run_id: str, queued: tuple[str, str, int], owner: str) -> None:
-    """Queue the new fork ``run_id`` (leased to ``owner``) as the source's row says: ``queued``, available now."""
-    pg = j.backend == "postgres"
-    runs = "engrain_runs" if pg else "runs"
-
-    def write(q: Any) -> None:
-        now = float(q("SELECT extract(epoch from clock_timestamp())").fetchone()[0]) if pg else time.time()
-        q("DELETE FROM engrain_queue WHERE run_id = ?", (run_id,))  # a row left by a deleted run of this id
-        q("INSERT INTO engrain_queue VALUES (?, ?, ?, ?, ?, NULL)", (run_id, *queued, now))
-        q(f"UPDATE {runs} SET status = 'queued', lease_owner = NULL, lease_until = NULL"
-          " WHERE run_id = ? AND lease_owner = ?", (run_id, owner))
-
-    _queue_sql(j, write)
 
 
 def parse_age(value: float | int | str | _dt.timedelta) -> float:

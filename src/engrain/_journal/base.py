@@ -115,6 +115,18 @@ class Journal(abc.ABC):
                     wait=wait, json_checked=json_checked)
 
     @abc.abstractmethod
+    def append_queued(self, run_id: str, events: Sequence[NewEvent], queue: str, agent: str, priority: int) -> None:
+        """Create run ``run_id`` from ``events`` already on queue ``queue``, in one transaction.
+
+        The run is ``queued`` with no lease, and its row in ``engrain_queue`` names ``agent`` and
+        ``priority`` and is available now (a row left by a deleted run of this id is replaced).
+        A crash or a storage error leaves either no run or the queued run: never a run outside
+        its queue, which recovery would execute without the queue's limits. ``events`` start
+        with ``run.started`` and must not finish the run. A run that exists already makes it a
+        :class:`~engrain.ConflictError` that writes nothing.
+        """
+
+    @abc.abstractmethod
     def read(self, run_id: str, after: int = -1, limit: int | None = None) -> list[Event]:
         """Events of ``run_id`` with ``seq > after``, in order (the first ``limit`` of them). Empty if the run is unknown."""
 

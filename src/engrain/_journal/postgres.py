@@ -46,92 +46,10 @@ from ._common import redact_url as _redact
 from .base import Journal
 from .pglink import RevivingLock, connect, dropped, reconnect
 from .postgres_schema import migrate
-from .postgres_wire import STEP_FORMATS, STEP_TYPES, Wire, float8, int4, int8, keep_sent_statements, text_params
-
-# One statement per append: the runs row is created (seq 0) or advanced only if
-# next_seq still equals expected_seq, and the events are inserted only if that
-# happened. A concurrent writer of the same run waits on the row lock, re-checks
-# next_seq, and inserts nothing: its rowcount of 0 is the ConflictError.
-# A new run may be created leased (append's ``lease``: owner and ttl, else two
-# NULLs); an append that finishes a run drops its lease in the same statement.
-# The agent is set only on creation: a later run.started cannot hand the run to another agent.
-_CREATE = (
-    "gate AS (INSERT INTO engrain_runs (run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until,"
-    " lease_epoch, agent) VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, extract(epoch from clock_timestamp()) + %s::float8,"
-    " %s, %s)"
-    " ON CONFLICT (run_id) DO NOTHING RETURNING 1)"
-)
-# A fenced append (``fence=epoch``) also requires the lease epoch to be the
-# writer's: a takeover that committed first makes a stale writer's statement
-# insert nothing, and one that waits on the row lock sees its events.
-# A finished run takes nothing more (see ``_common``): the gate's row is the one the
-# update reads anyway, so the test is a comparison, not a query, and a writer that
-# waited on the row lock for the finishing append re-checks it on the new row.
-_OPEN = " AND status <> 'ok' AND status <> 'failed' AND status <> 'cancelled'"
-_ADVANCE = (
-    "gate AS (UPDATE engrain_runs SET next_seq = %s, updated = COALESCE(%s, updated),"
-    " status = COALESCE(%s, status), task = COALESCE(%s, task), tags = COALESCE(%s::jsonb, tags){finish}"
-    " WHERE run_id = %s AND next_seq = %s" + _OPEN + "{fence} RETURNING 1)"
-)
-_FENCE = " AND lease_epoch = %s"
-_FINISH = ", lease_owner = NULL, lease_until = NULL"
-# A batch travels as six arrays; a single event (every step of a durable run)
-# as six scalars, which psycopg adapts several times faster than lists.
-_ROWS_MANY = "SELECT * FROM unnest(%s::text[], %s::int[], %s::float8[], %s::text[], %s::text[], %s::text[])"
-_ROWS_ONE = "SELECT %s::text, %s::int, %s::float8, %s::text, %s::text, %s::text"
-# durable=False on a "full" journal: SET LOCAL inside the statement's own
-# transaction, so its commit skips the WAL flush without the BEGIN / SET /
-# COMMIT round trips of an explicit transaction.
-_NO_FLUSH = "cfg AS (SELECT set_config('synchronous_commit', 'off', true)), "
-
-
-def _append_sql(create: bool, one: bool, flush: bool, finish: bool, fenced: bool) -> str:
-    gate = _CREATE if create else _ADVANCE.format(finish=_FINISH if finish else "", fence=_FENCE if fenced else "")
-    return (
-        f"WITH {'' if flush else _NO_FLUSH}{gate}"
-        " INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
-        f" {_ROWS_ONE if one else _ROWS_MANY} WHERE EXISTS (SELECT 1 FROM gate)"
-        f"{'' if flush else ' AND EXISTS (SELECT 1 FROM cfg)'}"
-    )
-
-
-_APPEND_SQL = {
-    (create, one, flush, finish, fenced): _append_sql(create, one, flush, finish, fenced)
-    for create in (False, True)
-    for one in (False, True)
-    for flush in (False, True)
-    for finish in (False, True)
-    for fenced in (False, True)
-}
-
-# A step's event (one event on an existing run that changes no status, the common append by
-# far) only advances next_seq: a statement of its own with the event's six fields, the fence
-# and nothing else as parameters ($1 and $2 serve the gate and the row), whose insert takes
-# the gate's one row, if any, as its FROM. Fewer parameters and no COALESCEs of NULLs to
-# evaluate: cheaper to encode here and to execute there than the general statement.
-def _step_sql(flush: bool, fenced: bool) -> str:
-    return (
-        f"WITH {'' if flush else _NO_FLUSH}gate AS (UPDATE engrain_runs SET next_seq = $2 + 1"
-        f" WHERE run_id = $1 AND next_seq = $2{_OPEN}{' AND lease_epoch = $7' if fenced else ''} RETURNING 1)"
-        " INSERT INTO engrain_events (run_id, seq, ts, kind, name, data)"
-        f" SELECT $1, $2, $3::float8, $4::text, $5::text, $6::text FROM gate{'' if flush else ', cfg'}"
-    )
-
-
-# By (flush, fenced): the statement, its parameters' types and their formats (the fence is the seventh).
-_STEP = {
-    (flush, fenced): (_step_sql(flush, fenced), STEP_TYPES[: 6 + fenced], STEP_FORMATS[: 6 + fenced])
-    for flush in (False, True)
-    for fenced in (False, True)
-}
+from .postgres_sql import APPEND_SQL, DB_NOW, QUEUE_ADD, QUEUE_DROP, RUN_COLS, STEP, TAKE
+from .postgres_wire import Wire, float8, int4, int8, keep_sent_statements, text_params
 
 _MAX_LATE = 1000  # failures of appends sent without waiting that no later append claimed yet
-
-_RUN_COLS = "run_id, status, task, tags, created, updated, next_seq, lease_owner, lease_until, lease_epoch, agent"
-_DB_NOW = "extract(epoch from clock_timestamp())"
-# The epoch moves only when the lease changes hands (SET sees the old row).
-_TAKE = f"lease_epoch = lease_epoch + CASE WHEN lease_owner IS DISTINCT FROM %s THEN 1 ELSE 0 END, lease_owner = %s, lease_until = {_DB_NOW} + %s"
-
 
 def _no_such_id(run_id: str) -> bool:
     """Check a run id given to look a run up by (a typed error for no string); True if it holds a NUL, which no
@@ -241,7 +159,7 @@ class PostgresJournal(Journal):
             head = (batch.next_seq, updated, batch.status, batch.task, batch.tags, run_id, expected_seq)
             if fence is not None:
                 head = (*head, fence)
-        sql = _APPEND_SQL[expected_seq == 0, one, flush, finish, fence is not None]
+        sql = APPEND_SQL[expected_seq == 0, one, flush, finish, fence is not None]
         if one:
             self._send_one(sql, text_params((*head, *rows[0])), run_id, expected_seq, fence, wait, rows[0][3])
             return stored
@@ -254,6 +172,25 @@ class PostgresJournal(Journal):
         except self._psycopg.Error as e:
             raise self._storage(e) from e
         return stored
+
+    def append_queued(self, run_id: str, events: Sequence[NewEvent], queue: str, agent: str, priority: int) -> None:
+        ts = self._now()
+        batch = prepare(run_id, events, 0, ts)
+        if batch.status in FINISHED:
+            raise ValueError(f"run {run_id!r}: a queued run's events must leave it to execute, not finish it")
+        rows = batch.rows
+        # Created ``queued`` (no lease) by the statement that creates any run, beside its queue row.
+        head = (run_id, "queued", batch.task or "", batch.tags or "[]", ts, ts, batch.next_seq, None, None, 0, batch.agent)
+        try:
+            with self._settled(), self._db.transaction():
+                db = self._db
+                if db.execute(APPEND_SQL[True, False, True, False, False],
+                              (*head, *(list(c) for c in zip(*rows)))).rowcount != len(rows):
+                    raise self._conflict(run_id, 0, None, rows[0][3])
+                db.execute(QUEUE_DROP, (run_id,))  # a row left by a deleted run of this id
+                db.execute(QUEUE_ADD, (run_id, queue, agent, priority))
+        except self._psycopg.Error as e:
+            raise self._storage(e) from e
 
     def append_one(
         self, run_id: str, kind: str, name: str, data: dict, expected_seq: int, *, durable: bool = True,
@@ -275,7 +212,7 @@ class PostgresJournal(Journal):
         """Append a step's validated ``row`` (one event that changes no status, on an existing run): every
         step of a durable run. Its sequence number, time and fence travel in binary."""
         run_id, seq, ts, kind, name, text = row
-        sql, types, formats = _STEP[flush, fence is not None]
+        sql, types, formats = STEP[flush, fence is not None]
         try:
             params = [run_id.encode(), int4(seq), float8(ts), kind.encode(), name.encode(), text.encode()]
             if fence is not None:
@@ -357,8 +294,8 @@ class PostgresJournal(Journal):
             with self._lock:
                 self._settle()
                 row = self._db.execute(
-                    f"UPDATE engrain_runs SET {_TAKE} WHERE run_id = %s"
-                    f" AND (lease_owner IS NULL OR lease_owner = %s OR lease_until < {_DB_NOW}) RETURNING lease_epoch",
+                    f"UPDATE engrain_runs SET {TAKE} WHERE run_id = %s"
+                    f" AND (lease_owner IS NULL OR lease_owner = %s OR lease_until < {DB_NOW}) RETURNING lease_epoch",
                     (owner, owner, ttl, run_id, owner),
                 ).fetchone()
         except self._psycopg.Error as e:
@@ -376,7 +313,7 @@ class PostgresJournal(Journal):
             with self._lock:
                 self._settle()
                 row = self._db.execute(
-                    f"UPDATE engrain_runs SET lease_until = {_DB_NOW} + %s"
+                    f"UPDATE engrain_runs SET lease_until = {DB_NOW} + %s"
                     " WHERE run_id = %s AND lease_owner = %s AND lease_epoch = %s RETURNING 1",
                     (ttl, run_id, owner, epoch),
                 ).fetchone()
@@ -410,13 +347,13 @@ class PostgresJournal(Journal):
             with self._lock:
                 self._settle()
                 rows = self._db.execute(
-                    f"UPDATE engrain_runs SET {_TAKE}"
+                    f"UPDATE engrain_runs SET {TAKE}"
                     " WHERE run_id IN (SELECT run_id FROM engrain_runs WHERE status = 'running'"
-                    f" AND (lease_until IS NULL OR lease_until < {_DB_NOW}) AND {which}"
+                    f" AND (lease_until IS NULL OR lease_until < {DB_NOW}) AND {which}"
                     # a queued run is left to the workers, which apply its queue's limits
                     " AND NOT EXISTS (SELECT 1 FROM engrain_queue q WHERE q.run_id = engrain_runs.run_id)"
                     " ORDER BY updated LIMIT %s FOR UPDATE SKIP LOCKED)"
-                    f" RETURNING {_RUN_COLS}",
+                    f" RETURNING {RUN_COLS}",
                     (owner, owner, ttl, *names, limit),
                 ).fetchall()
         except self._psycopg.Error as e:
@@ -459,7 +396,7 @@ class PostgresJournal(Journal):
         try:
             with self._lock:
                 self._settle()
-                row = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
+                row = self._db.execute(f"SELECT {RUN_COLS} FROM engrain_runs WHERE run_id = %s", (run_id,)).fetchone()
         except self._psycopg.Error as e:
             raise self._storage(e) from e
         return None if row is None else _run_info(row)
@@ -470,7 +407,7 @@ class PostgresJournal(Journal):
         try:
             with self._lock:
                 self._settle()
-                rows = self._db.execute(f"SELECT {_RUN_COLS} FROM engrain_runs WHERE run_id = ANY(%s)", (list(run_ids),)).fetchall()
+                rows = self._db.execute(f"SELECT {RUN_COLS} FROM engrain_runs WHERE run_id = ANY(%s)", (list(run_ids),)).fetchall()
         except self._psycopg.Error as e:
             raise self._storage(e) from e
         return {info.run_id: info for info in map(_run_info, rows)}
@@ -489,7 +426,7 @@ class PostgresJournal(Journal):
         # starts_with, not a range: under the database's collation a range of text is no prefix
         where, args = run_filters(status, task, tag, since, placeholder="%s", tag_clause="tags ? %s",
                                   prefix=prefix, prefix_clause="starts_with(run_id, %s)")
-        sql = f"SELECT {_RUN_COLS} FROM engrain_runs{where} ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
+        sql = f"SELECT {RUN_COLS} FROM engrain_runs{where} ORDER BY updated DESC, run_id LIMIT %s OFFSET %s"
         try:
             with self._lock:
                 self._settle()

@@ -48,38 +48,21 @@ from .base import Journal
 from .failures import sqlite_failure
 from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
 from .sqlite_schema import migrate, to_wal
-
-# Columns named: a store with an extra column (added by a newer version or by
-# hand) still takes our rows.
-_INTO = "INSERT INTO events (run_id, seq, ts, kind, name, data) VALUES "
-_INSERT = _INTO + "(?, ?, ?, ?, ?, ?)"
-_CHUNK = 64
-_INSERTS = {n: _INTO + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n) for n in range(1, _CHUNK + 1)}
-# A fenced append (``Journal.append(fence=...)``) inserts only while the run's
-# lease epoch is still the writer's. The writer's epoch sits in a TEMP table of
-# this connection, and a TEMP trigger compares it with the run's on every insert,
-# so a fenced step is still one plain INSERT: an INSERT ... SELECT reading
-# ``runs`` (which the events triggers write) is materialized first, ~10 µs a step.
-# WITHOUT ROWID: the trigger's lookup and a fence's write are one B-tree each, not a key index and a table.
-_FENCE_TABLE = "CREATE TEMP TABLE IF NOT EXISTS engrain_fence (run_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL) WITHOUT ROWID"
-# The whole test is in WHEN (NULL, so false, for a run without a fence): the body, a
-# trigger program of its own, runs only to refuse an append, not on every fenced step.
-_FENCE_TRIGGER = """CREATE TEMP TRIGGER IF NOT EXISTS engrain_fenced BEFORE INSERT ON main.events
-WHEN (SELECT f.epoch IS NOT r.lease_epoch FROM temp.engrain_fence AS f LEFT JOIN main.runs AS r ON r.run_id = f.run_id
-      WHERE f.run_id = NEW.run_id)
-BEGIN
-    SELECT RAISE(ABORT, 'engrain:fenced');
-END"""
-_FENCE_SET = "INSERT OR REPLACE INTO temp.engrain_fence (run_id, epoch) VALUES (?, ?)"
-_FENCE_DROP = "DELETE FROM temp.engrain_fence WHERE run_id = ?"
-_MAX_FENCES = 10_000  # runs this connection remembers a fence for; past it, the table starts over
-_LAST_KIND = "SELECT kind FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1"
-_LEASE_NEW = "UPDATE runs SET lease_owner = ?, lease_until = ?, lease_epoch = lease_epoch + 1 WHERE run_id = ?"
-
-_RUN_COLS = (
-    "run_id, status, task, tags, created, updated,"
-    " (SELECT COALESCE(MAX(seq) + 1, 0) FROM events WHERE events.run_id = runs.run_id), lease_owner, lease_until,"
-    " lease_epoch, agent"
+from .sqlite_sql import (
+    CHUNK,
+    FENCE_DROP,
+    FENCE_SET,
+    FENCE_TABLE,
+    FENCE_TRIGGER,
+    INSERT,
+    INSERTS,
+    LAST_KIND,
+    LEASE_NEW,
+    MAX_FENCES,
+    QUEUE_ADD,
+    QUEUE_DROP,
+    QUEUED,
+    RUN_COLS,
 )
 
 
@@ -130,8 +113,8 @@ class SQLiteJournal(Journal):
             self._db.close()
             raise
         # A batch goes in multi-row INSERTs (faster than executemany) of at most
-        # _CHUNK rows, which also bounds the distinct statements to prepare.
-        self._chunk = max(1, min(_CHUNK, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 6))
+        # CHUNK rows, which also bounds the distinct statements to prepare.
+        self._chunk = max(1, min(CHUNK, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // 6))
         # The per-step path, bound once: a kept cursor saves creating one per
         # INSERT, and the synchronous toggles of durable=False are cached statements.
         self._full = durability == "full"
@@ -139,8 +122,8 @@ class SQLiteJournal(Journal):
         self._insert = self._cursor.execute
         self._sync = self._db.cursor().execute
         try:
-            self._db.execute(_FENCE_TABLE)
-            self._db.execute(_FENCE_TRIGGER)
+            self._db.execute(FENCE_TABLE)
+            self._db.execute(FENCE_TRIGGER)
         except sqlite3.Error as e:
             self._db.close()
             raise self._translate(e) from e
@@ -222,7 +205,7 @@ class SQLiteJournal(Journal):
             try:
                 if self._fences.get(run_id) != fence:
                     self._set_fence(run_id, fence)
-                self._insert(_INSERT, row)
+                self._insert(INSERT, row)
                 if self._checkpointer is not None:  # "normal": count the commit; "full" and in memory: nothing to call
                     self._committed()
             except sqlite3.Error as e:
@@ -245,7 +228,7 @@ class SQLiteJournal(Journal):
                 n = len(rows)
                 if lease is None and n <= self._chunk:
                     # autocommit: one statement, one commit (the TEMP trigger checks a fence)
-                    self._insert(_INSERT if one else _INSERTS[n], rows[0] if one else [v for r in rows for v in r])
+                    self._insert(INSERT if one else INSERTS[n], rows[0] if one else [v for r in rows for v in r])
                 else:
                     self._write(rows, run_id, lease, rows[0][2])  # rows[0][2]: the append's timestamp
                 self._committed()
@@ -267,7 +250,7 @@ class SQLiteJournal(Journal):
             if "engrain:conflict" in str(e) or "UNIQUE" in str(e):
                 raise self._conflict(run_id, expected_seq) from None
             if "engrain:finished" in str(e):  # the trigger found the run's last event finishing it
-                (last,) = self._db.execute(_LAST_KIND, (run_id,)).fetchone()
+                (last,) = self._db.execute(LAST_KIND, (run_id,)).fetchone()
                 raise RunFinishedError(run_id, ENDED_BY[last], kind) from None
             raise e
         raise self._translate(e) from e
@@ -275,17 +258,33 @@ class SQLiteJournal(Journal):
     def _set_fence(self, run_id: str, fence: int | None) -> None:
         """Make this connection's inserts for ``run_id`` require lease epoch ``fence`` (None: no fence)."""
         if fence is None:
-            self._sync(_FENCE_DROP, (run_id,))
+            self._sync(FENCE_DROP, (run_id,))
             self._fences.pop(run_id, None)
             return
-        if len(self._fences) >= _MAX_FENCES:
+        if len(self._fences) >= MAX_FENCES:
             self._sync("DELETE FROM temp.engrain_fence")
             self._fences.clear()
-        self._sync(_FENCE_SET, (run_id, fence))
+        self._sync(FENCE_SET, (run_id, fence))
         self._fences[run_id] = fence
 
-    def _write(self, rows: list[tuple], run_id: str, lease: tuple[str, float] | None, ts: float) -> None:
-        """Insert ``rows`` (and lease the new run) in one transaction; the caller holds the lock.
+    def append_queued(self, run_id: str, events: Sequence[NewEvent], queue: str, agent: str, priority: int) -> None:
+        ts = self._now()
+        batch = prepare(run_id, events, 0, ts)
+        if batch.status in FINISHED:
+            raise ValueError(f"run {run_id!r}: a queued run's events must leave it to execute, not finish it")
+        with self._lock:
+            try:
+                if run_id in self._fences:
+                    self._set_fence(run_id, None)
+                self._write(batch.rows, run_id, None, ts, (queue, agent, priority))
+                self._committed()
+            except sqlite3.Error as e:
+                self._refused(e, run_id, 0, None, batch.rows[0][3])
+
+    def _write(self, rows: Sequence[tuple], run_id: str, lease: tuple[str, float] | None, ts: float,
+               queued: tuple[str, str, int] | None = None) -> None:
+        """Insert ``rows`` (and lease the new run, or queue it: ``(queue, agent, priority)``) in one
+        transaction; the caller holds the lock.
 
         A fence set for ``run_id`` (:meth:`_set_fence`) is checked by the TEMP trigger on every row.
         """
@@ -293,18 +292,22 @@ class SQLiteJournal(Journal):
         execute("BEGIN IMMEDIATE")
         try:
             if len(rows) == 1:  # a leased run's start: its one row as it is
-                execute(_INSERT, rows[0])
+                execute(INSERT, rows[0])
             else:
                 for k in range(0, len(rows), chunk):
                     part = rows[k : k + chunk]
-                    execute(_INSERTS[len(part)], [v for r in part for v in r])
-            fenced = lease is not None and len(self._fences) < _MAX_FENCES
+                    execute(INSERTS[len(part)], [v for r in part for v in r])
+            if queued is not None:
+                execute(QUEUE_DROP, (run_id,))  # a row left by a deleted run of this id
+                execute(QUEUE_ADD, (run_id, *queued, ts))
+                execute(QUEUED, (run_id,))
+            fenced = lease is not None and len(self._fences) < MAX_FENCES
             if lease is not None:
-                execute(_LEASE_NEW, (lease[0], ts + lease[1], run_id))
+                execute(LEASE_NEW, (lease[0], ts + lease[1], run_id))
                 if fenced:
                     # Its executor fences its appends with the epoch a new run's lease starts at (1): set in
                     # this transaction, the first of them needs no statement of its own (~1.5 µs less).
-                    execute(_FENCE_SET, (run_id, 1))
+                    execute(FENCE_SET, (run_id, 1))
             execute("COMMIT")
             if fenced:
                 self._fences[run_id] = 1  # only once committed: a rolled-back fence row is not there
@@ -449,7 +452,7 @@ class SQLiteJournal(Journal):
         check_lookup_id(run_id)
         try:
             with self._lock:
-                row = self._db.execute(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                row = self._db.execute(f"SELECT {RUN_COLS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         except sqlite3.Error as e:
             raise self._translate(e) from e
         return None if row is None else _run_info(row)
@@ -463,7 +466,7 @@ class SQLiteJournal(Journal):
             with self._lock:
                 for i in range(0, len(ids), 500):  # under SQLite's bound-parameter limit
                     chunk = ids[i:i + 500]
-                    sql = f"SELECT {_RUN_COLS} FROM runs WHERE run_id IN ({','.join('?' * len(chunk))})"
+                    sql = f"SELECT {RUN_COLS} FROM runs WHERE run_id IN ({','.join('?' * len(chunk))})"
                     out.update((info.run_id, info) for info in map(_run_info, self._db.execute(sql, chunk)))
         except sqlite3.Error as e:
             raise self._translate(e) from e
@@ -484,7 +487,7 @@ class SQLiteJournal(Journal):
             status, task, tag, since, placeholder="?", tag_clause="EXISTS (SELECT 1 FROM json_each(runs.tags) WHERE value = ?)",
             prefix=prefix and glob_prefix(prefix), prefix_clause="run_id GLOB ?",
         )
-        sql = f"SELECT {_RUN_COLS} FROM runs{where} ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
+        sql = f"SELECT {RUN_COLS} FROM runs{where} ORDER BY updated DESC, run_id LIMIT ? OFFSET ?"
         try:
             with self._lock:
                 rows = self._db.execute(sql, (*args, *page(limit, offset))).fetchall()

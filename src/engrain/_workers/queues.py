@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .._durable.context import default_journal, new_run_id
-from .._durable.lease import owner_id
 from .._errors import ConfigError
 from .._journal import Journal
 from .store import QueueInfo, QueueStore
@@ -61,7 +60,7 @@ def enqueue(
     if tags is not None and not isinstance(tags, (list, tuple)):  # list() of a string would take its characters
         raise ConfigError(f"tags must be a list of strings, got {type(tags).__name__}")
     rid = run_id or new_run_id()
-    store_of(j).enqueue(rid, _agent_name(agent), task, queue, dict(inputs or {}), priority, list(tags or []), owner_id())
+    store_of(j).enqueue(rid, _agent_name(agent), task, queue, dict(inputs or {}), priority, list(tags or []))
     return rid
 
 

@@ -176,29 +176,20 @@ class QueueStore:
     # -- enqueue -----------------------------------------------------------------------------
 
     def enqueue(self, run_id: str, agent: str, task: str, queue: str, inputs: dict[str, Any], priority: int,
-                tags: list[str], owner: str) -> None:
+                tags: list[str]) -> None:
         """Create run ``run_id`` as ``queued`` in ``queue``, to be executed by agent ``agent``."""
         check_queue_name(queue)
         if not isinstance(priority, int) or isinstance(priority, bool) or not -1_000_000 <= priority <= 1_000_000:
             raise ConfigError(f"priority must be an integer from -1000000 to 1000000, got {priority!r}")
         data = {"task": task, "inputs": inputs, "tags": tags, "queue": queue, "agent": agent}
         check_json(data, f"run {run_id!r}", "inputs")
-        # Created leased to us, so no recovery claims it as an orphan before it is marked queued.
         try:
-            self.journal.append(run_id, [NewEvent(ev.RUN_STARTED, "", data)], 0, lease=(owner, 60.0))
+            # The run and its queue row in one transaction: a crash between two would leave a run
+            # outside its queue, which recovery executes without the queue's limits.
+            self.journal.append_queued(run_id, [NewEvent(ev.RUN_STARTED, "", data)], queue, agent, priority)
         except ConflictError as e:
             # Only an existing run refuses an append at seq 0: say so, not "another writer appended".
             raise RunExistsError(run_id, e.actual_seq) from None
-        p, r = self.ph, self.runs
-
-        def write(q: Any) -> None:
-            now = self._now(q)
-            # The append above created the run, so a row under its id is left from a deleted run (gc).
-            q(f"DELETE FROM engrain_queue WHERE run_id = {p}", (run_id,))
-            q(f"INSERT INTO engrain_queue VALUES ({p}, {p}, {p}, {p}, {p}, NULL)", (run_id, queue, agent, priority, now))
-            q(f"UPDATE {r} SET status = 'queued', lease_owner = NULL, lease_until = NULL WHERE run_id = {p}", (run_id,))
-
-        self._tx(write)
 
     # -- claims --------------------------------------------------------------------------------
 
