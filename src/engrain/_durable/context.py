@@ -23,7 +23,6 @@ from typing import Any
 from .. import _events as ev
 from .._errors import (
     ConflictError,
-    NondeterminismError,
     NotJSONError,
     StorageError,
 )
@@ -33,6 +32,7 @@ from . import observe
 from .attempts import StepWriter, _Pending, _question
 from .branches import StepKeys
 from .journals import check_args, default_journal, new_run_id  # noqa: F401  (re-exported: callers import them here)
+from .mismatch import Mismatches
 from .result import RunResult
 from .unwind import _Cancelled, _Park, _Suspend  # noqa: F401  (re-exported: execution and sleep import them here)
 from .waiting import CANCEL_POLL, Waiting  # noqa: F401  (CANCEL_POLL re-exported: sleep imports it here)
@@ -71,7 +71,7 @@ _PLAIN = frozenset({str, int, bool, type(None)})
 _NO_KW: dict[str, Any] = {}
 
 
-class RunContext(Waiting, StepWriter):
+class RunContext(Waiting, StepWriter, Mismatches):
     """The journal cursor of one run while its agent executes.
 
     Internal API shared by the durable runner, the routine runner and the cache:
@@ -109,21 +109,6 @@ class RunContext(Waiting, StepWriter):
         self.fence: int | None = None
         #: The first storage failure of this run: it is not the agent's, so the run must not be marked failed.
         self.storage_error: StorageError | None = None
-
-    def _mismatch(self, call_id: int, rec: StepRecord, name: str) -> NondeterminismError:
-        """The error for a step called where the journal recorded another, naming the patches involved."""
-        recorded = f"patch {rec.args.get('name')!r}" if rec.type == "patch" else rec.name
-        err = NondeterminismError(self.run_id, call_id, recorded, name)
-        if self.unpatched:
-            names = ", ".join(repr(p) for p in self.unpatched)
-            err.args = (f"{err.args[0]}; this run started before patch {names} and replays the old branch: keep it"
-                        " in the code until no such run is in flight",)
-        return err
-
-    def _args_mismatch(self, call_id: int, rec: StepRecord, args: dict[str, Any]) -> NondeterminismError:
-        """The error for a step called with other arguments than the journal recorded for it."""
-        return NondeterminismError(self.run_id, call_id, f"{rec.name}({_args_text(rec.args)})",
-                                   f"{rec.name}({_args_text(args)})")
 
     def append(
         self, kind: str, name: str = "", data: dict[str, Any] | None = None, *, durable: bool = True,
@@ -478,12 +463,6 @@ class RunContext(Waiting, StepWriter):
             self.replayed += 1
             return rec.result
         raise _Suspend(request)
-
-
-def _args_text(args: dict[str, Any], limit: int = 300) -> str:
-    """``k=v, ...`` of a step's arguments for a message, cut to ``limit`` characters."""
-    text = ", ".join(f"{k}={v!r}" for k, v in args.items())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _observe_replay(ctx: RunContext, rec: StepRecord) -> None:
