@@ -273,3 +273,35 @@ steps:
     assert [(i.file, i.field) for i in issues] == [("udfs.py", "file")] and "larger than" in issues[0].message
     (pkg / "udfs.py").write_text("def f(x):\n    return x\n")
     assert eg.validate_routine(pkg) == []
+
+
+def test_the_patterns_of_one_check_share_one_budget(tmp_path):
+    """Each search stops at its own deadline, but 20 strings each taking it would add up to 5 s per check."""
+    pkg = _package(tmp_path, """
+name: m
+inputs: {type: object, "$defs": {}, properties: {a: {type: array, items: {type: string, pattern: "^(a|a)*$"}}}}
+steps:
+  - {id: r, type: return, value: "done"}
+""")
+    t0 = time.monotonic()
+    with pytest.raises(eg.RoutineInputError, match="longer than"):
+        eg.run_routine(pkg, {"a": ["a" * 40 + "!"] * 20}, journal=_journal(tmp_path))
+    assert time.monotonic() - t0 < 3.5
+    assert eg.run_routine(pkg, {"a": ["aaa"] * 20}, journal=_journal(tmp_path)).output == "done"
+
+
+def test_unevaluated_properties_beside_pattern_properties_is_refused_at_load(tmp_path):
+    """jsonschema searches those patterns with Python's re, which no deadline can stop: the file is refused."""
+    pkg = _package(tmp_path, """
+name: m
+inputs: {type: object, properties: {a: {type: object, patternProperties: {"^(a|a)*$": true},
+                                        unevaluatedProperties: false}}}
+steps:
+  - {id: r, type: return, value: "done"}
+""")
+    issues = eg.validate_routine(pkg)
+    assert len(issues) == 1 and issues[0].field == "inputs" and "unevaluatedProperties" in issues[0].message
+    t0 = time.monotonic()
+    with pytest.raises(eg.RoutineError, match="unevaluatedProperties"):
+        eg.run_routine(pkg, {"a": {"a" * 40 + "!": 1}}, journal=_journal(tmp_path))
+    assert time.monotonic() - t0 < 5

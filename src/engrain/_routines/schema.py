@@ -9,7 +9,9 @@ jsonschema (imported then).
 
 from __future__ import annotations
 
+import contextvars
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -157,25 +159,57 @@ def _walk(schema: Any) -> Any:
 #: ``^(a|a)*$`` takes time exponential in a value it fails to match, and the schema is the routine file's while
 #: the value may be anyone's input or tool result. The ``regex`` module stops at a deadline instead.
 PATTERN_TIMEOUT = 0.25
+#: Longest all the pattern searches of one value's check may take together, in seconds: many patterns over
+#: many strings (each within :data:`PATTERN_TIMEOUT`) must not add up to minutes.
+PATTERNS_BUDGET = 1.0
+
+# The monotonic time the current check's pattern searches must end by (None: outside a check, no budget).
+_budget_end: contextvars.ContextVar[float | None] = contextvars.ContextVar("engrain_pattern_budget", default=None)
 
 
 class PatternTimeout(Exception):
-    """A schema's pattern took longer than :data:`PATTERN_TIMEOUT` on one value."""
+    """A schema's pattern took longer than :data:`PATTERN_TIMEOUT` on one value, or the check's patterns
+    together longer than :data:`PATTERNS_BUDGET`."""
 
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, budget: bool = False):
         self.pattern = pattern
-        super().__init__(f"pattern {pattern!r} took longer than {PATTERN_TIMEOUT} s on this value (it backtracks"
-                         " without bound: make its repeats possessive, a++ or (...)*+, or rewrite it)")
+        if budget:
+            msg = (f"the schema's patterns took longer than {PATTERNS_BUDGET} s on this value in all (at pattern"
+                   f" {pattern!r}): use fewer patterns, or check fewer strings with them")
+        else:
+            msg = (f"pattern {pattern!r} took longer than {PATTERN_TIMEOUT} s on this value (it backtracks"
+                   " without bound: make its repeats possessive, a++ or (...)*+, or rewrite it)")
+        super().__init__(msg)
 
 
 def pattern_search(pattern: str, value: str) -> bool:
-    """Whether ``pattern`` matches somewhere in ``value``, as JSON Schema's ``pattern`` asks; time-bounded."""
+    """Whether ``pattern`` matches somewhere in ``value``, as JSON Schema's ``pattern`` asks; time-bounded
+    (within a check, also by what is left of the check's budget)."""
     import regex
 
+    timeout, end = PATTERN_TIMEOUT, _budget_end.get()
+    if end is not None:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise PatternTimeout(pattern, budget=True)
+        timeout = min(timeout, left)
     try:
-        return regex.search(pattern, value, timeout=PATTERN_TIMEOUT) is not None
+        return regex.search(pattern, value, timeout=timeout) is not None
     except TimeoutError:
-        raise PatternTimeout(pattern) from None
+        raise PatternTimeout(pattern, budget=timeout < PATTERN_TIMEOUT) from None
+
+
+def _budgeted(check: Check) -> Check:
+    """``check`` with its pattern searches sharing one :data:`PATTERNS_BUDGET` per value checked."""
+
+    def budgeted(v: Any) -> tuple[str, str] | None:
+        token = _budget_end.set(time.monotonic() + PATTERNS_BUDGET)
+        try:
+            return check(v)
+        finally:
+            _budget_end.reset(token)
+
+    return budgeted
 
 
 def _bounded(cls: Any) -> Any:
@@ -256,13 +290,26 @@ def schema_problem(schema: Any) -> str | None:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except Exception as e:  # noqa: BLE001 - SchemaError, or an unknown $schema: both mean invalid
         return str(getattr(e, "message", e))
-    return _ref_problem(schema)
+    return _unbounded_patterns(schema) or _ref_problem(schema)
+
+
+def _unbounded_patterns(schema: Any) -> str | None:
+    """Why ``schema`` would search a pattern without a time limit, or None."""
+    parts = list(_walk(schema))
+    if any("unevaluatedProperties" in d for d in parts) and any("patternProperties" in d for d in parts):
+        # jsonschema finds the properties patternProperties evaluated with Python's re, which has no time
+        # limit and which engrain cannot replace there: a routine file's pattern could hang its runs.
+        return ("unevaluatedProperties beside patternProperties is not supported (their pattern search cannot be"
+                " time-bounded): use additionalProperties instead")
+    return None
 
 
 def compile_schema(schema: Any) -> Check:
     """A function returning ``(path, message)`` of the first violation of ``schema``, or None."""
     if _simple(schema):
-        return lambda v: _first_error(schema, v, [])
+        return _budgeted(lambda v: _first_error(schema, v, []))
+    if (problem := _unbounded_patterns(schema)) is not None:  # loading refused it; a schema built otherwise too
+        return lambda v: ("(schema)", problem)
     import jsonschema  # lazily: ~80 ms of imports
     import jsonschema.exceptions
     import referencing.exceptions
@@ -278,4 +325,4 @@ def compile_schema(schema: Any) -> Check:
             return None
         return ".".join(str(p) for p in err.absolute_path), err.message
 
-    return check
+    return _budgeted(check)
