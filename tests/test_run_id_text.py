@@ -46,7 +46,7 @@ def test_a_tag_that_is_not_json_is_named_as_the_tags(journal):
 
 
 def test_a_task_or_tag_holding_nul_is_a_typed_refusal_and_a_422_over_http(journal):
-    from engrain._server.app import status_of
+    from engrain._server.errors import status_of
 
     for task, tags in (("a\x00b", None), ("t", ["ok", "x\x00"])):
         with pytest.raises(eg.TextNotStorableError) as e:

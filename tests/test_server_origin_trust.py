@@ -162,10 +162,10 @@ def test_every_response_forbids_framing(tmp_path):
 
 
 def test_the_ui_meta_policy_is_the_header_policy():
-    """``app.UI_CSP`` (the header's policy) is the one the page states in its ``<meta>``."""
-    from engrain._server import app
+    """``headers.UI_CSP`` (the header's policy) is the one the page states in its ``<meta>``."""
+    from engrain._server import headers
 
-    assert getattr(app, "UI_CSP", None) == _meta_csp()
+    assert getattr(headers, "UI_CSP", None) == _meta_csp()
 
 
 # -- bug 3: third-party scripts on the server's origin --------------------------------------------

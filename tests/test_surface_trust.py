@@ -207,7 +207,7 @@ _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_siz
 @given(value=_JSON, limit=st.integers(1, 5), ascii_=st.booleans())
 @example(value={'a"]': [[1]], "b": {"[": {}}}, limit=2, ascii_=False)
 def test_depth_scan_of_unparsed_text_names_what_a_walk_of_the_value_names(value, limit, ascii_):
-    from engrain._server.app import _too_deep_at
+    from engrain._server.errors import too_deep_at as _too_deep_at
 
     raw = json.dumps(value, ensure_ascii=ascii_).encode()
     assert _too_deep_at(raw, limit) == _first_too_deep(value, limit)

@@ -54,8 +54,8 @@ class LiteralPaths:
         return self._methods
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/api/"):
-            allowed = self.methods().get(scope["path"])
+        if scope["type"] == "http" and route_path(scope).startswith("/api/"):
+            allowed = self.methods().get(route_path(scope))
             # HEAD goes where GET does (Starlette answers it), though the document lists GET only.
             method = "GET" if scope["method"] == "HEAD" else scope["method"]
             if allowed is not None and method not in allowed:
@@ -117,6 +117,19 @@ def routed_path(raw: bytes | None, decoded: str) -> str:
     return decoded.replace("%", "%25")
 
 
+def route_path(scope: Scope) -> str:
+    """The part of the request's path the router matches: after the root path, as Starlette's router reads it.
+
+    Behind a proxy's prefix (``uvicorn --root-path /x``, or the app mounted under ``/x``) the ASGI
+    path is ``/x/api/...`` and routes still match ``/api/...``: whatever decides by route (the token,
+    a literal path) must read this, or ``/api`` routes are served without its check.
+    """
+    path, root = scope["path"], scope.get("root_path", "")
+    if not root or not path.startswith(root):
+        return path
+    return path[len(root):] if path[len(root):len(root) + 1] in ("", "/") else path
+
+
 class EncodedSlashes:
     """Route ``/api`` requests on :func:`routed_path`; the middlewares around it see the decoded path as sent."""
 
@@ -124,12 +137,8 @@ class EncodedSlashes:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            root, path = scope.get("root_path", ""), scope["path"]
-            root = root if path.startswith(root) else ""
-            # Routes match the path after the root path (behind a proxy's prefix), as Starlette's router reads it.
-            if path[len(root):].startswith("/api/"):
-                scope = {**scope, "path": routed_path(scope.get("raw_path"), path)}
+        if scope["type"] in ("http", "websocket") and route_path(scope).startswith("/api/"):
+            scope = {**scope, "path": routed_path(scope.get("raw_path"), scope["path"])}
         await self.app(scope, receive, send)
 
 

@@ -250,11 +250,15 @@ def get_events(request: Request, run_id: str, after: int = Query(default=-1, ge=
     return [e.to_dict() for e in state_of(request).journal.read(run_id, after, limit)]
 
 
+#: A run's SSE stream, the one route an EventSource opens: it may carry the token as ``?token=``.
+STREAM_PATH = "/runs/{run_id:segment}/stream"
+
+
 def _sse(e: Event) -> str:
     return f"id: {e.seq}\nevent: {e.kind}\ndata: {json.dumps(e.to_dict(), ensure_ascii=False)}\n\n"
 
 
-@router.get("/runs/{run_id:segment}/stream", response_class=StreamingResponse,
+@router.get(STREAM_PATH, response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events"},
                        429: {"description": "Too many open streams (per server or per client); see Retry-After"}})
 async def stream(request: Request, run_id: str, after: int = Query(default=-1, ge=-1, le=MAX_SEQ),

@@ -38,7 +38,8 @@ class ErrorBody(BaseModel):
 _ERRORS = {
     400: "Bad input (a malformed id or value the schema cannot express)",
     401: "Missing or wrong bearer token (only when the server has a token)",
-    403: "Refused: a cross-site Origin on a loopback server, a write only the runtime may make, or a fork not allowed",
+    403: "Refused: a cross-site Origin or a client off this machine on a loopback server without a token,"
+         " a write only the runtime may make, or a fork not allowed",
     404: "No such run, routine, agent or path",
     409: "Conflict: another writer appended first, the run is busy, it is not waiting for input, or it has ended"
          " (RunFinishedError, with run_id and run_status)",
