@@ -35,7 +35,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Binding", "bind", "canonical_task", "entry_key", "json_type", "key", "shape_key", "strong", "text_of", "tidy", "usable"]
+__all__ = [
+    "Binding", "bind", "canonical_task", "entry_key", "json_type", "key", "shape_key", "strong", "task_key", "text_of", "tidy",
+    "usable",
+]
 
 
 #: Past these, a trajectory binds no param (each is pinned into the key instead).
@@ -48,6 +51,28 @@ MAX_PARTS = 256
 def key(*parts: Any) -> str:
     """A stable 32-hex key of JSON ``parts``."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+#: The key part added for a task given as a JSON value rather than a string: ``["abc"]`` and the
+#: string ``'["abc"]'`` have one text, and neither may replay the other's calls. A string task's key
+#: has no such part, so the keys entries of string tasks were stored under stay as they were.
+_JSON_TASK: tuple[tuple[str, ...], tuple[str, ...]] = ((), ("engrain.task=json",))
+
+_task_keys: dict[tuple[str, tuple[str, ...], bool], str] = {}
+
+
+def task_key(task: str, tags: list[str], json_task: bool = False) -> str:
+    """The key of a call without params: its canonical ``task`` text, ``tags`` and whether the task was JSON.
+
+    Memoized: every lookup needs it, and encoding and hashing cost ~2.5 µs.
+    """
+    memo = (task, tuple(tags), json_task)
+    k = _task_keys.get(memo)
+    if k is None:
+        if len(_task_keys) >= 4096:
+            _task_keys.clear()
+        k = _task_keys[memo] = key(task, tags, *_JSON_TASK[json_task])
+    return k
 
 
 def usable(name: str) -> bool:
@@ -177,20 +202,21 @@ def _memo(v: Any) -> Any:
     return repr(v) if type(v) is float else v
 
 
-def shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, str]:
+def shape_key(task: str, tags: list[str], params: dict[str, Any], json_task: bool = False) -> tuple[str, str]:
     """``(canonical task, shape key)`` of a call: the key also names the params and those templated into the text.
 
-    Memoized for scalar params (every lookup with params needs it); the memo
-    key holds each value's type, as 2 and 2.0 shape a task differently.
+    ``json_task``: the task was given as a JSON value and ``task`` is its text
+    (see :func:`task_key`). Memoized for scalar params (every lookup with params
+    needs it); the memo key holds each value's type, as 2 and 2.0 shape a task differently.
     """
     try:
-        memo: Any = (task, tuple(tags), tuple((k, type(v), _memo(v)) for k, v in params.items()))
+        memo: Any = (task, tuple(tags), tuple((k, type(v), _memo(v)) for k, v in params.items()), json_task)
         hit = _shapes.get(memo)
     except TypeError:  # a list or dict param: not hashable, computed each time
         memo, hit = None, None
     if hit is not None:
         return hit
-    out = _shape_key(task, tags, params)
+    out = _shape_key(task, tags, params, json_task)
     if memo is not None:
         if len(_shapes) >= 4096:
             _shapes.clear()
@@ -198,13 +224,13 @@ def shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, 
     return out
 
 
-def _shape_key(task: str, tags: list[str], params: dict[str, Any]) -> tuple[str, str]:
+def _shape_key(task: str, tags: list[str], params: dict[str, Any], json_task: bool) -> tuple[str, str]:
     canon = canonical_task(task, params)
     if not params:
-        return canon, key(canon, tags)  # no params: the key entries have always had
+        return canon, task_key(canon, tags, json_task)
     text = tidy(task)
     placed = [] if "{{" in text or "}}" in text else sorted(_in_text(text, params))
-    return canon, key(canon, tags, sorted(params), placed)
+    return canon, key(canon, tags, sorted(params), placed, *_JSON_TASK[json_task])
 
 
 _entry_keys: dict[Any, str] = {}

@@ -1,7 +1,9 @@
 """Checks: is the environment still the one a cached trajectory was recorded in?
 
 A :class:`Check` captures a snapshot of what matters around a tool call and
-compares it with the snapshot stored in the cache entry. Snapshots are stored
+compares it with the snapshot stored in the cache entry. What the cache keeps
+is a copy: a ``capture`` may return live state that the tool then changes, and
+a ``compare`` may change either argument (:func:`keep`, :func:`compare_copy`). Snapshots are stored
 as JSON; bytes, numpy arrays, tuples and types with a registered codec are
 stored as tagged JSON objects (never pickled). A dataclass or pydantic
 snapshot is rebuilt with the type of the fresh snapshot (never with a type
@@ -11,15 +13,20 @@ named by stored data) before ``compare``.
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from .._errors import CacheError, JSONTooDeepError
-from .._events import MAX_DEPTH, check_json, is_json
+from .._events import MAX_DEPTH, check_json, is_json, json_copy
+from .values import NotPlain, clone
 
-__all__ = ["Check", "decode_snapshot", "encode_snapshot", "register_codec"]
+__all__ = ["IMMUTABLE", "Check", "compare_copy", "decode_snapshot", "encode_snapshot", "keep", "register_codec"]
+
+#: Snapshot types no ``compare`` or tool can change in place: kept and compared as they are.
+IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
 class Check:
@@ -174,7 +181,9 @@ def encode_snapshot(snapshot: Any, where: str) -> dict[str, Any]:
     else:
         kind, payload = "value", snapshot
     if is_json(payload):
-        value = {kind: payload}
+        # A copy: the snapshot may be live state (``capture=lambda: env.files``) that the tool changes
+        # before the entry is written, and a stored pre-check must hold the state before the call.
+        value = {kind: json_copy(payload) if kind == "value" else payload}
     else:
         # "tagged": decode the tagged objects back; a plain JSON snapshot never is, so its dicts stay as they are.
         value = {kind: _encode(payload, where, "snapshot"), "tagged": True}
@@ -183,12 +192,56 @@ def encode_snapshot(snapshot: Any, where: str) -> dict[str, Any]:
 
 
 def decode_snapshot(stored: dict[str, Any], like: Any) -> Any:
-    # The stored snapshot is rebuilt with the type of the fresh one, never a type named by stored data.
+    """The stored snapshot as a new object: ``compare`` may change it, and the entry must not change with it."""
+    # Rebuilt with the type of the fresh one, never a type named by stored data.
     tagged = stored.get("tagged", False)
     if "dataclass" in stored and dataclasses.is_dataclass(like):
-        payload = _decode(stored["dataclass"]) if tagged else stored["dataclass"]
+        payload = _decode(stored["dataclass"]) if tagged else json_copy(stored["dataclass"])
         return type(like)(**payload)
     if "model" in stored and hasattr(type(like), "model_validate"):
-        return type(like).model_validate(stored["model"])
+        return type(like).model_validate(json_copy(stored["model"]))  # a field typed Any would hold the stored list
     value = stored.get("dataclass", stored.get("model", stored.get("value")))
-    return _decode(value) if tagged else value
+    return _decode(value) if tagged else json_copy(value)
+
+
+def keep(snapshot: Any, where: str) -> Any:
+    """What a step keeps of a fresh ``snapshot`` until its entry is stored, taken before ``compare`` sees it.
+
+    As ``(snapshot, where)``, encoded only if it is stored (a hit rarely is), or
+    encoded. Anything but a str, number or None is copied now: ``compare`` may
+    change its ``current``, and a live object the later calls change would be
+    stored as the state after them (a pre-check that then passes for a task
+    already done). A list or dict is copied in one walk; another object is
+    encoded, or kept as it is when it cannot be (refused as before if it is stored).
+    """
+    t = type(snapshot)
+    if t in IMMUTABLE:
+        return (snapshot, where)
+    if t is dict or t is list:  # the usual snapshot: copied in one walk, encoded only if stored
+        try:
+            return (clone(snapshot), where)
+        except NotPlain:
+            pass
+    try:
+        return encode_snapshot(snapshot, where)
+    except Exception:  # a codec of the program's may raise anything: it raises again if the snapshot is stored
+        return (snapshot, where)
+
+
+def compare_copy(snapshot: Any) -> Any:
+    """A copy of ``snapshot`` for one of several ``compare`` calls that share one capture: none sees what another changed.
+
+    Of its own type (a dataclass stays one, nested ones included); one that cannot be copied is shared as before.
+    """
+    t = type(snapshot)
+    if t in IMMUTABLE:
+        return snapshot
+    if t is dict or t is list:
+        try:
+            return clone(snapshot)
+        except NotPlain:
+            pass
+    try:
+        return copy.deepcopy(snapshot)
+    except Exception:  # a program's object that refuses to be copied (a lock, a handle)
+        return snapshot

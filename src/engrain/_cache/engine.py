@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import inspect
 import os
 import shutil
@@ -46,7 +45,8 @@ from .metrics import Metrics
 from .plan import PlannedStep, ToolSpec
 from .replay import Continuation, Session, StepDone, current_session
 from .store import CacheStore, Entry, canonical_task, key, task_key
-from .values import args_as_called, as_called, call_inputs, find_feeds
+from .tools import recording_tool
+from .values import call_inputs, find_feeds
 
 __all__ = ["Check", "Continuation", "Engine", "Outcome", "StepDone"]
 
@@ -58,6 +58,9 @@ _STEP_AGENT = f"{__name__}:Engine.__call__.<locals>.agent"
 _ASYNC_AGENT = f"{__name__}:Engine._acall.<locals>.agent"
 #: The key tag an engine's ``namespace`` adds (never a caller's tag).
 _NAMESPACE_TAG = "engrain.namespace="
+#: The run tag of a call whose task is a JSON value: the run records the task's text, which a string
+#: task may share, and a resume of the run (its recorded tags are checked) must be a call of the same kind.
+_JSON_TASK_TAG = "engrain.cache.json-task"
 
 
 @dataclass(slots=True)
@@ -243,58 +246,11 @@ class Engine:
             spec = ToolSpec(step_name, fn, is_method, pre, post, inspect.iscoroutinefunction(fn), _binder(fn))
             self._specs[step_name] = spec
             self._plans.clear()  # entries naming this tool resolve differently now
-            if spec.is_async:
-
-                @functools.wraps(fn)
-                async def awrapper(*args: Any, **kwargs: Any) -> Any:
-                    s = current_session.get()
-                    if s is None:
-                        self._untracked()
-                        return await journaled(*args, **kwargs)
-                    args_d = spec.bind(args, kwargs)
-                    reused = s.reuse(spec, args_d)
-                    if reused is not None:
-                        return reused.result
-                    pre = self._pre(spec, args, kwargs)
-                    args_d = args_as_called(args_d)
-                    result = await s.ctx.acall(spec.name, "tool", args_d, lambda: fn(*args, **kwargs))
-                    return self._recorded(s, spec, args, kwargs, args_d, pre, result)
-
-                return awrapper
-
-            @functools.wraps(fn)
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                s = current_session.get()
-                if s is None:
-                    self._untracked()
-                    return journaled(*args, **kwargs)
-                args_d = spec.bind(args, kwargs)
-                reused = s.reuse(spec, args_d)
-                if reused is not None:
-                    return reused.result
-                pre = self._pre(spec, args, kwargs)
-                args_d = args_as_called(args_d)
-                result = s.ctx.call(spec.name, "tool", args_d, lambda: fn(*args, **kwargs))
-                return self._recorded(s, spec, args, kwargs, args_d, pre, result)
-
-            return wrapper
+            return recording_tool(spec, journaled, self._untracked)
 
         return decorate
 
     # -- recording ------------------------------------------------------
-
-    @staticmethod
-    def _pre(spec: ToolSpec, args: tuple, kwargs: dict) -> dict[str, Any] | None:
-        # Captured and encoded before the call, so a snapshot that is not JSON fails before any effect.
-        return encode_snapshot(spec.pre.capture(*args, **kwargs), spec.pre_where) if spec.pre else None
-
-    def _recorded(self, s: Session, spec: ToolSpec, args: tuple, kwargs: dict, args_d: dict, pre: Any, result: Any) -> Any:
-        post = encode_snapshot(spec.post.capture(*args, **kwargs), spec.post_where) if spec.post else None
-        # The result as the tool returned it: the agent may change it before it returns it as its output.
-        kept = as_called(result)
-        s.trajectory.append({"name": spec.name, "args": args_d, "result": kept, "pre": pre, "post": post})
-        s.steps.append({"name": spec.name, "args": args_d, "result": kept, "source": "agent"})
-        return result
 
     def _untracked(self) -> None:
         """A tool ran outside every call's context (a thread the agent started?): a call in progress may lack it."""
@@ -330,8 +286,8 @@ class Engine:
         # A hit needs each bound param with the type it had: "{{ params.x }}" renders a new type as is,
         # while the agent may have formatted the value into text.
         out_spec["param_types"] = {n: json_type(s.params[n]) for n in b.bound}
-        canon, shape = (canonical_task(s.task, {}), None) if not s.params else shape_key(s.task, s.tags, s.params)
-        ekey = task_key(canon, s.tags) if shape is None else entry_key(shape, s.params, b.pinned)
+        canon, shape = (canonical_task(s.task, {}), None) if not s.params else shape_key(s.task, s.tags, s.params, s.json_task)
+        ekey = task_key(canon, s.tags, s.json_task) if shape is None else entry_key(shape, s.params, b.pinned)
         now = time.time()
         entry = Entry(
             id=new_run_id(), task_key=ekey, tags_key=key(s.tags), task=canon, tags=s.tags,
@@ -403,16 +359,19 @@ class Engine:
         """Perform ``task``: replay a cached trajectory, or call ``agent(task, *args, **kwargs)``. Returns an :class:`Outcome`.
 
         ``task`` is a string or any JSON value (a list of messages, say), keyed
-        by its JSON text; ``args``/``kwargs`` go to the agent as they are and
-        are not part of the key. With an async agent this returns a coroutine to await.
+        by its JSON text (and apart from a string task of that text);
+        ``args``/``kwargs`` go to the agent as they are and are not part of
+        the key. With an async agent this returns a coroutine to await.
         """
         if self._agent is None:
             raise CacheError("the engine has no agent: call engine.set_agent(agent) (and finalize())")
         text, tags_l, params_d = call_inputs(task, tags, params, _NAMESPACE_TAG)
         key_tags = [*tags_l, f"{_NAMESPACE_TAG}{self.namespace}"] if self.namespace else tags_l
-        s = Session(self, "" if self.match == "tags" else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs)
+        by_tags = self.match == "tags"
+        s = Session(self, "" if by_tags else text, params_d, key_tags, agent_args=(task, *args), agent_kwargs=kwargs,
+                    json_task=not by_tags and not isinstance(task, str))
         task = text
-        run_tags = ["engrain.cache", *tags_l]
+        run_tags = ["engrain.cache", _JSON_TASK_TAG, *tags_l] if s.json_task else ["engrain.cache", *tags_l]
         # The lookup is a journaled step replayed on resume: a resume with other params or tags would get
         # the entry chosen for the first ones, so the run records both and a resume must give them again.
         same = {"params": params_d, "tags": run_tags}

@@ -20,9 +20,10 @@ from .._durable.steps import SCALARS
 from .._durable.tools import _spreader
 from .._routines.template import render
 from .binding import json_type, text_of
-from .checks import Check, decode_snapshot
+from .checks import Check, decode_snapshot, keep
 from .metrics import Metrics
 from .store import CacheStore, Entry
+from .values import clone
 
 __all__ = ["Engine", "PlannedStep", "ToolSpec", "fits", "param_names", "plan"]
 
@@ -125,8 +126,30 @@ def _decoded(stored: dict[str, Any] | None) -> Any:
 
 
 def _expected(stored: dict[str, Any] | None, decoded: Any, snap: Any) -> Any:
-    """The recorded snapshot to compare the fresh ``snap`` with: decoded once when it can be (see :func:`_decoded`)."""
-    return decode_snapshot(stored, snap) if decoded is _UNSET else decoded  # type: ignore[arg-type]
+    """The recorded snapshot to compare the fresh ``snap`` with: decoded once when it can be (see :func:`_decoded`).
+
+    A list or dict is given as a copy: the decoded value is shared by every later lookup and replay of
+    the entry in this process, and a ``compare`` that changes its ``candidate`` would change them all.
+    """
+    if decoded is _UNSET:
+        return decode_snapshot(stored, snap)  # type: ignore[arg-type]
+    return clone(decoded) if type(decoded) in _CONTAINERS else decoded
+
+
+#: The decoded snapshots :func:`_expected` copies (the rest are JSON scalars, which never change).
+_CONTAINERS = frozenset({dict, list})
+
+
+def _kept(stored: dict[str, Any] | None, decoded: Any, snap: Any, where: str) -> Any:
+    """What a replay keeps of a fresh ``snap`` until it may be stored, taken before ``compare`` can change it:
+    the recorded snapshot when they are equal (a hit's usual case, with nothing copied), else :func:`.checks.keep`."""
+    if decoded is not _UNSET and type(snap) is type(decoded):
+        try:
+            if snap == decoded:
+                return stored
+        except Exception:  # an element whose == is no bool (a numpy array inside a dict): copied below
+            pass
+    return keep(snap, where)
 
 
 def _seen_key(name: str, args: Any) -> str:
@@ -185,6 +208,27 @@ class PlannedStep:
         if not self.templated:
             return self.args
         return render(self.args, {"params": params})
+
+    def shown(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The ``args`` a replay's outcome shows: a copy of recorded ones, which are the entry's (a caller may redact them)."""
+        if self.templated:  # rendered for this call
+            return args
+        return dict(args) if self.scalars else clone(args)
+
+    def kept_pre(self, snap: Any) -> Any:
+        """What a replay keeps of this step's fresh pre-check ``snap`` (see :func:`_kept`)."""
+        return _kept(self.pre, self.pre_value, snap, self.spec.pre_where)  # type: ignore[union-attr]
+
+    def kept_post(self, snap: Any) -> Any:
+        """What a replay keeps of this step's fresh post-check ``snap`` (see :func:`_kept`)."""
+        return _kept(self.post, self.post_value, snap, self.spec.post_where)  # type: ignore[union-attr]
+
+    def held(self, kept: Any) -> Any:
+        """The pre-check snapshot to store for this replayed step: the recorded one (``_UNSET``: not taken again),
+        what :func:`~.checks.keep` made, or a bare str or number (the fast path makes the pair only when stored)."""
+        if kept is _UNSET:
+            return self.pre
+        return kept if type(kept) is tuple or type(kept) is dict else (kept, self.spec.pre_where)  # type: ignore[union-attr]
 
 
 class Engine(Protocol):

@@ -22,9 +22,10 @@ from .._durable.context import RunContext
 from .._durable.steps import same_json
 from .._routines.template import render
 from .binding import entry_key, shape_key
-from .plan import _UNSET, Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
+from .checks import IMMUTABLE, compare_copy
+from .plan import _CONTAINERS, _UNSET, Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
 from .store import Entry, canonical_task, task_key
-from .values import feeds_hold
+from .values import clone, feeds_hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +111,10 @@ class Session:
     canon: str = ""
     agent_args: tuple[Any, ...] = ()
     agent_kwargs: dict[str, Any] = field(default_factory=dict)
-    first_pre: Any = None  # (snapshot, where) of the chosen entry's first pre-check, taken at lookup
+    first_pre: Any = None  # the chosen entry's first pre-check snapshot taken at lookup, as checks.keep kept it
     suggest: str | None = None  # a semantically similar entry whose plan the agent is offered
     shape: str = ""  # the shape key of a call with params (see binding.shape_key)
+    json_task: bool = False  # the task was a JSON value, keyed apart from a string of the same text (binding.task_key)
     # Whether this process ran the lookup, and so checked step 0 just before replay starts (a resumed
     # run's lookup comes from the journal, taken before the crash: step 0 is checked again).
     looked_up: bool = False
@@ -142,12 +144,16 @@ class Session:
         args = st.render(self.params) if st.templated else st.args
         m = self.engine.metrics
         capture = pre.capture if not m.enabled else functools.partial(m.timed, _FILTER_CAPTURE, pre.capture)
+        kept = None
         if seen is None:
             if st.plain:  # recorded keyword arguments, no self
                 snap = capture(**args)
             else:
                 pos, kw = spec.arguments(args)
                 snap = capture(*self.call_args(spec), *pos, **kw)
+            current = snap
+            if first:  # before compare, which may change it (see checks.keep)
+                kept = st.kept_pre(snap)
         else:
             k = st.seen_key or _seen_key(st.name, args)
             if k in seen:
@@ -155,10 +161,11 @@ class Session:
             else:
                 pos, kw = spec.arguments(args)
                 snap = seen[k] = capture(*self.call_args(spec), *pos, **kw)
+            current = compare_copy(snap)  # one capture, several compares: the shared one stays as captured
         expected = _expected(st.pre, st.pre_value, snap)
-        ok = pre.passes(snap, expected) if not m.enabled else m.timed(_FILTER_COMPARE, pre.passes, snap, expected)
+        ok = pre.passes(current, expected) if not m.enabled else m.timed(_FILTER_COMPARE, pre.passes, current, expected)
         if ok and first:
-            self.first_pre = (snap, spec.pre_where)
+            self.first_pre = kept if kept is not None else st.kept_pre(snap)
         return ok
 
     def lookup(self) -> dict[str, Any]:
@@ -206,7 +213,7 @@ class Session:
         """Entries filed under this call's key (for a call with params: under each pinned-name set of its shape)."""
         eng, store = self.engine, self.engine.store
         if self.params:
-            shape = self.shape or shape_key(self.task, self.tags, self.params)[1]
+            shape = self.shape or shape_key(self.task, self.tags, self.params, self.json_task)[1]
             cands = []
             for fresh in (False, True):
                 for pinned in store.pinsets(shape, fresh=fresh):
@@ -217,14 +224,14 @@ class Session:
             cands.sort(key=lambda e: (-e.successes, -e.last_used))
             del cands[eng.max_candidates :]
             return cands
-        return store.candidates(task_key(canon, self.tags), eng.max_candidates)
+        return store.candidates(task_key(canon, self.tags, self.json_task), eng.max_candidates)
 
     def begin(self) -> Entry | None:
         """Run the journaled lookup; the entry to replay, or ``None`` on a miss."""
         ctx = self.ctx
         assert ctx is not None
         if self.params:
-            self.canon, self.shape = shape_key(self.task, self.tags, self.params)
+            self.canon, self.shape = shape_key(self.task, self.tags, self.params, self.json_task)
         else:
             self.canon = canonical_task(self.task, self.params)
         args = {"task": self.canon, "tags": self.tags, "params": self.params}
@@ -273,22 +280,26 @@ class Session:
                 check = spec.pre
                 assert check is not None
                 m = self.engine.metrics
-                if not m.enabled:  # the hot path of a hit: no timing wrapper
+                if not m.enabled:  # the hot path of a hit: no timing wrapper, a str or number kept as is
                     snap = check.capture(*call, **kw)
+                    pre = (snap, spec.pre_where) if type(snap) in IMMUTABLE else st.kept_pre(snap)  # before compare
                     expected = st.pre_value
-                    ok = check.passes(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
+                    if expected is _UNSET or type(expected) in _CONTAINERS:
+                        expected = _expected(st.pre, expected, snap)
+                    ok = check.passes(snap, expected)
                 else:
                     snap = m.timed(_PRE_CAPTURE, check.capture, *call, **kw)
+                    pre = st.kept_pre(snap)
                     ok = m.timed(_PRE_COMPARE, check.passes, snap, _expected(st.pre, st.pre_value, snap))
                 if not ok:
                     raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
-                pre = (snap, spec.pre_where)  # encoded only if this trajectory gets stored
         return spec, call, kw, args, pre
 
     def finish(self, st: PlannedStep, spec: ToolSpec, call: tuple[Any, ...], kw: dict[str, Any], args: dict[str, Any], pre: Any, result: Any) -> None:
         """Record step ``st`` as done and run its post-check."""
         self.done.append((spec.name, args, result))
-        self.steps.append({"name": spec.name, "args": args, "result": result, "source": "replayed"})
+        self.steps.append({"name": spec.name, "args": args if st.templated else st.shown(args), "result": result,
+                           "source": "replayed"})
         post: Any = st.post
         ok = True
         if st.check_post:
@@ -297,11 +308,12 @@ class Session:
             m = self.engine.metrics
             if not m.enabled:
                 snap = check.capture(*call, **kw)
+                post = st.kept_post(snap)  # before compare, which may change it
                 ok = check.passes(snap, _expected(st.post, st.post_value, snap))
             else:
                 snap = m.timed(_POST_CAPTURE, check.capture, *call, **kw)
+                post = st.kept_post(snap)
                 ok = m.timed(_POST_COMPARE, check.passes, snap, _expected(st.post, st.post_value, snap))
-            post = (snap, spec.post_where)
         self.trajectory.append({"name": spec.name, "args": args, "result": result, "pre": pre, "post": post})
         if not ok:
             raise Diverged(st.i + 1, f"post-check of step {st.i} ({spec.name}) failed", "post")
@@ -314,9 +326,8 @@ class Session:
         t = self.trajectory
         for i, x in enumerate(t):
             if type(x) is tuple:  # a replayed step
-                st, snap, result = x
-                t[i] = {"name": st.name, "args": st.args, "result": result,
-                        "pre": st.pre if snap is _UNSET else (snap, st.spec.pre_where), "post": st.post}
+                st, kept, result = x
+                t[i] = {"name": st.name, "args": st.args, "result": result, "pre": st.held(kept), "post": st.post}
         return t
 
     def switch(self, entry: Entry, d: Diverged) -> Entry | None:
@@ -363,7 +374,8 @@ class Session:
         store = self.engine.store
         store.bump("diverged")
         store.record_divergence(entry.id, self.engine.evict_after)
-        return Continuation(self.task, d.at, d.reason, [StepDone(*t) for t in self.done], entry.id)
+        # Copies: the agent may change what it gets, and a done step's args are the entry's (and answer its repeats).
+        return Continuation(self.task, d.at, d.reason, [StepDone(n, ev.json_copy(a), r) for n, a, r in self.done], entry.id)
 
     def suggestion(self) -> Continuation | None:
         """The agent's continuation after a semantic match: the similar entry's calls as a plan, nothing run."""
@@ -377,7 +389,7 @@ class Session:
                 args = st.render(self.params) if fits(entry, self.params) else st.args
             except Exception:  # a template these params cannot fill: show it as recorded
                 args = st.args
-            calls.append(SuggestedStep(st.name, args))
+            calls.append(SuggestedStep(st.name, ev.json_copy(args)))  # a copy: st.args are the entry's
         return Continuation(self.task, 0, self.reason, [], entry.id, calls, entry.task)
 
     def output(self, entry: Entry) -> Any:
@@ -389,7 +401,7 @@ class Session:
             return self.done[spec["step"]][2]
         if "template" in spec:
             return render(spec["template"], {"params": self.params})
-        return spec.get("value")
+        return clone(spec.get("value"))  # a copy: a caller that changes its output must not change the entry's
 
     def replay(self, entry: Entry) -> tuple[bool, Any]:
         """Replay ``entry`` (switching candidates if needed): ``(True, output)``, or ``(False, continuation)``."""
@@ -407,23 +419,26 @@ class Session:
                     spec = st.spec
                     if fast and st.plain:
                         args = st.args
-                        snap: Any = _UNSET
+                        kept: Any = _UNSET  # the pre-check's snapshot as PlannedStep.held reads it
                         if st.check_pre and st.i > 0:
                             check = spec.pre
                             snap = check.capture(**args)
+                            kept = snap if type(snap) in IMMUTABLE else st.kept_pre(snap)  # before compare
                             expected = st.pre_value
-                            r = check.compare(snap, expected if expected is not _UNSET else _expected(st.pre, expected, snap))
+                            if expected is _UNSET or type(expected) in _CONTAINERS:
+                                expected = _expected(st.pre, expected, snap)
+                            r = check.compare(snap, expected)
                             if r is not True and (r is False or not check.verdict(r)):  # passes(), inline
                                 raise Diverged(st.i, f"pre-check of step {st.i} ({spec.name}) failed")
                         kw = args if st.scalars else ev.json_copy(args)  # see prepare
                         result = call_tool(st.name, args, spec.fn, _NO_ARGS, kw, st.scalars)
                         if st.check_post:
-                            finish(st, spec, _NO_ARGS, kw, args, st.pre if snap is _UNSET else (snap, spec.pre_where),
-                                   result)
+                            finish(st, spec, _NO_ARGS, kw, args, st.held(kept), result)
                         else:  # finish without a post-check, inline (its trajectory entry built by recorded())
                             done.append((st.name, args, result))
-                            steps.append({"name": st.name, "args": args, "result": result, "source": "replayed"})
-                            trajectory.append((st, snap, result))
+                            shown = dict(args) if st.scalars else clone(args)  # PlannedStep.shown, inline
+                            steps.append({"name": st.name, "args": shown, "result": result, "source": "replayed"})
+                            trajectory.append((st, kept, result))
                             if st.feeds and not feeds_hold(st.feeds, result):  # as finish() checks it
                                 raise Diverged(st.i + 1, f"step {st.i} ({spec.name}) returned another result than the "
                                                "one later steps used", "feed")
@@ -473,7 +488,7 @@ class Session:
             # Type-exact: set_flag(True) is not the replayed set_flag(1), though Python's == says so.
             if i not in self.used and name == spec.name and same_json(args, args_d):
                 self.used.add(i)
-                self.steps.append({"name": name, "args": args, "result": result, "source": "continued"})
+                self.steps.append({"name": name, "args": ev.json_copy(args), "result": result, "source": "continued"})
                 return StepDone(name, args, result)
         return None
 

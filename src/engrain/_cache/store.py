@@ -23,7 +23,7 @@ from .._errors import StorageError
 from .._journal import Journal, redact_url, refuse_newer_store
 from .._journal.failures import RETRY_ADVICE, storage_errors
 from .._journal.pglink import RevivingLock, connect, dropped, reconnect
-from .binding import canonical_task, key
+from .binding import canonical_task, key, task_key
 
 __all__ = ["SAVINGS", "STAT_NAMES", "CacheStore", "Entry", "canonical_task", "key", "task_key"]
 
@@ -67,20 +67,6 @@ CREATE TABLE IF NOT EXISTS engrain_cache_savings (
 );
 CREATE INDEX IF NOT EXISTS engrain_cache_savings_by_ts ON engrain_cache_savings (ts);
 """
-
-_task_keys: dict[tuple[str, tuple[str, ...]], str] = {}
-
-
-def task_key(task: str, tags: list[str]) -> str:
-    """``key(task, tags)``, memoized: every lookup needs it, and encoding and hashing cost ~2.5 µs."""
-    memo = (task, tuple(tags))
-    k = _task_keys.get(memo)
-    if k is None:
-        if len(_task_keys) >= 4096:
-            _task_keys.clear()
-        k = _task_keys[memo] = key(task, tags)
-    return k
-
 
 _COLUMNS = "id, task_key, tags_key, task, tags, steps, output, run_id, successes, divergences, created, last_used, embedding"
 
