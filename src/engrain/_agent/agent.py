@@ -200,7 +200,7 @@ class Agent:
         name: a definition listing the same tools in another order shows them to the model in that
         order, but every call a recorded reply makes means the same thing, so it resumes the run.
         """
-        tools = sorted([t.name, t.parameters] for t in self.tools.values())
+        tools = sorted([t.name, t.declared()] for t in self.tools.values())
         text = json.dumps({"model": self.model, "instructions": self.instructions, "tools": tools},
                           sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
         return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

@@ -1,7 +1,8 @@
 """Agent tools: a Python function or a registered tool, with the JSON schema the model sees.
 
 The schema comes from the signature and type hints (``str`` -> string, ``list[int]``
--> array of integers, ``Literal`` -> enum, a default -> optional) and the
+-> array of integers, ``Literal`` -> enum, a default -> optional, a ``None``
+default -> also null, as ``Optional``) and the
 description from the docstring's first paragraph. A registered WASM tool
 (``engrain.tools.load_dir``) takes one JSON value, offered to the model as ``args``.
 Arguments the model sends are checked against the schema before the tool runs;
@@ -104,10 +105,23 @@ class AgentTool:
     policy: StepPolicy = DEFAULT_POLICY
     # Arguments given as JSON but declared as an Enum, a dataclass or a pydantic model: built before the call.
     build: dict[str, Callable[[Any], Any]] | None = None
+    # Parameters whose schema takes null only for their None default (`x: int = None`): see declared().
+    null_defaults: tuple[str, ...] = ()
 
     def spec(self) -> dict[str, Any]:
         """The provider-neutral declaration sent to the model."""
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    def declared(self) -> dict[str, Any]:
+        """``parameters`` as engrain wrote them before a None default also took null: what an agent's
+        definition digests, so that runs recorded then still resume (every call they hold fits both)."""
+        if not self.null_defaults:
+            return self.parameters
+        props = dict(self.parameters["properties"])
+        for name in self.null_defaults:
+            widened = props[name]
+            props[name] = {**widened["anyOf"][0], **{k: v for k, v in widened.items() if k != "anyOf"}}
+        return {**self.parameters, "properties": props}
 
     def check(self, raw: str) -> dict[str, Any]:
         """Parse and validate the model's argument text; ``ValueError`` with a message for the model."""
@@ -181,6 +195,7 @@ def from_function(fn: Callable[..., Any]) -> AgentTool:
     required: list[str] = []
     defs: dict[str, Any] = {}
     build: dict[str, Callable[[Any], Any]] = {}
+    nulls: list[str] = []
     for p in sig.parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
             raise ConfigError(f"tool {name!r}: parameter {p.name!r} must be a plain or keyword parameter")
@@ -195,14 +210,35 @@ def from_function(fn: Callable[..., Any]) -> AgentTool:
         default = p.default.value if isinstance(p.default, enum.Enum) else p.default
         if p.default is p.empty:
             required.append(p.name)
-        elif is_json(default):  # json.dumps takes NaN, which is no JSON a provider accepts
+            continue
+        if default is None and not _takes_null(props[p.name]):
+            # `x: int = None` (PEP 484's implicit Optional): the schema said "an integer, default null",
+            # and a model sending that null was refused. The call gets what leaving the argument out gives.
+            props[p.name] = {"anyOf": [props[p.name], {"type": "null"}]}
+            nulls.append(p.name)
+            if p.name in build:
+                build[p.name] = lambda v, b=build[p.name]: None if v is None else b(v)  # type: ignore[misc]
+        if is_json(default):  # json.dumps takes NaN, which is no JSON a provider accepts
             props[p.name]["default"] = default
     params = {"type": "object", "properties": props, "required": required, "additionalProperties": False}
     if defs:
         params["$defs"] = defs
     check = result_check(name, step.get("volatile"), step.get("same_result")) if step else DEFAULT_CHECK
     return AgentTool(name, inner, _description(inner) or name, params, result_check=check, policy=_policy(fn),
-                     build=build or None)
+                     build=build or None, null_defaults=tuple(nulls))
+
+
+def _takes_null(schema: dict[str, Any]) -> bool:
+    """Whether JSON ``null`` fits ``schema`` as :func:`json_schema` and pydantic write them (any value,
+    a ``null`` type, an enum with null, a union with a branch that takes it)."""
+    if not schema:
+        return True
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    if None in (schema.get("enum") or ()) or ("const" in schema and schema["const"] is None):
+        return True
+    return any(isinstance(o, dict) and _takes_null(o) for key in ("anyOf", "oneOf") for o in schema.get(key) or ())
 
 
 def _built(hint: Any) -> bool:
@@ -275,7 +311,8 @@ _ANY: Callable[[Any], bool] = lambda v: True  # noqa: E731
 
 def _quick_check(schema: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | None:
     """A check that says True only for arguments the JSON schema accepts, for the flat object
-    schemas most signatures give (each property one simple ``type``, or any value); else None.
+    schemas most signatures give (each property one simple ``type``, an ``anyOf`` of them such as
+    ``Optional[int]``'s, or any value); else None.
 
     False is not a verdict: jsonschema then decides and words the error (it also accepts
     what this check is strict about, such as 1.0 for an integer).
@@ -288,9 +325,16 @@ def _quick_check(schema: dict[str, Any]) -> Callable[[dict[str, Any]], bool] | N
         return None
     checks: dict[str, Callable[[Any], bool]] = {}
     for name, sub in props.items():
-        if not isinstance(sub, dict) or set(sub) - {"type", "default", "description"}:
+        if not isinstance(sub, dict) or set(sub) - {"type", "anyOf", "default", "description"}:
             return None
-        if "type" not in sub:
+        if "anyOf" in sub:  # Optional[int] and `x: int = None`: a union of simple types
+            options = sub["anyOf"]
+            if ("type" in sub or not isinstance(options, list) or not options
+                    or not all(isinstance(o, dict) and set(o) == {"type"} and o["type"] in _QUICK_TYPES for o in options)):
+                return None
+            kinds = [_QUICK_TYPES[o["type"]] for o in options]
+            checks[name] = lambda v, kinds=kinds: any(k(v) for k in kinds)
+        elif "type" not in sub:
             checks[name] = _ANY
         elif sub["type"] in _QUICK_TYPES:
             checks[name] = _QUICK_TYPES[sub["type"]]

@@ -14,7 +14,8 @@ plain response (or its events) before the helper parses it, and on resume the
 helper parses the recorded one again, so the user gets the SDK's own
 ``ParsedChatCompletion``/``ParsedResponse``/``ParsedMessage`` or stream object
 with the caller's ``response_format``/``text_format``/``output_format`` applied.
-A replayed stream has no HTTP response: its ``response`` has no headers.
+A replayed stream has no HTTP response: its ``response`` has no headers
+(see :mod:`.wrap_streams` for what the streams offer).
 
 Every other way to reach the API inside a run would be paid again on each
 resume without the journal knowing, so it raises :class:`NotJournaledError`,
@@ -25,8 +26,9 @@ other resources (``models``, ``embeddings``, ``beta`` ...) and the client's own
 result is journaled) and outside runs, the wrapper passes through
 (``with_options``/``copy`` return a wrapped client).
 
-A streamed call's step completes when the stream is read to its end; a stream
-cut short (a crash, or the caller stopping early) is called again on resume.
+A streamed call's step completes when the stream is read to its last event (a
+loop may stop there); a stream cut short before it (a crash, or the caller
+stopping early) is called again on resume.
 """
 
 from __future__ import annotations
@@ -34,13 +36,13 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import types
 from typing import Any
 
 from .._durable.context import RunContext, StepRecord, _Pending, current, idempotency_key
 from .._errors import ConfigError, NotJournaledError
 from .._events import is_json
 from .wrap_errors import recorded, replayed
+from .wrap_streams import AsyncStream, Stream, dump, last_event
 
 # endpoint path -> (response type, stream event type), as "module:attribute" of the SDK
 _OPENAI = {
@@ -72,10 +74,6 @@ _OTHER_REQUESTS = ("_get", "_put", "_patch", "_delete", "_get_api_list")
 def _type(ref: str) -> Any:
     mod, attr = ref.split(":")
     return getattr(importlib.import_module(mod), attr)
-
-
-def _dump(obj: Any) -> Any:
-    return obj.model_dump(mode="json") if hasattr(obj, "model_dump") else obj
 
 
 def _request(kw: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +170,7 @@ def _method(fn: Any, path: str, spec: _Spec) -> Any:
             if isinstance(step, StepRecord):
                 rec = replayed(ctx, step, spec.sdk)
                 if kw.get("stream"):
-                    return _AsyncStream(None, [spec.build(event_t, e) for e in rec["events"]], ctx, step)
+                    return AsyncStream(None, [spec.build(event_t, e) for e in rec["events"]], ctx, step)
                 return spec.build(whole_t, rec["response"])
             try:
                 out = await fn(*args, **kw)
@@ -180,8 +178,8 @@ def _method(fn: Any, path: str, spec: _Spec) -> Any:
                 ctx._fail(step, e, **recorded(e, spec.sdk))
                 raise
             if kw.get("stream"):
-                return _AsyncStream(out, None, ctx, step)
-            finish(ctx, step, {"response": _dump(out)})
+                return AsyncStream(out, None, ctx, step, last_event(path, kw))
+            finish(ctx, step, {"response": dump(out)})
             return out
 
         return acreate
@@ -194,7 +192,7 @@ def _method(fn: Any, path: str, spec: _Spec) -> Any:
         if isinstance(step, StepRecord):
             rec = replayed(ctx, step, spec.sdk)
             if kw.get("stream"):
-                return _Stream(None, [spec.build(event_t, e) for e in rec["events"]], ctx, step)
+                return Stream(None, [spec.build(event_t, e) for e in rec["events"]], ctx, step)
             return spec.build(whole_t, rec["response"])
         try:
             out = fn(*args, **kw)
@@ -202,8 +200,8 @@ def _method(fn: Any, path: str, spec: _Spec) -> Any:
             ctx._fail(step, e, **recorded(e, spec.sdk))
             raise
         if kw.get("stream"):
-            return _Stream(out, None, ctx, step)
-        finish(ctx, step, {"response": _dump(out)})
+            return Stream(out, None, ctx, step, last_event(path, kw))
+        finish(ctx, step, {"response": dump(out)})
         return out
 
     return create
@@ -265,7 +263,8 @@ class _Answered:
 def _helper(target: Any, name: str, bound: Any, path: str, spec: _Spec) -> Any:
     """The SDK helper ``target.name`` (``parse``, ``stream``), journaling the one request it sends (see _Answered)."""
     step_name = f"{spec.sdk}.{path}"
-    event_t = spec.endpoints[spec.helpers[path]][1]
+    endpoint = spec.helpers[path]
+    event_t = spec.endpoints[endpoint][1]
     func = getattr(type(target), name, None)
 
     def stand_in(ctx: RunContext, kw: dict[str, Any]) -> _Answered:
@@ -297,15 +296,15 @@ def _helper(target: Any, name: str, bound: Any, path: str, spec: _Spec) -> Any:
                 options, parser = options_of(k)
                 step = _begin(ctx, step_name, kw)
                 if isinstance(step, StepRecord):
-                    return played(step, k, parser, _AsyncStream)
+                    return played(step, k, parser, AsyncStream)
                 try:
                     out = await real(route, **{**k, "options": options})
                 except Exception as e:
                     ctx._fail(step, e, **recorded(e, spec.sdk))
                     raise
                 if k.get("stream"):
-                    return _AsyncStream(out, None, ctx, step)
-                ctx._complete(step, {"response": _dump(out)})
+                    return AsyncStream(out, None, ctx, step, last_event(endpoint, kw))
+                ctx._complete(step, {"response": dump(out)})
                 return parser(out) if parser is not None else out
 
             return _Answered(target, apost, path, spec)
@@ -314,17 +313,17 @@ def _helper(target: Any, name: str, bound: Any, path: str, spec: _Spec) -> Any:
             options, parser = options_of(k)
             step = _begin(ctx, step_name, kw)
             if isinstance(step, StepRecord):
-                return played(step, k, parser, _Stream)
+                return played(step, k, parser, Stream)
             try:
                 out = real(route, **{**k, "options": options})
             except Exception as e:
                 ctx._fail(step, e, **recorded(e, spec.sdk))
                 raise
             if k.get("stream"):
-                return _Stream(out, None, ctx, step)
+                return Stream(out, None, ctx, step, last_event(endpoint, kw))
             # Recorded before the parser runs: a parser's error (a reply cut off by max_tokens, content
             # that does not fit the response_format) is then raised again, from the same reply, on resume.
-            ctx._complete(step, {"response": _dump(out)})
+            ctx._complete(step, {"response": dump(out)})
             return parser(out) if parser is not None else out
 
         return _Answered(target, post, path, spec)
@@ -337,119 +336,6 @@ def _helper(target: Any, name: str, bound: Any, path: str, spec: _Spec) -> Any:
         return func(stand_in(ctx, kw), *args, **kw)
 
     return call
-
-
-class _ReplayedResponse:
-    """The HTTP response of a replayed stream, which has none: no headers, nothing to close."""
-
-    headers: Any = types.MappingProxyType({})
-
-    def close(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-
-class _StreamBase:
-    def __init__(self, live: Any, recorded: list[Any] | None, ctx: RunContext, step: Any):
-        self._live, self._recorded, self._ctx, self._step = live, recorded, ctx, step
-        self._events: list[Any] = []
-        self._done = False
-        self._it: Any = None
-        self.replayed = recorded is not None
-
-    def _record(self, event: Any) -> Any:
-        self._events.append(_dump(event))
-        return event
-
-    def _end(self) -> None:
-        if not self._done and self._live is not None:
-            self._done = True
-            self._ctx._complete(self._step, {"events": self._events})
-
-    def _fail(self, e: Exception) -> None:
-        if not self._done and self._live is not None:
-            self._done = True
-            self._ctx._fail(self._step, e, **recorded(e, self._step.name.split(".")[0]))
-
-    def __getattr__(self, name: str) -> Any:  # .response, .close() ... of the SDK's stream
-        if self._live is None:
-            if name == "response":  # the SDK's stream helpers read it when they wrap a stream
-                return _ReplayedResponse()
-            raise AttributeError(name)
-        return getattr(self._live, name)
-
-
-class _Stream(_StreamBase):
-    """The SDK's stream, recorded as it is read (or the recorded events, replayed)."""
-
-    def __iter__(self) -> Any:
-        if self._it is None:  # one pass, shared by for-loops and next()
-            self._it = self._events_gen()
-        return self._it
-
-    def __next__(self) -> Any:
-        return next(iter(self))
-
-    def _events_gen(self) -> Any:
-        if self._recorded is not None:
-            yield from self._recorded
-            return
-        try:
-            for event in self._live:
-                yield self._record(event)
-        except Exception as e:
-            self._fail(e)
-            raise
-        self._end()
-
-    def __enter__(self) -> _Stream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._live is not None:
-            self._live.close()
-
-    def close(self) -> None:
-        if self._live is not None:
-            self._live.close()
-
-
-class _AsyncStream(_StreamBase):
-    """Async :class:`_Stream`."""
-
-    def __aiter__(self) -> Any:
-        if self._it is None:
-            self._it = self._events_gen()
-        return self._it
-
-    async def __anext__(self) -> Any:
-        return await self.__aiter__().__anext__()
-
-    async def _events_gen(self) -> Any:
-        if self._recorded is not None:
-            for event in self._recorded:
-                yield event
-            return
-        try:
-            async for event in self._live:
-                yield self._record(event)
-        except Exception as e:
-            self._fail(e)
-            raise
-        self._end()
-
-    async def __aenter__(self) -> _AsyncStream:
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        if self._live is not None:
-            await self._live.close()
-
-    async def close(self) -> None:
-        if self._live is not None:
-            await self._live.close()
 
 
 def wrap(client: Any) -> Any:

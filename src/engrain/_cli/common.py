@@ -102,6 +102,12 @@ def errors_as_exit() -> Iterator[None]:
         yield
 
 
+def refuse_empty(flag: str, value: str | None, instead: str) -> None:
+    """Exit 2 when ``flag`` was given as ``''`` (see :func:`.routine_run.refuse_empty`)."""
+    with typer_exit():
+        plain.refuse_empty(flag, value, instead, json_out=json_wanted())
+
+
 def open_store(url: str | None, *, create: bool = True):
     """Open the journal at ``url`` (or the default store); ``create=False`` for commands that only read."""
     from .._journal import open_journal

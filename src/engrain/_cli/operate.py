@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import JsonOption, UrlOption, command, errors_as_exit, fail, open_store, print_json
+from .common import JsonOption, UrlOption, command, errors_as_exit, fail, open_store, print_json, refuse_empty
 
 
 @command
@@ -38,6 +38,7 @@ def fork(
     """Fork a run: a new run reusing the recorded results of its first N steps (resume it with the agent)."""
     from .._durable.operate import fork as _fork
 
+    refuse_empty("--run-id", new_id, "a fresh id")
     with errors_as_exit():
         new = _fork(run_id, at_step, run_id=new_id, journal=open_store(url, create=False))
     if json_out:

@@ -6,8 +6,9 @@ so that running a routine does not pay typer's import. Either way the work and
 the output are these functions'; a command ends by raising :class:`Exit`.
 
 Exit codes, the same for every command (:func:`exit_code`): 0 ok, 1 the run
-failed (or an engrain error), 2 bad usage or input (a missing file, bad JSON,
-inputs or answers not matching the schema), 3 the run waits for input.
+failed (or an engrain error, or a store server that cannot be reached), 2 bad
+usage or input (a missing file, bad JSON, inputs or answers not matching the
+schema, a malformed store URL, an option given as ``''``), 3 the run waits for input.
 
 An error is one ``error: ...`` line on stderr; a command given ``--json`` also
 prints ``{"error": TYPE, "detail": MESSAGE}`` on stdout (:func:`error_json`), so
@@ -69,7 +70,8 @@ _FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, Permis
 
 def exit_code(e: BaseException) -> int:
     """The one rule for every command: 2 for bad usage or input (bad JSON, a missing file, folder,
-    store, run or record, an option out of range), 1 for a failure of the work itself."""
+    store, run or record, an option out of range, a malformed store URL), 1 for a failure of the work
+    itself or of what it runs on (a store server that cannot be reached, a store too new to open)."""
     from .._errors import (
         ConfigError,
         NotJSONError,
@@ -79,12 +81,31 @@ def exit_code(e: BaseException) -> int:
         UnknownInputError,
     )
 
-    if isinstance(e, StoreVersionError):  # a store this engrain cannot use: not the user's typo
+    if isinstance(e, StoreVersionError) or unreachable_store(e):  # not the user's typo
         return 1
     # NotJSONError (a TypeError) reaches a command only from what it was given: a run's own values
     # that are not JSON end the run failed instead.
     bad = (ValueError, ConfigError, NotJSONError, TraceError, RunNotFoundError, UnknownInputError, *_FILE_ERRORS)
     return 2 if isinstance(e, bad) else 1
+
+
+#: How libpq starts its refusal of a URL's own values (a port that is no number, an unknown sslmode, as many
+#: ports as hosts), which it says before trying any server: the URL is wrong, not the server away.
+_LIBPQ_BAD_VALUE = ("invalid ", "could not match ")
+
+
+def unreachable_store(e: BaseException) -> bool:
+    """Whether ``e`` is a PostgreSQL store that could not be connected to (refused, no such host, timed out,
+    authentication): the store opens raise that as a ConfigError, which is otherwise bad input."""
+    from .._errors import ConfigError
+
+    psycopg = sys.modules.get("psycopg")  # a driver's error can only be there once the driver was imported
+    cause = e.__cause__
+    if psycopg is None or not isinstance(e, ConfigError) or not isinstance(cause, psycopg.OperationalError):
+        return False
+    # psycopg prefixes "connection is bad:" both to these and to a local socket that is not there.
+    said = str(cause).removeprefix("connection is bad:").strip()
+    return not said.startswith(_LIBPQ_BAD_VALUE)
 
 
 def message(e: BaseException) -> str:
@@ -106,6 +127,14 @@ def errors_as_exit(json_out: bool = False) -> Iterator[None]:
         yield
     except (EngrainError, ValueError, *_FILE_ERRORS) as e:
         raise fail(message(e), exit_code(e), json_out=json_out, error=type(e).__name__) from None
+
+
+def refuse_empty(flag: str, value: str | None, instead: str, json_out: bool = False) -> None:
+    """Exit 2 when option ``flag`` was given as an empty string: the code below it reads "not given"
+    as ``value or default``, so ``--run-id ''`` made a fresh id instead of saying the value was wrong.
+    ``instead``: what leaving the option out does, said in the message."""
+    if value is not None and not value:
+        raise fail(f"{flag} must not be empty (leave it out for {instead})", 2, json_out=json_out)
 
 
 #: Most bytes a command reads from a file it is given (inputs, answers, a routine.yaml): /dev/zero or a
@@ -221,7 +250,7 @@ def routine_folder(path: str, json_out: bool = False) -> Any:
 
 def run_command(
     path: str,
-    input: str = "",
+    input: str | None = None,
     tools: str | None = None,
     sandbox: bool = False,
     answers: str | None = None,
@@ -230,9 +259,13 @@ def run_command(
     json_out: bool = False,
 ) -> None:
     """``engrain run``: run the routine package at ``path`` as a durable run."""
+    for flag, value, instead in (("--run-id", run_id, "a fresh id"), ("--input", input, "the package's input.json"),
+                                 ("--answers", answers, "no answers"), ("--tools", tools, "engrain.tools")):
+        refuse_empty(flag, value, instead, json_out)
     folder = routine_folder(path, json_out)
-    inputs = load_json(input, "--input", json_out) if input else load_json(str(folder / "input.json"), "input", json_out)
-    given = load_json(answers, "--answers", json_out) if answers else None
+    inputs = (load_json(input, "--input", json_out) if input is not None
+              else load_json(str(folder / "input.json"), "input", json_out))
+    given = load_json(answers, "--answers", json_out) if answers is not None else None
     with errors_as_exit(json_out), json_stdout(json_out):
         from .._routines.runner import run_routine
 
@@ -246,6 +279,7 @@ def resume_command(
     run_id: str, answers: str, tools: str | None = None, url: str | None = None, json_out: bool = False
 ) -> None:
     """``engrain resume``: answer a paused routine run and continue it from the journal."""
+    refuse_empty("--tools", tools, "the tools the run was started with", json_out)
     given = load_json(answers, "--answers", json_out)
     with errors_as_exit(json_out), json_stdout(json_out):
         from .._routines.runner import resume_routine

@@ -72,9 +72,10 @@ def validate(
 
     An em-core package is converted on load; the conversions are listed.
     """
-    from .routine_run import routine_folder
+    from .routine_run import refuse_empty, routine_folder
 
     with typer_exit():
+        refuse_empty("--tools", tools, "engrain.tools", json_out)
         routine_folder(path, json_out)
     from .routine_run import json_stdout
 
@@ -104,7 +105,7 @@ def validate(
 @command
 def run(
     path: Annotated[str, typer.Argument(help="Routine package folder.")],
-    input: Annotated[str, typer.Option("--input", "-i", help="Inputs JSON file ('-' for stdin; default: the package's input.json).")] = "",
+    input: Annotated[str | None, typer.Option("--input", "-i", help="Inputs JSON file ('-' for stdin; default: the package's input.json).")] = None,
     tools: ToolsOption = None,
     sandbox: Annotated[bool, typer.Option("--sandbox", help="Run UDFs in the WASM sandbox even if trusted.")] = False,
     answers: Annotated[str | None, typer.Option("--answers", help=_ANSWERS_HELP)] = None,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .common import OBJECT_SPEC, UpgradeOption, UrlOption, command, errors_as_exit, fail
+from .common import OBJECT_SPEC, UpgradeOption, UrlOption, command, errors_as_exit, fail, refuse_empty
 
 TokenOption = Annotated[
     str | None,
@@ -66,6 +66,9 @@ def serve(
              "'pgvector', or 'local' (in-process on PostgreSQL too: faster recall, the vectors in this process).")] = None,
 ) -> None:
     """Serve the HTTP API (/api, /openapi.json) and the web UI (/) over the store."""
+    for flag, value, instead in (("--routines", routines, "./routines"), ("--tools", tools, "engrain.tools"),
+                                 ("--tools-dir", tools_dir, "no WASM tools"), ("--agents", agents, "no agents")):
+        refuse_empty(flag, value, instead)
     with errors_as_exit():
         import uvicorn  # lazily: fastapi/uvicorn weigh on every CLI start
 
@@ -131,6 +134,8 @@ def mcp(
     from .._progress import set_reporter
 
     set_reporter(None)  # stdio is the protocol's: nothing else may draw on the terminal
+    refuse_empty("--routines", routines, "./routines")
+    refuse_empty("--tools", tools, "engrain.tools")
     with errors_as_exit():
         from .._mcp import build_server
 

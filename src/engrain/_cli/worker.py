@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from .common import OBJECT_SPEC, JsonOption, UpgradeOption, UrlOption, command, errors_as_exit, fail, open_store, print_json
+from .common import (OBJECT_SPEC, JsonOption, UpgradeOption, UrlOption, command, errors_as_exit, fail, open_store,
+                     print_json, refuse_empty)
 from .operate import json_object
 
 
@@ -86,6 +87,7 @@ def enqueue(
     """Queue a run for the workers serving its queue; prints its run id at once."""
     from .._workers.queues import enqueue as _enqueue
 
+    refuse_empty("--run-id", run_id, "a fresh id")
     with errors_as_exit():
         data = json_object(inputs, "--inputs") if inputs is not None else None
         rid = _enqueue(agent, task, queue=queue, inputs=data, run_id=run_id, priority=priority, journal=open_store(url))
