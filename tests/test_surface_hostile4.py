@@ -124,11 +124,45 @@ def test_an_unreachable_store_is_a_failure_naming_it(tmp_path, url, args):
     assert json.loads(r.stdout)["detail"] == line.removeprefix("error: ")
 
 
+@pytest.mark.parametrize("url", UNREACHABLE, ids=["tcp", "socket"])
+def test_an_unreachable_store_is_its_own_error_type(url):
+    with pytest.raises(eg.StoreUnreachableError, match=r"postgresql://eve:\*\*\*@") as e:
+        eg.open(url)
+    assert isinstance(e.value, eg.ConfigError) and "hunter2" not in str(e.value)
+
+
 @pytest.mark.parametrize("url", [
     "postgresql://eve:hunter2@127.0.0.1:notaport/engrain",
     "postgresql://eve:hunter2@127.0.0.1:99999/engrain",
     "postgresql://eve:hunter2@127.0.0.1:1/engrain?sslmode=bogus",
     "postgresql://eve:hunter2@127.0.0.1:1/engrain?nosuchparam=1",
+    "postgresql://eve:hunter2@127.0.0.1:1/engrain?connect_timeout=abc",  # was a raw psycopg traceback
+    "mysql://eve:hunter2@127.0.0.1:1/engrain",
+    "postgresql//eve:hunter2@127.0.0.1:1/engrain",  # a typo: the message showed the password
+    "eve:hunter2@127.0.0.1/engrain",
+])
+def test_a_malformed_store_url_is_a_store_url_error_without_its_password(url):
+    with pytest.raises(eg.StoreURLError) as e:
+        eg.open(url)
+    assert "hunter2" not in str(e.value)
+
+
+def test_a_local_socket_url_reaches_libpq_whole():
+    """``postgresql:///db`` (no host: libpq's local socket) lost its empty authority and was refused as malformed."""
+    from engrain._journal import parse_url
+
+    assert parse_url("postgresql:///engrain?host=/nonexistent-dir&durability=normal")[1] == (
+        "postgresql:///engrain?host=/nonexistent-dir")
+    with pytest.raises(eg.StoreUnreachableError):
+        eg.open("postgresql:///engrain?host=/nonexistent-engrain-socket-dir")
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://eve:hunter2@127.0.0.1:notaport/engrain",
+    "postgresql://eve:hunter2@127.0.0.1:99999/engrain",
+    "postgresql://eve:hunter2@127.0.0.1:1/engrain?sslmode=bogus",
+    "postgresql://eve:hunter2@127.0.0.1:1/engrain?nosuchparam=1",
+    "postgresql://eve:hunter2@127.0.0.1:1/engrain?connect_timeout=abc",
     "mysql://eve:hunter2@127.0.0.1:1/engrain",
 ])
 def test_a_malformed_store_url_stays_bad_input(tmp_path, url):

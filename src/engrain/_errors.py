@@ -74,6 +74,13 @@ class StoreURLError(ConfigError, ValueError):
     """
 
 
+class StoreUnreachableError(ConfigError):
+    """A PostgreSQL store's server could not be reached when the store was opened: refused, no such host,
+    timed out, or the login was refused. The message names the store (password masked) and the driver's
+    reason. A :class:`ConfigError`, as before this class; the CLI exits 1 for it (what the command runs on
+    failed), not 2 (bad input). A store that drops later is a :class:`StorageError`."""
+
+
 class StoreVersionError(ConfigError):
     """The store was written by a newer engrain (its schema version is higher than this one knows)."""
 

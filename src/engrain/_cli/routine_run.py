@@ -76,36 +76,18 @@ def exit_code(e: BaseException) -> int:
         ConfigError,
         NotJSONError,
         RunNotFoundError,
+        StoreUnreachableError,
         StoreVersionError,
         TraceError,
         UnknownInputError,
     )
 
-    if isinstance(e, StoreVersionError) or unreachable_store(e):  # not the user's typo
+    if isinstance(e, (StoreVersionError, StoreUnreachableError)):  # not the user's typo
         return 1
     # NotJSONError (a TypeError) reaches a command only from what it was given: a run's own values
     # that are not JSON end the run failed instead.
     bad = (ValueError, ConfigError, NotJSONError, TraceError, RunNotFoundError, UnknownInputError, *_FILE_ERRORS)
     return 2 if isinstance(e, bad) else 1
-
-
-#: How libpq starts its refusal of a URL's own values (a port that is no number, an unknown sslmode, as many
-#: ports as hosts), which it says before trying any server: the URL is wrong, not the server away.
-_LIBPQ_BAD_VALUE = ("invalid ", "could not match ")
-
-
-def unreachable_store(e: BaseException) -> bool:
-    """Whether ``e`` is a PostgreSQL store that could not be connected to (refused, no such host, timed out,
-    authentication): the store opens raise that as a ConfigError, which is otherwise bad input."""
-    from .._errors import ConfigError
-
-    psycopg = sys.modules.get("psycopg")  # a driver's error can only be there once the driver was imported
-    cause = e.__cause__
-    if psycopg is None or not isinstance(e, ConfigError) or not isinstance(cause, psycopg.OperationalError):
-        return False
-    # psycopg prefixes "connection is bad:" both to these and to a local socket that is not there.
-    said = str(cause).removeprefix("connection is bad:").strip()
-    return not said.startswith(_LIBPQ_BAD_VALUE)
 
 
 def message(e: BaseException) -> str:

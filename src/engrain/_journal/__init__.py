@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from .._errors import StoreURLError
 from ._common import check_run_id, redact_url
@@ -83,7 +83,9 @@ def parse_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:
                        "the others go to libpq and must be its parameters, e.g. sslmode, connect_timeout, options)")
         # Keep the other parameters exactly as written (still percent-encoded) for libpq.
         query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("durability="))
-        target = urlunsplit(parts._replace(query=query))
+        # Cut by hand: urlunsplit drops an empty authority, and postgresql:///db (the local socket) became
+        # postgresql:/db, which libpq cannot read.
+        target = url.split("?", 1)[0] + (f"?{query}" if query else "")
         if libpq is not None:
             from psycopg.conninfo import conninfo_to_dict
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -344,6 +345,9 @@ def glob_prefix(prefix: str) -> str:
 _SECRET_PARAMS = ("password", "sslpassword")
 
 
+_USER_PASSWORD = re.compile(r"(^|[:/])([^:/@?#]*):[^@/?#]*@")
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password (in the user part or a ``password=`` parameter) shown as ``***``."""
     from urllib.parse import urlsplit, urlunsplit
@@ -355,6 +359,10 @@ def redact_url(url: str) -> str:
         head, sep, tail = url.partition("://")
         user, at, rest = tail.rpartition("@")
         return f"{head}{sep}{user.split(':', 1)[0]}:***@{rest}" if at and ":" in user else url
+    if not parts.netloc and "@" in url:
+        # Not read as a URL with an authority (postgresql//u:pw@h, a typo; u:pw@h, no scheme): whatever
+        # looks like user:password@ is masked, as what names a store must never show its password.
+        return _USER_PASSWORD.sub(r"\1\2:***@", url)
     secret_query = any(p.partition("=")[0].lower() in _SECRET_PARAMS for p in parts.query.split("&"))
     if not password and not secret_query:
         return url

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import ConfigError, EngrainError, StorageError
+from .._errors import EngrainError, StorageError, StoreUnreachableError, StoreURLError
 from ._common import redact_url
 
 #: Seconds a new connection may take (unless the store URL sets ``connect_timeout``).
@@ -77,15 +77,28 @@ class RevivingLock:
         self.revive = refuse
 
 
+#: How libpq starts its refusal of a URL's own values (a port that is no number, an unknown sslmode, as many
+#: ports as hosts), said before it tries any server: the URL is wrong, not the server away.
+_LIBPQ_BAD_VALUE = ("invalid ", "could not match ")
+
+
 def connect(url: str) -> Any:
-    """A first autocommit connection to ``url``; a server that cannot be reached is a
-    :class:`~engrain.ConfigError` naming the store (password redacted), before anything was used."""
+    """A first autocommit connection to ``url``, before anything was used.
+
+    A server that cannot be reached is a :class:`~engrain.StoreUnreachableError` naming the store
+    (password redacted); a value in the URL that libpq or psycopg refuses, a :class:`~engrain.StoreURLError`.
+    """
     import psycopg
 
     try:
         return psycopg.connect(url, autocommit=True)
     except psycopg.OperationalError as e:
-        raise ConfigError(f"cannot connect to PostgreSQL at {redact_url(url)}: {e}") from e
+        # psycopg prefixes "connection is bad:" both to these and to a local socket that is not there.
+        said = str(e).removeprefix("connection is bad:").strip()
+        kind = StoreURLError if said.startswith(_LIBPQ_BAD_VALUE) else StoreUnreachableError
+        raise kind(f"cannot connect to PostgreSQL at {redact_url(url)}: {redact_url(said)}") from e
+    except psycopg.ProgrammingError as e:  # psycopg's own reading of a value (connect_timeout=abc)
+        raise StoreURLError(f"store URL {redact_url(url)!r} has a bad value: {redact_url(str(e))}") from e
 
 
 def reconnect(url: str, old: Any, setup: Callable[[Any], None] | None = None, advice: str | None = None) -> Any:
