@@ -2,13 +2,14 @@
 
 Each call gets a fresh wasmtime ``Store`` (so nothing leaks between calls)
 with a fuel budget (CPU), a memory cap, a wall-clock deadline (epoch
-interruption driven by a timer, and ``poll_oneoff``, the one WASI call that
-waits, replaced by one that never waits past it) and a cap on output bytes.
+interruption driven by a timer, and the WASI calls that could wait inside WASI
+replaced by ones that never do, :mod:`.hostcalls`) and a cap on output bytes.
 The memory cap covers everything a guest can allocate: multi-memory is off,
 and the store bounds instances, tables and table elements too. The guest sees
 no file system, no environment and no network: WASI preview 1 has no call that
 opens a socket, and a directory is visible only when granted with
-``readonly_dirs`` (mounted read-only); stdin is a file holding the request.
+``readonly_dirs`` (mounted read-only; in it a tool opens regular files and
+folders only, never a FIFO, device or socket); stdin is a file holding the request.
 Every limit hit is a :class:`~engrain.SandboxLimitError` naming the tool and
 the limit; the host process never crashes. Compiled modules are cached
 in-process by file hash; a module file must be a regular file holding a binary
@@ -26,7 +27,6 @@ import os
 import pathlib
 import re
 import stat
-import struct
 import tempfile
 import threading
 import time
@@ -38,6 +38,7 @@ import wasmtime
 
 from .._errors import SandboxError, SandboxLimitError
 from .growwatch import GROW_EXPORT, PAGE, watch_grows
+from .hostcalls import OPEN_HELPER_WAT, POLL_HELPER_WAT, TRAMPOLINE_WAT, WASI, Open, Poll, poll_type
 from .limits import Limits
 
 __all__ = ["Limits", "WasmTool", "engine", "load_module", "run_wasm", "track"]
@@ -215,10 +216,12 @@ class WasmTool:
         if self.metered:
             store.set_fuel(lim.fuel if lim.fuel is not None else 2**63 - 1)
         # memory_size bounds each linear memory (one: multi-memory is off); tables live in host
-        # memory too, so they and their elements are bounded as well (_table_elements). Two
-        # instances: the guest and, if it polls, the helper that runs WASI's own poll_oneoff.
+        # memory too, so they and their elements are bounded as well (_table_elements). Instances:
+        # the guest and the helpers of .hostcalls (no memory of their own; the path_open
+        # trampoline, made only with a granted folder, has a table of one element).
+        grants = bool(lim.readonly_dirs)
         store.set_limits(memory_size=lim.memory_bytes, table_elements=_table_elements(lim.memory_bytes),
-                         instances=2, tables=_MAX_TABLES, memories=1)
+                         instances=4, tables=_MAX_TABLES + (1 if grants else 0), memories=1)
         ticks = max(1, int(lim.wall_clock_s / _TICK + 0.999))
         store.set_epoch_deadline(ticks)
         deadline = time.monotonic() + ticks * _TICK
@@ -263,16 +266,23 @@ class WasmTool:
             store.set_wasi(wasi)
             linker = wasmtime.Linker(store.engine)
             linker.define_wasi()
-            # Epoch interruption stops only running wasm code: a guest waiting in WASI's
-            # poll_oneoff (sleep) would outlive its deadline. Ours never waits past it.
+            # Epoch interruption stops only running wasm code, not a guest blocked inside WASI:
+            # in poll_oneoff (a sleep) or in path_open of a FIFO. Ours never wait past the
+            # deadline, and open nothing but regular files and folders (.hostcalls).
             linker.allow_shadowing = True
-            linker.define_func(_WASI, "poll_oneoff", _poll_type(),
-                               _Poll(self.name, lim.wall_clock_s, deadline, self.metered), access_caller=True)
+            poll = Poll(self.name, lim.wall_clock_s, deadline, store.engine,
+                        lambda: _helper(metered, POLL_HELPER_WAT))
+            linker.define_func(WASI, "poll_oneoff", poll_type(), poll, access_caller=True)
+            opener = None  # without a folder, path_open has nothing to open
             code = 0
             inst = None
             failure: SandboxError | None = None
             try:
+                if grants:
+                    opener = Open(linker, store, _helper(metered, TRAMPOLINE_WAT), _helper(metered, OPEN_HELPER_WAT))
                 inst = linker.instantiate(store, self.module)
+                if opener is not None:
+                    opener.ready(store, inst)
                 inst.exports(store)[self.entry](store)
             except wasmtime.ExitTrap as e:
                 code = e.code
@@ -291,7 +301,7 @@ class WasmTool:
                 # Close now: left to the GC, the WASI context is freed at interpreter exit,
                 # after Python is gone, and wasmtime's I/O thread aborts the process.
                 holder.clear()
-                del inst, linker, wasi
+                del inst, linker, wasi, poll, opener
                 store.close()
                 released.wait(_RELEASE_WAIT)
         if failure is not None:
@@ -319,7 +329,7 @@ class WasmTool:
         return mem.data_len(store) + (1 << 20) > self.limits.memory_bytes
 
     def _classify(self, e: Exception) -> SandboxError:
-        if isinstance(e, SandboxError):  # raised by one of our host functions (_Poll)
+        if isinstance(e, SandboxError):  # raised by one of our host functions (.hostcalls)
             return e
         text = str(e)
         lim = self.limits
@@ -359,105 +369,18 @@ def _table_elements(memory_bytes: int) -> int:
     return max(_MIN_TABLE_ELEMENTS, memory_bytes // (4 * 8 * _MAX_TABLES))
 
 
-_WASI = "wasi_snapshot_preview1"
+_helpers: dict[tuple[bool, str], wasmtime.Module] = {}
 
 
-def _poll_type() -> wasmtime.FuncType:
-    # A new one each time: wasmtime binds a FuncType to the first engine it is used with,
-    # and aborts the process when it is used with another (one engine meters fuel, one not).
-    i32 = wasmtime.ValType.i32()
-    return wasmtime.FuncType([i32, i32, i32, i32], [i32])
-
-
-_SUBSCRIPTION = 48  # bytes of a WASI preview 1 subscription; an event is 32
-_CLOCKS = (0, 1)  # realtime, monotonic: the clocks WASI's poll_oneoff waits on (others are EINVAL at once)
-_ABSTIME = 1  # subscription flag: the timeout is a time on the clock, not a duration
-_ENOTSUP = 58
-
-# Calls WASI's own poll_oneoff and clock_time_get for _Poll. WASI host functions work on the
-# memory of the instance that calls them, so they must be called from wasm: this helper,
-# instantiated on the guest's own memory, does that.
-_HELPER_WAT = f"""(module
-  (import "{_WASI}" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
-  (import "{_WASI}" "clock_time_get" (func $now (param i32 i64 i32) (result i32)))
-  (import "engrain" "memory" (memory 0))
-  (export "memory" (memory 0))
-  (func (export "poll") (param i32 i32 i32 i32) (result i32)
-    (call $poll (local.get 0) (local.get 1) (local.get 2) (local.get 3)))
-  (func (export "now") (param $clock i32) (param $at i32) (result i64)
-    (if (call $now (local.get $clock) (i64.const 1) (local.get $at)) (then (return (i64.const -1))))
-    (i64.load (local.get $at))))"""
-_helpers: dict[bool, wasmtime.Module] = {}
-
-
-def _helper(fuel: bool) -> wasmtime.Module:
+def _helper(fuel: bool, wat: str) -> wasmtime.Module:
+    """A helper module of :mod:`.hostcalls`, compiled once for the engine with fuel or without."""
     with _engine_lock:
-        mod = _helpers.get(fuel)
+        mod = _helpers.get((fuel, wat))
     if mod is None:
-        mod = track(wasmtime.Module(engine(fuel), wasmtime.wat2wasm(_HELPER_WAT)))
+        mod = track(wasmtime.Module(engine(fuel), wasmtime.wat2wasm(wat)))
         with _engine_lock:
-            mod = _helpers.setdefault(fuel, mod)
+            mod = _helpers.setdefault((fuel, wat), mod)
     return mod
-
-
-class _Poll:
-    """WASI ``poll_oneoff`` that never waits past the call's wall-clock deadline.
-
-    A wait that only clocks can end (a sleep) and that would end after the deadline is the
-    wall-clock limit, raised at once: the guest could not finish in time anyway. Any other
-    poll is WASI's own, through the helper: its clocks end before the deadline, and the
-    descriptors a guest has without a grant (stdin, a file holding the request; stdout and
-    stderr) are always ready, so it answers at once. (A FIFO inside a granted directory is
-    not: opening or reading one blocks in WASI itself, so grant directories without them.)
-    """
-
-    def __init__(self, tool: str, wall_clock_s: float, deadline: float, metered: bool):
-        self.tool = tool
-        self.wall_clock_s = wall_clock_s
-        self.deadline = deadline
-        self.metered = metered
-        self.helper: wasmtime.Instance | None = None
-
-    def __call__(self, caller: wasmtime.Caller, subs: int, events: int, n: int, nevents: int) -> int:
-        mem = caller.get("memory")
-        if not isinstance(mem, wasmtime.Memory) or mem.type(caller).is_shared:
-            return _ENOTSUP  # WASI needs the guest's memory export; the helper imports an unshared one
-        subs, events, n, nevents = (v & 0xFFFFFFFF for v in (subs, events, n, nevents))
-        size = mem.data_len(caller)
-        if subs % 8 or events % 8 or nevents % 4 or max(subs + n * _SUBSCRIPTION, events + n * 32, nevents + 4) > size:
-            # WASI traps on these too; checked first, as it would check the events only after waiting.
-            raise SandboxError(self.tool, "trapped: poll_oneoff was given a misaligned or out-of-bounds pointer")
-        helper = self._helper(caller, mem)
-        data = mem.read(caller, subs, subs + n * _SUBSCRIPTION)
-        wait: int | None = None  # nanoseconds until the first clock ends
-        for i in range(n):
-            at = i * _SUBSCRIPTION
-            if data[at + 8] != 0:  # a descriptor: WASI answers at once (see above)
-                wait = None
-                break
-            clock, timeout, flags = struct.unpack_from("<I4xQ8xH", data, at + 16)
-            if clock not in _CLOCKS:
-                wait = None
-                break
-            if flags & _ABSTIME:
-                # The guest's own clock, read where the events go (overwritten by the poll).
-                now = helper.exports(caller)["now"](caller, clock, events)
-                if now == -1:
-                    wait = None
-                    break
-                timeout -= now & (2**64 - 1)
-            wait = timeout if wait is None else min(wait, timeout)
-        if wait is not None and wait / 1e9 > self.deadline - time.monotonic():
-            raise SandboxLimitError(self.tool, "wall_clock", f"{self.wall_clock_s} s")
-        return helper.exports(caller)["poll"](caller, subs, events, n, nevents)
-
-    def _helper(self, caller: wasmtime.Caller, mem: wasmtime.Memory) -> wasmtime.Instance:
-        if self.helper is None:
-            linker = wasmtime.Linker(engine(self.metered))
-            linker.define_wasi()
-            linker.define(caller, "engrain", "memory", mem)
-            self.helper = linker.instantiate(caller, _helper(self.metered))
-        return self.helper
 
 
 def run_wasm(path: str | os.PathLike[str], args: Any = None, *, name: str | None = None, **limits: Any) -> Any:
