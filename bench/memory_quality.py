@@ -72,6 +72,20 @@ MiniLM's ~7 ms: not adopted. Latency at 100k (top 10, engrain first of the four 
 round): engrain 9.9 / 11.6 ms p50, fixed 9.4 / 11.0, rrf 8.3 / 9.9, expand 12.7 / 15.2 (two
 runs, load 5.2 / 3.8).
 
+Measured 2026-11-28 17:50-17:55 (SQLite, load 4-8 beside other work; any@5 all@5 any@10 sess@1; --ideas ''
+--no-int8), tried and not kept: a session term inside the ranking, before pruning, so that any@5 can move too. A
+chat-log turn (headed by one of the log's speakers, the gate of ``ranking.add_cover``) whose session is its
+header's time stamp gained lambda times an aggregate of the scores (match, context and passage words) of the other
+candidates of that session among the best 20 by that score. LoCoMo dev against .749 .616 .814 .723: the best
+other's (max) x0.1 .749 .619 .822 .720, max x0.25 .740 .607 .822 .715, the mean of the best two others x0.25 .729
+.602 .814 .706, their sum x0.05 .712 .602 .791 .703 (per conversation any@5 / sess@1, against 26 .780/.740, 30
+.778/.728, 44 .691/.699: max x0.1 .773/.740, .765/.728, .707/.691; max x0.25 .767/.733, .765/.728, .691/.683). Chat
+.457 .278 .585 .611, FAQ sv .536 .610, FAQ en .825 .901 unchanged with max x0.1 and x0.25 (no chat-log headers: the
+term is neutral there). sess@1 falls with every setting and the more the larger lambda (a guess, not measured: the
+candidates of one session near the top are mostly a turn's own window, whose matches the passage context already
+adds, so the term counts them a second time and lifts a crowded passage over the best turn). As with the
+re-ordering of 14:40, recall's first record is already the best session's.
+
 Measured 2026-11-28 14:40 (SQLite, LoCoMo dev, recall's top 10 re-ordered offline), tried and not kept: the
 anchor's sessions-first idea applied only to the order within the top results, so that any@5 cannot move: the
 first place given to the candidate among the top 2 / 3 / 5 whose score plus 0.02-0.5 times the sum, the count or
