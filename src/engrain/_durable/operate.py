@@ -26,7 +26,7 @@ from .._errors import ConfigError, ConflictError, EngrainError, RunNotFoundError
 from .._events import NewEvent
 from .._journal import Journal
 from .._journal._common import check_run_id
-from .._journal.failures import storage_errors
+from .._journal.failures import sqlite_rollback, storage_errors
 from .._progress import task
 from .context import default_journal, new_run_id
 from .steps import replayed_steps, steps_of
@@ -138,7 +138,7 @@ def _queue_sql(j: Journal, fn: Any) -> Any:
                 db.execute("COMMIT")
                 return out
             except BaseException:
-                db.execute("ROLLBACK")
+                sqlite_rollback(db)  # a failed COMMIT may have rolled back: its error is the one to raise
                 raise
 
     return tx(j)

@@ -42,6 +42,17 @@ def sqlite_failure(path: str, e: sqlite3.Error, advice: str | None = None) -> Ex
     return e
 
 
+def sqlite_rollback(db: sqlite3.Connection) -> None:
+    """End the transaction a failed write left open on ``db``, never hiding that write's error: a COMMIT
+    that failed on a full disk or an I/O error may have rolled back already, and a second ROLLBACK
+    would then fail with "no transaction is active" instead."""
+    if db.in_transaction:
+        try:
+            db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+
 def is_outage(e: BaseException) -> bool:
     """True when ``e`` says the store is unavailable (a :class:`~engrain.StorageError`, or psycopg's
     ``OperationalError`` from code that does not wrap it): worth waiting for, unlike a bad request."""

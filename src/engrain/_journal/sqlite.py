@@ -45,11 +45,12 @@ from ._common import (
     window,
 )
 from .base import Journal
-from .failures import sqlite_failure
-from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer
+from .failures import sqlite_failure, sqlite_rollback
+from .sqlite_checkpoint import BACKSTOP_PAGES, Checkpointer, no_commit_count
 from .sqlite_schema import migrate, to_wal
 from .sqlite_sql import (
     CHUNK,
+    DELETE_RUN,
     FENCE_DROP,
     FENCE_SET,
     FENCE_TABLE,
@@ -64,10 +65,6 @@ from .sqlite_sql import (
     QUEUED,
     RUN_COLS,
 )
-
-
-def _no_commit_count() -> None:
-    """An in-memory store's stand-in for :meth:`Checkpointer.committed`."""
 
 
 def _run_info(row: tuple) -> RunInfo:
@@ -133,7 +130,7 @@ class SQLiteJournal(Journal):
         # another thread queue with them (measured: more than SQLite's own checkpoint costs
         # inside one commit in a thousand). An in-memory store has no WAL to checkpoint.
         self._checkpointer: Checkpointer | None = None
-        self._committed = _no_commit_count
+        self._committed = no_commit_count
         if not memory and durability == "normal":
             try:
                 self._db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
@@ -312,13 +309,7 @@ class SQLiteJournal(Journal):
             if fenced:
                 self._fences[run_id] = 1  # only once committed: a rolled-back fence row is not there
         except BaseException:
-            # A failed COMMIT (disk full, I/O error) may already have rolled the
-            # transaction back; a second ROLLBACK would hide the real cause.
-            if db.in_transaction:
-                try:
-                    db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
+            sqlite_rollback(db)
             raise
 
     def _lost(self, run_id: str, fence: int | None) -> LeaseLostError:
@@ -383,10 +374,10 @@ class SQLiteJournal(Journal):
         if agents is not None:
             which = f"{which} AND {not_client}"
         with self._lock:
-            # BEGIN IMMEDIATE takes the database write lock, so two processes
-            # claiming at once are serialized and never get the same run.
-            db.execute("BEGIN IMMEDIATE")
             try:
+                # BEGIN IMMEDIATE takes the database write lock, so two processes claiming at once are
+                # serialized and never get the same run (one held past the timeout: a StorageError).
+                db.execute("BEGIN IMMEDIATE")
                 ids = [
                     r[0]
                     for r in db.execute(
@@ -405,8 +396,7 @@ class SQLiteJournal(Journal):
                 )
                 db.execute("COMMIT")
             except BaseException as e:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
+                sqlite_rollback(db)
                 if isinstance(e, sqlite3.Error):
                     raise self._translate(e) from e
                 raise
@@ -415,11 +405,16 @@ class SQLiteJournal(Journal):
     def delete_run(self, run_id: str) -> None:
         check_lookup_id(run_id)
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("DELETE FROM events WHERE run_id = ?", (run_id,))
-            self._db.execute("DELETE FROM engrain_queue WHERE run_id = ?", (run_id,))  # a queued run's row (schema v6)
-            self._db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                for sql in DELETE_RUN:
+                    self._db.execute(sql, (run_id,))
+                self._db.execute("COMMIT")
+            except BaseException as e:
+                sqlite_rollback(self._db)  # left open, it would take in this connection's later appends, uncommitted
+                if isinstance(e, sqlite3.Error):
+                    raise self._translate(e) from e
+                raise
 
     # -- reads -------------------------------------------------------------------
 

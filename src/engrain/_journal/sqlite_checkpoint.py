@@ -32,6 +32,10 @@ EVERY_COMMITS = 1000
 BACKSTOP_PAGES = 4000
 
 
+def no_commit_count() -> None:
+    """:meth:`Checkpointer.committed` for a store no checkpointer serves (in memory, or ``full`` durability)."""
+
+
 class Checkpointer:
     """Checkpoints one SQLite file's WAL from a daemon thread, woken by :meth:`committed`."""
 

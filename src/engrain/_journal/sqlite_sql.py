@@ -39,6 +39,10 @@ RUN_COLS = (
     " lease_epoch, agent"
 )
 
+# A run's rows, deleted in one transaction (gc): its events, a queued run's queue row (schema v6), its summary.
+DELETE_RUN = ("DELETE FROM events WHERE run_id = ?", "DELETE FROM engrain_queue WHERE run_id = ?",
+              "DELETE FROM runs WHERE run_id = ?")
+
 # A queued run's row and status, written in the transaction that creates the run (``append_queued``).
 QUEUE_DROP = "DELETE FROM engrain_queue WHERE run_id = ?"
 QUEUE_ADD = "INSERT INTO engrain_queue (run_id, queue, agent, priority, available, first_claimed) VALUES (?, ?, ?, ?, ?, NULL)"

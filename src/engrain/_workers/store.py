@@ -32,7 +32,7 @@ from .._errors import ConfigError, ConflictError
 from .._events import NewEvent, check_json
 from .._journal import Journal
 from .._journal._common import Agents, agents_filter, trust_sql
-from .._journal.failures import storage_errors
+from .._journal.failures import sqlite_rollback, storage_errors
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
@@ -120,7 +120,7 @@ class QueueStore:
                 db.execute("COMMIT")
                 return out
             except BaseException:
-                db.execute("ROLLBACK")
+                sqlite_rollback(db)  # not ROLLBACK: a failed COMMIT may have rolled back, and its error is the one
                 raise
 
     def _now(self, q: Any) -> float:
