@@ -342,14 +342,19 @@ def json_copy(x: Any) -> Any:
     """``x`` with its lists and dicts copied (JSON scalars never change, so they are shared): what a call got
     or returned, kept as it was when the caller or a tool changes a list afterwards.
 
-    Only for values known to be JSON, whose depth is bounded.
+    Only for values known to be JSON, whose depth is bounded. A scalar item is taken inline, not by a call:
+    the cache copies a replayed step's arguments with this on every hit.
     """
     t = type(x)
     if t is dict:
-        return {k: json_copy(v) for k, v in x.items()}
+        return {k: v if type(v) in SCALAR_TYPES else json_copy(v) for k, v in x.items()}
     if t is list:
-        return [json_copy(v) for v in x]
+        return [v if type(v) in SCALAR_TYPES else json_copy(v) for v in x]
     return x
+
+
+#: The types of JSON's scalars (strict JSON has exact types: see ``check_json``); immutable, so copies share them.
+SCALAR_TYPES: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def dumps(value: Any) -> str:

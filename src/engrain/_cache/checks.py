@@ -20,13 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .._errors import CacheError, JSONTooDeepError
+from .._durable.steps import SCALARS
 from .._events import MAX_DEPTH, check_json, is_json, json_copy
-from .values import NotPlain, clone
 
-__all__ = ["IMMUTABLE", "Check", "compare_copy", "decode_snapshot", "encode_snapshot", "keep", "register_codec"]
-
-#: Snapshot types no ``compare`` or tool can change in place: kept and compared as they are.
-IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+__all__ = ["Check", "compare_copy", "decode_snapshot", "encode_snapshot", "keep", "register_codec"]
 
 
 class Check:
@@ -215,12 +212,12 @@ def keep(snapshot: Any, where: str) -> Any:
     encoded, or kept as it is when it cannot be (refused as before if it is stored).
     """
     t = type(snapshot)
-    if t in IMMUTABLE:
+    if t in SCALARS:
         return (snapshot, where)
     if t is dict or t is list:  # the usual snapshot: copied in one walk, encoded only if stored
         try:
-            return (clone(snapshot), where)
-        except NotPlain:
+            return (_clone(snapshot), where)
+        except _NotPlain:
             pass
     try:
         return encode_snapshot(snapshot, where)
@@ -234,14 +231,34 @@ def compare_copy(snapshot: Any) -> Any:
     Of its own type (a dataclass stays one, nested ones included); one that cannot be copied is shared as before.
     """
     t = type(snapshot)
-    if t in IMMUTABLE:
+    if t in SCALARS:
         return snapshot
     if t is dict or t is list:
         try:
-            return clone(snapshot)
-        except NotPlain:
+            return _clone(snapshot)
+        except _NotPlain:
             pass
     try:
         return copy.deepcopy(snapshot)
     except Exception:  # a program's object that refuses to be copied (a lock, a handle)
         return snapshot
+
+
+class _NotPlain(Exception):
+    """What :func:`_clone` raises for a value holding something other than lists, dicts and JSON scalars."""
+
+
+def _clone(x: Any, depth: int = 0) -> Any:
+    """A copy of a snapshot's lists and dicts, scalars shared, in one walk with no JSON check first.
+
+    A snapshot is the program's object, not known to be JSON (unlike what ``json_copy`` takes): anything
+    else inside it, which a copy would share, or a nesting past ``MAX_DEPTH`` raises :class:`_NotPlain`.
+    """
+    t = type(x)
+    if t is list and depth < MAX_DEPTH:
+        return [v if type(v) in SCALARS else _clone(v, depth + 1) for v in x]
+    if t is dict and depth < MAX_DEPTH:
+        return {k: v if type(v) in SCALARS else _clone(v, depth + 1) for k, v in x.items()}
+    if t in SCALARS:
+        return x
+    raise _NotPlain(t.__name__)

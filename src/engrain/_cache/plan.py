@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .. import _events as ev
 from .._durable.steps import SCALARS
 from .._durable.tools import _spreader
 from .._routines.template import render
@@ -23,7 +24,6 @@ from .binding import json_type, text_of
 from .checks import Check, decode_snapshot, keep
 from .metrics import Metrics
 from .store import CacheStore, Entry
-from .values import clone
 
 __all__ = ["Engine", "PlannedStep", "ToolSpec", "fits", "param_names", "plan"]
 
@@ -133,7 +133,7 @@ def _expected(stored: dict[str, Any] | None, decoded: Any, snap: Any) -> Any:
     """
     if decoded is _UNSET:
         return decode_snapshot(stored, snap)  # type: ignore[arg-type]
-    return clone(decoded) if type(decoded) in _CONTAINERS else decoded
+    return ev.json_copy(decoded) if type(decoded) in _CONTAINERS else decoded
 
 
 #: The decoded snapshots :func:`_expected` copies (the rest are JSON scalars, which never change).
@@ -213,7 +213,7 @@ class PlannedStep:
         """The ``args`` a replay's outcome shows: a copy of recorded ones, which are the entry's (a caller may redact them)."""
         if self.templated:  # rendered for this call
             return args
-        return dict(args) if self.scalars else clone(args)
+        return dict(args) if self.scalars else ev.json_copy(args)
 
     def kept_pre(self, snap: Any) -> Any:
         """What a replay keeps of this step's fresh pre-check ``snap`` (see :func:`_kept`)."""

@@ -19,13 +19,13 @@ from typing import Any
 
 from .. import _events as ev
 from .._durable.context import RunContext
-from .._durable.steps import same_json
+from .._durable.steps import SCALARS, same_json
 from .._routines.template import render
 from .binding import entry_key, shape_key
-from .checks import IMMUTABLE, compare_copy
+from .checks import compare_copy
 from .plan import _CONTAINERS, _UNSET, Engine, PlannedStep, ToolSpec, _expected, _seen_key, fits, plan
 from .store import Entry, canonical_task, task_key
-from .values import clone, feeds_hold
+from .values import feeds_hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +282,7 @@ class Session:
                 m = self.engine.metrics
                 if not m.enabled:  # the hot path of a hit: no timing wrapper, a str or number kept as is
                     snap = check.capture(*call, **kw)
-                    pre = (snap, spec.pre_where) if type(snap) in IMMUTABLE else st.kept_pre(snap)  # before compare
+                    pre = (snap, spec.pre_where) if type(snap) in SCALARS else st.kept_pre(snap)  # before compare
                     expected = st.pre_value
                     if expected is _UNSET or type(expected) in _CONTAINERS:
                         expected = _expected(st.pre, expected, snap)
@@ -401,7 +401,7 @@ class Session:
             return self.done[spec["step"]][2]
         if "template" in spec:
             return render(spec["template"], {"params": self.params})
-        return clone(spec.get("value"))  # a copy: a caller that changes its output must not change the entry's
+        return ev.json_copy(spec.get("value"))  # a copy: a caller that changes its output must not change the entry's
 
     def replay(self, entry: Entry) -> tuple[bool, Any]:
         """Replay ``entry`` (switching candidates if needed): ``(True, output)``, or ``(False, continuation)``."""
@@ -423,7 +423,7 @@ class Session:
                         if st.check_pre and st.i > 0:
                             check = spec.pre
                             snap = check.capture(**args)
-                            kept = snap if type(snap) in IMMUTABLE else st.kept_pre(snap)  # before compare
+                            kept = snap if type(snap) in SCALARS else st.kept_pre(snap)  # before compare
                             expected = st.pre_value
                             if expected is _UNSET or type(expected) in _CONTAINERS:
                                 expected = _expected(st.pre, expected, snap)
@@ -436,7 +436,7 @@ class Session:
                             finish(st, spec, _NO_ARGS, kw, args, st.held(kept), result)
                         else:  # finish without a post-check, inline (its trajectory entry built by recorded())
                             done.append((st.name, args, result))
-                            shown = dict(args) if st.scalars else clone(args)  # PlannedStep.shown, inline
+                            shown = dict(args) if st.scalars else ev.json_copy(args)  # PlannedStep.shown, inline
                             steps.append({"name": st.name, "args": shown, "result": result, "source": "replayed"})
                             trajectory.append((st, kept, result))
                             if st.feeds and not feeds_hold(st.feeds, result):  # as finish() checks it

@@ -24,7 +24,7 @@ from .._errors import CacheError
 from .._events import check_json, check_text, is_json, json_copy
 from .binding import MAX_SCAN_BYTES, key
 
-__all__ = ["NotPlain", "args_as_called", "as_called", "call_inputs", "clone", "feeds_hold", "find_feeds"]
+__all__ = ["args_as_called", "as_called", "call_inputs", "feeds_hold", "find_feeds"]
 
 #: A result with more leaves than this is kept whole (by digest) when anything after it may use it.
 MAX_LEAVES = 256
@@ -36,31 +36,6 @@ def as_called(x: Any) -> Any:
     A value that is not JSON (refused by the journal with a typed error, or too deep to copy) is kept.
     """
     return json_copy(x) if type(x) in (dict, list) and is_json(x) else x
-
-
-#: Values :func:`clone` shares: immutable, so no caller or tool can change the cache's through them.
-_LEAVES = frozenset({str, int, float, bool, type(None)})
-_DEPTH = 100  # as deep as the journal takes JSON (_events.MAX_DEPTH)
-
-
-class NotPlain(Exception):
-    """What :func:`clone` raises for a value that holds something other than lists, dicts and JSON scalars."""
-
-
-def clone(x: Any, depth: int = 0) -> Any:
-    """A copy of ``x``'s lists and dicts, scalars shared: what the cache keeps or hands out on every
-    replayed step, so one walk with no JSON check (see :func:`as_called` for values not known to be JSON).
-
-    Raises :class:`NotPlain` when ``x`` holds another object (which a copy would share) or nests too deep.
-    """
-    t = type(x)
-    if t is list and depth < _DEPTH:
-        return [v if type(v) in _LEAVES else clone(v, depth + 1) for v in x]
-    if t is dict and depth < _DEPTH:
-        return {k: v if type(v) in _LEAVES else clone(v, depth + 1) for k, v in x.items()}
-    if t in _LEAVES:
-        return x
-    raise NotPlain(t.__name__)
 
 
 def args_as_called(args: dict[str, Any]) -> dict[str, Any]:

@@ -47,8 +47,8 @@ def args_digest(args: dict[str, Any]) -> str:
     return _blake2b(ev.dumps_checked(args).encode(), digest_size=8).hexdigest()
 
 
-#: The types of JSON's scalars (strict JSON has exact types: see ``check_json``).
-SCALARS = _SCALARS = frozenset({str, int, float, bool, type(None)})
+#: The types of JSON's scalars (``_events.SCALAR_TYPES``).
+SCALARS = _SCALARS = ev.SCALAR_TYPES
 
 
 def mutable_args_digest(args: dict[str, Any]) -> str | None:
