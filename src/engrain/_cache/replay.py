@@ -298,8 +298,7 @@ class Session:
     def finish(self, st: PlannedStep, spec: ToolSpec, call: tuple[Any, ...], kw: dict[str, Any], args: dict[str, Any], pre: Any, result: Any) -> None:
         """Record step ``st`` as done and run its post-check."""
         self.done.append((spec.name, args, result))
-        self.steps.append({"name": spec.name, "args": args if st.templated else st.shown(args), "result": result,
-                           "source": "replayed"})
+        self.steps.append({"name": spec.name, "args": st.shown(args), "result": result, "source": "replayed"})
         post: Any = st.post
         ok = True
         if st.check_post:
