@@ -100,3 +100,9 @@ def test_fork_refuses_an_empty_run_id(journal):
     with pytest.raises(EngrainError, match="run_id"):
         eg.fork("src", 0, run_id="", journal=journal)
     assert [r.run_id for r in journal.runs()] == ["src"]
+
+
+def test_enqueue_refuses_an_empty_run_id(journal):
+    with pytest.raises(EngrainError, match="run_id"):
+        eg.enqueue("agent", "t", queue="q", run_id="", journal=journal)
+    assert journal.runs() == []

@@ -10,6 +10,7 @@ from typing import Any
 from .._durable.context import default_journal, new_run_id
 from .._errors import ConfigError
 from .._journal import Journal
+from .._journal._common import check_run_id
 from .store import QueueInfo, QueueStore
 
 _AGENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,99}$")
@@ -59,7 +60,9 @@ def enqueue(
         raise ConfigError(f"inputs must be a dict, got {type(inputs).__name__}")
     if tags is not None and not isinstance(tags, (list, tuple)):  # list() of a string would take its characters
         raise ConfigError(f"tags must be a list of strings, got {type(tags).__name__}")
-    rid = run_id or new_run_id()
+    if run_id is not None:
+        check_run_id(run_id)  # "" is a bad id, not a request for a fresh one (as fork)
+    rid = new_run_id() if run_id is None else run_id
     store_of(j).enqueue(rid, _agent_name(agent), task, queue, dict(inputs or {}), priority, list(tags or []))
     return rid
 
